@@ -1,0 +1,52 @@
+# topokeeper: `make demo` runs the whole system locally, `make test` runs every suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Debian packages the tests and the demo need: debootstrap builds the real-Slurm chroots.
+SYSTEM_PACKAGES := debootstrap
+
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export CDK_DISABLE_CLI_TELEMETRY := true
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install install-system lint typecheck test unit slurm bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+install-system:
+	@missing=""; for package in $(SYSTEM_PACKAGES); do \
+	  dpkg -s $$package >/dev/null 2>&1 || missing="$$missing $$package"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  sudo_cmd=""; [ "$$(id -u)" = 0 ] || sudo_cmd=sudo; \
+	  $$sudo_cmd apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo_cmd apt-get install -y -qq $$missing; \
+	fi
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+test: install install-system lint typecheck
+	$(BIN)/pytest
+
+unit: install
+	$(BIN)/pytest tests/unit
+
+slurm: install install-system
+	$(BIN)/pytest tests/integration/slurm
+
+bench: install
+	$(BIN)/python bench/plan_scaling.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

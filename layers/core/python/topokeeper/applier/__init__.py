@@ -1,0 +1,1 @@
+"""The head-node applier: one stdlib-only file, shipped as is."""

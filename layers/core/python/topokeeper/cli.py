@@ -1,0 +1,135 @@
+"""The ``topokeeper`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from topokeeper.domain.errors import InputError
+from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
+from topokeeper.engine.planner import plan
+from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
+from topokeeper.render.bundle import RenderedPlan, render
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+
+def _read_structured(path: Path, field: str) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise InputError(field, f"cannot read {path}: {error.strerror}") from error
+    try:
+        return yaml.safe_load(text) if path.suffix in {".yaml", ".yml"} else json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as error:
+        raise InputError(
+            field,
+            f"{path} is not valid {'YAML' if path.suffix in {'.yaml', '.yml'} else 'JSON'}: "
+            f"{str(error).splitlines()[0]}",
+        ) from error
+
+
+def load_config(path: Path | None) -> PlannerConfig:
+    if path is None:
+        return PlannerConfig()
+    document = _read_structured(path, "--config")
+    try:
+        return PlannerConfig.model_validate(document or {})
+    except ValidationError as error:
+        raise InputError.from_validation(error, prefix="config") from error
+
+
+def plan_from_files(snapshot_path: Path, config_path: Path | None, slurm_version: str | None) -> RenderedPlan:
+    raw = parse_snapshot_document(_read_structured(snapshot_path, "--snapshot"))
+    snapshot = build_snapshot(raw, load_config(config_path), slurm_version)
+    return render(plan(snapshot))
+
+
+def plan_table(rendered: RenderedPlan) -> str:
+    rows = [("PARTITION", "KIND", "NODES", "SWITCHES/BLOCKS", "WARNINGS")]
+    for partition in sorted(rendered.plan.partitions, key=lambda p: p.partition):
+        topology = partition.topology
+        if isinstance(topology, TreeTopology):
+            units = f"{len(topology.switches)} switches"
+        elif isinstance(topology, BlockTopology):
+            units = f"{len(topology.blocks)} blocks"
+        else:
+            units = "-"
+        rows.append(
+            (partition.partition, partition.kind.value, str(len(partition.nodes)), units, str(len(partition.warnings)))
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    plan_ = rendered.plan
+    lines.append(
+        f"{plan_.cluster_name}: Slurm {plan_.slurm_version} -> {plan_.slurm_format.value}"
+        + (f" ({plan_.topology_plugin})" if plan_.topology_plugin else "")
+        + f", sha256 {rendered.sha256[:12]}"
+    )
+    lines += [f"warning: {warning}" for warning in plan_.warnings]
+    for partition in sorted(plan_.partitions, key=lambda p: p.partition):
+        lines += [f"warning: {partition.partition}: {warning}" for warning in partition.warnings]
+    return "\n".join(lines)
+
+
+def write_files(out: Path, files: dict[str, str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        temporary = out / f".{name}.tmp"
+        temporary.write_text(content)
+        temporary.replace(out / name)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    rendered = plan_from_files(args.snapshot, args.config, args.slurm_version)
+    write_files(args.out, rendered.files())
+    print(plan_table(rendered))
+    return EXIT_OK
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    print(plan_table(plan_from_files(args.snapshot, args.config, args.slurm_version)))
+    return EXIT_OK
+
+
+def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--snapshot", type=Path, required=True, help="snapshot JSON of AWS responses")
+    parser.add_argument("--config", type=Path, help="per-partition overrides (YAML or JSON)")
+    parser.add_argument("--slurm-version", help="e.g. 24.11 or 25.11 (default: the snapshot's, else 25.11)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="topokeeper", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    plan_parser = commands.add_parser("plan", help="plan and render the topology files")
+    _add_plan_inputs(plan_parser)
+    plan_parser.add_argument("--out", type=Path, required=True, help="directory for the files")
+    plan_parser.set_defaults(run=_cmd_plan)
+
+    show_parser = commands.add_parser("show", help="print the plan table only")
+    _add_plan_inputs(show_parser)
+    show_parser.set_defaults(run=_cmd_show)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except InputError as error:
+        print(f"topokeeper: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

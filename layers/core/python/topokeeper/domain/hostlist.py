@@ -1,0 +1,123 @@
+"""Slurm hostlist expressions: ``ip-10-1-12-[34-35],ip-10-1-99-7``.
+
+Semantics follow Slurm's hostlist.c: only numeric ranges inside brackets, the range is on the trailing
+digits of a name, zero padding is kept (``n[09-10]`` is n09,n10), and a list is printed sorted and
+de-duplicated. Several bracket groups in one name expand as a cartesian product, as Slurm does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+# Slurm keeps the numeric suffix in an unsigned long; longer digit runs stay opaque names.
+_MAX_SUFFIX_DIGITS = 18
+_TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+class HostlistError(ValueError):
+    """A hostlist expression Slurm would reject."""
+
+
+def _split_top_level(expression: str) -> list[str]:
+    parts: list[str] = []
+    depth = 0
+    start = 0
+    for index, char in enumerate(expression):
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise HostlistError(f"nested brackets in {expression!r}")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise HostlistError(f"unbalanced ']' in {expression!r}")
+        elif char == "," and depth == 0:
+            parts.append(expression[start:index])
+            start = index + 1
+    if depth != 0:
+        raise HostlistError(f"unbalanced '[' in {expression!r}")
+    parts.append(expression[start:])
+    return [part for part in parts if part]
+
+
+def _expand_ranges(body: str, expression: str) -> list[str]:
+    values: list[str] = []
+    for item in body.split(","):
+        match = _RANGE.fullmatch(item)
+        if not match:
+            raise HostlistError(f"invalid range {item!r} in {expression!r} (Slurm ranges are numeric)")
+        low_text, high_text = match.group(1), match.group(2)
+        if high_text is None:
+            values.append(low_text)
+            continue
+        low, high = int(low_text), int(high_text)
+        if high < low:
+            raise HostlistError(f"descending range {item!r} in {expression!r}")
+        width = len(low_text)
+        values.extend(f"{number:0{width}d}" for number in range(low, high + 1))
+    return values
+
+
+def expand(expression: str) -> list[str]:
+    """Expand a hostlist expression into names, in the order written (duplicates kept, as Slurm does)."""
+    names: list[str] = []
+    for part in _split_top_level(expression.strip()):
+        pieces = re.split(r"(\[[^\]]*\])", part)
+        products = [""]
+        for piece in pieces:
+            choices = _expand_ranges(piece[1:-1], expression) if piece.startswith("[") else [piece]
+            products = [prefix + choice for prefix in products for choice in choices]
+        names.extend(products)
+    return names
+
+
+def _suffix(name: str) -> tuple[str, str] | None:
+    match = _TRAILING_DIGITS.fullmatch(name)
+    if not match or len(match.group(2)) > _MAX_SUFFIX_DIGITS:
+        return None
+    return match.group(1), match.group(2)
+
+
+def _width(digits: str) -> int:
+    """The zero-padded width a number needs: 0 when it is written naturally."""
+    return len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+
+
+def _fits(digits: str, width: int) -> bool:
+    return f"{int(digits):0{width}d}" == digits
+
+
+def compress(names: Iterable[str]) -> str:
+    """Compress names into Slurm's sorted, de-duplicated hostlist form; ``expand`` round-trips it."""
+    opaque: set[str] = set()
+    by_prefix: dict[str, set[str]] = {}
+    for name in set(names):
+        split = _suffix(name)
+        if split is None:
+            opaque.add(name)
+        else:
+            by_prefix.setdefault(split[0], set()).add(split[1])
+
+    groups: list[tuple[str, int, str]] = [(name, 0, name) for name in opaque]
+    for prefix, digit_strings in by_prefix.items():
+        ordered = sorted(digit_strings, key=lambda digits: (int(digits), len(digits)))
+        runs: list[list[str]] = []
+        for digits in ordered:
+            if runs:
+                run = runs[-1]
+                width = max(_width(run[0]), _width(digits)) or 0
+                contiguous = int(digits) == int(run[-1]) + 1
+                if contiguous and all(_fits(member, width) for member in (run[0], digits)):
+                    run.append(digits)
+                    continue
+            runs.append([digits])
+        items = [run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs]
+        sort_key = int(ordered[0])
+        if len(items) == 1 and "-" not in items[0]:
+            groups.append((prefix, sort_key, prefix + items[0]))
+        else:
+            groups.append((prefix, sort_key, f"{prefix}[{','.join(items)}]"))
+    groups.sort(key=lambda group: (group[0], group[1], group[2]))
+    return ",".join(group[2] for group in groups)

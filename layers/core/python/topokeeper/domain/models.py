@@ -1,0 +1,220 @@
+"""The canonical facts (Node, Partition, ClusterSnapshot) and the planned topologies.
+
+Inputs are strict: every name that can reach a Slurm file is validated here, so the engine and the
+renderers only ever see safe values.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from topokeeper.domain.catalog import ec2_instance_type
+from topokeeper.domain.names import SlurmName
+
+PLAN_SCHEMA = "topokeeper.plan/1"
+FLAT_DEFAULT = "flat-default"
+ROOT_SWITCH = "root"
+NO_TOPOLOGY_SWITCH = "no-topology"
+NO_ULTRASERVER_BLOCK = "no-ultraserver"
+MAX_NETWORK_LAYERS = 4
+MAX_BLOCK_LEVELS = 16  # Slurm rejects block_level > 15
+
+_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?")
+_INSTANCE_TYPE = re.compile(r"[a-z0-9-]+\.[a-z0-9-]+")
+_SLURM_VERSION = re.compile(r"(\d{2})\.(\d{2})(?:\.\d+)?")
+_CLUSTER_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
+# Node states in which slurmctld still lists the node; the others are gone or going.
+PRESENT_STATUSES = frozenset({"Running", "Pending", "SystemUpdating", "DeepHealthCheckInProgress"})
+
+
+def _instance_id(value: str) -> str:
+    if not _INSTANCE_ID.fullmatch(value):
+        raise ValueError(f"not an EC2 instance id (i- and 8 or 17 hex digits): {value!r}")
+    return value
+
+
+def _instance_type(value: str) -> str:
+    value = ec2_instance_type(value)
+    if not _INSTANCE_TYPE.fullmatch(value):
+        raise ValueError(f"not an instance type: {value!r}")
+    return value
+
+
+def _cluster_name(value: str) -> str:
+    if not _CLUSTER_NAME.fullmatch(value):
+        raise ValueError(f"not a HyperPod cluster name: {value!r}")
+    return value
+
+
+InstanceId = Annotated[str, AfterValidator(_instance_id)]
+InstanceType = Annotated[str, AfterValidator(_instance_type)]
+ClusterName = Annotated[str, AfterValidator(_cluster_name)]
+
+
+class TopologyKind(StrEnum):
+    TREE = "tree"
+    BLOCK = "block"
+    FLAT = "flat"
+
+
+class SlurmFormat(StrEnum):
+    YAML = "topology.yaml"  # Slurm >= 25.05: one named topology per partition
+    CONF = "topology.conf"  # Slurm < 25.05: one cluster-wide topology
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SlurmVersion(_Frozen):
+    major: int
+    minor: int
+
+    @classmethod
+    def parse(cls, text: str) -> SlurmVersion:
+        match = _SLURM_VERSION.fullmatch(text.strip())
+        if not match:
+            raise ValueError(f"not a Slurm version like 25.11: {text!r}")
+        return cls(major=int(match.group(1)), minor=int(match.group(2)))
+
+    @property
+    def format(self) -> SlurmFormat:
+        return SlurmFormat.YAML if (self.major, self.minor) >= (25, 5) else SlurmFormat.CONF
+
+    def __str__(self) -> str:
+        return f"{self.major:02d}.{self.minor:02d}"
+
+
+class Node(_Frozen):
+    """One cluster instance as Slurm and AWS both see it."""
+
+    name: SlurmName
+    instance_id: InstanceId
+    instance_type: InstanceType
+    instance_group: str | None = None
+    partition: SlurmName | None = None
+    status: str = "Running"
+    network_nodes: tuple[SlurmName, ...] = Field(default=(), max_length=MAX_NETWORK_LAYERS)
+    ultraserver_id: SlurmName | None = None
+    availability_zone: str | None = None
+
+    @property
+    def present(self) -> bool:
+        return self.status in PRESENT_STATUSES
+
+
+class PartitionSettings(_Frozen):
+    """A per-partition override from the config file."""
+
+    kind: Literal["auto", "tree", "block", "flat"] = "auto"
+    block_sizes: tuple[int, ...] | None = None
+    instance_groups: tuple[str, ...] = ()
+
+    @field_validator("block_sizes")
+    @classmethod
+    def _valid_block_sizes(cls, sizes: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if sizes is not None:
+            check_block_sizes(sizes)
+        return sizes
+
+
+class PlannerConfig(_Frozen):
+    """The optional config file: ``partitions: {NAME: {kind, block_sizes, instance_groups}}``."""
+
+    partitions: dict[SlurmName, PartitionSettings] = Field(default_factory=dict)
+
+
+def check_block_sizes(sizes: tuple[int, ...]) -> None:
+    """Slurm's rule: a base size, then each level a power-of-two multiple larger than the one before."""
+    if not sizes:
+        raise ValueError("block_sizes must not be empty")
+    if len(sizes) > MAX_BLOCK_LEVELS:
+        raise ValueError(f"block_sizes has {len(sizes)} levels; Slurm allows {MAX_BLOCK_LEVELS}")
+    base = sizes[0]
+    if base < 1:
+        raise ValueError(f"block_sizes base must be positive, got {base}")
+    previous = 0
+    for size in sizes:
+        ratio, remainder = divmod(size, base)
+        if remainder or ratio & (ratio - 1) or size <= previous:
+            raise ValueError(f"block_sizes {list(sizes)}: {size} is not base x 2^k larger than {previous or 'nothing'}")
+        previous = size
+
+
+class Partition(_Frozen):
+    name: SlurmName
+    nodes: tuple[Node, ...]
+    settings: PartitionSettings = PartitionSettings()
+    instance_types: tuple[InstanceType, ...] = ()  # from the instance groups, known even with no node up
+
+
+class ClusterSnapshot(_Frozen):
+    """Everything the planner needs, already joined: no AWS shapes past this point."""
+
+    cluster_name: ClusterName
+    cluster_arn: str | None = None
+    slurm_version: SlurmVersion
+    partitions: tuple[Partition, ...]
+    warnings: tuple[str, ...] = ()
+
+
+class Switch(_Frozen):
+    name: SlurmName
+    switches: tuple[SlurmName, ...] = ()
+    nodes: tuple[SlurmName, ...] = ()
+
+
+class Block(_Frozen):
+    name: SlurmName
+    nodes: tuple[SlurmName, ...]
+
+
+class TreeTopology(_Frozen):
+    kind: Literal[TopologyKind.TREE] = TopologyKind.TREE
+    name: SlurmName
+    switches: tuple[Switch, ...]
+
+
+class BlockTopology(_Frozen):
+    kind: Literal[TopologyKind.BLOCK] = TopologyKind.BLOCK
+    name: SlurmName
+    block_sizes: tuple[int, ...]
+    blocks: tuple[Block, ...]
+
+
+class FlatTopology(_Frozen):
+    kind: Literal[TopologyKind.FLAT] = TopologyKind.FLAT
+    name: SlurmName
+
+
+Topology = Annotated[TreeTopology | BlockTopology | FlatTopology, Field(discriminator="kind")]
+
+
+class PartitionPlan(_Frozen):
+    partition: SlurmName
+    kind: TopologyKind
+    topology: Topology
+    assignment: SlurmName | None  # the partition's Topology= value; None for flat (inherits cluster_default)
+    nodes: tuple[SlurmName, ...]
+    nodes_without_topology: tuple[SlurmName, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+class Plan(_Frozen):
+    cluster_name: ClusterName
+    cluster_arn: str | None
+    slurm_version: SlurmVersion
+    slurm_format: SlurmFormat
+    partitions: tuple[PartitionPlan, ...]
+    # Slurm < 25.05 has one topology for the whole cluster and picks it with TopologyPlugin=.
+    cluster_topology: Topology | None = None
+    topology_plugin: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(sorted({node for partition in self.partitions for node in partition.nodes}))

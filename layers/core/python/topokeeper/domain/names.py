@@ -1,0 +1,34 @@
+"""Validation of every name that reaches a Slurm file.
+
+Slurm's parsers split on commas, brackets, '=', '#', whitespace and (in YAML) ':', so a name from AWS
+that carried one of those could rewrite the file. Names are therefore restricted to a conservative
+charset and to Slurm's 64-character limit (HOST_NAME_MAX; SwitchName "cannot be longer than 64").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator
+
+MAX_SLURM_NAME_LENGTH = 64
+# Slurm's hostlist reads a name's trailing digits as an unsigned long; a larger number is mangled.
+MAX_NUMERIC_SUFFIX = 2**64 - 1
+_SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_TRAILING_DIGITS = re.compile(r"(\d+)$")
+
+
+def check_slurm_name(value: str) -> str:
+    """Return ``value`` if it is safe as a Slurm node, switch, block, partition or topology name."""
+    if len(value) > MAX_SLURM_NAME_LENGTH:
+        raise ValueError(f"longer than {MAX_SLURM_NAME_LENGTH} characters: {value[:70]!r}...")
+    if not _SLURM_NAME.fullmatch(value):
+        raise ValueError(f"not a safe Slurm name (letters, digits, '.', '_', '-'; starting alphanumeric): {value!r}")
+    suffix = _TRAILING_DIGITS.search(value)
+    if suffix and int(suffix.group(1)) > MAX_NUMERIC_SUFFIX:
+        raise ValueError(f"trailing number is too large for Slurm's hostlist (max {MAX_NUMERIC_SUFFIX}): {value!r}")
+    return value
+
+
+SlurmName = Annotated[str, AfterValidator(check_slurm_name)]

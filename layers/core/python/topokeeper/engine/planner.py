@@ -1,0 +1,153 @@
+"""ClusterSnapshot -> Plan: which topology each partition gets, and the topology itself.
+
+Resolution follows HyperPod's documented rule for ``kind: auto``: all UltraServer types -> block; all
+topology-capable (UltraServer included) -> tree; any type without topology data -> flat, which leaves
+the partition on the flat cluster default. A config file may force a kind and set block sizes.
+Slurm < 25.05 has a single cluster-wide topology: the compatible one across partitions (all block ->
+block, any tree -> tree, else flat), selected by ``TopologyPlugin``.
+"""
+
+from __future__ import annotations
+
+from topokeeper.domain.catalog import Capability, lookup
+from topokeeper.domain.errors import InputError
+from topokeeper.domain.models import (
+    FLAT_DEFAULT,
+    BlockTopology,
+    ClusterSnapshot,
+    FlatTopology,
+    Node,
+    Partition,
+    PartitionPlan,
+    Plan,
+    SlurmFormat,
+    Topology,
+    TopologyKind,
+    TreeTopology,
+)
+from topokeeper.domain.names import check_slurm_name
+from topokeeper.engine.block import build_blocks
+from topokeeper.engine.tree import build_tree
+
+CLUSTER_TOPOLOGY = "cluster"
+PLUGIN_NAMES = {TopologyKind.TREE: "topology/tree", TopologyKind.BLOCK: "topology/block"}
+FLAT_PLUGIN_BEFORE_25_05 = "topology/default"  # renamed topology/flat in 25.05
+
+
+def resolve_kind(partition: Partition) -> TopologyKind:
+    if partition.settings.kind != "auto":
+        return TopologyKind(partition.settings.kind)
+    types = {node.instance_type for node in partition.nodes} | set(partition.instance_types)
+    if not types or not partition.nodes:
+        return TopologyKind.FLAT
+    capabilities = {lookup(instance_type).capability for instance_type in types}
+    if Capability.NONE in capabilities:
+        return TopologyKind.FLAT
+    if capabilities == {Capability.ULTRASERVER}:
+        return TopologyKind.BLOCK
+    return TopologyKind.TREE
+
+
+def block_sizes_for(partition: Partition) -> tuple[int, ...]:
+    if partition.settings.block_sizes:
+        return partition.settings.block_sizes
+    types = {node.instance_type for node in partition.nodes} | set(partition.instance_types)
+    sizes = {size for t in types if (size := lookup(t).ultraserver_size) is not None}
+    if len(sizes) != 1:
+        found = ", ".join(sorted(types)) or "no instance type"
+        raise InputError(
+            f"partitions.{partition.name}.block_sizes",
+            f"required: the UltraServer size cannot be taken from the instance types ({found})",
+        )
+    return (sizes.pop(),)
+
+
+def _topology_name(kind: TopologyKind, partition: str) -> str:
+    name = f"{kind.value}-{partition}"
+    try:
+        return check_slurm_name(name)
+    except ValueError as error:
+        raise InputError(f"partitions.{partition}", f"topology name {error}") from error
+
+
+def plan_partition(partition: Partition) -> PartitionPlan:
+    kind = resolve_kind(partition)
+    names = tuple(node.name for node in partition.nodes)
+    warnings: list[str] = []
+    without: tuple[str, ...] = ()
+    topology: Topology
+    if kind is TopologyKind.TREE:
+        topology, without, tree_warnings = build_tree(_topology_name(kind, partition.name), partition.nodes)
+        warnings.extend(tree_warnings)
+        if without:
+            warnings.append(f"{len(without)} node(s) without network topology data, placed under no-topology")
+    elif kind is TopologyKind.BLOCK:
+        topology, without = build_blocks(
+            _topology_name(kind, partition.name), partition.nodes, block_sizes_for(partition)
+        )
+        if without:
+            warnings.append(f"{len(without)} node(s) without an UltraServer id, placed in block no-ultraserver")
+    else:
+        topology = FlatTopology(name=FLAT_DEFAULT)
+        if not partition.nodes:
+            warnings.append("no nodes present; flat until nodes join")
+    return PartitionPlan(
+        partition=partition.name,
+        kind=kind,
+        topology=topology,
+        assignment=None if kind is TopologyKind.FLAT else topology.name,
+        nodes=tuple(sorted(names)),
+        nodes_without_topology=without,
+        warnings=tuple(warnings),
+    )
+
+
+def _cluster_topology(snapshot: ClusterSnapshot, plans: list[PartitionPlan]) -> tuple[Topology, str, list[str]]:
+    """The one topology a Slurm < 25.05 cluster can have, covering every managed node."""
+    kinds = {plan.kind for plan in plans} - {TopologyKind.FLAT}
+    all_nodes: list[Node] = [node for partition in snapshot.partitions for node in partition.nodes]
+    if not kinds:
+        return FlatTopology(name=FLAT_DEFAULT), FLAT_PLUGIN_BEFORE_25_05, []
+    if kinds == {TopologyKind.BLOCK}:
+        block_plans = sorted((p for p in plans if p.kind is TopologyKind.BLOCK), key=lambda p: p.partition)
+        sizes = {p.topology.block_sizes for p in block_plans if isinstance(p.topology, BlockTopology)}
+        chosen = next(p.topology.block_sizes for p in block_plans if isinstance(p.topology, BlockTopology))
+        warnings = []
+        if len(sizes) > 1:
+            warnings.append(f"partitions disagree on block_sizes; topology.conf uses {list(chosen)}")
+        blocks, _ = build_blocks(CLUSTER_TOPOLOGY, all_nodes, chosen)
+        short = [block.name for block in blocks.blocks if len(block.nodes) < chosen[0]]
+        if not short:
+            return blocks, PLUGIN_NAMES[TopologyKind.BLOCK], warnings
+        # Slurm 24.11 refuses to start with a block below the base size ("children count lower than
+        # bblock_node_cnt"), so an incomplete UltraServer or other nodes make the cluster a tree.
+        warnings.append(
+            f"blocks below the base size {chosen[0]} ({', '.join(short)}) are fatal before Slurm 25.05; "
+            "topology.conf uses topology/tree instead"
+        )
+    else:
+        warnings = []
+    tree, _, tree_warnings = build_tree(CLUSTER_TOPOLOGY, all_nodes)
+    return tree, PLUGIN_NAMES[TopologyKind.TREE], warnings + list(tree_warnings)
+
+
+def plan(snapshot: ClusterSnapshot) -> Plan:
+    partition_plans = [plan_partition(partition) for partition in snapshot.partitions]
+    slurm_format = snapshot.slurm_version.format
+    warnings = list(snapshot.warnings)
+    cluster_topology: TreeTopology | BlockTopology | FlatTopology | None = None
+    plugin = None
+    if slurm_format is SlurmFormat.CONF:
+        cluster_topology, plugin, cluster_warnings = _cluster_topology(snapshot, partition_plans)
+        warnings.extend(cluster_warnings)
+        partition_plans = [p.model_copy(update={"assignment": None}) for p in partition_plans]
+    return Plan(
+        cluster_name=snapshot.cluster_name,
+        cluster_arn=snapshot.cluster_arn,
+        slurm_version=snapshot.slurm_version,
+        slurm_format=slurm_format,
+        partitions=tuple(partition_plans),
+        cluster_topology=cluster_topology,
+        topology_plugin=plugin,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,240 @@
+"""From AWS responses (as boto3 or the AWS CLI return them) to the canonical ClusterSnapshot.
+
+A snapshot file holds ``describe_cluster`` (DescribeCluster), ``nodes`` (ListClusterNodes summaries or
+DescribeClusterNode details), ``instance_topology`` (DescribeInstanceTopology ``Instances``) and an
+optional ``slurm`` section (``version``; legacy ``partitions`` {instance group: partition}). The AWS
+shapes are parsed leniently (unknown keys ignored); everything that reaches Slurm is validated strictly
+when the Node is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from topokeeper.domain.catalog import ec2_instance_type
+from topokeeper.domain.errors import InputError
+from topokeeper.domain.models import (
+    ClusterSnapshot,
+    Node,
+    Partition,
+    PartitionSettings,
+    PlannerConfig,
+    SlurmVersion,
+)
+
+DEFAULT_SLURM_VERSION = "25.11"
+_NO_PARTITION_NODE_TYPES = frozenset({"Controller", "Login"})
+
+
+class _Aws(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class AwsSlurmConfig(_Aws):
+    NodeType: str | None = None
+    PartitionNames: list[str] = Field(default_factory=list)
+
+
+class AwsInstanceGroup(_Aws):
+    InstanceGroupName: str
+    InstanceType: str | None = None
+    SlurmConfig: AwsSlurmConfig | None = None
+
+
+class AwsDescribeCluster(_Aws):
+    ClusterArn: str | None = None
+    ClusterName: str
+    InstanceGroups: list[AwsInstanceGroup] = Field(default_factory=list)
+    Orchestrator: dict[str, Any] | None = None
+
+
+class AwsInstanceStatus(_Aws):
+    Status: str = "Running"
+
+
+class AwsUltraServerInfo(_Aws):
+    Id: str | None = None
+    Type: str | None = None
+
+
+class AwsPlacement(_Aws):
+    AvailabilityZone: str | None = None
+
+
+class AwsClusterNode(_Aws):
+    InstanceGroupName: str
+    InstanceId: str
+    InstanceType: str
+    InstanceStatus: AwsInstanceStatus = AwsInstanceStatus()
+    PrivateDnsHostname: str | None = None
+    PrivatePrimaryIp: str | None = None
+    UltraServerInfo: AwsUltraServerInfo | None = None
+    Placement: AwsPlacement | None = None
+
+
+class AwsInstanceTopology(_Aws):
+    InstanceId: str
+    InstanceType: str | None = None
+    NetworkNodes: list[str] | None = None
+    AvailabilityZone: str | None = None
+    CapacityBlockId: str | None = None
+
+
+class SnapshotSlurm(_Aws):
+    version: str | None = None
+    partitions: dict[str, str] = Field(default_factory=dict)  # legacy: instance group -> partition
+
+
+class AwsSnapshot(_Aws):
+    describe_cluster: AwsDescribeCluster
+    nodes: list[AwsClusterNode] = Field(default_factory=list)
+    instance_topology: list[AwsInstanceTopology] = Field(default_factory=list)
+    slurm: SnapshotSlurm = SnapshotSlurm()
+
+
+def parse_snapshot_document(document: Any) -> AwsSnapshot:
+    try:
+        return AwsSnapshot.model_validate(document)
+    except ValidationError as error:
+        raise InputError.from_validation(error) from error
+
+
+def slurm_node_name(node: AwsClusterNode) -> str | None:
+    """Slurm calls a HyperPod node by its short private host name (``ip-10-1-2-3``)."""
+    if node.PrivateDnsHostname:
+        return node.PrivateDnsHostname.split(".", 1)[0]
+    if node.PrivatePrimaryIp:
+        return "ip-" + node.PrivatePrimaryIp.replace(".", "-")
+    return None
+
+
+def _partition_of_groups(raw: AwsSnapshot, config: PlannerConfig) -> dict[str, str | None]:
+    """Instance group -> partition; precedence: config file > SlurmConfig.PartitionNames > legacy mapping."""
+    mapping: dict[str, str | None] = {}
+    for group in raw.describe_cluster.InstanceGroups:
+        slurm_config = group.SlurmConfig
+        if slurm_config and slurm_config.NodeType in _NO_PARTITION_NODE_TYPES:
+            mapping[group.InstanceGroupName] = None
+        elif slurm_config and slurm_config.PartitionNames:
+            mapping[group.InstanceGroupName] = slurm_config.PartitionNames[0]
+        else:
+            mapping[group.InstanceGroupName] = raw.slurm.partitions.get(group.InstanceGroupName)
+    for group_name, partition in raw.slurm.partitions.items():
+        mapping.setdefault(group_name, partition)
+    for partition, settings in sorted(config.partitions.items()):
+        for group_name in settings.instance_groups:
+            mapping[group_name] = partition
+    return mapping
+
+
+def _build_node(
+    index: int, raw_node: AwsClusterNode, name: str, partition: str | None, topology: AwsInstanceTopology | None
+) -> Node:
+    ultraserver = raw_node.UltraServerInfo.Id if raw_node.UltraServerInfo else None
+    if not ultraserver and topology is not None:
+        ultraserver = topology.CapacityBlockId
+    availability_zone = raw_node.Placement.AvailabilityZone if raw_node.Placement else None
+    fields = {
+        "name": name,
+        "instance_id": raw_node.InstanceId,
+        "instance_type": raw_node.InstanceType,
+        "instance_group": raw_node.InstanceGroupName,
+        "partition": partition,
+        "status": raw_node.InstanceStatus.Status,
+        "network_nodes": tuple(topology.NetworkNodes or ()) if topology else (),
+        "ultraserver_id": ultraserver or None,
+        "availability_zone": availability_zone or (topology.AvailabilityZone if topology else None),
+    }
+    source_field = {
+        "name": "PrivateDnsHostname",
+        "instance_id": "InstanceId",
+        "instance_type": "InstanceType",
+        "partition": "partition",
+        "network_nodes": "NetworkNodes",
+        "ultraserver_id": "UltraServerInfo.Id",
+    }
+    try:
+        return Node.model_validate(fields)
+    except ValidationError as error:
+        loc = error.errors()[0]["loc"]
+        where = source_field.get(str(loc[0]), str(loc[0])) if loc else "node"
+        detail = InputError.from_validation(error).message
+        raise InputError(f"nodes[{index}].{where}", detail) from error
+
+
+def build_snapshot(raw: AwsSnapshot, config: PlannerConfig, slurm_version: str | None = None) -> ClusterSnapshot:
+    """Join the three AWS responses on instance id and group the nodes into partitions."""
+    warnings: list[str] = []
+    version_text = slurm_version or raw.slurm.version or DEFAULT_SLURM_VERSION
+    try:
+        version = SlurmVersion.parse(version_text)
+    except ValueError as error:
+        raise InputError("slurm.version", str(error)) from error
+
+    group_partition = _partition_of_groups(raw, config)
+    group_types = {g.InstanceGroupName: g.InstanceType for g in raw.describe_cluster.InstanceGroups}
+    topology_by_id = {item.InstanceId: item for item in raw.instance_topology}
+
+    chosen: dict[str, Node] = {}
+    for index, raw_node in enumerate(raw.nodes):
+        name = slurm_node_name(raw_node)
+        if name is None:
+            warnings.append(f"node {raw_node.InstanceId} has no host name yet; left out until it has one")
+            continue
+        if raw_node.InstanceGroupName not in group_partition:
+            warnings.append(f"node {name}: instance group {raw_node.InstanceGroupName!r} is not in DescribeCluster")
+        group_of_node = group_partition.get(raw_node.InstanceGroupName)
+        node = _build_node(index, raw_node, name, group_of_node, topology_by_id.get(raw_node.InstanceId))
+        if not node.present:
+            continue
+        # A replaced node keeps its host name; prefer the running instance, then a stable tie-break.
+        previous = chosen.get(name)
+        if previous is None or _rank(node) > _rank(previous):
+            chosen[name] = node
+
+    partition_names = sorted({p for p in group_partition.values() if p} | set(config.partitions))
+    partitions: list[Partition] = []
+    for partition_name in partition_names:
+        nodes = tuple(sorted((n for n in chosen.values() if n.partition == partition_name), key=lambda n: n.name))
+        types = sorted(
+            {ec2_instance_type(t) for g, t in group_types.items() if t and group_partition.get(g) == partition_name}
+        )
+        try:
+            partition = Partition(
+                name=partition_name,
+                nodes=nodes,
+                settings=config.partitions.get(partition_name, PartitionSettings()),
+                instance_types=tuple(types),
+            )
+        except ValidationError as error:
+            raise InputError.from_validation(error, prefix=f"partitions.{partition_name}") from error
+        partitions.append(partition)
+
+    unmapped = sorted({n.instance_group or "" for n in chosen.values() if n.partition is None})
+    for group_name in unmapped:
+        if group_name and group_name in group_partition and _is_compute(raw, group_name):
+            warnings.append(f"instance group {group_name!r} has no partition mapping; its nodes are not planned")
+
+    try:
+        return ClusterSnapshot(
+            cluster_name=raw.describe_cluster.ClusterName,
+            cluster_arn=raw.describe_cluster.ClusterArn,
+            slurm_version=version,
+            partitions=tuple(partitions),
+            warnings=tuple(warnings),
+        )
+    except ValidationError as error:
+        raise InputError("describe_cluster.ClusterName", InputError.from_validation(error).message) from error
+
+
+def _rank(node: Node) -> tuple[bool, str]:
+    return (node.status == "Running", node.instance_id)
+
+
+def _is_compute(raw: AwsSnapshot, group_name: str) -> bool:
+    for group in raw.describe_cluster.InstanceGroups:
+        if group.InstanceGroupName == group_name:
+            return not (group.SlurmConfig and group.SlurmConfig.NodeType in _NO_PARTITION_NODE_TYPES)
+    return True

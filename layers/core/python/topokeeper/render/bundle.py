@@ -1,0 +1,183 @@
+"""Plan -> the files topokeeper writes: plan.json, topology.yaml|conf, topology.mmd, bundle.json.
+
+``bundle.json`` is the head-node applier's whole input. Its ``plan_sha256`` is content-addressed: it
+covers exactly what the applier makes live (topology files, ``Topology=`` assignments, the plugin),
+so two plans with the same hash need no write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from topokeeper.domain.models import (
+    PLAN_SCHEMA,
+    BlockTopology,
+    PartitionPlan,
+    Plan,
+    SlurmFormat,
+    Topology,
+    TreeTopology,
+)
+from topokeeper.render.mermaid import render_mermaid
+from topokeeper.render.slurm_conf import render_conf
+from topokeeper.render.slurm_yaml import render_entry, render_yaml
+
+BUNDLE_SCHEMA = "topokeeper.bundle/1"
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+class BundleFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    content: str
+    sha256: str
+
+
+class Bundle(BaseModel):
+    """What the applier needs, and nothing it would have to trust without checking."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    schema_: Literal["topokeeper.bundle/1"] = Field("topokeeper.bundle/1", alias="schema")
+    cluster_name: str
+    plan_sha256: str
+    slurm_format: SlurmFormat
+    topology_plugin: str | None
+    files: dict[str, BundleFile]
+    partitions: dict[str, str | None]  # partition -> Topology= value; None removes the key
+    nodes: list[str]
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def plan_sha256(
+    slurm_format: SlurmFormat, plugin: str | None, files: dict[str, str], partitions: dict[str, str | None]
+) -> str:
+    return sha256_text(
+        canonical_json(
+            {
+                "format": slurm_format.value,
+                "topology_plugin": plugin,
+                "files": {name: sha256_text(content) for name, content in files.items()},
+                "partitions": partitions,
+            }
+        )
+    )
+
+
+def partition_sha256(partition: PartitionPlan) -> str:
+    return sha256_text(render_entry(partition.topology))
+
+
+def _topology_document(topology: Topology) -> dict[str, Any]:
+    if isinstance(topology, TreeTopology):
+        return {
+            "switches": [
+                {"name": s.name, "switches": list(s.switches), "nodes": list(s.nodes)} for s in topology.switches
+            ]
+        }
+    if isinstance(topology, BlockTopology):
+        return {
+            "block_sizes": list(topology.block_sizes),
+            "blocks": [{"name": b.name, "nodes": list(b.nodes)} for b in topology.blocks],
+        }
+    return {}
+
+
+class RenderedPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    plan: Plan
+    bundle: Bundle
+    mermaid: str
+    partition_sha256: dict[str, str]
+
+    @property
+    def sha256(self) -> str:
+        return self.bundle.plan_sha256
+
+    @property
+    def topology_text(self) -> str:
+        return self.bundle.files[self.plan.slurm_format.value].content
+
+    def plan_document(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "schema": PLAN_SCHEMA,
+            "cluster": {"name": plan.cluster_name, "arn": plan.cluster_arn},
+            "slurm": {
+                "version": str(plan.slurm_version),
+                "format": plan.slurm_format.value,
+                "topology_plugin": plan.topology_plugin,
+            },
+            "partitions": [
+                {
+                    "name": p.partition,
+                    "kind": p.kind.value,
+                    "topology": p.topology.name,
+                    "assignment": p.assignment,
+                    "node_count": len(p.nodes),
+                    "nodes": list(p.nodes),
+                    **_topology_document(p.topology),
+                    "nodes_without_topology": list(p.nodes_without_topology),
+                    "warnings": list(p.warnings),
+                    "sha256": self.partition_sha256[p.partition],
+                }
+                for p in sorted(plan.partitions, key=lambda p: p.partition)
+            ],
+            "cluster_topology": (
+                None
+                if plan.cluster_topology is None
+                else {
+                    "kind": plan.cluster_topology.kind.value,
+                    "name": plan.cluster_topology.name,
+                    **_topology_document(plan.cluster_topology),
+                }
+            ),
+            "files": {name: file.sha256 for name, file in self.bundle.files.items()},
+            "warnings": list(plan.warnings),
+            "sha256": self.sha256,
+        }
+
+    def files(self) -> dict[str, str]:
+        """Everything ``topokeeper plan --out`` writes, by file name."""
+        return {
+            "plan.json": json.dumps(self.plan_document(), indent=2, sort_keys=False) + "\n",
+            self.plan.slurm_format.value: self.topology_text,
+            "topology.mmd": self.mermaid,
+            "bundle.json": json.dumps(self.bundle.document(), indent=2, sort_keys=True) + "\n",
+        }
+
+
+def render(plan: Plan) -> RenderedPlan:
+    text = render_yaml(plan) if plan.slurm_format is SlurmFormat.YAML else render_conf(plan)
+    topology_files = {plan.slurm_format.value: text}
+    assignments = {p.partition: p.assignment for p in sorted(plan.partitions, key=lambda p: p.partition)}
+    bundle = Bundle(
+        cluster_name=plan.cluster_name,
+        plan_sha256=plan_sha256(plan.slurm_format, plan.topology_plugin, topology_files, assignments),
+        slurm_format=plan.slurm_format,
+        topology_plugin=plan.topology_plugin,
+        files={
+            name: BundleFile(content=content, sha256=sha256_text(content)) for name, content in topology_files.items()
+        },
+        partitions=assignments,
+        nodes=list(plan.nodes),
+    )
+    return RenderedPlan(
+        plan=plan,
+        bundle=bundle,
+        mermaid=render_mermaid(plan),
+        partition_sha256={p.partition: partition_sha256(p) for p in plan.partitions},
+    )

@@ -1,0 +1,330 @@
+"""A real slurmctld in a Debian chroot: the head node for tests, the demo and ``simulate``.
+
+Debian ships the Slurm versions we need: sid has 26.05 (topology.yaml), trixie has 24.11
+(topology.conf). ``ensure_chroot`` builds one with debootstrap into a cache outside the clone and
+reuses it afterwards. ``SlurmController`` runs slurmctld daemonized, as on a head node, so that
+``scontrol reconfigure`` keeps the old config when a new one fails. Nodes are ``State=CLOUD`` with
+``ResumeProgram=/bin/true``: no slurmd and no munge are needed, and a job's allocation (chosen by the
+topology plugin) is visible while it is CONFIGURING.
+
+The harness stops only what it started, by pid, and unmounts /proc before any chroot is deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from topokeeper.applier.applier import partition_topologies
+from topokeeper.domain.hostlist import compress
+
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+SUITE_FOR_FORMAT = {"topology.yaml": "sid", "topology.conf": "trixie"}
+PACKAGES = ("slurmctld", "slurm-client", "python3-minimal")
+READY_MARKER = ".topokeeper-ready"
+
+
+class HarnessError(RuntimeError):
+    """The chroot or slurmctld could not be prepared."""
+
+
+def cache_root() -> Path:
+    configured = os.environ.get("TOPOKEEPER_CHROOT_CACHE")
+    if configured:
+        return Path(configured)
+    if os.geteuid() == 0:
+        return Path("/var/cache/topokeeper/chroots")
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "topokeeper" / "chroots"
+
+
+def can_run() -> tuple[bool, str]:
+    """Whether this machine can build and enter a chroot, and if not, why."""
+    if os.geteuid() != 0:
+        return False, "needs root (debootstrap, chroot and mount)"
+    if shutil.which("debootstrap") is None:
+        return False, "debootstrap is not installed (make install-system installs it)"
+    return True, ""
+
+
+def _run(argv: list[str], *, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise HarnessError(f"{' '.join(argv[:4])}... exited {result.returncode}: {result.stderr.strip()[-2000:]}")
+    return result
+
+
+def _mounted(path: Path) -> bool:
+    target = str(path.resolve())
+    with open("/proc/mounts") as mounts:
+        return any(line.split()[1] == target for line in mounts)
+
+
+def _unmount_all(root: Path) -> None:
+    """Unmount everything under ``root``, deepest first."""
+    prefix = str(root.resolve())
+    with open("/proc/mounts") as mounts:
+        points = [line.split()[1] for line in mounts]
+    for point in sorted((p for p in points if p == prefix or p.startswith(prefix + "/")), reverse=True):
+        _run(["umount", "-l", point], check=False)
+
+
+def remove_chroot(root: Path) -> None:
+    """Delete a chroot safely: never while anything (such as /proc) is mounted inside it."""
+    if not root.exists():
+        return
+    _unmount_all(root)
+    if any(_mounted(root / sub) for sub in ("proc", "sys", "dev")):
+        raise HarnessError(f"refusing to delete {root}: something is still mounted inside")
+    _run(["rm", "-rf", "--one-file-system", str(root)])
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_chroot(suite: str, cache: Path | None = None) -> Path:
+    """Return a ready chroot for ``suite``, building it (about a minute) when it is missing."""
+    ok, reason = can_run()
+    if not ok:
+        raise HarnessError(reason)
+    cache = cache or cache_root()
+    root = cache / suite
+    with _file_lock(cache / f"{suite}.lock"):
+        if (root / READY_MARKER).exists():
+            return root
+        building = cache / f"{suite}.building"
+        remove_chroot(building)
+        remove_chroot(root)
+        _run(["debootstrap", "--variant=minbase", suite, str(building), DEBIAN_MIRROR], timeout=1800)
+        # The mirror's Release files can read as expired against this machine's clock.
+        (building / "etc/apt/apt.conf.d/99novaliduntil").write_text('Acquire::Check-Valid-Until "false";\n')
+        policy = building / "usr/sbin/policy-rc.d"
+        policy.write_text("#!/bin/sh\nexit 101\n")  # packages must not start daemons in the chroot
+        policy.chmod(0o755)
+        install = (
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+            "--no-install-recommends " + " ".join(PACKAGES)
+        )
+        _run(["chroot", str(building), "sh", "-c", install], timeout=1800)
+        version = _run(["chroot", str(building), "slurmctld", "-V"]).stdout.strip()
+        (building / READY_MARKER).write_text(version + "\n")
+        building.rename(root)
+    return root
+
+
+@contextlib.contextmanager
+def proc_mounted(root: Path) -> Iterator[None]:
+    """Mount /proc in the chroot (slurmctld readlinks /proc/self/exe) for as long as any user needs it."""
+    counter = root.parent / f"{root.name}.proc-users"
+    with _file_lock(root.parent / f"{root.name}.proc.lock"):
+        users = int(counter.read_text() or 0) if counter.exists() else 0
+        if not _mounted(root / "proc"):
+            _run(["mount", "-t", "proc", "proc", str(root / "proc")])
+            users = 0
+        counter.write_text(str(users + 1))
+    try:
+        yield
+    finally:
+        with _file_lock(root.parent / f"{root.name}.proc.lock"):
+            users = max(int(counter.read_text() or 1) - 1, 0)
+            counter.write_text(str(users))
+            if users == 0 and _mounted(root / "proc"):
+                _run(["umount", str(root / "proc")], check=False)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass
+class SlurmController:
+    """One slurmctld, its config directory inside the chroot, and the commands to drive it."""
+
+    root: Path
+    name: str
+    port: int = field(default_factory=free_port)
+    pid: int | None = None
+
+    @property
+    def inner_dir(self) -> str:
+        return f"/topokeeper/{self.name}"
+
+    @property
+    def etc(self) -> Path:
+        return self.root / self.inner_dir.lstrip("/") / "etc"
+
+    @property
+    def slurm_conf_inner(self) -> str:
+        return f"{self.inner_dir}/etc/slurm.conf"
+
+    @property
+    def log(self) -> Path:
+        return self.root / self.inner_dir.lstrip("/") / "log" / "slurmctld.log"
+
+    def prepare(
+        self,
+        nodes: Iterable[str],
+        partitions: Mapping[str, tuple[Iterable[str], str | None]],
+        extra: Iterable[str] = (),
+    ) -> None:
+        """Write slurm.conf: CLOUD nodes, one line per partition (with its Topology= if given), plus ``dev``."""
+        base = self.root / self.inner_dir.lstrip("/")
+        if base.exists():
+            shutil.rmtree(base)
+        for sub in ("etc", "state", "log"):
+            (base / sub).mkdir(parents=True)
+        key = self.etc / "slurm.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        node_list = sorted(set(nodes))
+        lines = [
+            "ClusterName=topotest",
+            f"SlurmctldHost={socket.gethostname().split('.')[0]}(127.0.0.1)",
+            f"SlurmctldPort={self.port}",
+            "SlurmUser=root",
+            "AuthType=auth/slurm",
+            "CredType=cred/slurm",
+            f"StateSaveLocation={self.inner_dir}/state",
+            f"SlurmctldPidFile={self.inner_dir}/slurmctld.pid",
+            f"SlurmctldLogFile={self.inner_dir}/log/slurmctld.log",
+            "MailProg=/bin/true",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "SelectType=select/cons_tres",
+            "ResumeProgram=/bin/true",
+            "SuspendProgram=/bin/true",
+            "SuspendTime=3600",
+            "ResumeTimeout=3600",
+            *extra,
+        ]
+        if node_list:
+            lines.append(f"NodeName={compress(node_list)} NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 State=CLOUD")
+        for partition, (members, topology) in sorted(partitions.items()):
+            member_list = sorted(set(members))
+            line = f"PartitionName={partition} Nodes={compress(member_list) if member_list else ''} State=UP"
+            if topology:
+                line += f" Topology={topology}"
+            lines.append(line)
+        if node_list:
+            lines.append("PartitionName=dev Nodes=ALL Default=YES State=UP")
+        (self.etc / "slurm.conf").write_text("\n".join(lines) + "\n")
+
+    def write_file(self, name: str, content: str) -> None:
+        (self.etc / name).write_text(content)
+
+    def command(self, *argv: str) -> list[str]:
+        return ["chroot", str(self.root), "env", f"SLURM_CONF={self.slurm_conf_inner}", *argv]
+
+    def run(self, *argv: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(self.command(*argv), capture_output=True, text=True, timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise HarnessError(f"{' '.join(argv)} exited {result.returncode}: {result.stdout}{result.stderr}")
+        return result
+
+    def _pidfile(self) -> Path:
+        return self.root / self.inner_dir.lstrip("/") / "slurmctld.pid"
+
+    def current_pid(self) -> int | None:
+        """slurmctld re-execs on reconfigure; the pidfile names the live process."""
+        try:
+            pid = int(self._pidfile().read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    def start(self, timeout: float = 30) -> None:
+        result = self.run("slurmctld", "-c", "-i", "-f", self.slurm_conf_inner)
+        if result.returncode != 0:
+            raise HarnessError(f"slurmctld did not start: {result.stderr.strip()} {self.log_tail()}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.pid = self.current_pid()
+            if self.pid and "is UP" in self.run("scontrol", "ping").stdout:
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise HarnessError(f"slurmctld did not come up within {timeout}s: {self.log_tail()}")
+
+    def stop(self, timeout: float = 30) -> None:
+        for pid in {p for p in (self.current_pid(), self.pid) if p}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self.pid = None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no slurmctld log)"
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def show_topology(self, name: str | None = None) -> str:
+        result = self.run("scontrol", "show", "topology", *([name] if name else []))
+        return (result.stdout + result.stderr).strip()
+
+    def partition_topologies(self) -> dict[str, str | None]:
+        """Partition -> its Topology= as slurmctld reports it (None when unset)."""
+        return partition_topologies(self.run("scontrol", "-o", "show", "partition", check=True).stdout)
+
+    def submit(self, partition: str, nodes: int, *options: str) -> str:
+        out = self.run(
+            "sbatch", "--parsable", "-p", partition, "-N", str(nodes), *options, "--wrap", "true", check=True
+        ).stdout
+        return out.strip().split(";")[0]
+
+    def job_nodes(self, job_id: str, timeout: float = 20) -> str:
+        """The job's allocated nodes, once the scheduler placed it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fields = self.run("squeue", "-h", "-j", job_id, "-o", "%T|%N").stdout.strip().split("|")
+            if len(fields) == 2 and fields[1] and fields[0] != "PENDING":
+                return fields[1]
+            time.sleep(0.2)
+        raise HarnessError(f"job {job_id} was not placed within {timeout}s")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,74 @@
+"""Builders for facts in unit tests: small, explicit, and deterministic."""
+
+from __future__ import annotations
+
+import hashlib
+
+from topokeeper.domain.models import ClusterSnapshot, Node, Partition, PartitionSettings, SlurmVersion
+
+
+def instance_id(seed: str) -> str:
+    return "i-0" + hashlib.sha256(seed.encode()).hexdigest()[:16]
+
+
+def node(
+    name: str,
+    instance_type: str = "p5.48xlarge",
+    path: tuple[str, ...] = (),
+    ultraserver: str | None = None,
+    partition: str = "gpu",
+    status: str = "Running",
+) -> Node:
+    return Node(
+        name=name,
+        instance_id=instance_id(name),
+        instance_type=instance_type,
+        instance_group=partition,
+        partition=partition,
+        status=status,
+        network_nodes=path,
+        ultraserver_id=ultraserver,
+    )
+
+
+def p5_nodes(count: int, per_leaf: int = 4, prefix: str = "p5-", partition: str = "gpu") -> list[Node]:
+    """``count`` p5 nodes, ``per_leaf`` to a leaf, two leaves to an aggregation switch, one spine."""
+    return [
+        node(
+            f"{prefix}{i:03d}",
+            path=("nn-spine0", f"nn-agg{i // (per_leaf * 2)}", f"nn-leaf{i // per_leaf:03d}"),
+            partition=partition,
+        )
+        for i in range(1, count + 1)
+    ]
+
+
+def gb200_nodes(ultraservers: int, size: int = 18, prefix: str = "gb-", partition: str = "gb") -> list[Node]:
+    return [
+        node(
+            f"{prefix}{u * size + i + 1:03d}",
+            instance_type="p6e-gb200.36xlarge",
+            path=("nn-gbspine", f"nn-gbagg{u}", f"nn-gbleaf{u}"),
+            ultraserver=f"us-{u:04d}",
+            partition=partition,
+        )
+        for u in range(ultraservers)
+        for i in range(size)
+    ]
+
+
+def snapshot(
+    partitions: dict[str, list[Node]],
+    version: str = "26.05",
+    settings: dict[str, PartitionSettings] | None = None,
+) -> ClusterSnapshot:
+    settings = settings or {}
+    return ClusterSnapshot(
+        cluster_name="test-cluster",
+        cluster_arn="arn:aws:sagemaker:us-east-1:111122223333:cluster/abcdefabcdef",
+        slurm_version=SlurmVersion.parse(version),
+        partitions=tuple(
+            Partition(name=name, nodes=tuple(nodes), settings=settings.get(name, PartitionSettings()))
+            for name, nodes in sorted(partitions.items())
+        ),
+    )

@@ -1,0 +1,82 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from topokeeper.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_plan_writes_the_files_and_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--out", str(tmp_path)])
+    assert code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle.json", "plan.json", "topology.mmd", "topology.yaml"]
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["PARTITION", "KIND", "NODES", "SWITCHES/BLOCKS", "WARNINGS"]
+    assert table[1].split() == ["ml-p5", "tree", "17", "9", "switches", "1"]
+    assert table[2].split() == ["ml-p6e", "block", "36", "2", "blocks", "0"]
+    assert table[3].split() == ["preprocess", "flat", "4", "-", "0"]
+
+
+def test_plan_for_old_slurm_writes_topology_conf(tmp_path: Path) -> None:
+    assert (
+        main(
+            [
+                "plan",
+                "--snapshot",
+                str(EXAMPLES / "mixed-cluster.json"),
+                "--out",
+                str(tmp_path),
+                "--slurm-version",
+                "24.11",
+            ]
+        )
+        == 0
+    )
+    assert (tmp_path / "topology.conf").exists() and not (tmp_path / "topology.yaml").exists()
+    assert json.loads((tmp_path / "plan.json").read_text())["slurm"]["topology_plugin"] == "topology/tree"
+
+
+def test_config_overrides_a_partition(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("partitions:\n  ml-p6e:\n    block_sizes: [9, 18]\n  ml-p5:\n    kind: flat\n")
+    assert main(["show", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "ml-p5       flat" in out
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ("partitions:\n  ml-p6e:\n    block_sizes: [18, 54]\n", "config.partitions.ml-p6e.block_sizes"),
+        ("partitions:\n  ml-p6e:\n    kind: ring\n", "config.partitions.ml-p6e.kind"),
+        ("partitions:\n  'bad name':\n    kind: tree\n", "config.partitions.bad name"),
+        ("partitions: [\n", "--config"),
+    ],
+)
+def test_bad_config_is_one_line_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str, message: str
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    out = tmp_path / "out"
+    assert (
+        main(["plan", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--config", str(path), "--out", str(out)])
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"topokeeper: error: {message}")
+    assert not out.exists()  # nothing half-written
+
+
+def test_hostile_snapshot_is_refused_and_nothing_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    document = json.loads((EXAMPLES / "mixed-cluster.json").read_text())
+    document["nodes"][4]["PrivateDnsHostname"] = "ip-$(reboot).ec2.internal"
+    snapshot = tmp_path / "s.json"
+    snapshot.write_text(json.dumps(document))
+    out = tmp_path / "out"
+    assert main(["plan", "--snapshot", str(snapshot), "--out", str(out)]) == 2
+    assert "nodes[4].PrivateDnsHostname" in capsys.readouterr().err
+    assert not out.exists()
