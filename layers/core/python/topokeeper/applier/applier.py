@@ -6,8 +6,35 @@ This file is copied to the Slurm head node as is and must not import anything fr
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from typing import Dict, List, Optional
+from typing import Dict, List, Mapping, Optional
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def content_sha256(
+    slurm_format: str,
+    topology_plugin: Optional[str],
+    files: Mapping[str, str],
+    partitions: Mapping[str, Optional[str]],
+) -> str:
+    """The hash of what is live: topology files, ``Topology=`` per partition, and the plugin.
+
+    The planner stamps a bundle with it (``plan_sha256``) and the applier computes it from the head
+    node's disk, so "already current" is one comparison.
+    """
+    document = {
+        "format": slurm_format,
+        "topology_plugin": topology_plugin,
+        "files": {name: sha256_text(content) for name, content in files.items()},
+        "partitions": dict(partitions),
+    }
+    return sha256_text(json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True))
+
 
 _HOSTLIST_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 

@@ -7,12 +7,12 @@ so two plans with the same hash need no write.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from topokeeper.applier.applier import content_sha256, sha256_text
 from topokeeper.domain.models import (
     PLAN_SCHEMA,
     BlockTopology,
@@ -29,18 +29,19 @@ from topokeeper.render.slurm_yaml import render_entry, render_yaml
 BUNDLE_SCHEMA = "topokeeper.bundle/1"
 
 
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
 class BundleFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     content: str
     sha256: str
+
+
+class ExpectedUnit(BaseModel):
+    """What ``scontrol show topology`` must list for one switch or block: its nodes, or its child switches."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["switch", "block"]
+    nodes: list[str] = Field(default_factory=list)
+    switches: list[str] = Field(default_factory=list)
 
 
 class Bundle(BaseModel):
@@ -56,28 +57,28 @@ class Bundle(BaseModel):
     files: dict[str, BundleFile]
     partitions: dict[str, str | None]  # partition -> Topology= value; None removes the key
     nodes: list[str]
+    # The live read-back to expect, per topology name; Slurm < 25.05 has one, read without a name.
+    topologies: dict[str, dict[str, ExpectedUnit]]
 
     def document(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
 
 
-def plan_sha256(
-    slurm_format: SlurmFormat, plugin: str | None, files: dict[str, str], partitions: dict[str, str | None]
-) -> str:
-    return sha256_text(
-        canonical_json(
-            {
-                "format": slurm_format.value,
-                "topology_plugin": plugin,
-                "files": {name: sha256_text(content) for name, content in files.items()},
-                "partitions": partitions,
-            }
-        )
-    )
-
-
 def partition_sha256(partition: PartitionPlan) -> str:
     return sha256_text(render_entry(partition.topology))
+
+
+def expected_units(topology: Topology) -> dict[str, ExpectedUnit]:
+    if isinstance(topology, TreeTopology):
+        return {
+            s.name: ExpectedUnit(kind="switch", nodes=sorted(s.nodes))
+            if s.nodes
+            else ExpectedUnit(kind="switch", switches=sorted(s.switches))
+            for s in topology.switches
+        }
+    if isinstance(topology, BlockTopology):
+        return {b.name: ExpectedUnit(kind="block", nodes=sorted(b.nodes)) for b in topology.blocks}
+    return {}
 
 
 def _topology_document(topology: Topology) -> dict[str, Any]:
@@ -160,13 +161,20 @@ class RenderedPlan(BaseModel):
         }
 
 
+def _expected_topologies(plan: Plan) -> dict[str, dict[str, ExpectedUnit]]:
+    if plan.cluster_topology is not None:
+        units = expected_units(plan.cluster_topology)
+        return {plan.cluster_topology.name: units} if units else {}
+    return {p.assignment: expected_units(p.topology) for p in plan.partitions if p.assignment is not None}
+
+
 def render(plan: Plan) -> RenderedPlan:
     text = render_yaml(plan) if plan.slurm_format is SlurmFormat.YAML else render_conf(plan)
     topology_files = {plan.slurm_format.value: text}
     assignments = {p.partition: p.assignment for p in sorted(plan.partitions, key=lambda p: p.partition)}
     bundle = Bundle(
         cluster_name=plan.cluster_name,
-        plan_sha256=plan_sha256(plan.slurm_format, plan.topology_plugin, topology_files, assignments),
+        plan_sha256=content_sha256(plan.slurm_format.value, plan.topology_plugin, topology_files, assignments),
         slurm_format=plan.slurm_format,
         topology_plugin=plan.topology_plugin,
         files={
@@ -174,6 +182,7 @@ def render(plan: Plan) -> RenderedPlan:
         },
         partitions=assignments,
         nodes=list(plan.nodes),
+        topologies=_expected_topologies(plan),
     )
     return RenderedPlan(
         plan=plan,
