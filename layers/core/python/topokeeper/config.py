@@ -1,0 +1,147 @@
+"""Deployment configuration: the clusters topokeeper manages and how it behaves.
+
+One pydantic model serves ``cdk.json`` context (validated at synth time, with errors naming the key)
+and the Lambdas (the same JSON, in the ``TOPOKEEPER_CONFIG`` environment variable).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from topokeeper.domain.models import ClusterName, PartitionSettings, PlannerConfig, SlurmVersion
+from topokeeper.domain.names import SlurmName
+from topokeeper.ports import Channel
+
+# SSM SendCommand accepts only these ids (its InstanceId shape); botocore does not check the pattern.
+SSM_TARGET = re.compile(r"(^i-(\w{8}|\w{17})$)|(^mi-\w{17}$)")
+_CLUSTER_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:cluster/[a-z0-9]{12}")
+_TAG_KEY = re.compile(r"[\w.:/=+@ -]{1,128}")
+CONFIG_ENV = "TOPOKEEPER_CONFIG"
+# Lambda allows 4 KB of environment variables in all; leave room for the others.
+MAX_CONFIG_BYTES = 3072
+
+
+def _ssm_target(value: str) -> str:
+    if not SSM_TARGET.match(value):
+        raise ValueError(f"SSM SendCommand takes i-/mi- ids only (HyperPod nodes need channel: agent): {value!r}")
+    return value
+
+
+def _cluster_arn(value: str) -> str:
+    if not _CLUSTER_ARN.fullmatch(value):
+        raise ValueError(f"not a HyperPod cluster ARN: {value!r}")
+    return value
+
+
+def _tag_key(value: str) -> str:
+    if not _TAG_KEY.fullmatch(value):
+        raise ValueError(f"not an EC2 tag key: {value!r}")
+    return value
+
+
+SsmTarget = Annotated[str, AfterValidator(_ssm_target)]
+TagKey = Annotated[str, AfterValidator(_tag_key)]
+
+
+class Mode(StrEnum):
+    ENFORCE = "enforce"  # write the topology to the head node
+    VERIFY = "verify"  # audit and report drift only; never write
+
+
+class Orchestrator(StrEnum):
+    HYPERPOD = "hyperpod"
+    EC2 = "ec2"  # Slurm on plain EC2: ParallelCluster or self-managed
+
+
+class Ec2Discovery(BaseModel):
+    """How to find a plain-EC2 cluster's nodes by their tags."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    cluster_tag: TagKey = "topokeeper:cluster"
+    partition_tag: TagKey = "topokeeper:partition"
+    node_name_tag: TagKey | None = None  # else the short PrivateDnsName
+
+
+class ClusterConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: ClusterName
+    arn: Annotated[str, AfterValidator(_cluster_arn)] | None = None
+    orchestrator: Orchestrator = Orchestrator.HYPERPOD
+    # HyperPod can maintain the topology itself, so it defaults to verify: we never fight it.
+    mode: Mode | None = None
+    channel: Channel | None = None
+    head_node: SsmTarget | None = None
+    slurm_version: str | None = None  # until the head node reports its own
+    partitions: dict[SlurmName, PartitionSettings] = Field(default_factory=dict)
+    ec2: Ec2Discovery = Ec2Discovery()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClusterConfig:
+        if self.slurm_version is not None:
+            SlurmVersion.parse(self.slurm_version)
+        if self.effective_channel is Channel.SSM and self.head_node is None:
+            raise ValueError("channel ssm needs head_node (the head node's SSM id, i-... or mi-...)")
+        if self.orchestrator is Orchestrator.HYPERPOD and self.effective_channel is Channel.SSM:
+            raise ValueError("HyperPod nodes cannot receive SSM Run Command (sagemaker-cluster: targets); use agent")
+        return self
+
+    @property
+    def effective_mode(self) -> Mode:
+        if self.mode is not None:
+            return self.mode
+        return Mode.VERIFY if self.orchestrator is Orchestrator.HYPERPOD else Mode.ENFORCE
+
+    @property
+    def effective_channel(self) -> Channel:
+        if self.channel is not None:
+            return self.channel
+        return Channel.AGENT if self.orchestrator is Orchestrator.HYPERPOD else Channel.SSM
+
+    @property
+    def planner_config(self) -> PlannerConfig:
+        return PlannerConfig(partitions=self.partitions)
+
+    def matches(self, name_or_arn: str) -> bool:
+        return name_or_arn in {self.name, self.arn}
+
+
+class Settings(BaseModel):
+    """Everything configurable per deployment (account and region)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    clusters: list[ClusterConfig] = Field(min_length=1)
+    debounce_seconds: int = Field(10, ge=0, le=900)
+    min_write_interval_seconds: int = Field(60, ge=0, le=3600)
+    max_wait_seconds: int = Field(300, ge=0, le=3600)
+    drift_schedule: str = "rate(15 minutes)"
+    drift_alarm_periods: int = Field(2, ge=1, le=100)
+    alarm_email: str | None = None
+    alarm_topic_arn: str | None = None
+    cloudtrail_lake_channel_arn: str | None = None
+    log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653] = 30
+    audit_retention_days: int = Field(365, ge=1, le=3650)
+    agent_verify_max_age_seconds: int = Field(1800, ge=60)
+
+    @model_validator(mode="after")
+    def _unique_clusters(self) -> Settings:
+        names = [cluster.name for cluster in self.clusters]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"clusters listed twice: {', '.join(duplicates)}")
+        return self
+
+    def cluster(self, name_or_arn: str) -> ClusterConfig | None:
+        """The managed cluster a name or ARN refers to, if any."""
+        for cluster in self.clusters:
+            if cluster.matches(name_or_arn):
+                return cluster
+        return None
+
+    def to_env(self) -> str:
+        return self.model_dump_json(exclude_defaults=True)

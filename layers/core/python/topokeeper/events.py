@@ -1,0 +1,177 @@
+"""EventBridge patterns (one source for the CDK stack, the simulator and the tests) and Parser models.
+
+Models are lenient where AWS samples are sloppy (epoch-millisecond times, placeholder ARNs, unknown
+keys) and strict where safety depends on it (instance ids, command ids, applier documents).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from topokeeper.ports import ApplyResult
+
+HYPERPOD_SOURCE = "aws.sagemaker"
+HYPERPOD_DETAIL_TYPES = (
+    "SageMaker HyperPod Cluster State Change",
+    "SageMaker HyperPod Cluster Node Health Event",
+    "SageMaker HyperPod Cluster Event",
+)
+CLOUDTRAIL_DETAIL_TYPE = "AWS API Call via CloudTrail"
+CLOUDTRAIL_EVENT_NAMES = (
+    "CreateCluster",
+    "UpdateCluster",
+    "DeleteCluster",
+    "BatchDeleteClusterNodes",
+    "BatchReplaceClusterNodes",
+    "BatchRebootClusterNodes",
+    "UpdateClusterSoftware",
+)
+EC2_STATE_DETAIL_TYPE = "EC2 Instance State-change Notification"
+EC2_STATES = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
+SSM_INVOCATION_DETAIL_TYPE = "EC2 Command Invocation Status-change Notification"
+SSM_TERMINAL_STATUSES = ("Success", "Failed", "TimedOut", "Cancelled", "Undeliverable", "Terminated")
+AGENT_SOURCE = "topokeeper.agent"
+AGENT_APPLY_DETAIL_TYPE = "Topology Apply Result"
+AGENT_VERIFY_DETAIL_TYPE = "Topology Verify Result"
+AUDIT_SOURCE = "topokeeper"
+AUDIT_DETAIL_TYPE = "UpdatePartitionTopology"
+RUN_SHELL_DOCUMENT = "AWS-RunShellScript"
+
+
+def change_patterns() -> dict[str, dict[str, Any]]:
+    """Rules whose events mean "a cluster may have changed" -> the ingest function."""
+    return {
+        "HyperPodEvents": {"source": [HYPERPOD_SOURCE], "detail-type": list(HYPERPOD_DETAIL_TYPES)},
+        "HyperPodApiCalls": {
+            "source": [HYPERPOD_SOURCE],
+            "detail-type": [CLOUDTRAIL_DETAIL_TYPE],
+            "detail": {
+                "eventSource": ["sagemaker.amazonaws.com"],
+                "eventName": list(CLOUDTRAIL_EVENT_NAMES),
+                "errorCode": [{"exists": False}],
+            },
+        },
+        "Ec2InstanceStates": {
+            "source": ["aws.ec2"],
+            "detail-type": [EC2_STATE_DETAIL_TYPE],
+            "detail": {"state": list(EC2_STATES)},
+        },
+    }
+
+
+def result_patterns(head_nodes: list[str]) -> dict[str, dict[str, Any]]:
+    """Rules whose events carry a delivery outcome -> the result function."""
+    patterns: dict[str, dict[str, Any]] = {
+        "AgentResults": {"source": [AGENT_SOURCE], "detail-type": [AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE]}
+    }
+    if head_nodes:
+        patterns["SsmCommandResults"] = {
+            "source": ["aws.ssm"],
+            "detail-type": [SSM_INVOCATION_DETAIL_TYPE],
+            "detail": {
+                "document-name": [RUN_SHELL_DOCUMENT],
+                "instance-id": sorted(head_nodes),
+                "status": list(SSM_TERMINAL_STATUSES),
+            },
+        }
+    return patterns
+
+
+def _epoch_millis(value: Any) -> Any:
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value / 1000, tz=UTC)
+    return value
+
+
+EpochMillis = Annotated[datetime, BeforeValidator(_epoch_millis)]
+_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?")
+_COMMAND_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _instance_id(value: str) -> str:
+    if not _INSTANCE_ID.fullmatch(value):
+        raise ValueError(f"not an EC2 instance id: {value!r}")
+    return value
+
+
+def _command_id(value: str) -> str:
+    if not _COMMAND_ID.fullmatch(value):
+        raise ValueError(f"not an SSM command id: {value!r}")
+    return value
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class ClusterStateDetail(_Lenient):
+    ClusterArn: str
+    ClusterName: str
+    ClusterStatus: str | None = None
+    CreationTime: EpochMillis | None = None
+
+
+class NodeHealthDetail(_Lenient):
+    ClusterArn: str | None = None
+    ClusterName: str
+    InstanceId: str | None = None  # documentation samples carry invalid ids; only used for logs
+
+
+class ClusterEventDetails(_Lenient):
+    ClusterArn: str | None = None
+    ClusterName: str
+    EventTime: EpochMillis | None = None
+    ResourceType: str | None = None
+    Description: str | None = None
+
+
+class ClusterEventDetail(_Lenient):
+    EventDetails: ClusterEventDetails
+
+
+class CloudTrailDetail(_Lenient):
+    eventSource: str
+    eventName: str
+    requestParameters: dict[str, Any] | None = None
+    responseElements: dict[str, Any] | None = None
+    errorCode: str | None = None
+
+
+class Ec2StateDetail(_Lenient):
+    instance_id: Annotated[str, AfterValidator(_instance_id)] = Field(alias="instance-id")
+    state: str
+
+
+class SsmInvocationDetail(_Lenient):
+    command_id: Annotated[str, AfterValidator(_command_id)] = Field(alias="command-id")
+    instance_id: str = Field(alias="instance-id")
+    document_name: str = Field(alias="document-name")
+    status: str
+
+
+class AgentResultDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    cluster: str
+    plan_sha256: str | None = None
+    host: str | None = None
+    result: ApplyResult
+
+
+class TopokeeperEvent(EventBridgeModel):
+    """Any event our rules deliver; ``detail`` is parsed per detail-type by the services."""
+
+    detail: dict[str, Any]
+
+
+class ReconcileRequest(BaseModel):
+    """The SQS FIFO message from ingest to reconcile: only *that* a cluster changed, never what."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    cluster: str
+    generation: int = Field(ge=1)
+    reason: Literal["event", "drift", "retry", "operator"] = "event"
