@@ -77,3 +77,22 @@ class FactsSource(Protocol):
 
 class Clock(Protocol):
     def now(self) -> datetime: ...
+
+
+METRICS_NAMESPACE = "topokeeper"
+METRICS_DIMENSION = "cluster"
+
+
+class Metric(StrEnum):
+    """CloudWatch metrics (namespace ``topokeeper``, dimension ``cluster``); the stack alarms on them."""
+
+    TOPOLOGY_UPDATES = "TopologyUpdates"  # partitions whose topology changed on the head node
+    TOPOLOGY_DRIFT = "TopologyDrift"  # 1 when live or AWS differs from the desired plan, else 0
+    NODES_WITHOUT_TOPOLOGY = "NodesWithoutTopology"
+    APPLY_FAILURES = "ApplyFailures"
+    RECONCILE_SECONDS = "ReconcileSeconds"
+    EVENTS_COALESCED = "EventsCoalesced"  # changes that did not need a reconcile of their own
+
+
+class Metrics(Protocol):
+    def emit(self, cluster: str, metric: Metric, value: float) -> None: ...

@@ -1,0 +1,21 @@
+"""Ingest: HyperPod, CloudTrail and EC2 events -> one reconcile request per changed cluster."""
+
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.parser import event_parser
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from topokeeper.events import TopokeeperEvent
+from topokeeper.runtime import lambda_runtime
+from topokeeper.service.ingest import ingest
+
+logger = Logger(service="topokeeper")
+
+
+@logger.inject_lambda_context
+@event_parser(model=TopokeeperEvent)
+def lambda_handler(event: TopokeeperEvent, context: LambdaContext) -> dict[str, Any]:
+    result = ingest(event, lambda_runtime().ingest_deps())
+    logger.info("ingested", extra=result.model_dump(mode="json"))
+    return result.model_dump(mode="json")

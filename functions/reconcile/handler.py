@@ -1,0 +1,25 @@
+"""Reconcile: SQS FIFO reconcile requests -> facts -> plan -> delivery when the content hash changed."""
+
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.batch import SqsFifoPartialProcessor, process_partial_response
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from topokeeper.runtime import lambda_runtime
+from topokeeper.service.reconcile import process_message
+
+logger = Logger(service="topokeeper")
+# A failed message stops the rest of its cluster's group in this batch; other clusters go on.
+processor = SqsFifoPartialProcessor(skip_group_on_error=True)
+
+
+def record_handler(record: SQSRecord) -> None:
+    report = process_message(record.body, record.receipt_handle, lambda_runtime().reconcile_deps())
+    logger.info("reconciled", extra=report.model_dump(mode="json") if report else {"malformed": record.message_id})
+
+
+@logger.inject_lambda_context
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -1,0 +1,21 @@
+"""Result: SSM command status and head-node agent reports -> state, UpdatePartitionTopology audit, metrics."""
+
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.parser import event_parser
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from topokeeper.events import TopokeeperEvent
+from topokeeper.runtime import lambda_runtime
+from topokeeper.service.result import record_result
+
+logger = Logger(service="topokeeper")
+
+
+@logger.inject_lambda_context
+@event_parser(model=TopokeeperEvent)
+def lambda_handler(event: TopokeeperEvent, context: LambdaContext) -> dict[str, Any]:
+    report = record_result(event, lambda_runtime().result_deps())
+    logger.info("result", extra=report.model_dump(mode="json"))
+    return report.model_dump(mode="json")

@@ -1,0 +1,90 @@
+"""Channel 2: the head-node pull agent (HyperPod nodes cannot receive SSM Run Command).
+
+Delivering writes the desired bundle to ``clusters/<cluster>/bundle.json`` in the versioned bucket; the
+agent on the head node polls its ETag, runs the same applier, and reports the same result document
+as an EventBridge event. Verifying writes ``clusters/<cluster>/verify.json``, which the agent only
+ever verifies against (never applies), and returns the agent's latest report about that plan.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
+from topokeeper.render.bundle import Bundle
+from topokeeper.service.state import StateStore
+
+
+def bundle_key(cluster: str) -> str:
+    return f"clusters/{cluster}/bundle.json"
+
+
+def verify_key(cluster: str) -> str:
+    return f"clusters/{cluster}/verify.json"
+
+
+class AgentChannel:
+    def __init__(
+        self,
+        s3: Any,
+        bucket: str,
+        state: StateStore,
+        *,
+        now: Callable[[], datetime],
+        max_report_age: timedelta,
+    ) -> None:
+        self._s3 = s3
+        self._bucket = bucket
+        self._state = state
+        self._now = now
+        self._max_age = max_report_age
+
+    def _put(self, key: str, bundle: Bundle) -> str:
+        body = json.dumps(bundle.document(), sort_keys=True).encode()
+        response = self._s3.put_object(
+            Bucket=self._bucket,
+            Key=key,
+            Body=body,
+            ContentType="application/json",
+            Metadata={"plan-sha256": bundle.plan_sha256},
+        )
+        reference: str = response.get("VersionId") or response["ETag"].strip('"')
+        return reference
+
+    def deliver(self, bundle: Bundle) -> DeliveryHandle:
+        return DeliveryHandle(
+            channel=Channel.AGENT,
+            cluster=bundle.cluster_name,
+            plan_sha256=bundle.plan_sha256,
+            reference=self._put(bundle_key(bundle.cluster_name), bundle),
+            target=f"s3://{self._bucket}/{bundle_key(bundle.cluster_name)}",
+            sent_at=self._now(),
+        )
+
+    def verify(self, bundle: Bundle) -> ApplyResult:
+        self._ensure_verify_bundle(bundle)
+        state = self._state.get(bundle.cluster_name)
+        report, seen_at = state.last_verify, state.last_verify_at
+        if report is None or seen_at is None:
+            return ApplyResult(outcome=Outcome.PENDING, error="the agent has not reported a verify result yet")
+        if report.plan_sha256 != bundle.plan_sha256:
+            return ApplyResult(outcome=Outcome.PENDING, error="the agent's last verify was for another plan")
+        if self._now() - seen_at > self._max_age:
+            return ApplyResult(outcome=Outcome.PENDING, error=f"the agent's last verify is older than {self._max_age}")
+        return report
+
+    def _ensure_verify_bundle(self, bundle: Bundle) -> None:
+        key = verify_key(bundle.cluster_name)
+        try:
+            head = self._s3.head_object(Bucket=self._bucket, Key=key)
+            if head.get("Metadata", {}).get("plan-sha256") == bundle.plan_sha256:
+                return
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                raise
+        self._put(key, bundle)

@@ -1,0 +1,129 @@
+"""Where audit records go: the history table (once per audit id), EventBridge (source ``topokeeper``,
+detail-type ``UpdatePartitionTopology``), the structured log, and optionally CloudTrail Lake."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from topokeeper.adapters.dynamodb import audit_history_key
+from topokeeper.events import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
+from topokeeper.service.audit import AuditRecord, cloudtrail_lake_event
+
+PUT_EVENTS_BATCH = 10
+PUT_AUDIT_EVENTS_BATCH = 100
+
+
+class AuditPublishError(RuntimeError):
+    """Some records did not reach EventBridge or CloudTrail Lake; the invocation should be retried."""
+
+
+class AuditTrail:
+    def __init__(
+        self,
+        *,
+        dynamodb: Any,
+        table: str,
+        events: Any,
+        event_bus: str,
+        retention: timedelta,
+        logger: logging.Logger | Any,
+        cloudtrail_data: Any | None = None,
+        channel_arn: str | None = None,
+        account: str = "",
+        function_arn: str = "",
+    ) -> None:
+        self._db = dynamodb
+        self._table = table
+        self._events = events
+        self._bus = event_bus
+        self._retention = retention
+        self._logger = logger
+        self._lake = cloudtrail_data
+        self._channel = channel_arn
+        self._account = account
+        self._function_arn = function_arn
+
+    def publish(self, records: Sequence[AuditRecord]) -> int:
+        new = [record for record in records if not self._seen(record.audit_id)]
+        if not new:
+            return 0
+        # EventBridge first: if storing fails the retry re-publishes with the same audit_id (at least
+        # once downstream) rather than losing the event behind an already-written marker.
+        self._put_events(new)
+        if self._lake is not None and self._channel:
+            self._put_audit_events(self._lake, self._channel, new)
+        stored = [record for record in new if self._store(record)]
+        for record in stored:
+            self._logger.info(AUDIT_DETAIL_TYPE, extra={"audit": record.document()})
+        return len(stored)
+
+    def _seen(self, audit_id: str) -> bool:
+        key = {"pk": {"S": f"AUDITID#{audit_id}"}, "sk": {"S": "AUDITID"}}
+        return "Item" in self._db.get_item(TableName=self._table, Key=key, ConsistentRead=True)
+
+    def _store(self, record: AuditRecord) -> bool:
+        expires = str(int((record.completed_at + self._retention).timestamp()))
+        marker = {"pk": {"S": f"AUDITID#{record.audit_id}"}, "sk": {"S": "AUDITID"}, "expires_at": {"N": expires}}
+        history = {
+            **audit_history_key(record.cluster_name, record.completed_at, record.partition, record.audit_id),
+            "record": {"S": json.dumps(record.document(), sort_keys=True)},
+            "expires_at": {"N": expires},
+        }
+        try:
+            self._db.transact_write_items(
+                TransactItems=[
+                    {
+                        "Put": {
+                            "TableName": self._table,
+                            "Item": marker,
+                            "ConditionExpression": "attribute_not_exists(pk)",
+                        }
+                    },
+                    {"Put": {"TableName": self._table, "Item": history}},
+                ]
+            )
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") == "TransactionCanceledException":
+                return False  # a concurrent invocation stored it
+            raise
+        return True
+
+    def _put_events(self, records: Sequence[AuditRecord]) -> None:
+        for start in range(0, len(records), PUT_EVENTS_BATCH):
+            entries = [
+                {
+                    "Source": AUDIT_SOURCE,
+                    "DetailType": AUDIT_DETAIL_TYPE,
+                    "Detail": json.dumps(record.document(), sort_keys=True),
+                    "EventBusName": self._bus,
+                    "Resources": [record.cluster_arn] if record.cluster_arn else [],
+                }
+                for record in records[start : start + PUT_EVENTS_BATCH]
+            ]
+            response = self._events.put_events(Entries=entries)
+            if response.get("FailedEntryCount"):
+                failed = [e.get("ErrorCode") for e in response.get("Entries", []) if e.get("ErrorCode")]
+                raise AuditPublishError(f"PutEvents failed for {len(failed)} record(s): {sorted(set(failed))}")
+
+    def _put_audit_events(self, lake: Any, channel_arn: str, records: Sequence[AuditRecord]) -> None:
+        for start in range(0, len(records), PUT_AUDIT_EVENTS_BATCH):
+            batch = records[start : start + PUT_AUDIT_EVENTS_BATCH]
+            response = lake.put_audit_events(
+                channelArn=channel_arn,
+                auditEvents=[
+                    {
+                        "id": record.audit_id,
+                        "eventData": json.dumps(cloudtrail_lake_event(record, self._account, self._function_arn)),
+                    }
+                    for record in batch
+                ],
+            )
+            if response.get("failed"):
+                codes = sorted({f.get("errorCode") for f in response["failed"]})
+                raise AuditPublishError(f"PutAuditEvents failed for {len(response['failed'])} record(s): {codes}")

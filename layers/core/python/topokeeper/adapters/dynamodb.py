@@ -1,0 +1,245 @@
+"""The single DynamoDB table (partition key ``pk``, sort key ``sk``, TTL attribute ``expires_at``).
+
+Access patterns (item: pk / sk; who uses it):
+
+- cluster state: ``CLUSTER#<name>`` / ``STATE``; every function: get, atomic change counter, versioned save.
+- node facts cache: ``CLUSTER#<name>`` / ``NODE#<instance-id>``; reconcile: BatchGetItem by instance id.
+- audit history: ``CLUSTER#<name>`` / ``AUDIT#<completed-at>#<partition>#<id>``; newest first by Query.
+- audit marker: ``AUDITID#<id>`` / ``AUDITID``; each record once (one transaction with its history item).
+- event seen: ``EVENT#<event-id>`` / ``EVENT``; ingest drops redelivered events (1-day TTL).
+- rate token: ``RATE#DescribeInstanceTopology`` / ``RATE``; one call per second across the account.
+
+Change fields (generation, triggers) are native attributes updated atomically by ingest; controller
+fields live in one JSON attribute guarded by a version number, so the two writers never clobber
+each other.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from topokeeper.service.state import MAX_TRIGGERS, ClusterState, ConcurrentUpdate, Trigger
+
+STATE_SK = "STATE"
+EVENT_TTL = timedelta(days=1)
+NODE_FACTS_TTL = timedelta(days=30)
+_CONTROLLER_FIELDS = frozenset(ClusterState.model_fields) - {
+    "cluster",
+    "generation",
+    "last_event_at",
+    "first_pending_at",
+    "triggers",
+    "trigger_count",
+    "version",
+}
+
+
+def cluster_key(cluster: str) -> dict[str, dict[str, str]]:
+    return {"pk": {"S": f"CLUSTER#{cluster}"}, "sk": {"S": STATE_SK}}
+
+
+def _epoch(moment: datetime) -> str:
+    return str(int(moment.timestamp()))
+
+
+def _conditional_failed(error: ClientError) -> bool:
+    return bool(error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException")
+
+
+class DynamoStateStore:
+    def __init__(self, dynamodb: Any, table: str) -> None:
+        self._db = dynamodb
+        self._table = table
+
+    def get(self, cluster: str) -> ClusterState:
+        item = self._db.get_item(TableName=self._table, Key=cluster_key(cluster), ConsistentRead=True).get("Item")
+        if not item:
+            return ClusterState(cluster=cluster)
+        controller = json.loads(item["controller"]["S"]) if "controller" in item else {}
+        return ClusterState.model_validate(
+            {
+                **controller,
+                "cluster": cluster,
+                "generation": int(item.get("generation", {}).get("N", "0")),
+                "last_event_at": item.get("last_event_at", {}).get("S"),
+                "first_pending_at": item.get("first_pending_at", {}).get("S"),
+                "triggers": [json.loads(t["S"]) for t in item.get("triggers", {}).get("L", [])],
+                "trigger_count": int(item.get("trigger_count", {}).get("N", "0")),
+                "version": int(item.get("version", {}).get("N", "0")),
+            }
+        )
+
+    def record_change(self, cluster: str, trigger: Trigger, now: datetime) -> ClusterState:
+        values = {
+            ":now": {"S": now.isoformat()},
+            ":one": {"N": "1"},
+            ":t": {"L": [{"S": trigger.model_dump_json()}]},
+            ":empty": {"L": []},
+            ":cap": {"N": str(MAX_TRIGGERS)},
+        }
+        counters = "ADD generation :one, trigger_count :one"
+        timing = "SET last_event_at = :now, first_pending_at = if_not_exists(first_pending_at, :now)"
+        try:
+            self._db.update_item(
+                TableName=self._table,
+                Key=cluster_key(cluster),
+                UpdateExpression=f"{timing}, triggers = list_append(if_not_exists(triggers, :empty), :t) {counters}",
+                ConditionExpression="attribute_not_exists(triggers) OR size(triggers) < :cap",
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as error:
+            if not _conditional_failed(error):
+                raise
+            # Enough triggers kept to explain the change; count the rest.
+            self._db.update_item(
+                TableName=self._table,
+                Key=cluster_key(cluster),
+                UpdateExpression=f"{timing} {counters}",
+                ExpressionAttributeValues={":now": values[":now"], ":one": values[":one"]},
+            )
+        return self.get(cluster)
+
+    def save(self, state: ClusterState) -> ClusterState:
+        controller = state.model_dump_json(include=set(_CONTROLLER_FIELDS))
+        try:
+            self._db.update_item(
+                TableName=self._table,
+                Key=cluster_key(state.cluster),
+                UpdateExpression="SET controller = :c, version = :next",
+                ConditionExpression="attribute_not_exists(version) OR version = :seen",
+                ExpressionAttributeValues={
+                    ":c": {"S": controller},
+                    ":next": {"N": str(state.version + 1)},
+                    ":seen": {"N": str(state.version)},
+                },
+            )
+        except ClientError as error:
+            if _conditional_failed(error):
+                raise ConcurrentUpdate(f"cluster {state.cluster} state changed concurrently") from error
+            raise
+        return state.model_copy(update={"version": state.version + 1})
+
+    def consume_triggers(self, cluster: str, generation: int) -> None:
+        """Forget the triggers a reconcile took, unless newer changes arrived meanwhile."""
+        try:
+            self._db.update_item(
+                TableName=self._table,
+                Key=cluster_key(cluster),
+                UpdateExpression="REMOVE triggers, first_pending_at SET trigger_count = :zero",
+                ConditionExpression="generation = :g",
+                ExpressionAttributeValues={":zero": {"N": "0"}, ":g": {"N": str(generation)}},
+            )
+        except ClientError as error:
+            if not _conditional_failed(error):
+                raise
+
+    def first_sighting(self, event_id: str, now: datetime) -> bool:
+        try:
+            self._db.put_item(
+                TableName=self._table,
+                Item={
+                    "pk": {"S": f"EVENT#{event_id}"},
+                    "sk": {"S": "EVENT"},
+                    "expires_at": {"N": _epoch(now + EVENT_TTL)},
+                },
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except ClientError as error:
+            if _conditional_failed(error):
+                return False
+            raise
+        return True
+
+
+class DynamoNodeFactsCache:
+    def __init__(self, dynamodb: Any, table: str) -> None:
+        self._db = dynamodb
+        self._table = table
+
+    def get_many(self, cluster: str, instance_ids: Iterable[str]) -> dict[str, dict[str, object]]:
+        ids = sorted(set(instance_ids))
+        found: dict[str, dict[str, object]] = {}
+        for start in range(0, len(ids), 100):  # BatchGetItem takes 100 keys
+            keys = [{"pk": {"S": f"CLUSTER#{cluster}"}, "sk": {"S": f"NODE#{i}"}} for i in ids[start : start + 100]]
+            request: dict[str, Any] = {self._table: {"Keys": keys, "ProjectionExpression": "facts"}}
+            while request:
+                response = self._db.batch_get_item(RequestItems=request)
+                for item in response.get("Responses", {}).get(self._table, []):
+                    facts = json.loads(item["facts"]["S"])
+                    found[facts["InstanceId"]] = facts
+                request = response.get("UnprocessedKeys") or {}
+        return found
+
+    def put_many(self, cluster: str, items: dict[str, dict[str, object]], now: datetime) -> None:
+        expires = _epoch(now + NODE_FACTS_TTL)
+        requests = [
+            {
+                "PutRequest": {
+                    "Item": {
+                        "pk": {"S": f"CLUSTER#{cluster}"},
+                        "sk": {"S": f"NODE#{instance_id}"},
+                        "facts": {"S": json.dumps(facts, sort_keys=True, default=str)},
+                        "expires_at": {"N": expires},
+                    }
+                }
+            }
+            for instance_id, facts in sorted(items.items())
+        ]
+        for start in range(0, len(requests), 25):  # BatchWriteItem takes 25 requests
+            pending: dict[str, Any] = {self._table: requests[start : start + 25]}
+            while pending:
+                pending = self._db.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
+
+
+class DynamoRateLimiter:
+    """A token shared by every function in the account: one slot per ``interval`` seconds."""
+
+    def __init__(
+        self,
+        dynamodb: Any,
+        table: str,
+        *,
+        name: str = "DescribeInstanceTopology",
+        interval: float = 1.0,
+        now: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._db = dynamodb
+        self._table = table
+        self._key = {"pk": {"S": f"RATE#{name}"}, "sk": {"S": "RATE"}}
+        self._interval = interval
+        self._now = now
+        self._sleep = sleep
+
+    def acquire(self) -> None:
+        for _ in range(100):
+            item = self._db.get_item(TableName=self._table, Key=self._key, ConsistentRead=True).get("Item", {})
+            current = float(item["next_at"]["N"]) if "next_at" in item else None
+            slot = max(self._now(), current or 0.0)
+            try:
+                self._db.put_item(
+                    TableName=self._table,
+                    Item={**self._key, "next_at": {"N": repr(slot + self._interval)}},
+                    ConditionExpression="attribute_not_exists(next_at)" if current is None else "next_at = :seen",
+                    **({} if current is None else {"ExpressionAttributeValues": {":seen": item["next_at"]}}),
+                )
+            except ClientError as error:
+                if _conditional_failed(error):
+                    continue  # another caller took this slot
+                raise
+            wait = slot - self._now()
+            if wait > 0:
+                self._sleep(wait)
+            return
+        raise RuntimeError("could not obtain a DescribeInstanceTopology slot")
+
+
+def audit_history_key(cluster: str, completed_at: datetime, partition: str, audit_id: str) -> dict[str, Any]:
+    stamp = completed_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {"pk": {"S": f"CLUSTER#{cluster}"}, "sk": {"S": f"AUDIT#{stamp}#{partition}#{audit_id}"}}

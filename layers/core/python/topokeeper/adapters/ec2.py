@@ -1,0 +1,169 @@
+"""EC2: network topology (DescribeInstanceTopology) and plain-EC2 clusters found by tags.
+
+DescribeInstanceTopology has an account-wide bucket of one call per second, takes at most 100 ids,
+and must not combine ``InstanceIds`` with ``MaxResults`` (botocore checks none of this). A running
+instance never moves, so complete answers are cached per instance id; an empty ``NetworkNodes`` or a
+null ``CapacityBlockId`` on an UltraServer type means "not yet" and is asked again next time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from typing import Any, Protocol
+
+from topokeeper.config import Ec2Discovery
+from topokeeper.domain.catalog import Capability, lookup
+from topokeeper.engine.snapshot import AwsSnapshot
+from topokeeper.service.state import NodeFactsCache
+
+MAX_IDS_PER_CALL = 100
+_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?")
+# EC2 instance state -> the HyperPod-style status the planner understands.
+EC2_STATUS = {
+    "pending": "Pending",
+    "running": "Running",
+    "stopping": "ShuttingDown",
+    "stopped": "ShuttingDown",
+    "shutting-down": "ShuttingDown",
+    "terminated": "NotFound",
+}
+
+
+class RateLimiter(Protocol):
+    def acquire(self) -> None:
+        """Block until this caller may make one more DescribeInstanceTopology call."""
+        ...
+
+
+def id_batches(instance_ids: Iterable[str]) -> Iterator[list[str]]:
+    """Sorted, de-duplicated, validated batches of at most 100 ids."""
+    ids = sorted(set(instance_ids))
+    for instance_id in ids:
+        if not _INSTANCE_ID.fullmatch(instance_id):
+            raise ValueError(f"not an EC2 instance id: {instance_id!r}")
+    for start in range(0, len(ids), MAX_IDS_PER_CALL):
+        yield ids[start : start + MAX_IDS_PER_CALL]
+
+
+def is_complete(item: dict[str, Any]) -> bool:
+    if not item.get("NetworkNodes"):
+        return False
+    ultraserver = lookup(str(item.get("InstanceType", ""))).capability is Capability.ULTRASERVER
+    return not ultraserver or bool(item.get("CapacityBlockId"))
+
+
+class InstanceTopologyReader:
+    def __init__(self, ec2: Any, cache: NodeFactsCache, limiter: RateLimiter, now: Callable[[], datetime]) -> None:
+        self._ec2 = ec2
+        self._cache = cache
+        self._limiter = limiter
+        self._now = now
+        self.calls = 0
+
+    def read(self, cluster: str, instance_ids: Iterable[str]) -> list[dict[str, Any]]:
+        wanted = sorted(set(instance_ids))
+        known = self._cache.get_many(cluster, wanted)
+        missing = [instance_id for instance_id in wanted if instance_id not in known]
+        fresh: dict[str, dict[str, Any]] = {}
+        for batch in id_batches(missing):
+            for item in self._describe(batch):
+                fresh[item["InstanceId"]] = item
+        complete = {instance_id: item for instance_id, item in fresh.items() if is_complete(item)}
+        if complete:
+            self._cache.put_many(cluster, complete, self._now())
+        merged = {**fresh, **known}
+        return [merged[instance_id] for instance_id in wanted if instance_id in merged]
+
+    def _describe(self, batch: list[str]) -> Iterator[dict[str, Any]]:
+        token: str | None = None
+        while True:
+            self._limiter.acquire()
+            kwargs: dict[str, Any] = {"InstanceIds": batch}  # never with MaxResults
+            if token:
+                kwargs["NextToken"] = token
+            response = self._ec2.describe_instance_topology(**kwargs)
+            self.calls += 1
+            for item in response.get("Instances", []):
+                yield {key: value for key, value in item.items() if value is not None}
+            token = response.get("NextToken")
+            if not token:
+                return
+
+
+def _tags(instance: dict[str, Any]) -> dict[str, str]:
+    return {tag["Key"]: tag["Value"] for tag in instance.get("Tags", [])}
+
+
+class Ec2ClusterFacts:
+    """A Slurm cluster on plain EC2 (ParallelCluster or self-managed), found by its tags.
+
+    The result has the same shape as a HyperPod snapshot, so one planner serves both.
+    """
+
+    def __init__(self, ec2: Any, topology: InstanceTopologyReader, discovery: Ec2Discovery) -> None:
+        self._ec2 = ec2
+        self._topology = topology
+        self._discovery = discovery
+
+    def read(self, cluster: str) -> AwsSnapshot:
+        discovery = self._discovery
+        instances: list[dict[str, Any]] = []
+        paginator = self._ec2.get_paginator("describe_instances")
+        pages = paginator.paginate(Filters=[{"Name": f"tag:{discovery.cluster_tag}", "Values": [cluster]}])
+        for page in pages:
+            for reservation in page.get("Reservations", []):
+                instances.extend(reservation.get("Instances", []))
+        groups: dict[str, set[str]] = {}
+        nodes = []
+        for instance in sorted(instances, key=lambda i: str(i["InstanceId"])):
+            tags = _tags(instance)
+            partition = tags.get(discovery.partition_tag)
+            group = partition or "unpartitioned"
+            groups.setdefault(group, set()).add(instance["InstanceType"])
+            name = tags.get(discovery.node_name_tag) if discovery.node_name_tag else None
+            dns = instance.get("PrivateDnsName") or ""
+            nodes.append(
+                {
+                    "InstanceGroupName": group,
+                    "InstanceId": instance["InstanceId"],
+                    "InstanceType": instance["InstanceType"],
+                    "InstanceStatus": {"Status": EC2_STATUS.get(instance.get("State", {}).get("Name", ""), "NotFound")},
+                    "PrivateDnsHostname": name or dns or None,
+                    "PrivatePrimaryIp": instance.get("PrivateIpAddress"),
+                    "Placement": {"AvailabilityZone": instance.get("Placement", {}).get("AvailabilityZone")},
+                }
+            )
+        instance_groups = [
+            {
+                "InstanceGroupName": group,
+                "InstanceType": sorted(types)[0],
+                "SlurmConfig": {"NodeType": "Compute", "PartitionNames": [group]}
+                if group != "unpartitioned"
+                else {"NodeType": "Login"},
+            }
+            for group, types in sorted(groups.items())
+        ]
+        running = [n["InstanceId"] for n in nodes if n["InstanceStatus"]["Status"] == "Running"]
+        capable = [n["InstanceId"] for n in nodes if n["InstanceId"] in running and _capable(n["InstanceType"])]
+        return AwsSnapshot.model_validate(
+            {
+                "describe_cluster": {"ClusterName": cluster, "InstanceGroups": instance_groups},
+                "nodes": nodes,
+                "instance_topology": self._topology.read(cluster, capable),
+            }
+        )
+
+
+def instance_tags(ec2: Any, instance_id: str) -> dict[str, str]:
+    """An instance's tags (EC2 state-change events carry only its id)."""
+    response = ec2.describe_instances(InstanceIds=[instance_id])
+    for reservation in response.get("Reservations", []):
+        for instance in reservation.get("Instances", []):
+            return _tags(instance)
+    return {}
+
+
+def _capable(instance_type: str) -> bool:
+    return lookup(instance_type).capability is not Capability.NONE

@@ -1,0 +1,16 @@
+"""Metrics as CloudWatch Embedded Metric Format lines (Powertools), one blob per cluster and metric."""
+
+from __future__ import annotations
+
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
+
+from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
+
+UNITS = {Metric.RECONCILE_SECONDS: MetricUnit.Seconds}
+
+
+class EmfMetrics:
+    def emit(self, cluster: str, metric: Metric, value: float) -> None:
+        unit = UNITS.get(metric, MetricUnit.Count)
+        with single_metric(name=metric.value, unit=unit, value=value, namespace=METRICS_NAMESPACE) as blob:
+            blob.add_dimension(name=METRICS_DIMENSION, value=cluster)

@@ -1,0 +1,40 @@
+"""Plans in S3: ``plans/<cluster>/<sha256>/bundle.json`` and ``plan.json`` (content-addressed, so a
+rewrite of the same plan is harmless), read back by the result and drift functions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from topokeeper.render.bundle import Bundle
+
+
+def plan_prefix(cluster: str, sha256: str) -> str:
+    return f"plans/{cluster}/{sha256}/"
+
+
+class S3PlanStore:
+    def __init__(self, s3: Any, bucket: str) -> None:
+        self._s3 = s3
+        self._bucket = bucket
+
+    def put(self, cluster: str, bundle: Bundle, plan_document: str) -> str:
+        prefix = plan_prefix(cluster, bundle.plan_sha256)
+        body = json.dumps(bundle.document(), sort_keys=True)
+        self._s3.put_object(
+            Bucket=self._bucket, Key=prefix + "bundle.json", Body=body.encode(), ContentType="application/json"
+        )
+        self._s3.put_object(
+            Bucket=self._bucket, Key=prefix + "plan.json", Body=plan_document.encode(), ContentType="application/json"
+        )
+        return prefix
+
+    def bundle(self, cluster: str, sha256: str) -> Bundle:
+        return Bundle.model_validate(self._read(plan_prefix(cluster, sha256) + "bundle.json"))
+
+    def plan_document(self, cluster: str, sha256: str) -> dict[str, Any]:
+        document: dict[str, Any] = self._read(plan_prefix(cluster, sha256) + "plan.json")
+        return document
+
+    def _read(self, key: str) -> Any:
+        return json.loads(self._s3.get_object(Bucket=self._bucket, Key=key)["Body"].read())

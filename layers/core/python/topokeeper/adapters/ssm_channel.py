@@ -1,0 +1,230 @@
+"""Channel 1: SSM Run Command (``AWS-RunShellScript``) to the head node's ``i-``/``mi-`` id.
+
+The shell text is fixed. Everything that varies (the applier, the bundle, the mode) travels as one
+base64 block in a quoted heredoc, so nothing from AWS or config is ever parsed by the shell. The
+bundle rides inline while the command fits well under SSM's 64 KB document limit; a larger one is
+put in S3 and fetched by a presigned URL on the node, then checked against its sha256.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from topokeeper.applier.applier import sha256_text
+from topokeeper.config import SSM_TARGET
+from topokeeper.events import RUN_SHELL_DOCUMENT
+from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
+from topokeeper.render.bundle import Bundle
+
+APPLIER_PATH = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
+INLINE_LIMIT_BYTES = 48_000  # of the JSON-encoded commands; SSM rejects documents over 64 KB
+PRESIGNED_URL_SECONDS = 3600
+EXECUTION_TIMEOUT_SECONDS = 600
+STDOUT_LIMIT = 24_000  # GetCommandInvocation StandardOutputContent
+_PAYLOAD_END = "TOPOKEEPER_PAYLOAD_END"
+_BOOTSTRAP_END = "TOPOKEEPER_BOOTSTRAP_END"
+
+# Runs on the head node (Python 3.8+): decode, check hashes, then exec the applier.
+BOOTSTRAP = """\
+import base64, gzip, hashlib, json, os, sys, urllib.request
+work = sys.argv[1]
+with open(os.path.join(work, "payload"), "rb") as handle:
+    payload = json.loads(gzip.decompress(base64.b64decode(handle.read())))
+def checked(text, expected, what):
+    if hashlib.sha256(text.encode()).hexdigest() != expected:
+        print(json.dumps({"outcome": "refused", "error": what + " sha256 mismatch"}))
+        sys.exit(2)
+    return text
+mode = payload["mode"]
+if mode not in ("apply", "dry-run", "verify"):
+    sys.exit(2)
+applier = checked(payload["applier"], payload["applier_sha256"], "applier")
+bundle = payload.get("bundle")
+if bundle is None:
+    with urllib.request.urlopen(payload["bundle_url"], timeout=60) as response:
+        bundle = response.read().decode()
+bundle = checked(bundle, payload["bundle_sha256"], "bundle")
+for name, text in (("applier.py", applier), ("bundle.json", bundle)):
+    with open(os.path.join(work, name), "w") as handle:
+        handle.write(text)
+os.execv(sys.executable, [sys.executable, os.path.join(work, "applier.py"), mode, os.path.join(work, "bundle.json")])
+"""
+
+_HEAD = [
+    "set -eu",
+    "umask 077",
+    'work="$(mktemp -d /tmp/topokeeper.XXXXXX)"',
+    "trap 'rm -rf \"$work\"' EXIT",
+    f"cat > \"$work/payload\" <<'{_PAYLOAD_END}'",
+]
+_TAIL = [
+    _PAYLOAD_END,
+    f"python3 - \"$work\" <<'{_BOOTSTRAP_END}'",
+    *BOOTSTRAP.splitlines(),
+    _BOOTSTRAP_END,
+]
+
+
+def _applier_source() -> str:
+    return APPLIER_PATH.read_text()
+
+
+def build_commands(payload: dict[str, Any]) -> list[str]:
+    """The ``commands`` parameter: fixed lines around one base64 block of the gzipped payload."""
+    encoded = base64.b64encode(gzip.compress(json.dumps(payload, sort_keys=True).encode(), mtime=0)).decode()
+    block = [encoded[i : i + 76] for i in range(0, len(encoded), 76)]
+    return [*_HEAD, *block, *_TAIL]
+
+
+def command_size(commands: list[str]) -> int:
+    return len(json.dumps({"commands": commands}))
+
+
+def guard_target(instance_id: str) -> str:
+    if not SSM_TARGET.match(instance_id):
+        raise ValueError(f"SSM SendCommand takes i-/mi- ids only, not {instance_id!r}")
+    return instance_id
+
+
+class SsmChannel:
+    def __init__(
+        self,
+        ssm: Any,
+        s3: Any,
+        bucket: str,
+        head_node: str,
+        *,
+        now: Callable[[], datetime],
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._ssm = ssm
+        self._s3 = s3
+        self._bucket = bucket
+        self._target = guard_target(head_node)
+        self._now = now
+        self._sleep = sleep
+
+    def payload(self, bundle: Bundle, mode: str) -> list[str]:
+        applier = _applier_source()
+        document = json.dumps(bundle.document(), sort_keys=True)
+        payload: dict[str, Any] = {
+            "mode": mode,
+            "applier": applier,
+            "applier_sha256": sha256_text(applier),
+            "bundle": document,
+            "bundle_sha256": sha256_text(document),
+        }
+        commands = build_commands(payload)
+        if command_size(commands) <= INLINE_LIMIT_BYTES:
+            return commands
+        key = f"payloads/{bundle.cluster_name}/{bundle.plan_sha256}.json"
+        self._s3.put_object(Bucket=self._bucket, Key=key, Body=document.encode(), ContentType="application/json")
+        payload["bundle"] = None
+        payload["bundle_url"] = self._s3.generate_presigned_url(
+            "get_object", Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS
+        )
+        commands = build_commands(payload)
+        if command_size(commands) > INLINE_LIMIT_BYTES:
+            raise ValueError(f"SSM command is {command_size(commands)} bytes even with the bundle in S3")
+        return commands
+
+    def _send(self, bundle: Bundle, mode: str) -> str:
+        response = self._ssm.send_command(
+            InstanceIds=[self._target],
+            DocumentName=RUN_SHELL_DOCUMENT,
+            Parameters={
+                "commands": self.payload(bundle, mode),
+                "executionTimeout": [str(EXECUTION_TIMEOUT_SECONDS)],
+            },
+            TimeoutSeconds=EXECUTION_TIMEOUT_SECONDS,
+            Comment=f"topokeeper {mode} {bundle.cluster_name} {bundle.plan_sha256[:12]}"[:100],
+        )
+        command_id: str = response["Command"]["CommandId"]
+        return command_id
+
+    def deliver(self, bundle: Bundle) -> DeliveryHandle:
+        return DeliveryHandle(
+            channel=Channel.SSM,
+            cluster=bundle.cluster_name,
+            plan_sha256=bundle.plan_sha256,
+            reference=self._send(bundle, "apply"),
+            target=self._target,
+            sent_at=self._now(),
+        )
+
+    def verify(self, bundle: Bundle, timeout: float = 120, poll: float = 2) -> ApplyResult:
+        """Run ``verify`` on the head node and wait for its document (the drift function is synchronous)."""
+        command_id = self._send(bundle, "verify")
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.result(command_id)
+            if result.outcome is not Outcome.PENDING or time.monotonic() > deadline:
+                return result
+            self._sleep(poll)
+
+    def result(self, command_id: str) -> ApplyResult:
+        try:
+            invocation = self._ssm.get_command_invocation(CommandId=command_id, InstanceId=self._target)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") == "InvocationDoesNotExist":
+                return ApplyResult(outcome=Outcome.PENDING)  # eventually consistent right after SendCommand
+            raise
+        return parse_invocation(invocation)
+
+
+_CHANNEL_OUTCOMES = {
+    "TimedOut": Outcome.TIMED_OUT,
+    "Cancelled": Outcome.CANCELLED,
+    "Cancelling": Outcome.CANCELLED,
+    "Undeliverable": Outcome.UNDELIVERABLE,
+    "Terminated": Outcome.UNDELIVERABLE,
+    "Pending": Outcome.PENDING,
+    "InProgress": Outcome.PENDING,
+    "Delayed": Outcome.PENDING,
+}
+
+
+def parse_invocation(invocation: dict[str, Any]) -> ApplyResult:
+    """GetCommandInvocation -> the applier's document, or the channel's reason there is none."""
+    status = str(invocation.get("Status", ""))
+    details = str(invocation.get("StatusDetails", ""))
+    for key in (details, status):
+        if key in _CHANNEL_OUTCOMES:
+            outcome = _CHANNEL_OUTCOMES[key]
+            return ApplyResult(
+                outcome=outcome, error=None if outcome is Outcome.PENDING else f"SSM {status}: {details}"
+            )
+    stdout = str(invocation.get("StandardOutputContent", ""))
+    document = _last_json_line(stdout)
+    if document is not None:
+        return ApplyResult.model_validate(document)
+    stderr = str(invocation.get("StandardErrorContent", "")).strip()
+    truncated = " (stdout reached the 24,000-character cap)" if len(stdout) >= STDOUT_LIMIT else ""
+    return ApplyResult(
+        outcome=Outcome.FAILED,
+        error=f"SSM {status} (exit {invocation.get('ResponseCode')}) without a result document{truncated}: "
+        f"{stderr[-300:]}",
+    )
+
+
+def _last_json_line(text: str) -> dict[str, Any] | None:
+    """The applier prints one JSON document; anything a login script printed before it is ignored."""
+    text = text.strip()
+    candidates = [text] + [line.strip() for line in reversed(text.splitlines()) if line.strip().startswith("{")]
+    for candidate in candidates:
+        try:
+            document = json.loads(candidate)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(document, dict) and "outcome" in document:
+            return document
+    return None

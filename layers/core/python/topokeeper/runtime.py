@@ -1,0 +1,207 @@
+"""Wiring: environment -> adapters -> the dependencies each service takes.
+
+The Lambdas build one ``Runtime`` per cold start from their environment; the simulator builds the same
+one against the emulated AWS with a simulated clock, so both run identical code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import cache, cached_property
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from topokeeper.adapters.agent_channel import AgentChannel
+from topokeeper.adapters.audit_trail import AuditTrail
+from topokeeper.adapters.aws import client
+from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
+from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, instance_tags
+from topokeeper.adapters.hyperpod import HyperPodFacts
+from topokeeper.adapters.metrics import EmfMetrics
+from topokeeper.adapters.plans import S3PlanStore
+from topokeeper.adapters.queue import SqsWorkQueue
+from topokeeper.adapters.ssm_channel import SsmChannel
+from topokeeper.config import ClusterConfig, Orchestrator, Settings
+from topokeeper.domain.errors import InputError
+from topokeeper.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics
+from topokeeper.service.drift import DriftDeps
+from topokeeper.service.ingest import IngestDeps
+from topokeeper.service.reconcile import ReconcileDeps
+from topokeeper.service.result import ResultDeps
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class LambdaEnvironment(BaseModel):
+    """The environment variables the stack sets (validated at cold start)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    TOPOKEEPER_CONFIG: str
+    TABLE_NAME: str = Field(min_length=3)
+    BUCKET_NAME: str = Field(min_length=3)
+    QUEUE_URL: str = Field(min_length=8)
+    DEAD_LETTER_QUEUE_URL: str | None = None
+    EVENT_BUS_NAME: str = "default"
+    CLOUDTRAIL_CHANNEL_ARN: str | None = None
+    AUDIT_RETENTION_DAYS: int = 365
+    AWS_REGION: str | None = None
+    AWS_LAMBDA_FUNCTION_NAME: str = "topokeeper"
+
+
+def load_environment(environ: dict[str, str]) -> tuple[LambdaEnvironment, Settings]:
+    try:
+        env = LambdaEnvironment.model_validate(environ)
+    except ValidationError as error:
+        raise InputError.from_validation(error, prefix="environment") from error
+    try:
+        settings = Settings.model_validate_json(env.TOPOKEEPER_CONFIG)
+    except ValidationError as error:
+        raise InputError.from_validation(error, prefix="TOPOKEEPER_CONFIG") from error
+    return env, settings
+
+
+@dataclass
+class Runtime:
+    env: LambdaEnvironment
+    settings: Settings
+    clock: Clock = field(default_factory=SystemClock)
+    metrics: Metrics = field(default_factory=EmfMetrics)
+    sleep: Any = time.sleep
+    logger: Any = field(default_factory=lambda: logging.getLogger("topokeeper"))
+
+    @classmethod
+    def from_environment(cls, environ: dict[str, str], **overrides: Any) -> Runtime:
+        env, settings = load_environment(environ)
+        return cls(env=env, settings=settings, **overrides)
+
+    @cached_property
+    def state(self) -> DynamoStateStore:
+        return DynamoStateStore(client("dynamodb"), self.env.TABLE_NAME)
+
+    @cached_property
+    def plans(self) -> S3PlanStore:
+        return S3PlanStore(client("s3"), self.env.BUCKET_NAME)
+
+    @cached_property
+    def queue(self) -> SqsWorkQueue:
+        return SqsWorkQueue(client("sqs"), self.env.QUEUE_URL, self.env.DEAD_LETTER_QUEUE_URL)
+
+    @cached_property
+    def topology_reader(self) -> InstanceTopologyReader:
+        limiter = DynamoRateLimiter(
+            client("dynamodb"), self.env.TABLE_NAME, now=lambda: self.clock.now().timestamp(), sleep=self.sleep
+        )
+        cache = DynamoNodeFactsCache(client("dynamodb"), self.env.TABLE_NAME)
+        return InstanceTopologyReader(client("ec2"), cache, limiter, self.clock.now)
+
+    def facts(self, cluster: ClusterConfig) -> FactsSource:
+        if cluster.orchestrator is Orchestrator.EC2:
+            return Ec2ClusterFacts(client("ec2"), self.topology_reader, cluster.ec2)
+        return HyperPodFacts(client("sagemaker"), client("s3"), self.topology_reader)
+
+    def channel(self, cluster: ClusterConfig) -> DeliveryChannel:
+        if cluster.effective_channel is Channel.SSM:
+            return self.ssm_channel(cluster)
+        return AgentChannel(
+            client("s3"),
+            self.env.BUCKET_NAME,
+            self.state,
+            now=self.clock.now,
+            max_report_age=timedelta(seconds=self.settings.agent_verify_max_age_seconds),
+        )
+
+    def ssm_channel(self, cluster: ClusterConfig) -> SsmChannel:
+        if cluster.head_node is None:
+            raise InputError(f"clusters.{cluster.name}.head_node", "required for channel ssm")
+        return SsmChannel(
+            client("ssm"), client("s3"), self.env.BUCKET_NAME, cluster.head_node, now=self.clock.now, sleep=self.sleep
+        )
+
+    def ssm_result(self, cluster: ClusterConfig, command_id: str) -> ApplyResult:
+        return self.ssm_channel(cluster).result(command_id)
+
+    @cached_property
+    def audit(self) -> AuditTrail:
+        lake = client("cloudtrail-data") if self.env.CLOUDTRAIL_CHANNEL_ARN else None
+        return AuditTrail(
+            dynamodb=client("dynamodb"),
+            table=self.env.TABLE_NAME,
+            events=client("events"),
+            event_bus=self.env.EVENT_BUS_NAME,
+            retention=timedelta(days=self.env.AUDIT_RETENTION_DAYS),
+            logger=self.logger,
+            cloudtrail_data=lake,
+            channel_arn=self.env.CLOUDTRAIL_CHANNEL_ARN,
+        )
+
+    def cluster_name_of_arn(self, arn: str) -> str | None:
+        try:
+            name: str = client("sagemaker").describe_cluster(ClusterName=arn)["ClusterName"]
+        except client("sagemaker").exceptions.ResourceNotFound:
+            return None
+        return name
+
+    def instance_tags(self, instance_id: str) -> dict[str, str]:
+        return instance_tags(client("ec2"), instance_id)
+
+    def ingest_deps(self) -> IngestDeps:
+        return IngestDeps(
+            settings=self.settings,
+            state=self.state,
+            queue=self.queue,
+            metrics=self.metrics,
+            clock=self.clock,
+            cluster_name_of_arn=self.cluster_name_of_arn,
+            instance_tags=self.instance_tags,
+        )
+
+    def reconcile_deps(self) -> ReconcileDeps:
+        return ReconcileDeps(
+            settings=self.settings,
+            state=self.state,
+            plans=self.plans,
+            queue=self.queue,
+            metrics=self.metrics,
+            clock=self.clock,
+            facts=self.facts,
+            channel=self.channel,
+        )
+
+    def result_deps(self) -> ResultDeps:
+        return ResultDeps(
+            settings=self.settings,
+            state=self.state,
+            plans=self.plans,
+            audit=self.audit,
+            queue=self.queue,
+            metrics=self.metrics,
+            clock=self.clock,
+            ssm_result=self.ssm_result,
+        )
+
+    def drift_deps(self) -> DriftDeps:
+        return DriftDeps(
+            settings=self.settings,
+            state=self.state,
+            plans=self.plans,
+            queue=self.queue,
+            metrics=self.metrics,
+            clock=self.clock,
+            facts=self.facts,
+            channel=self.channel,
+        )
+
+
+@cache
+def lambda_runtime() -> Runtime:
+    """The runtime of this Lambda execution environment, built on first use."""
+    return Runtime.from_environment(dict(os.environ))

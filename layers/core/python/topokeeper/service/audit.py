@@ -1,0 +1,165 @@
+"""The ``UpdatePartitionTopology`` audit record: one per changed partition per delivery outcome.
+
+Its schema is a contract (tests pin it): EventBridge consumers, the history table and CloudTrail Lake
+all read the same fields. The id is derived from the cluster, partition, plan and outcome, so a
+retried result is recorded once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from topokeeper.ports import Outcome
+from topokeeper.service.state import PendingDelivery, Trigger
+
+AUDIT_SCHEMA = "topokeeper.audit/1"
+MAX_LISTED_NODES = 200  # keeps a record well under EventBridge's 256 KB; counts are always exact
+
+
+class AuditRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_: Literal["topokeeper.audit/1"] = Field("topokeeper.audit/1", alias="schema")
+    event_name: Literal["UpdatePartitionTopology"] = "UpdatePartitionTopology"
+    audit_id: str
+    cluster_name: str
+    cluster_arn: str | None
+    partition: str
+    kind: Literal["tree", "block", "flat"]
+    topology: str | None
+    before_sha256: str | None
+    after_sha256: str
+    plan_sha256: str
+    previous_plan_sha256: str | None
+    nodes_added: list[str]
+    nodes_removed: list[str]
+    nodes_added_count: int
+    nodes_removed_count: int
+    node_count: int
+    switch_count: int
+    block_count: int
+    triggers: list[Trigger]
+    trigger_count: int
+    channel: str
+    delivery_reference: str
+    target: str
+    outcome: Outcome
+    error: str | None
+    generation: int
+    requested_at: datetime
+    completed_at: datetime
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class AuditSink(Protocol):
+    def publish(self, records: Sequence[AuditRecord]) -> int:
+        """Store, publish and log new records; return how many were new (retries are skipped)."""
+        ...
+
+
+def _partitions(plan_document: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    if not plan_document:
+        return {}
+    return {p["name"]: p for p in plan_document["partitions"]}
+
+
+def _audit_id(cluster: str, partition: str, plan_sha256: str, outcome: Outcome) -> str:
+    key = json.dumps([cluster, partition, plan_sha256, outcome.value])
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def build_records(
+    *,
+    cluster_name: str,
+    previous: dict[str, Any] | None,
+    desired: dict[str, Any],
+    delivery: PendingDelivery,
+    outcome: Outcome,
+    error: str | None,
+    completed_at: datetime,
+) -> list[AuditRecord]:
+    """One record per partition whose rendered content differs between the previous and desired plan."""
+    before = _partitions(previous)
+    records = []
+    for name, partition in sorted(_partitions(desired).items()):
+        old = before.get(name)
+        if old is not None and old["sha256"] == partition["sha256"]:
+            continue
+        old_nodes = set(old["nodes"]) if old else set()
+        new_nodes = set(partition["nodes"])
+        added, removed = sorted(new_nodes - old_nodes), sorted(old_nodes - new_nodes)
+        records.append(
+            AuditRecord(
+                audit_id=_audit_id(cluster_name, name, desired["sha256"], outcome),
+                cluster_name=cluster_name,
+                cluster_arn=desired["cluster"]["arn"],
+                partition=name,
+                kind=partition["kind"],
+                topology=partition["assignment"],
+                before_sha256=old["sha256"] if old else None,
+                after_sha256=partition["sha256"],
+                plan_sha256=desired["sha256"],
+                previous_plan_sha256=previous["sha256"] if previous else None,
+                nodes_added=added[:MAX_LISTED_NODES],
+                nodes_removed=removed[:MAX_LISTED_NODES],
+                nodes_added_count=len(added),
+                nodes_removed_count=len(removed),
+                node_count=len(new_nodes),
+                switch_count=len(partition.get("switches", [])),
+                block_count=len(partition.get("blocks", [])),
+                triggers=delivery.triggers,
+                trigger_count=delivery.trigger_count,
+                channel=delivery.handle.channel.value,
+                delivery_reference=delivery.handle.reference,
+                target=delivery.handle.target,
+                outcome=outcome,
+                error=error,
+                generation=delivery.generation,
+                requested_at=delivery.handle.sent_at,
+                completed_at=completed_at,
+            )
+        )
+    return records
+
+
+def cloudtrail_lake_event(record: AuditRecord, account: str, function_arn: str) -> dict[str, Any]:
+    """The record as CloudTrail Lake's integration ``eventData`` (PutAuditEvents)."""
+    return {
+        "version": "1.0",
+        "userIdentity": {"type": "AWSLambda", "principalId": function_arn},
+        "userAgent": "topokeeper",
+        "eventSource": "topokeeper",
+        "eventName": record.event_name,
+        "eventTime": record.completed_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "UID": record.audit_id,
+        "recipientAccountId": account,
+        "requestParameters": {
+            "clusterArn": record.cluster_arn,
+            "clusterName": record.cluster_name,
+            "partitionName": record.partition,
+            "kind": record.kind,
+            "previousSha256": record.before_sha256,
+            "newSha256": record.after_sha256,
+            "nodeCount": record.node_count,
+        },
+        "responseElements": {
+            "outcome": record.outcome.value,
+            "channel": record.channel,
+            "deliveryReference": record.delivery_reference,
+        },
+        "additionalEventData": {
+            "addedNodes": record.nodes_added[:50],
+            "removedNodes": record.nodes_removed[:50],
+            "switchCount": record.switch_count,
+            "blockCount": record.block_count,
+        },
+        **({"errorMessage": record.error[:256]} if record.error else {}),
+    }

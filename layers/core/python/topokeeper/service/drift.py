@@ -1,0 +1,150 @@
+"""Drift: on a schedule, compare the live topology with the desired plan, and the plan with AWS now.
+
+Live drift is a hand edit or another writer on the head node; AWS drift is a change whose event was
+lost. Both set ``TopologyDrift`` to 1. In enforce mode drift triggers a reconcile (live drift also
+forgets the applied hash, so the plan is written again); in verify mode it is only reported, so
+topokeeper never fights HyperPod's own topology management.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from topokeeper.config import ClusterConfig, Mode, Settings
+from topokeeper.ports import ApplyResult, Clock, DeliveryChannel, FactsSource, Metric, Metrics, Outcome
+from topokeeper.service.reconcile import missing_topology, plan_cluster
+from topokeeper.service.state import PlanStore, StateStore, WorkQueue, request_reconcile, save_fields
+
+DRIFT_CHECK = "Topology Drift Check"
+
+
+@dataclass
+class DriftDeps:
+    settings: Settings
+    state: StateStore
+    plans: PlanStore
+    queue: WorkQueue
+    metrics: Metrics
+    clock: Clock
+    facts: Callable[[ClusterConfig], FactsSource]
+    channel: Callable[[ClusterConfig], DeliveryChannel]
+
+
+class DriftReport(BaseModel):
+    cluster: str
+    live: Literal["in_sync", "drift", "unknown"]
+    aws: Literal["current", "changed", "unknown"]
+    drift: int | None
+    action: Literal["none", "reported", "reconcile-requested"]
+    detail: list[dict[str, object]] = []
+    error: str | None = None
+
+
+def _live_status(result: ApplyResult) -> Literal["in_sync", "drift", "unknown"]:
+    if result.outcome is Outcome.IN_SYNC:
+        return "in_sync"
+    if result.outcome is Outcome.DRIFT:
+        return "drift"
+    return "unknown"
+
+
+def check_drift(cluster: ClusterConfig, deps: DriftDeps) -> DriftReport:
+    now = deps.clock.now()
+    state = deps.state.get(cluster.name)
+    if state.desired_sha256 is None:
+        request_reconcile(
+            deps.state,
+            deps.queue,
+            cluster.name,
+            now,
+            reason="drift",
+            detail_type=DRIFT_CHECK,
+            summary="no desired plan yet",
+        )
+        return DriftReport(
+            cluster=cluster.name, live="unknown", aws="unknown", drift=None, action="reconcile-requested"
+        )
+
+    live_result = deps.channel(cluster).verify(deps.plans.bundle(cluster.name, state.desired_sha256))
+    live = _live_status(live_result)
+    rendered = plan_cluster(cluster, state, deps.facts(cluster))
+    aws: Literal["current", "changed"] = "current" if rendered.sha256 == state.desired_sha256 else "changed"
+    deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing_topology(rendered))
+
+    drift: int | None = 1 if live == "drift" or aws == "changed" else (0 if live == "in_sync" else None)
+    if drift is not None:
+        deps.metrics.emit(cluster.name, Metric.TOPOLOGY_DRIFT, drift)
+    update: dict[str, object] = {"drift": drift}
+    action: Literal["none", "reported", "reconcile-requested"] = "none"
+    if drift == 1 and cluster.effective_mode is Mode.ENFORCE:
+        if live == "drift":
+            update["applied_sha256"] = None  # the head node no longer holds what we applied
+        action = "reconcile-requested"
+    elif drift == 1:
+        action = "reported"
+    save_fields(deps.state, cluster.name, update)
+    if action == "reconcile-requested":
+        request_reconcile(
+            deps.state,
+            deps.queue,
+            cluster.name,
+            now,
+            reason="drift",
+            detail_type=DRIFT_CHECK,
+            summary=f"drift: live {live}, AWS {aws}",
+        )
+    return DriftReport(
+        cluster=cluster.name,
+        live=live,
+        aws=aws,
+        drift=drift,
+        action=action,
+        detail=live_result.drift,
+        error=live_result.error if live == "unknown" else None,
+    )
+
+
+class DriftRequest(BaseModel):
+    """The scheduler's input: one cluster, or all of them when empty."""
+
+    model_config = ConfigDict(extra="ignore")
+    cluster: str | None = None
+
+
+class DriftCheckFailed(RuntimeError):
+    """Some clusters could not be checked; the others were. Fails the invocation so the errors alarm."""
+
+    def __init__(self, reports: list[DriftReport], failures: list[str]) -> None:
+        super().__init__("; ".join(failures))
+        self.reports = reports
+
+
+def check_requested(request: DriftRequest, deps: DriftDeps) -> list[DriftReport]:
+    """Check the requested clusters; one failing cluster does not hide the others."""
+    clusters = deps.settings.clusters
+    if request.cluster is not None:
+        chosen = deps.settings.cluster(request.cluster)
+        clusters = [chosen] if chosen else []
+    reports, failed = [], False
+    for cluster in clusters:
+        try:
+            reports.append(check_drift(cluster, deps))
+        except Exception as error:  # reported per cluster, then the invocation fails
+            failed = True
+            reports.append(
+                DriftReport(
+                    cluster=cluster.name,
+                    live="unknown",
+                    aws="unknown",
+                    drift=None,
+                    action="none",
+                    error=f"{type(error).__name__}: {error}",
+                )
+            )
+    if failed:
+        raise DriftCheckFailed(reports)
+    return reports

@@ -1,0 +1,183 @@
+"""Reconcile: read the facts, plan, and deliver only when the content hash changed.
+
+Level-triggered like a Kubernetes controller: a message says only that a cluster changed. A burst
+collapses three ways: a message whose generation an earlier reconcile already covered is dropped; a
+message superseded by a newer one is dropped (the newest does the work); and the newest waits for a
+quiet period (``debounce_seconds``, bounded by ``max_wait_seconds``) and for ``min_write_interval``
+since the last write. Waiting is expressed as ``Deferred``: the handler hides the message for that
+long, and the FIFO group keeps the cluster's later messages behind it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from pydantic import BaseModel, ValidationError
+
+from topokeeper.config import ClusterConfig, Mode, Settings
+from topokeeper.domain.errors import InputError
+from topokeeper.engine.planner import plan
+from topokeeper.engine.snapshot import build_snapshot
+from topokeeper.events import ReconcileRequest
+from topokeeper.ports import Clock, DeliveryChannel, FactsSource, Metric, Metrics
+from topokeeper.render.bundle import RenderedPlan, render
+from topokeeper.service.state import (
+    ClusterState,
+    PendingDelivery,
+    PlanStore,
+    StateStore,
+    WorkQueue,
+    request_reconcile,
+    save_fields,
+)
+
+MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
+DELIVERY_TIMEOUT = timedelta(minutes=15)  # a delivery with no result by then no longer blocks writes
+
+
+class Deferred(Exception):
+    """Not now: try this message again in ``seconds``."""
+
+    def __init__(self, seconds: float, reason: str) -> None:
+        super().__init__(f"deferred {seconds:.0f}s: {reason}")
+        self.seconds = max(1.0, seconds)
+        self.reason = reason
+
+
+class Decision(StrEnum):
+    COVERED = "covered"  # an earlier reconcile already handled this generation
+    SUPERSEDED = "superseded"  # a newer message for the cluster is queued
+    PROCEED = "proceed"
+
+
+def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settings: Settings) -> Decision:
+    """Whether to reconcile now; raises ``Deferred`` when it should wait."""
+    if request.generation <= state.reconciled_generation:
+        return Decision.COVERED
+    if request.generation < state.generation:
+        return Decision.SUPERSEDED
+    if state.pending is not None and now - state.pending.handle.sent_at < DELIVERY_TIMEOUT:
+        remaining = DELIVERY_TIMEOUT - (now - state.pending.handle.sent_at)
+        raise Deferred(min(remaining.total_seconds(), 30), "a delivery is in flight")
+    if state.last_event_at is not None and state.first_pending_at is not None:
+        quiet = (now - state.last_event_at).total_seconds()
+        waited = (now - state.first_pending_at).total_seconds()
+        if quiet < settings.debounce_seconds and waited < settings.max_wait_seconds:
+            raise Deferred(settings.debounce_seconds - quiet, "debounce: changes are still arriving")
+    if state.last_write_at is not None:
+        since_write = (now - state.last_write_at).total_seconds()
+        if since_write < settings.min_write_interval_seconds:
+            raise Deferred(settings.min_write_interval_seconds - since_write, "minimum interval between writes")
+    return Decision.PROCEED
+
+
+@dataclass
+class ReconcileDeps:
+    settings: Settings
+    state: StateStore
+    plans: PlanStore
+    queue: WorkQueue
+    metrics: Metrics
+    clock: Clock
+    facts: Callable[[ClusterConfig], FactsSource]
+    channel: Callable[[ClusterConfig], DeliveryChannel]
+
+
+class ReconcileReport(BaseModel):
+    cluster: str
+    generation: int
+    action: str  # covered | superseded | ignored | unchanged | delivered | planned-only
+    plan_sha256: str | None = None
+    delivery_reference: str | None = None
+    nodes_without_topology: int = 0
+
+
+def plan_cluster(cluster: ClusterConfig, state: ClusterState, facts: FactsSource) -> RenderedPlan:
+    """Facts -> rendered plan; the head node's own Slurm version wins over the configured one."""
+    raw = facts.read(cluster.name)
+    version = state.slurm_version or cluster.slurm_version
+    return render(plan(build_snapshot(raw, cluster.planner_config, version)))
+
+
+def missing_topology(rendered: RenderedPlan) -> int:
+    """Nodes of topology-capable types that EC2 has not described yet (asked again later)."""
+    return sum(len(p.nodes_without_topology) for p in rendered.plan.partitions)
+
+
+def reconcile(request: ReconcileRequest, deps: ReconcileDeps) -> ReconcileReport:
+    cluster = deps.settings.cluster(request.cluster)
+    if cluster is None:
+        return ReconcileReport(cluster=request.cluster, generation=request.generation, action="ignored")
+    started = time.monotonic()
+    now = deps.clock.now()
+    state = deps.state.get(cluster.name)
+    decision = decide(state, request, now, deps.settings)
+    if decision is not Decision.PROCEED:
+        deps.metrics.emit(cluster.name, Metric.EVENTS_COALESCED, 1)
+        return ReconcileReport(cluster=cluster.name, generation=request.generation, action=decision.value)
+
+    rendered = plan_cluster(cluster, state, deps.facts(cluster))
+    deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
+    missing = missing_topology(rendered)
+    deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing)
+
+    update: dict[str, object] = {
+        "reconciled_generation": state.generation,
+        "desired_sha256": rendered.sha256,
+        "topology_retries": state.topology_retries + 1 if missing else 0,
+    }
+    action, reference = "unchanged", None
+    if cluster.effective_mode is Mode.VERIFY:
+        action = "planned-only"
+    elif rendered.sha256 != state.applied_sha256:
+        handle = deps.channel(cluster).deliver(rendered.bundle)
+        action, reference = "delivered", handle.reference
+        update["pending"] = PendingDelivery(
+            handle=handle,
+            generation=state.generation,
+            triggers=state.triggers,
+            trigger_count=max(state.trigger_count, len(state.triggers)),
+            previous_plan_sha256=state.applied_sha256,
+        )
+        update["last_write_at"] = now
+    save_fields(deps.state, cluster.name, update)
+    deps.state.consume_triggers(cluster.name, state.generation)
+
+    if missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
+        request_reconcile(
+            deps.state,
+            deps.queue,
+            cluster.name,
+            now,
+            reason="retry",
+            detail_type="Topology Retry",
+            summary=f"{missing} node(s) without topology data yet",
+        )
+    deps.metrics.emit(cluster.name, Metric.RECONCILE_SECONDS, time.monotonic() - started)
+    return ReconcileReport(
+        cluster=cluster.name,
+        generation=request.generation,
+        action=action,
+        plan_sha256=rendered.sha256,
+        delivery_reference=reference,
+        nodes_without_topology=missing,
+    )
+
+
+def process_message(body: str, receipt_handle: str, deps: ReconcileDeps) -> ReconcileReport | None:
+    """One SQS record: malformed -> dead-letter queue with the reason; deferred -> hidden, then retried."""
+    try:
+        request = ReconcileRequest.model_validate_json(body)
+    except ValidationError as error:
+        reason = InputError.from_validation(error, prefix="message").args[0]
+        deps.queue.dead_letter(body, reason)
+        return None
+    try:
+        return reconcile(request, deps)
+    except Deferred as deferred:
+        deps.queue.defer(receipt_handle, deferred.seconds)
+        raise

@@ -1,0 +1,141 @@
+"""Result: a delivery outcome (SSM status event, or the head-node agent's report) -> state, audit, metrics.
+
+Channel-agnostic past parsing: both channels carry the applier's own JSON document. Events that do
+not belong to the delivery in flight (a verify command, a late duplicate) change no delivery state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from topokeeper.config import ClusterConfig, Settings
+from topokeeper.domain.errors import InputError
+from topokeeper.events import (
+    AGENT_APPLY_DETAIL_TYPE,
+    AGENT_SOURCE,
+    AGENT_VERIFY_DETAIL_TYPE,
+    SSM_INVOCATION_DETAIL_TYPE,
+    AgentResultDetail,
+    SsmInvocationDetail,
+    TopokeeperEvent,
+)
+from topokeeper.ports import ApplyResult, Clock, Metric, Metrics, Outcome
+from topokeeper.service.audit import AuditSink, build_records
+from topokeeper.service.state import (
+    ClusterState,
+    PendingDelivery,
+    PlanStore,
+    StateStore,
+    WorkQueue,
+    request_reconcile,
+    save_fields,
+)
+
+SUCCESS = frozenset({Outcome.APPLIED, Outcome.UNCHANGED})
+
+
+@dataclass
+class ResultDeps:
+    settings: Settings
+    state: StateStore
+    plans: PlanStore
+    audit: AuditSink
+    queue: WorkQueue
+    metrics: Metrics
+    clock: Clock
+    ssm_result: Callable[[ClusterConfig, str], ApplyResult]  # GetCommandInvocation for a command id
+
+
+class ResultReport(BaseModel):
+    status: Literal["recorded", "verify-recorded", "pending", "ignored"]
+    cluster: str | None = None
+    outcome: Outcome | None = None
+    audit_records: int = 0
+    reason: str = ""
+
+
+def _parse(model: type[BaseModel], event: TopokeeperEvent) -> Any:
+    try:
+        return model.model_validate(event.detail)
+    except ValidationError as error:
+        raise InputError.from_validation(error, prefix="detail") from error
+
+
+def record_result(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
+    if event.source == "aws.ssm" and event.detail_type == SSM_INVOCATION_DETAIL_TYPE:
+        invocation = _parse(SsmInvocationDetail, event)
+        cluster = next((c for c in deps.settings.clusters if c.head_node == invocation.instance_id), None)
+        if cluster is None:
+            return ResultReport(status="ignored", reason=f"{invocation.instance_id} is not a managed head node")
+        state = deps.state.get(cluster.name)
+        if state.pending is None or state.pending.handle.reference != invocation.command_id:
+            return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
+        return finish_delivery(cluster, state, state.pending, deps.ssm_result(cluster, invocation.command_id), deps)
+    if event.source == AGENT_SOURCE and event.detail_type in (AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE):
+        report = _parse(AgentResultDetail, event)
+        cluster = deps.settings.cluster(report.cluster)
+        if cluster is None:
+            return ResultReport(status="ignored", reason=f"unmanaged cluster {report.cluster}")
+        state = deps.state.get(cluster.name)
+        if event.detail_type == AGENT_VERIFY_DETAIL_TYPE:
+            save_fields(deps.state, cluster.name, {"last_verify": report.result, "last_verify_at": deps.clock.now()})
+            return ResultReport(status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome)
+        if state.pending is None or state.pending.handle.plan_sha256 != report.plan_sha256:
+            return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
+        return finish_delivery(cluster, state, state.pending, report.result, deps)
+    return ResultReport(status="ignored", reason=f"not a result event: {event.source} / {event.detail_type}")
+
+
+def finish_delivery(
+    cluster: ClusterConfig, state: ClusterState, pending: PendingDelivery, result: ApplyResult, deps: ResultDeps
+) -> ResultReport:
+    if result.outcome is Outcome.PENDING:
+        return ResultReport(status="pending", cluster=cluster.name, outcome=result.outcome)
+    now = deps.clock.now()
+    records = []
+    if result.outcome is not Outcome.UNCHANGED:
+        previous = (
+            deps.plans.plan_document(cluster.name, pending.previous_plan_sha256)
+            if pending.previous_plan_sha256
+            else None
+        )
+        records = build_records(
+            cluster_name=cluster.name,
+            previous=previous,
+            desired=deps.plans.plan_document(cluster.name, pending.handle.plan_sha256),
+            delivery=pending,
+            outcome=result.outcome,
+            error=result.error,
+            completed_at=now,
+        )
+    published = deps.audit.publish(records)
+
+    update: dict[str, object] = {"pending": None}
+    observed_version = getattr(result, "slurm_version", None)
+    if isinstance(observed_version, str) and observed_version:
+        update["slurm_version"] = observed_version
+    if result.outcome in SUCCESS:
+        update["applied_sha256"] = pending.handle.plan_sha256
+        if result.outcome is Outcome.APPLIED:
+            deps.metrics.emit(cluster.name, Metric.TOPOLOGY_UPDATES, len(records))
+    else:
+        deps.metrics.emit(cluster.name, Metric.APPLY_FAILURES, 1)
+    save_fields(deps.state, cluster.name, update)
+
+    # A plan rendered for the other Slurm format is refused; now that the head node told us its
+    # version, plan again once. Other failures wait for the next change or the drift schedule.
+    if result.outcome is Outcome.REFUSED and update.get("slurm_version") not in (None, state.slurm_version):
+        request_reconcile(
+            deps.state,
+            deps.queue,
+            cluster.name,
+            now,
+            reason="retry",
+            detail_type="Slurm Version Learned",
+            summary=f"head node runs Slurm {update['slurm_version']}",
+        )
+    return ResultReport(status="recorded", cluster=cluster.name, outcome=result.outcome, audit_records=published)
