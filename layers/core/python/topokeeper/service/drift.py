@@ -129,22 +129,13 @@ def check_requested(request: DriftRequest, deps: DriftDeps) -> list[DriftReport]
     if request.cluster is not None:
         chosen = deps.settings.cluster(request.cluster)
         clusters = [chosen] if chosen else []
-    reports, failed = [], False
+    reports: list[DriftReport] = []
+    failures: list[str] = []
     for cluster in clusters:
         try:
             reports.append(check_drift(cluster, deps))
         except Exception as error:  # reported per cluster, then the invocation fails
-            failed = True
-            reports.append(
-                DriftReport(
-                    cluster=cluster.name,
-                    live="unknown",
-                    aws="unknown",
-                    drift=None,
-                    action="none",
-                    error=f"{type(error).__name__}: {error}",
-                )
-            )
-    if failed:
-        raise DriftCheckFailed(reports)
+            failures.append(f"{cluster.name}: {type(error).__name__}: {error}")
+    if failures:
+        raise DriftCheckFailed(reports, failures)
     return reports
