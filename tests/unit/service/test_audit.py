@@ -1,0 +1,131 @@
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
+from topokeeper.engine.planner import plan
+from topokeeper.ports import Channel, DeliveryHandle, Outcome
+from topokeeper.render.bundle import render
+from topokeeper.service.audit import MAX_LISTED_NODES, AuditRecord, build_records, cloudtrail_lake_event
+from topokeeper.service.state import PendingDelivery, Trigger
+
+SCHEMA = Path(__file__).resolve().parents[2] / "fixtures" / "audit-record.schema.json"
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def _document(partitions) -> dict:
+    return json.loads(render(plan(snapshot(partitions))).files()["plan.json"])
+
+
+def _delivery(sha: str) -> PendingDelivery:
+    handle = DeliveryHandle(
+        channel=Channel.SSM,
+        cluster="test-cluster",
+        plan_sha256=sha,
+        reference="cmd-1",
+        target="i-0123456789abcdef0",
+        sent_at=NOW,
+    )
+    trigger = Trigger(
+        source="aws.sagemaker",
+        detail_type="SageMaker HyperPod Cluster State Change",
+        event_id="e-1",
+        time=NOW,
+        summary="cluster Updating",
+    )
+    return PendingDelivery(handle=handle, generation=3, triggers=[trigger], trigger_count=42)
+
+
+def test_the_audit_record_schema_is_pinned() -> None:
+    """Consumers read these fields: changing them must be a deliberate, versioned decision."""
+    assert AuditRecord.model_json_schema(by_alias=True) == json.loads(SCHEMA.read_text())
+
+
+def test_one_record_per_changed_partition() -> None:
+    before = _document({"p5": p5_nodes(8, partition="p5"), "gb": gb200_nodes(2)})
+    extra = node("p5-100", path=("nn-spine0", "nn-agg0", "nn-leaf000"), partition="p5")
+    after = _document({"p5": [*p5_nodes(8, partition="p5")[1:], extra], "gb": gb200_nodes(2)})
+    records = build_records(
+        cluster_name="test-cluster",
+        previous=before,
+        desired=after,
+        delivery=_delivery(after["sha256"]),
+        outcome=Outcome.APPLIED,
+        error=None,
+        completed_at=NOW,
+    )
+    assert [r.partition for r in records] == ["p5"]
+    record = records[0]
+    assert (record.nodes_added, record.nodes_removed) == (["p5-100"], ["p5-001"])
+    assert record.before_sha256 != record.after_sha256
+    assert (record.kind, record.topology, record.switch_count, record.block_count) == ("tree", "tree-p5", 7, 0)
+    assert record.trigger_count == 42 and record.triggers[0].event_id == "e-1"
+    assert (record.channel, record.delivery_reference, record.outcome) == ("ssm", "cmd-1", Outcome.APPLIED)
+
+
+def test_first_plan_audits_every_partition_and_ids_are_stable() -> None:
+    after = _document({"p5": p5_nodes(8, partition="p5"), "gb": gb200_nodes(2)})
+    first = build_records(
+        cluster_name="test-cluster",
+        previous=None,
+        desired=after,
+        delivery=_delivery(after["sha256"]),
+        outcome=Outcome.APPLIED,
+        error=None,
+        completed_at=NOW,
+    )
+    again = build_records(
+        cluster_name="test-cluster",
+        previous=None,
+        desired=after,
+        delivery=_delivery(after["sha256"]),
+        outcome=Outcome.APPLIED,
+        error=None,
+        completed_at=NOW.replace(hour=13),
+    )
+    assert [r.partition for r in first] == ["gb", "p5"]
+    assert all(r.before_sha256 is None for r in first)
+    assert [r.audit_id for r in first] == [r.audit_id for r in again]
+    failed = build_records(
+        cluster_name="test-cluster",
+        previous=None,
+        desired=after,
+        delivery=_delivery(after["sha256"]),
+        outcome=Outcome.ROLLED_BACK,
+        error="fatal",
+        completed_at=NOW,
+    )
+    assert {r.audit_id for r in failed}.isdisjoint({r.audit_id for r in first})
+
+
+def test_huge_changes_stay_small_with_exact_counts() -> None:
+    after = _document({"p5": p5_nodes(5000, partition="p5")})
+    (record,) = build_records(
+        cluster_name="test-cluster",
+        previous=None,
+        desired=after,
+        delivery=_delivery(after["sha256"]),
+        outcome=Outcome.APPLIED,
+        error=None,
+        completed_at=NOW,
+    )
+    assert len(record.nodes_added) == MAX_LISTED_NODES and record.nodes_added_count == 5000
+    assert len(json.dumps(record.document())) < 256 * 1024
+
+
+def test_cloudtrail_lake_event_has_the_required_fields() -> None:
+    after = _document({"gb": gb200_nodes(1)})
+    (record,) = build_records(
+        cluster_name="test-cluster",
+        previous=None,
+        desired=after,
+        delivery=_delivery(after["sha256"]),
+        outcome=Outcome.APPLIED,
+        error=None,
+        completed_at=NOW,
+    )
+    event = cloudtrail_lake_event(record, "111122223333", "arn:aws:lambda:us-east-1:111122223333:function:result")
+    for key in ("version", "userIdentity", "eventSource", "eventName", "eventTime", "UID", "recipientAccountId"):
+        assert event[key]
+    assert event["eventName"] == "UpdatePartitionTopology" and event["eventTime"] == "2026-12-01T12:00:00Z"
+    assert len(event["UID"]) <= 1024

@@ -1,0 +1,77 @@
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from topokeeper.config import ClusterConfig, Settings
+from topokeeper.events import ReconcileRequest
+from topokeeper.ports import Channel, DeliveryHandle
+from topokeeper.service.reconcile import Decision, Deferred, decide
+from topokeeper.service.state import ClusterState, PendingDelivery
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+SETTINGS = Settings(
+    clusters=[ClusterConfig(name="c1", orchestrator="ec2", head_node="i-0123456789abcdef0")],
+    debounce_seconds=10,
+    max_wait_seconds=300,
+    min_write_interval_seconds=60,
+)
+
+
+def _state(**fields) -> ClusterState:
+    base = {"cluster": "c1", "generation": 5, "reconciled_generation": 2}
+    return ClusterState.model_validate({**base, **fields})
+
+
+def _request(generation: int = 5) -> ReconcileRequest:
+    return ReconcileRequest(cluster="c1", generation=generation)
+
+
+def test_generation_already_covered_is_dropped() -> None:
+    assert decide(_state(reconciled_generation=5), _request(5), NOW, SETTINGS) is Decision.COVERED
+
+
+def test_superseded_by_a_newer_message_is_dropped() -> None:
+    assert decide(_state(generation=7), _request(5), NOW, SETTINGS) is Decision.SUPERSEDED
+
+
+def test_quiet_cluster_proceeds() -> None:
+    state = _state(last_event_at=NOW - timedelta(seconds=11), first_pending_at=NOW - timedelta(seconds=30))
+    assert decide(state, _request(), NOW, SETTINGS) is Decision.PROCEED
+
+
+def test_trailing_debounce_waits_for_quiet() -> None:
+    state = _state(last_event_at=NOW - timedelta(seconds=3), first_pending_at=NOW - timedelta(seconds=30))
+    with pytest.raises(Deferred) as deferred:
+        decide(state, _request(), NOW, SETTINGS)
+    assert deferred.value.seconds == pytest.approx(7)
+
+
+def test_debounce_is_bounded_by_max_wait() -> None:
+    state = _state(last_event_at=NOW - timedelta(seconds=1), first_pending_at=NOW - timedelta(seconds=301))
+    assert decide(state, _request(), NOW, SETTINGS) is Decision.PROCEED
+
+
+def test_minimum_interval_between_writes() -> None:
+    state = _state(last_write_at=NOW - timedelta(seconds=45))
+    with pytest.raises(Deferred) as deferred:
+        decide(state, _request(), NOW, SETTINGS)
+    assert deferred.value.seconds == pytest.approx(15)
+
+
+def test_delivery_in_flight_blocks_until_timeout() -> None:
+    handle = DeliveryHandle(
+        channel=Channel.SSM,
+        cluster="c1",
+        plan_sha256="a" * 64,
+        reference="cmd",
+        target="i-0123456789abcdef0",
+        sent_at=NOW - timedelta(minutes=2),
+    )
+    state = _state(pending=PendingDelivery(handle=handle, generation=4))
+    with pytest.raises(Deferred, match="in flight"):
+        decide(state, _request(), NOW, SETTINGS)
+    stale = handle.model_copy(update={"sent_at": NOW - timedelta(minutes=16)})
+    assert (
+        decide(_state(pending=PendingDelivery(handle=stale, generation=4)), _request(), NOW, SETTINGS)
+        is Decision.PROCEED
+    )

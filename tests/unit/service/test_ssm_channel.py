@@ -1,0 +1,207 @@
+import base64
+import gzip
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import gb200_nodes, p5_nodes, snapshot
+from topokeeper.adapters.ssm_channel import (
+    BOOTSTRAP,
+    INLINE_LIMIT_BYTES,
+    SsmChannel,
+    build_commands,
+    command_size,
+    guard_target,
+    parse_invocation,
+)
+from topokeeper.engine.planner import plan
+from topokeeper.ports import Outcome
+from topokeeper.render.bundle import render
+
+
+class RecordingS3:
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    def put_object(self, Bucket: str, Key: str, Body: bytes, **_: object) -> dict:  # noqa: N803 - boto3 names
+        self.objects[Key] = Body
+        return {"ETag": '"x"'}
+
+    def generate_presigned_url(self, operation: str, Params: dict, ExpiresIn: int) -> str:  # noqa: N803
+        return f"https://example.invalid/{Params['Key']}?expires={ExpiresIn}"
+
+
+def _channel(s3: RecordingS3) -> SsmChannel:
+    return SsmChannel(None, s3, "bucket", "i-0123456789abcdef0", now=lambda: datetime.now(UTC))
+
+
+def _bundle(nodes: int):
+    return render(plan(snapshot({"p5": p5_nodes(nodes, partition="p5"), "gb": gb200_nodes(2)}))).bundle
+
+
+def _decode(commands: list[str]) -> dict:
+    start = commands.index("cat > \"$work/payload\" <<'TOPOKEEPER_PAYLOAD_END'") + 1
+    end = commands.index("TOPOKEEPER_PAYLOAD_END")
+    return json.loads(gzip.decompress(base64.b64decode("".join(commands[start:end]))))
+
+
+def test_shell_text_is_fixed_and_data_is_only_base64() -> None:
+    a = build_commands({"mode": "apply", "bundle": "x; rm -rf / $(reboot) `id`", "applier": "a"})
+    b = build_commands({"mode": "apply", "bundle": "something else entirely", "applier": "b"})
+    start = a.index("cat > \"$work/payload\" <<'TOPOKEEPER_PAYLOAD_END'") + 1
+    fixed_a = a[:start] + a[a.index("TOPOKEEPER_PAYLOAD_END") :]
+    fixed_b = b[:start] + b[b.index("TOPOKEEPER_PAYLOAD_END") :]
+    assert fixed_a == fixed_b
+    data = a[start : a.index("TOPOKEEPER_PAYLOAD_END")]
+    assert all(set(line) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") for line in data)
+
+
+def test_small_bundle_travels_inline() -> None:
+    s3 = RecordingS3()
+    bundle = _bundle(16)
+    commands = _channel(s3).payload(bundle, "apply")
+    payload = _decode(commands)
+    assert json.loads(payload["bundle"])["plan_sha256"] == bundle.plan_sha256
+    assert payload["mode"] == "apply" and "bundle_url" not in payload
+    assert command_size(commands) <= INLINE_LIMIT_BYTES
+    assert s3.objects == {}
+
+
+def test_large_bundle_goes_to_s3_with_its_hash() -> None:
+    s3 = RecordingS3()
+    bundle = _bundle(4000)
+    commands = _channel(s3).payload(bundle, "verify")
+    payload = _decode(commands)
+    assert payload["bundle"] is None
+    assert payload["bundle_url"].startswith("https://example.invalid/payloads/test-cluster/")
+    stored = s3.objects[f"payloads/test-cluster/{bundle.plan_sha256}.json"].decode()
+    import hashlib
+
+    assert hashlib.sha256(stored.encode()).hexdigest() == payload["bundle_sha256"]
+    assert command_size(commands) <= INLINE_LIMIT_BYTES
+
+
+def test_inline_limit_boundary() -> None:
+    """Find the node count where the bundle stops fitting inline: just below stays inline, just above goes to S3."""
+    s3 = RecordingS3()
+    channel = _channel(s3)
+    low, high = 16, 4000
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _decode(channel.payload(_bundle(middle), "apply")).get("bundle") is not None:
+            low = middle
+        else:
+            high = middle
+    inline = channel.payload(_bundle(low), "apply")
+    assert INLINE_LIMIT_BYTES - 2000 < command_size(inline) <= INLINE_LIMIT_BYTES
+    assert _decode(channel.payload(_bundle(high), "apply"))["bundle"] is None
+
+
+@pytest.mark.parametrize(
+    "target", ["sagemaker-cluster:abc_controller-i-0123456789abcdef0", "i-123", "mi-12", "i-0123456789abcdef0 "]
+)
+def test_only_ssm_ids_are_targeted(target: str) -> None:
+    with pytest.raises(ValueError, match="i-/mi- ids only"):
+        guard_target(target)
+    assert guard_target("mi-0123456789abcdef0") == "mi-0123456789abcdef0"
+
+
+def test_bootstrap_refuses_a_tampered_payload(tmp_path: Path) -> None:
+    """The on-node bootstrap checks hashes before anything runs."""
+    payload = {
+        "mode": "apply",
+        "applier": "print('never')",
+        "applier_sha256": "0" * 64,
+        "bundle": "{}",
+        "bundle_sha256": "0" * 64,
+    }
+    (tmp_path / "payload").write_bytes(base64.b64encode(gzip.compress(json.dumps(payload).encode())))
+    result = subprocess.run(
+        [sys.executable, "-", str(tmp_path)], input=BOOTSTRAP, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2
+    assert json.loads(result.stdout) == {"outcome": "refused", "error": "applier sha256 mismatch"}
+
+
+def test_script_runs_under_sh_and_execs_the_applier(tmp_path: Path) -> None:
+    """The whole command text runs under /bin/sh; here the 'applier' is a stand-in that echoes its argv."""
+    import hashlib
+
+    applier = "import json, sys; print(json.dumps({'outcome': 'unchanged', 'argv': sys.argv[1:2]}))"
+    bundle = "{}"
+    commands = build_commands(
+        {
+            "mode": "verify",
+            "applier": applier,
+            "applier_sha256": hashlib.sha256(applier.encode()).hexdigest(),
+            "bundle": bundle,
+            "bundle_sha256": hashlib.sha256(bundle.encode()).hexdigest(),
+        }
+    )
+    result = subprocess.run(
+        ["sh", "-c", "\n".join(commands)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent), "TMPDIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"outcome": "unchanged", "argv": ["verify"]}
+    assert list(tmp_path.iterdir()) == []  # the work directory is removed
+
+
+@pytest.mark.parametrize(
+    ("invocation", "outcome"),
+    [
+        (
+            {"Status": "Success", "StatusDetails": "Success", "StandardOutputContent": '{"outcome": "applied"}'},
+            Outcome.APPLIED,
+        ),
+        (
+            {
+                "Status": "Failed",
+                "StatusDetails": "Failed",
+                "ResponseCode": 1,
+                "StandardOutputContent": 'motd\n{"outcome": "rolled_back", "error": "fatal"}',
+            },
+            Outcome.ROLLED_BACK,
+        ),
+        (
+            {
+                "Status": "Failed",
+                "StatusDetails": "Failed",
+                "ResponseCode": 2,
+                "StandardOutputContent": '{"outcome": "refused", "error": "unknown nodes"}',
+            },
+            Outcome.REFUSED,
+        ),
+        (
+            {
+                "Status": "Failed",
+                "StatusDetails": "Failed",
+                "ResponseCode": 127,
+                "StandardOutputContent": "",
+                "StandardErrorContent": "python3: not found",
+            },
+            Outcome.FAILED,
+        ),
+        ({"Status": "TimedOut", "StatusDetails": "Execution Timed Out"}, Outcome.TIMED_OUT),
+        ({"Status": "TimedOut", "StatusDetails": "Delivery Timed Out"}, Outcome.TIMED_OUT),
+        ({"Status": "Cancelled", "StatusDetails": "Cancelled"}, Outcome.CANCELLED),
+        ({"Status": "Failed", "StatusDetails": "Undeliverable"}, Outcome.UNDELIVERABLE),
+        ({"Status": "Failed", "StatusDetails": "Terminated"}, Outcome.UNDELIVERABLE),
+        ({"Status": "InProgress", "StatusDetails": "InProgress"}, Outcome.PENDING),
+        ({"Status": "Success", "StatusDetails": "Success", "StandardOutputContent": "x" * 24000}, Outcome.FAILED),
+    ],
+)
+def test_every_ssm_status_maps_to_a_clear_outcome(invocation: dict, outcome: Outcome) -> None:
+    result = parse_invocation(invocation)
+    assert result.outcome is outcome
+    if outcome in (Outcome.FAILED, Outcome.TIMED_OUT, Outcome.CANCELLED, Outcome.UNDELIVERABLE):
+        assert result.error
+    if len(invocation.get("StandardOutputContent", "")) >= 24000:
+        assert "24,000" in (result.error or "")

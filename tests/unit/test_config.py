@@ -1,0 +1,64 @@
+import pytest
+from pydantic import ValidationError
+
+from topokeeper.config import MAX_CONFIG_BYTES, ClusterConfig, Mode, Settings
+from topokeeper.domain.errors import InputError
+from topokeeper.ports import Channel
+
+
+def test_hyperpod_defaults_to_verify_through_the_agent() -> None:
+    cluster = ClusterConfig(name="llm-train")
+    assert (cluster.effective_mode, cluster.effective_channel) == (Mode.VERIFY, Channel.AGENT)
+
+
+def test_plain_ec2_defaults_to_enforce_through_ssm() -> None:
+    cluster = ClusterConfig(name="pcluster", orchestrator="ec2", head_node="i-0123456789abcdef0")
+    assert (cluster.effective_mode, cluster.effective_channel) == (Mode.ENFORCE, Channel.SSM)
+
+
+@pytest.mark.parametrize(
+    ("fields", "location", "message"),
+    [
+        ({"name": "pc", "orchestrator": "ec2"}, "clusters[0]", "needs head_node"),
+        ({"name": "hp", "channel": "ssm", "head_node": "i-0123456789abcdef0"}, "clusters[0]", "HyperPod nodes cannot"),
+        (
+            {"name": "pc", "orchestrator": "ec2", "head_node": "sagemaker-cluster:abc_controller-i-0123"},
+            "clusters[0].head_node",
+            "i-/mi- ids only",
+        ),
+        ({"name": "bad name"}, "clusters[0].name", "HyperPod cluster name"),
+        ({"name": "hp", "mode": "fight"}, "clusters[0].mode", "Input should be"),
+        (
+            {"name": "hp", "partitions": {"gb": {"block_sizes": [18, 27]}}},
+            "clusters[0].partitions.gb.block_sizes",
+            "base x 2^k",
+        ),
+        ({"name": "hp", "slurm_version": "twenty"}, "clusters[0]", "Slurm version"),
+        ({"name": "hp", "arn": "arn:aws:sagemaker:us-east-1:111122223333:cluster/NOPE"}, "clusters[0].arn", "ARN"),
+    ],
+)
+def test_bad_cluster_config_names_the_key(fields: dict, location: str, message: str) -> None:
+    with pytest.raises(ValidationError) as error:
+        Settings.model_validate({"clusters": [fields]})
+    converted = InputError.from_validation(error.value)
+    assert converted.field == location
+    assert message in converted.message
+
+
+def test_duplicate_clusters_are_refused() -> None:
+    with pytest.raises(ValidationError, match="listed twice: a"):
+        Settings(clusters=[ClusterConfig(name="a"), ClusterConfig(name="a")])
+
+
+def test_lookup_by_name_or_arn() -> None:
+    arn = "arn:aws:sagemaker:us-east-1:111122223333:cluster/h4k2x9q7m1ab"
+    settings = Settings(clusters=[ClusterConfig(name="llm", arn=arn)])
+    assert settings.cluster(arn) is settings.cluster("llm") is settings.clusters[0]
+    assert settings.cluster("other") is None
+
+
+def test_environment_form_is_compact_and_round_trips() -> None:
+    settings = Settings(clusters=[ClusterConfig(name=f"cluster-{i}") for i in range(20)])
+    text = settings.to_env()
+    assert len(text.encode()) < MAX_CONFIG_BYTES
+    assert Settings.model_validate_json(text) == settings
