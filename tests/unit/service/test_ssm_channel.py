@@ -27,11 +27,11 @@ class RecordingS3:
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
 
-    def put_object(self, Bucket: str, Key: str, Body: bytes, **_: object) -> dict:  # noqa: N803 - boto3 names
+    def put_object(self, Bucket: str, Key: str, Body: bytes, **_: object) -> dict:
         self.objects[Key] = Body
         return {"ETag": '"x"'}
 
-    def generate_presigned_url(self, operation: str, Params: dict, ExpiresIn: int) -> str:  # noqa: N803
+    def generate_presigned_url(self, operation: str, Params: dict, ExpiresIn: int) -> str:
         return f"https://example.invalid/{Params['Key']}?expires={ExpiresIn}"
 
 
