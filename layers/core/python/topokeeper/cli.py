@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from topokeeper import operator_commands
 from topokeeper.domain.errors import InputError
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
@@ -118,11 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     show_parser = commands.add_parser("show", help="print the plan table only")
     _add_plan_inputs(show_parser)
     show_parser.set_defaults(run=_cmd_show)
+
+    operator_commands.register(commands)
+    operator_commands.add_endpoint_option(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    operator_commands.apply_endpoint_option(args)
     try:
         code: int = args.run(args)
     except InputError as error:

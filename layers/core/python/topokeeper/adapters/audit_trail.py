@@ -63,6 +63,17 @@ class AuditTrail:
             self._logger.info(AUDIT_DETAIL_TYPE, extra={"audit": record.document()})
         return len(stored)
 
+    def history(self, cluster: str, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest audit records of a cluster first."""
+        response = self._db.query(
+            TableName=self._table,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+            ExpressionAttributeValues={":pk": {"S": f"CLUSTER#{cluster}"}, ":prefix": {"S": "AUDIT#"}},
+            ScanIndexForward=False,
+            Limit=limit,
+        )
+        return [json.loads(item["record"]["S"]) for item in response.get("Items", [])]
+
     def _seen(self, audit_id: str) -> bool:
         key = {"pk": {"S": f"AUDITID#{audit_id}"}, "sk": {"S": "AUDITID"}}
         return "Item" in self._db.get_item(TableName=self._table, Key=key, ConsistentRead=True)

@@ -9,6 +9,7 @@ null ``CapacityBlockId`` on an UltraServer type means "not yet" and is asked aga
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any, Protocol
@@ -167,3 +168,35 @@ def instance_tags(ec2: Any, instance_id: str) -> dict[str, str]:
 
 def _capable(instance_type: str) -> bool:
     return lookup(instance_type).capability is not Capability.NONE
+
+
+class LocalRateLimiter:
+    """One DescribeInstanceTopology call per second from this process (the CLI has no shared table)."""
+
+    def __init__(
+        self,
+        interval: float = 1.0,
+        now: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._interval = interval
+        self._now = now
+        self._sleep = sleep
+        self._next = 0.0
+
+    def acquire(self) -> None:
+        wait = self._next - self._now()
+        if wait > 0:
+            self._sleep(wait)
+        self._next = max(self._now(), self._next) + self._interval
+
+
+class MemoryNodeFactsCache:
+    def __init__(self) -> None:
+        self._facts: dict[tuple[str, str], dict[str, object]] = {}
+
+    def get_many(self, cluster: str, instance_ids: Iterable[str]) -> dict[str, dict[str, object]]:
+        return {i: self._facts[(cluster, i)] for i in instance_ids if (cluster, i) in self._facts}
+
+    def put_many(self, cluster: str, items: dict[str, dict[str, object]], now: datetime) -> None:
+        self._facts.update({(cluster, instance_id): facts for instance_id, facts in items.items()})

@@ -161,9 +161,13 @@ class SsmChannel:
             sent_at=self._now(),
         )
 
-    def verify(self, bundle: Bundle, timeout: float = 120, poll: float = 2) -> ApplyResult:
+    def verify(self, bundle: Bundle) -> ApplyResult:
         """Run ``verify`` on the head node and wait for its document (the drift function is synchronous)."""
-        command_id = self._send(bundle, "verify")
+        return self.run(bundle, "verify")
+
+    def run(self, bundle: Bundle, mode: str, timeout: float = 120, poll: float = 2) -> ApplyResult:
+        """Run the applier in ``mode`` and wait for its document, up to ``timeout`` seconds."""
+        command_id = self._send(bundle, mode)
         deadline = time.monotonic() + timeout
         while True:
             result = self.result(command_id)

@@ -1,0 +1,77 @@
+"""Where a deployed topokeeper keeps its state, for the operator CLI.
+
+A deployment is found from its CloudFormation stack (outputs plus the reconcile function's
+``TOPOKEEPER_CONFIG``), or read from a JSON file (the simulator writes one for the emulated stack).
+Either way the CLI then builds the very ``Runtime`` the Lambdas use.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from topokeeper.config import CONFIG_ENV, Settings
+from topokeeper.domain.errors import InputError
+
+# CloudFormation output keys the stack exports (infra/ uses the same names).
+OUTPUT_TABLE = "TableName"
+OUTPUT_BUCKET = "BucketName"
+OUTPUT_QUEUE = "QueueUrl"
+OUTPUT_DEAD_LETTER_QUEUE = "DeadLetterQueueUrl"
+OUTPUT_RECONCILE_FUNCTION = "ReconcileFunctionName"
+
+
+class Deployment(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    table: str
+    bucket: str
+    queue_url: str
+    dead_letter_queue_url: str | None = None
+    event_bus: str = "default"
+    settings: Settings
+
+    def environment(self) -> dict[str, str]:
+        """The environment a Lambda of this deployment sees."""
+        env = {
+            CONFIG_ENV: self.settings.to_env(),
+            "TABLE_NAME": self.table,
+            "BUCKET_NAME": self.bucket,
+            "QUEUE_URL": self.queue_url,
+            "EVENT_BUS_NAME": self.event_bus,
+        }
+        if self.dead_letter_queue_url:
+            env["DEAD_LETTER_QUEUE_URL"] = self.dead_letter_queue_url
+        return env
+
+    @classmethod
+    def from_file(cls, path: Path) -> Deployment:
+        try:
+            return cls.model_validate_json(path.read_text())
+        except OSError as error:
+            raise InputError("--deployment", f"cannot read {path}: {error.strerror}") from error
+        except ValidationError as error:
+            raise InputError.from_validation(error, prefix="deployment") from error
+
+    @classmethod
+    def from_stack(cls, cloudformation: Any, lambda_client: Any, stack_name: str) -> Deployment:
+        stacks = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
+        missing = [
+            key for key in (OUTPUT_TABLE, OUTPUT_BUCKET, OUTPUT_QUEUE, OUTPUT_RECONCILE_FUNCTION) if key not in outputs
+        ]
+        if missing:
+            raise InputError("--stack-name", f"stack {stack_name} lacks outputs {', '.join(missing)}")
+        configuration = lambda_client.get_function_configuration(FunctionName=outputs[OUTPUT_RECONCILE_FUNCTION])
+        variables = configuration.get("Environment", {}).get("Variables", {})
+        return cls(
+            table=outputs[OUTPUT_TABLE],
+            bucket=outputs[OUTPUT_BUCKET],
+            queue_url=outputs[OUTPUT_QUEUE],
+            dead_letter_queue_url=outputs.get(OUTPUT_DEAD_LETTER_QUEUE),
+            event_bus=variables.get("EVENT_BUS_NAME", "default"),
+            settings=Settings.model_validate(json.loads(variables[CONFIG_ENV])),
+        )
