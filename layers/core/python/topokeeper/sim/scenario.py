@@ -1,0 +1,155 @@
+"""Scenario files for ``topokeeper simulate``: a cluster and a story of steps (YAML, strict schema)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from topokeeper.config import Mode
+from topokeeper.domain.errors import InputError
+from topokeeper.domain.models import ClusterName, SlurmVersion
+from topokeeper.domain.names import SlurmName
+from topokeeper.ports import Channel
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NetworkLayout(_Strict):
+    layers: Literal[3, 4] = 3
+    nodes_per_leaf: int = Field(4, ge=1)
+    leaves_per_spine: int = Field(4, ge=1)
+    ultraserver_size: int | None = Field(None, ge=1)
+
+
+class InstanceGroup(_Strict):
+    name: SlurmName
+    type: str
+    count: int = Field(ge=0, le=6758)
+    role: Literal["controller", "login", "compute"] = "compute"
+    partition: SlurmName | None = None
+    network: NetworkLayout = NetworkLayout()
+
+    @model_validator(mode="after")
+    def _partition_for_compute(self) -> InstanceGroup:
+        if self.role == "compute" and self.partition is None:
+            raise ValueError("compute groups need a partition")
+        if self.role != "compute" and self.partition is not None:
+            raise ValueError(f"{self.role} groups have no partition")
+        return self
+
+
+class ClusterSpec(_Strict):
+    name: ClusterName
+    slurm_version: str = "26.05"
+    mode: Mode = Mode.ENFORCE
+    channel: Channel = Channel.SSM
+    instance_groups: list[InstanceGroup] = Field(min_length=1)
+    seed: int = 7
+
+    @model_validator(mode="after")
+    def _valid(self) -> ClusterSpec:
+        SlurmVersion.parse(self.slurm_version)
+        if sum(1 for g in self.instance_groups if g.role == "controller") != 1:
+            raise ValueError("exactly one instance group must have role: controller")
+        names = [g.name for g in self.instance_groups]
+        if len(set(names)) != len(names):
+            raise ValueError("instance group names must be unique")
+        return self
+
+
+class ScaleStep(_Strict):
+    group: SlurmName
+    to: int = Field(ge=0)
+    over_seconds: float = Field(0, ge=0)
+
+
+class GroupCountStep(_Strict):
+    group: SlurmName
+    count: int = Field(1, ge=1)
+
+
+class DuplicateStep(_Strict):
+    factor: int = Field(2, ge=2, le=10)
+
+
+class LoseStep(_Strict):
+    fraction: float = Field(gt=0, lt=1)
+
+
+class TamperStep(_Strict):
+    pass
+
+
+class WaitStep(_Strict):
+    seconds: float = Field(gt=0)
+
+
+class Step(_Strict):
+    """One story step: exactly one of the keys below."""
+
+    scale: ScaleStep | None = None
+    replace: GroupCountStep | None = None
+    reboot: GroupCountStep | None = None
+    delete: GroupCountStep | None = None
+    fail_node: GroupCountStep | None = None
+    duplicate_events: DuplicateStep | None = None
+    lose_events: LoseStep | None = None
+    tamper: TamperStep | None = None
+    wait: WaitStep | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Step:
+        chosen = [name for name in type(self).model_fields if getattr(self, name) is not None]
+        if len(chosen) != 1:
+            raise ValueError(f"a step has exactly one action, got {chosen or 'none'}")
+        return self
+
+    @property
+    def action(self) -> str:
+        return next(name for name in type(self).model_fields if getattr(self, name) is not None)
+
+
+class Timing(_Strict):
+    """Simulated latencies and schedules (seconds of simulated time)."""
+
+    api_call_seconds: float = Field(0.02, ge=0)
+    ssm_delivery_seconds: float = Field(2.0, ge=0)
+    agent_poll_seconds: float = Field(30.0, gt=0)
+    drift_interval_seconds: float = Field(300.0, gt=0)
+    step_timeout_seconds: float = Field(1800.0, gt=0)
+
+
+class Scenario(_Strict):
+    cluster: ClusterSpec
+    steps: list[Annotated[Step, Field()]] = Field(default_factory=list)
+    timing: Timing = Timing()
+    debounce_seconds: int = Field(10, ge=0)
+    min_write_interval_seconds: int = Field(60, ge=0)
+
+    @model_validator(mode="after")
+    def _groups_exist(self) -> Scenario:
+        groups = {g.name for g in self.cluster.instance_groups}
+        for index, step in enumerate(self.steps):
+            target = getattr(step, step.action)
+            group = getattr(target, "group", None)
+            if group is not None and group not in groups:
+                raise ValueError(f"steps[{index}].{step.action}.group: no instance group {group!r}")
+        return self
+
+
+def load_scenario(path: Path) -> Scenario:
+    try:
+        document = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise InputError("--scenario", f"cannot read {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise InputError("--scenario", f"{path} is not valid YAML: {str(error).splitlines()[0]}") from error
+    try:
+        return Scenario.model_validate(document or {})
+    except ValidationError as error:
+        raise InputError.from_validation(error, prefix="scenario") from error

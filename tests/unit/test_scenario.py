@@ -1,0 +1,42 @@
+from pathlib import Path
+
+import pytest
+
+from topokeeper.domain.errors import InputError
+from topokeeper.sim.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "layers/core/python/topokeeper/sim/scenarios"
+
+GOOD = """\
+cluster:
+  name: demo
+  instance_groups:
+    - {name: controller, type: ml.m5.xlarge, count: 1, role: controller}
+    - {name: p5, type: ml.p5.48xlarge, count: 4, partition: ml-p5}
+steps:
+  - scale: {group: p5, to: 8}
+"""
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "scale-1000.yaml", "full-story.yaml"])
+def test_shipped_scenarios_load(name: str) -> None:
+    assert load_scenario(SCENARIOS / name).steps
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (("  - scale: {group: p5, to: 8}", "  - scale: {group: p5, to: 8, speed: 3}"), "scenario.steps[0].scale.speed"),
+        (("steps:", "stepz:"), "scenario.stepz"),
+        (("  - scale: {group: p5, to: 8}", "  - scale: {group: gpu, to: 8}"), "scenario"),
+        (("  - scale: {group: p5, to: 8}", "  - {scale: {group: p5, to: 8}, wait: {seconds: 3}}"), "scenario.steps[0]"),
+        (("count: 4, partition: ml-p5", "count: 4"), "scenario.cluster.instance_groups[1]"),
+        (("  name: demo", "  name: demo\n  mode: fight"), "scenario.cluster.mode"),
+    ],
+)
+def test_unknown_or_bad_keys_are_errors_naming_them(tmp_path: Path, change: tuple[str, str], field: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace(*change))
+    with pytest.raises(InputError) as error:
+        load_scenario(path)
+    assert error.value.field == field, error.value
