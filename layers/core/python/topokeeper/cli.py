@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from topokeeper.agent.install import add_agent_commands
 from topokeeper.domain.errors import InputError
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
@@ -118,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     show_parser = commands.add_parser("show", help="print the plan table only")
     _add_plan_inputs(show_parser)
     show_parser.set_defaults(run=_cmd_show)
+
+    add_agent_commands(commands)
     return parser
 
 
