@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from topokeeper import operator_commands
+from topokeeper.agent.install import add_agent_commands
 from topokeeper.domain.errors import InputError
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
@@ -122,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     operator_commands.register(commands)
     operator_commands.add_endpoint_option(parser)
+    add_agent_commands(commands)
     return parser
 
 
