@@ -15,7 +15,7 @@ def test_config_defaults_and_key(tmp_path: Path) -> None:
     path = tmp_path / "agent.json"
     path.write_text(json.dumps({"cluster": CLUSTER, "bucket": "topo-bundles", "region": "us-east-1"}))
     config = agent.load_config(str(path))
-    assert config.key == "topokeeper/llm-train-slurm/bundle.json"
+    assert config.key == "clusters/llm-train-slurm/bundle.json"
     assert (config.event_bus, config.poll_interval_seconds, config.verify_interval_seconds) == ("default", 60.0, 900.0)
     assert Path(config.applier) == Path(agent.__file__).with_name("applier.py")  # shipped side by side
 

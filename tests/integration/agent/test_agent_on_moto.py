@@ -40,7 +40,7 @@ from topokeeper.agent import agent
 
 REGION = "us-east-1"
 BUCKET = "topo-bundles"
-KEY = f"topokeeper/{CLUSTER}/bundle.json"
+KEY = f"clusters/{CLUSTER}/bundle.json"
 FAKE_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
 
 
@@ -397,3 +397,22 @@ def test_the_loop_polls_until_sigterm(cloud: Cloud, node: Node) -> None:
     events = [record["event"] for record in log_records(stderr)]
     assert events[0] == "agent.started" and events[-1] == "agent.stopped"
     assert events.count("apply.result") == 1 and events.count("poll.not_modified") >= 1
+
+
+def test_verify_mode_only_ever_verifies_against_verify_json(cloud: Cloud, node: Node) -> None:
+    """For clusters whose topology HyperPod manages: the agent must never write it."""
+    node.configure(mode="verify")
+    document = bundle_document()
+    cloud.s3.put_object(Bucket=BUCKET, Key=KEY, Body=bundle_body(document))  # an apply bundle it must ignore
+    node.applier.answer("verify", "drift", 3, drift=[{"what": "topology", "name": "tree-ml-p5"}])
+    node.cycle()
+    assert node.applier.calls() == []  # no verify.json yet: nothing to do
+
+    cloud.s3.put_object(Bucket=BUCKET, Key=f"clusters/{CLUSTER}/verify.json", Body=bundle_body(document))
+    node.cycle()
+    node.cycle(after_seconds=301)
+
+    assert [call["mode"] for call in node.applier.calls()] == ["verify", "verify"]
+    events = cloud.delivered()
+    assert [e["detail-type"] for e in events] == [agent.VERIFY_RESULT, agent.VERIFY_RESULT]
+    assert events[0]["detail"]["result"]["outcome"] == "drift"

@@ -86,12 +86,24 @@ def log(event: str, level: str = "info", **details: Any) -> None:
 # --- configuration ---------------------------------------------------------------------------------
 
 
+DEFAULT_PREFIX = "clusters"
+MODES = ("enforce", "verify")
+
+
+def object_key(prefix: str, cluster: str, mode: str) -> str:
+    """Where the desired bundle lives: ``bundle.json`` to apply, ``verify.json`` to verify only."""
+    name = "bundle.json" if mode == "enforce" else "verify.json"
+    return "/".join(part for part in (prefix.strip("/"), cluster, name) if part)
+
+
 @dataclass(frozen=True)
 class Config:
     cluster: str
     bucket: str
     region: str
-    prefix: str = "topokeeper"
+    prefix: str = DEFAULT_PREFIX
+    # verify: the bundle is only ever verified against, never applied (HyperPod manages the topology).
+    mode: str = "enforce"
     event_bus: str = "default"
     endpoint_url: Optional[str] = None  # one endpoint for S3 (path style) and EventBridge: tests, emulators
     poll_interval_seconds: float = 60.0
@@ -103,7 +115,7 @@ class Config:
 
     @property
     def key(self) -> str:
-        return "/".join(part for part in (self.prefix.strip("/"), self.cluster, "bundle.json") if part)
+        return object_key(self.prefix, self.cluster, self.mode)
 
 
 class ConfigError(Exception):
@@ -135,6 +147,8 @@ def load_config(path: str) -> Config:
             continue
         elif not isinstance(value, str) or (not value and name != "prefix"):
             raise ConfigError(f"{path}: {name} must be a non-empty string")
+    if document.get("mode", "enforce") not in MODES:
+        raise ConfigError(f"{path}: mode must be one of {', '.join(MODES)}")
     return Config(**document)
 
 
@@ -644,9 +658,12 @@ class Agent:
             return False
         write_atomically(self._bundle_path, fetched.body)
         reference = BundleRef(fetched.etag, fetched.version_id, bundle["plan_sha256"])
+        state.bundle = reference
+        if self.config.mode == "verify":
+            self._verify(state, reference)
+            return True
         result = run_applier(self.config, "apply", self._bundle_path, reference.plan_sha256)
         log("apply.result", outcome=result.get("outcome"), plan_sha256=reference.plan_sha256, error=result.get("error"))
-        state.bundle = reference
         state.last_verify_at = self._clock()  # an apply reads the live config back: it counts as a verify
         self._queue(state, APPLY_RESULT, reference, result)
         return True
