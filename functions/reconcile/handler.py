@@ -13,6 +13,8 @@ from topokeeper.service.reconcile import process_message
 logger = Logger(service="topokeeper")
 # A failed message stops the rest of its cluster's group in this batch; other clusters go on.
 processor = SqsFifoPartialProcessor(skip_group_on_error=True)
+# A deferred message is a batch item failure by design, not an error: never fail the whole invocation.
+processor.raise_on_entire_batch_failure = False
 
 
 def record_handler(record: SQSRecord) -> None:

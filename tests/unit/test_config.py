@@ -45,6 +45,11 @@ def test_bad_cluster_config_names_the_key(fields: dict, location: str, message: 
     assert message in converted.message
 
 
+def test_hyperpod_head_node_registered_as_managed_node_takes_ssm() -> None:
+    cluster = ClusterConfig(name="hp", channel="ssm", head_node="mi-0123456789abcdef0")
+    assert (cluster.effective_mode, cluster.effective_channel) == (Mode.VERIFY, Channel.SSM)
+
+
 def test_duplicate_clusters_are_refused() -> None:
     with pytest.raises(ValidationError, match="listed twice: a"):
         Settings(clusters=[ClusterConfig(name="a"), ClusterConfig(name="a")])

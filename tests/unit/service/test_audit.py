@@ -129,3 +129,19 @@ def test_cloudtrail_lake_event_has_the_required_fields() -> None:
         assert event[key]
     assert event["eventName"] == "UpdatePartitionTopology" and event["eventTime"] == "2026-12-01T12:00:00Z"
     assert len(event["UID"]) <= 1024
+
+
+def test_drift_repair_is_audited_even_when_the_plan_did_not_change() -> None:
+    plan_document = _document({"p5": p5_nodes(8, partition="p5"), "gb": gb200_nodes(2)})
+    delivery = _delivery(plan_document["sha256"]).model_copy(update={"repair": ["p5"]})
+    (record,) = build_records(
+        cluster_name="test-cluster",
+        previous=plan_document,
+        desired=plan_document,
+        delivery=delivery,
+        outcome=Outcome.APPLIED,
+        error=None,
+        completed_at=NOW,
+    )
+    assert (record.partition, record.reason, record.before_sha256) == ("p5", "drift-repair", None)
+    assert record.nodes_added == record.nodes_removed == []

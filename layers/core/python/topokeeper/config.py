@@ -86,8 +86,17 @@ class ClusterConfig(BaseModel):
             SlurmVersion.parse(self.slurm_version)
         if self.effective_channel is Channel.SSM and self.head_node is None:
             raise ValueError("channel ssm needs head_node (the head node's SSM id, i-... or mi-...)")
-        if self.orchestrator is Orchestrator.HYPERPOD and self.effective_channel is Channel.SSM:
-            raise ValueError("HyperPod nodes cannot receive SSM Run Command (sagemaker-cluster: targets); use agent")
+        # SendCommand cannot reach HyperPod's sagemaker-cluster: targets, only a head node registered
+        # with SSM as a hybrid managed node (mi-...).
+        if (
+            self.orchestrator is Orchestrator.HYPERPOD
+            and self.effective_channel is Channel.SSM
+            and not (self.head_node or "").startswith("mi-")
+        ):
+            raise ValueError(
+                "HyperPod nodes cannot receive SSM Run Command; use channel agent, or register the head node "
+                "as an SSM hybrid managed node and give its mi- id"
+            )
         return self
 
     @property

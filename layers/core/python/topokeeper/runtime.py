@@ -11,7 +11,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import cache, cached_property
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -33,6 +33,7 @@ from topokeeper.service.drift import DriftDeps
 from topokeeper.service.ingest import IngestDeps
 from topokeeper.service.reconcile import ReconcileDeps
 from topokeeper.service.result import ResultDeps
+from topokeeper.service.state import WorkQueue
 
 
 class SystemClock:
@@ -77,6 +78,7 @@ class Runtime:
     metrics: Metrics = field(default_factory=EmfMetrics)
     sleep: Any = time.sleep
     logger: Any = field(default_factory=lambda: logging.getLogger("topokeeper"))
+    work_queue: WorkQueue | None = None  # the simulator's, which also keeps simulated time
 
     @classmethod
     def from_environment(cls, environ: dict[str, str], **overrides: Any) -> Runtime:
@@ -92,7 +94,9 @@ class Runtime:
         return S3PlanStore(client("s3"), self.env.BUCKET_NAME)
 
     @cached_property
-    def queue(self) -> SqsWorkQueue:
+    def queue(self) -> WorkQueue:
+        if self.work_queue is not None:
+            return self.work_queue
         return SqsWorkQueue(client("sqs"), self.env.QUEUE_URL, self.env.DEAD_LETTER_QUEUE_URL)
 
     @cached_property
@@ -201,7 +205,18 @@ class Runtime:
         )
 
 
-@cache
+_installed: Runtime | None = None
+
+
 def lambda_runtime() -> Runtime:
-    """The runtime of this Lambda execution environment, built on first use."""
-    return Runtime.from_environment(dict(os.environ))
+    """The runtime of this Lambda execution environment, built from the environment on first use."""
+    global _installed  # noqa: PLW0603 - one runtime per execution environment, as Lambda reuses it
+    if _installed is None:
+        _installed = Runtime.from_environment(dict(os.environ))
+    return _installed
+
+
+def install_runtime(runtime: Runtime | None) -> None:
+    """Make the handlers use ``runtime`` (the simulator's, with simulated time); None forgets it."""
+    global _installed  # noqa: PLW0603
+    _installed = runtime

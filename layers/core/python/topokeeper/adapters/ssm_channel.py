@@ -175,12 +175,13 @@ class SsmChannel:
     def run(self, bundle: Bundle, mode: str, timeout: float = 120, poll: float = 2) -> ApplyResult:
         """Run the applier in ``mode`` and wait for its document, up to ``timeout`` seconds."""
         command_id = self._send(bundle, mode)
-        deadline = time.monotonic() + timeout
+        waited = 0.0
         while True:
             result = self.result(command_id)
-            if result.outcome is not Outcome.PENDING or time.monotonic() > deadline:
+            if result.outcome is not Outcome.PENDING or waited >= timeout:
                 return result
             self._sleep(poll)
+            waited += poll
 
     def result(self, command_id: str) -> ApplyResult:
         try:

@@ -31,6 +31,7 @@ class AuditRecord(BaseModel):
     cluster_name: str
     cluster_arn: str | None
     partition: str
+    reason: Literal["plan-change", "drift-repair"]
     kind: Literal["tree", "block", "flat"]
     topology: str | None
     before_sha256: str | None
@@ -71,8 +72,8 @@ def _partitions(plan_document: dict[str, Any] | None) -> dict[str, dict[str, Any
     return {p["name"]: p for p in plan_document["partitions"]}
 
 
-def _audit_id(cluster: str, partition: str, plan_sha256: str, outcome: Outcome) -> str:
-    key = json.dumps([cluster, partition, plan_sha256, outcome.value])
+def _audit_id(cluster: str, partition: str, plan_sha256: str, outcome: Outcome, reference: str) -> str:
+    key = json.dumps([cluster, partition, plan_sha256, outcome.value, reference])
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -86,25 +87,28 @@ def build_records(
     error: str | None,
     completed_at: datetime,
 ) -> list[AuditRecord]:
-    """One record per partition whose rendered content differs between the previous and desired plan."""
+    """One record per partition whose rendered content differs between the previous and desired plan,
+    and per partition rewritten to repair live drift (its live content was not the plan's)."""
     before = _partitions(previous)
     records = []
     for name, partition in sorted(_partitions(desired).items()):
         old = before.get(name)
-        if old is not None and old["sha256"] == partition["sha256"]:
+        unchanged = old is not None and old["sha256"] == partition["sha256"]
+        if unchanged and name not in delivery.repair:
             continue
         old_nodes = set(old["nodes"]) if old else set()
         new_nodes = set(partition["nodes"])
         added, removed = sorted(new_nodes - old_nodes), sorted(old_nodes - new_nodes)
         records.append(
             AuditRecord(
-                audit_id=_audit_id(cluster_name, name, desired["sha256"], outcome),
+                audit_id=_audit_id(cluster_name, name, desired["sha256"], outcome, delivery.handle.reference),
                 cluster_name=cluster_name,
                 cluster_arn=desired["cluster"]["arn"],
                 partition=name,
+                reason="drift-repair" if unchanged else "plan-change",
                 kind=partition["kind"],
                 topology=partition["assignment"],
-                before_sha256=old["sha256"] if old else None,
+                before_sha256=old["sha256"] if old and not unchanged else None,
                 after_sha256=partition["sha256"],
                 plan_sha256=desired["sha256"],
                 previous_plan_sha256=previous["sha256"] if previous else None,

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from topokeeper.config import ClusterConfig, Mode, Settings
 from topokeeper.ports import ApplyResult, Clock, DeliveryChannel, FactsSource, Metric, Metrics, Outcome
+from topokeeper.render.bundle import Bundle
 from topokeeper.service.reconcile import missing_topology, plan_cluster
 from topokeeper.service.state import PlanStore, StateStore, WorkQueue, request_reconcile, save_fields
 
@@ -44,6 +45,25 @@ class DriftReport(BaseModel):
     error: str | None = None
 
 
+def drifted_partitions(result: ApplyResult, bundle: Bundle) -> list[str]:
+    """The partitions a verify found drifted; a file or plugin edit may touch any of them."""
+    by_topology: dict[str, list[str]] = {}
+    for partition, topology in bundle.partitions.items():
+        by_topology.setdefault(topology or "", []).append(partition)
+    found: set[str] = set()
+    for item in result.drift:
+        what, name = item.get("what"), str(item.get("name", ""))
+        if what == "partition" and name in bundle.partitions:
+            found.add(name)
+        elif what == "topology" and name in by_topology:
+            found.update(by_topology[name])
+        elif what == "topology" and bundle.topology_plugin is not None:
+            found.update(bundle.partitions)  # before 25.05 one topology serves every partition
+        elif what in ("file", "plugin"):
+            found.update(p for p, t in bundle.partitions.items() if t is not None or bundle.topology_plugin)
+    return sorted(found)
+
+
 def _live_status(result: ApplyResult) -> Literal["in_sync", "drift", "unknown"]:
     if result.outcome is Outcome.IN_SYNC:
         return "in_sync"
@@ -69,7 +89,8 @@ def check_drift(cluster: ClusterConfig, deps: DriftDeps) -> DriftReport:
             cluster=cluster.name, live="unknown", aws="unknown", drift=None, action="reconcile-requested"
         )
 
-    live_result = deps.channel(cluster).verify(deps.plans.bundle(cluster.name, state.desired_sha256))
+    bundle = deps.plans.bundle(cluster.name, state.desired_sha256)
+    live_result = deps.channel(cluster).verify(bundle)
     live = _live_status(live_result)
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     aws: Literal["current", "changed"] = "current" if rendered.sha256 == state.desired_sha256 else "changed"
@@ -82,7 +103,7 @@ def check_drift(cluster: ClusterConfig, deps: DriftDeps) -> DriftReport:
     action: Literal["none", "reported", "reconcile-requested"] = "none"
     if drift == 1 and cluster.effective_mode is Mode.ENFORCE:
         if live == "drift":
-            update["applied_sha256"] = None  # the head node no longer holds what we applied
+            update["repair_partitions"] = drifted_partitions(live_result, bundle)
         action = "reconcile-requested"
     elif drift == 1:
         action = "reported"

@@ -133,7 +133,7 @@ def reconcile(request: ReconcileRequest, deps: ReconcileDeps) -> ReconcileReport
     action, reference = "unchanged", None
     if cluster.effective_mode is Mode.VERIFY:
         action = "planned-only"
-    elif rendered.sha256 != state.applied_sha256:
+    elif rendered.sha256 != state.applied_sha256 or state.repair_partitions:
         handle = deps.channel(cluster).deliver(rendered.bundle)
         action, reference = "delivered", handle.reference
         update["pending"] = PendingDelivery(
@@ -142,8 +142,10 @@ def reconcile(request: ReconcileRequest, deps: ReconcileDeps) -> ReconcileReport
             triggers=state.triggers,
             trigger_count=max(state.trigger_count, len(state.triggers)),
             previous_plan_sha256=state.applied_sha256,
+            repair=state.repair_partitions,
         )
         update["last_write_at"] = now
+        update["repair_partitions"] = []
     save_fields(deps.state, cluster.name, update)
     deps.state.consume_triggers(cluster.name, state.generation)
 

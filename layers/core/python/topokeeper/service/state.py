@@ -32,6 +32,7 @@ class PendingDelivery(BaseModel):
     triggers: list[Trigger] = Field(default_factory=list)
     trigger_count: int = 0
     previous_plan_sha256: str | None = None
+    repair: list[str] = Field(default_factory=list)  # partitions rewritten because the live topology drifted
 
 
 class ClusterState(BaseModel):
@@ -51,6 +52,7 @@ class ClusterState(BaseModel):
     slurm_version: str | None = None  # as the head node reported it
     topology_retries: int = 0
     drift: int | None = None
+    repair_partitions: list[str] = Field(default_factory=list)  # live drift to repair on the next write
     last_verify: ApplyResult | None = None
     last_verify_at: datetime | None = None
     version: int = 0  # optimistic concurrency

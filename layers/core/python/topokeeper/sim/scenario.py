@@ -130,6 +130,7 @@ class Scenario(_Strict):
     timing: Timing = Timing()
     debounce_seconds: int = Field(10, ge=0)
     min_write_interval_seconds: int = Field(60, ge=0)
+    drift_alarm_periods: int = Field(2, ge=1)
 
     @model_validator(mode="after")
     def _groups_exist(self) -> Scenario:

@@ -207,7 +207,7 @@ class SlurmController:
         partitions: Mapping[str, tuple[Iterable[str], str | None]],
         extra: Iterable[str] = (),
     ) -> None:
-        """Write slurm.conf: CLOUD nodes, one line per partition (with its Topology= if given), plus ``dev``."""
+        """A fresh config directory and slurm.conf (see ``write_slurm_conf``)."""
         base = self.root / self.inner_dir.lstrip("/")
         if base.exists():
             shutil.rmtree(base)
@@ -216,6 +216,15 @@ class SlurmController:
         key = self.etc / "slurm.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
+        self.write_slurm_conf(nodes, partitions, extra)
+
+    def write_slurm_conf(
+        self,
+        nodes: Iterable[str],
+        partitions: Mapping[str, tuple[Iterable[str], str | None]],
+        extra: Iterable[str] = (),
+    ) -> None:
+        """CLOUD nodes, one line per partition (with its Topology= if given), plus ``dev`` with all nodes."""
         node_list = sorted(set(nodes))
         lines = [
             "ClusterName=topotest",

@@ -1,0 +1,158 @@
+"""The simulated cluster's Slurm head node: a real slurmctld in a Debian chroot.
+
+It plays two parts. It is where topokeeper's applier runs (through the SSM script or the agent),
+and it is HyperPod's side of the head node: when instances join or leave, ``sync_nodes`` rewrites the
+node and partition lines of slurm.conf (keeping the ``Topology=`` and ``TopologyPlugin`` values the
+applier set) and reconfigures, as HyperPod's own provisioning does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from topokeeper.applier.applier import partition_topologies
+from topokeeper.domain.hostlist import compress, expand
+from topokeeper.domain.models import SlurmFormat
+from topokeeper.render.bundle import Bundle
+from topokeeper.sim.slurm_chroot import SUITE_FOR_FORMAT, SlurmController, ensure_chroot, proc_mounted
+
+APPLIER_SOURCE = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
+AGENT_SOURCE = Path(__file__).resolve().parents[1] / "agent" / "agent.py"
+_PLUGIN_LINE = re.compile(r"^TopologyPlugin=\S+$", re.MULTILINE)
+
+
+class ChrootHeadNode:
+    def __init__(self, slurm_format: SlurmFormat, name: str) -> None:
+        self.root = ensure_chroot(SUITE_FOR_FORMAT[slurm_format.value])
+        self.controller = SlurmController(root=self.root, name=name)
+        self.partitions: dict[str, list[str]] = {}
+        self._mounts = contextlib.ExitStack()
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.controller.etc / "slurm.conf"
+
+    def start(self, partitions: Mapping[str, Iterable[str]]) -> None:
+        self.partitions = {name: sorted(nodes) for name, nodes in partitions.items()}
+        nodes = [node for members in self.partitions.values() for node in members]
+        self._mounts.enter_context(proc_mounted(self.root))
+        self.controller.prepare(nodes, {name: (members, None) for name, members in self.partitions.items()})
+        self.controller.start()
+
+    def stop(self) -> None:
+        try:
+            self.controller.stop()
+        finally:
+            self._mounts.close()
+
+    def sync_nodes(self, partitions: Mapping[str, Iterable[str]]) -> None:
+        """HyperPod's part: membership changed, so slurm.conf's node lines change; topology keys stay."""
+        wanted = {name: sorted(nodes) for name, nodes in partitions.items()}
+        if wanted == self.partitions:
+            return
+        self.partitions = wanted
+        current = self.slurm_conf.read_text()
+        topologies = partition_topologies(
+            "\n".join(line for line in current.splitlines() if line.startswith("PartitionName="))
+        )
+        extra = _PLUGIN_LINE.findall(current)
+        nodes = [node for members in wanted.values() for node in members]
+        self.controller.write_slurm_conf(
+            nodes, {name: (members, topologies.get(name)) for name, members in wanted.items()}, extra
+        )
+        self.controller.run("scontrol", "reconfigure", check=True)
+
+    def run_script(self, commands: list[str], timeout: float = 600) -> tuple[int, str, str]:
+        """Run an SSM RunShellScript command list as the SSM agent would: ``sh`` on the head node, as root."""
+        script = "\n".join(commands) + "\n"
+        result = subprocess.run(
+            self.controller.command("sh", "-s"),
+            input=script,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return result.returncode, result.stdout, result.stderr
+
+    def install_agent(self, config: Mapping[str, object]) -> str:
+        """Copy agent.py and applier.py to /opt/topokeeper and write the agent's config; returns its path."""
+        opt = self.root / "opt" / "topokeeper"
+        opt.mkdir(parents=True, exist_ok=True)
+        (opt / "agent.py").write_text(AGENT_SOURCE.read_text())
+        (opt / "applier.py").write_text(APPLIER_SOURCE.read_text())
+        state = f"/var/lib/topokeeper/{self.controller.name}"
+        document = {**config, "applier": "/opt/topokeeper/applier.py", "state_dir": state}
+        path = opt / f"agent-{self.controller.name}.json"
+        path.write_text(json.dumps(document, indent=2))
+        return f"/opt/topokeeper/{path.name}"
+
+    def run_agent_once(self, config_path: str, environment: Mapping[str, str]) -> tuple[int, str]:
+        """One agent cycle, with the head node's own python3, as the systemd timer runs it."""
+        variables = [f"{key}={value}" for key, value in sorted(environment.items())]
+        result = subprocess.run(
+            self.controller.command(
+                *variables, "python3", "/opt/topokeeper/agent.py", "--config", config_path, "--once"
+            ),
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        return result.returncode, result.stderr
+
+    def verify(self, bundle: Bundle) -> dict[str, object]:
+        """The applier's verify against ``bundle``: how the simulator checks convergence (changes nothing)."""
+        inner = f"{self.controller.inner_dir}/probe-bundle.json"
+        (self.root / inner.lstrip("/")).write_text(json.dumps(bundle.document()))
+        applier = f"{self.controller.inner_dir}/applier.py"
+        (self.root / applier.lstrip("/")).write_text(APPLIER_SOURCE.read_text())
+        result = self.controller.run("python3", applier, "verify", inner, timeout=300)
+        document: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
+        return document
+
+    def tamper(self) -> str:
+        """A hand edit of the live topology: move one node to another leaf or block, then reconfigure."""
+        for name in ("topology.yaml", "topology.conf"):
+            path = self.controller.etc / name
+            if path.exists():
+                text = path.read_text()
+                edited = _move_one_node(text)
+                path.write_text(edited)
+                self.controller.run("scontrol", "reconfigure", check=True)
+                return name
+        raise RuntimeError("no topology file on the head node to tamper with")
+
+    def live_topology(self) -> dict[str, str]:
+        """Partition -> ``scontrol show topology`` of its topology (the cluster-wide one before 25.05)."""
+        assignments = self.controller.partition_topologies()
+        live: dict[str, str] = {}
+        for partition in sorted(self.partitions):
+            name = assignments.get(partition)
+            live[partition] = self.controller.show_topology(name) if name else self.controller.show_topology()
+        return live
+
+
+_NODE_LIST = re.compile(r"(nodes: |Nodes=)(\S+)")
+
+
+def _move_one_node(text: str) -> str:
+    """Take the last node off the first node list with several entries and add it to the next one."""
+    lines = text.splitlines()
+    lists = [(i, match) for i, line in enumerate(lines) if (match := _NODE_LIST.search(line))]
+    for index, (first, match) in enumerate(lists):
+        names = expand(match.group(2))
+        if len(names) < 2 or len(lists) < 2:
+            continue
+        second, other = lists[(index + 1) % len(lists)]
+        moved = names.pop()
+        lines[first] = lines[first][: match.start(2)] + compress(names) + lines[first][match.end(2) :]
+        grown = [*expand(other.group(2)), moved]
+        lines[second] = lines[second][: other.start(2)] + compress(grown) + lines[second][other.end(2) :]
+        return "\n".join(lines) + "\n"
+    raise RuntimeError("no node list to edit")
