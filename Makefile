@@ -3,8 +3,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Debian packages the tests and the demo need: debootstrap builds the real-Slurm chroots.
-SYSTEM_PACKAGES := debootstrap
+# Debian packages the tests and the demo need: debootstrap builds the real-Slurm chroots, systemd checks the
+# agent's units (systemd-analyze verify).
+SYSTEM_PACKAGES := debootstrap systemd
 
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true

@@ -13,6 +13,8 @@ import yaml
 from pydantic import ValidationError
 
 from topokeeper import operator_commands
+from topokeeper.agent.install import add_agent_commands
+from topokeeper.applier import applier
 from topokeeper.domain.errors import InputError
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
@@ -101,6 +103,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_applier_path(args: argparse.Namespace) -> int:
+    print(Path(applier.__file__).resolve())
+    return EXIT_OK
+
+
 def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot", type=Path, required=True, help="snapshot JSON of AWS responses")
     parser.add_argument("--config", type=Path, help="per-partition overrides (YAML or JSON)")
@@ -120,8 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_inputs(show_parser)
     show_parser.set_defaults(run=_cmd_show)
 
+    path_parser = commands.add_parser("applier-path", help="print the path of the head-node applier, to copy it")
+    path_parser.set_defaults(run=_cmd_applier_path)
     operator_commands.register(commands)
     operator_commands.add_endpoint_option(parser)
+    add_agent_commands(commands)
     return parser
 
 

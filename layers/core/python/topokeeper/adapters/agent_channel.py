@@ -15,17 +15,18 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from topokeeper.agent.agent import DEFAULT_PREFIX, object_key
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.state import StateStore
 
 
 def bundle_key(cluster: str) -> str:
-    return f"clusters/{cluster}/bundle.json"
+    return object_key(DEFAULT_PREFIX, cluster, "enforce")
 
 
 def verify_key(cluster: str) -> str:
-    return f"clusters/{cluster}/verify.json"
+    return object_key(DEFAULT_PREFIX, cluster, "verify")
 
 
 class AgentChannel:

@@ -33,23 +33,30 @@ STDOUT_LIMIT = 24_000  # GetCommandInvocation StandardOutputContent
 _PAYLOAD_END = "TOPOKEEPER_PAYLOAD_END"
 _BOOTSTRAP_END = "TOPOKEEPER_BOOTSTRAP_END"
 
-# Runs on the head node (Python 3.8+): decode, check hashes, then exec the applier.
+# Runs on the head node (Python 3.8+). Inline payloads need only what python3-minimal has (zlib reads
+# gzip); a bundle fetched from S3 needs urllib, which every full python3 has.
 BOOTSTRAP = """\
-import base64, gzip, hashlib, json, os, sys, urllib.request
+import base64, hashlib, json, os, sys, zlib
 work = sys.argv[1]
+def refuse(error):
+    print(json.dumps({"outcome": "refused", "error": error}))
+    sys.exit(2)
 with open(os.path.join(work, "payload"), "rb") as handle:
-    payload = json.loads(gzip.decompress(base64.b64decode(handle.read())))
+    payload = json.loads(zlib.decompress(base64.b64decode(handle.read()), 16 + zlib.MAX_WBITS))
 def checked(text, expected, what):
     if hashlib.sha256(text.encode()).hexdigest() != expected:
-        print(json.dumps({"outcome": "refused", "error": what + " sha256 mismatch"}))
-        sys.exit(2)
+        refuse(what + " sha256 mismatch")
     return text
 mode = payload["mode"]
 if mode not in ("apply", "dry-run", "verify"):
-    sys.exit(2)
+    refuse("unknown mode")
 applier = checked(payload["applier"], payload["applier_sha256"], "applier")
 bundle = payload.get("bundle")
 if bundle is None:
+    try:
+        import urllib.request
+    except ImportError:
+        refuse("the bundle is too large to travel inline and this python3 lacks urllib.request")
     with urllib.request.urlopen(payload["bundle_url"], timeout=60) as response:
         bundle = response.read().decode()
 bundle = checked(bundle, payload["bundle_sha256"], "bundle")

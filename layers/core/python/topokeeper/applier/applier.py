@@ -1,15 +1,84 @@
 #!/usr/bin/env python3
 """topokeeper head-node applier (standard library only, Python 3.8+).
 
-This file is copied to the Slurm head node as is and must not import anything from topokeeper.
+This file is copied to the Slurm head node as is and must not import anything from topokeeper. It
+imports only modules that Debian's python3-minimal ships too (no difflib, shutil or tempfile), so it
+also runs on minimal images.
+
+    python3 applier.py {apply|dry-run|verify} BUNDLE.json|- [--lock-timeout SECONDS]
+
+It honours ``SLURM_CONF``, needs ``scontrol`` on PATH, prints exactly one JSON document on stdout
+(always under 24,000 characters: SSM keeps no more) and exits 0 applied, unchanged, in_sync or
+would_apply; 3 drift; 2 refused; 1 rolled_back or failed. The document always has every key:
+outcome, mode, plan_sha256, before_sha256 and after_sha256 (the live content hash, measured on disk
+before and after), partitions_changed, reconfigured, reconfigure_exit_code, readback ({topology:
+{units, matches, mismatches, mismatches_dropped}}), partition_topologies (live Topology= per
+partition), drift ([{what: file|partition|topology|plugin, name, detail}]), diff (dry-run), slurm_version,
+slurm_format, config_dir, backup_dir, duration_seconds, error, dropped ({field: how many list items or
+characters were cut to stay under the cap}) and applier_version.
+
+Choices the callers can rely on:
+
+* Config files: slurm.conf and the files it ``Include``s from its own directory (a relative path, or
+  an absolute one that resolves there) are read and edited in place, in Slurm's reading order.
+  Include lines that point elsewhere or use ``%c`` are not followed: a bundle partition defined only
+  there is refused as "not in slurm.conf", and the error names those lines. Partition lines that
+  continue with a trailing backslash, and ``Topology=`` on a ``PartitionName=DEFAULT`` line, are
+  refused too rather than guessed at.
+* Live content hash: a topology file missing from disk counts as the empty string. Slurm refuses an
+  empty topology file and so does this applier (in a bundle), so a missing file never looks current.
+* ``unchanged`` (disk already equals the plan) never writes or reconfigures, but still reads back
+  and lists any live difference in ``drift``.
+* One apply at a time: an ``flock`` on ``CONFIG_DIR/.topokeeper.lock``, waited for up to
+  ``--lock-timeout`` seconds. dry-run and verify only read and take no lock.
+* A read-back that differs from the plan after slurmctld accepted the files is reported (outcome
+  failed, with the mismatches) and NOT rolled back: what is on disk is exactly the plan and Slurm
+  loaded it, the previous config would not match the plan either, and undoing it would hide the
+  problem. The previous files stay in ``CONFIG_DIR/.topokeeper-backup/`` for a manual restore.
 """
 
 from __future__ import annotations
 
+import argparse
+import bisect
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
+import math
+import os
 import re
-from typing import Dict, List, Mapping, Optional
+import stat
+import subprocess
+import sys
+import time
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, NoReturn, Optional, Sequence, Set, Tuple
+
+APPLIER_VERSION = "1.0.0"
+BUNDLE_SCHEMA = "topokeeper.bundle/1"
+YAML_FORMAT = "topology.yaml"
+CONF_FORMAT = "topology.conf"
+FIRST_YAML_VERSION = (25, 5)  # topology.yaml and per-partition Topology= appeared in Slurm 25.05
+DEFAULT_SLURM_CONF = "/opt/slurm/etc/slurm.conf"  # HyperPod: /opt/slurm links to the active version
+LOCK_FILE = ".topokeeper.lock"
+BACKUP_DIR = ".topokeeper-backup"
+BACKUPS_KEPT = 5
+DEFAULT_LOCK_TIMEOUT = 60.0
+MAX_STDOUT_CHARS = 24000
+SCONTROL_TIMEOUT = 120.0
+RECONFIGURE_TIMEOUT = 600.0
+MODES = ("apply", "dry-run", "verify")
+EXIT_CODES = {
+    "applied": 0,
+    "unchanged": 0,
+    "in_sync": 0,
+    "would_apply": 0,
+    "drift": 3,
+    "refused": 2,
+    "rolled_back": 1,
+    "failed": 1,
+}
 
 
 def sha256_text(text: str) -> str:
@@ -112,3 +181,1091 @@ def partition_topologies(show_partition_output: str) -> Dict[str, Optional[str]]
             topology = re.search(r"(?:^|\s)Topology=(\S+)", line)
             found[name.group(1)] = topology.group(1) if topology else None
     return found
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors and small helpers
+
+
+class Refused(Exception):
+    """The bundle, or this cluster, rules the plan out. Nothing is written."""
+
+
+class Failed(Exception):
+    """The applier could not finish (scontrol missing or failing, lock busy, I/O error)."""
+
+
+def one_line(text: str) -> str:
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _sample(names: Sequence[str], limit: int = 5) -> str:
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+
+
+def _shown(value: Optional[str]) -> str:
+    return "(none)" if value is None else value
+
+
+def read_text(path: str) -> str:
+    """A file's text with every byte kept: undecodable bytes survive a read-edit-write round trip."""
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as handle:
+        return handle.read()
+
+
+def _hashable(text: str) -> str:
+    """Disk text fit to hash or print: undecodable bytes become U+FFFD (such a file never equals a bundle's)."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------------------------------
+# The bundle
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
+_PLUGIN = re.compile(r"topology/[a-z0-9_]{1,32}\Z")
+_BUNDLE_KEYS = frozenset(
+    [
+        "schema",
+        "cluster_name",
+        "plan_sha256",
+        "slurm_format",
+        "topology_plugin",
+        "files",
+        "partitions",
+        "nodes",
+        "topologies",
+    ]
+)
+
+
+class ExpectedUnit(NamedTuple):
+    """What ``scontrol show topology`` must list for one switch or block."""
+
+    kind: str  # "switch" or "block"
+    nodes: List[str]
+    switches: List[str]
+
+
+class Bundle(NamedTuple):
+    plan_sha256: str
+    slurm_format: str
+    topology_plugin: Optional[str]
+    files: Dict[str, str]
+    partitions: Dict[str, Optional[str]]  # partition -> Topology= value; None removes the key
+    nodes: List[str]
+    topologies: Dict[str, Dict[str, ExpectedUnit]]
+
+
+def _no_duplicate_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    document: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in document:
+            raise ValueError("duplicate key %r" % key)
+        document[key] = value
+    return document
+
+
+def _object(value: Any, where: str) -> Dict[str, Any]:
+    if not isinstance(value, dict):
+        raise Refused("%s: expected an object" % where)
+    return value
+
+
+def _safe_name(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _SAFE_NAME.match(value):
+        raise Refused("%s: not a safe Slurm name (letters, digits, '.', '_', '-'): %r" % (where, str(value)[:80]))
+    return value
+
+
+def _safe_names(value: Any, where: str) -> List[str]:
+    if not isinstance(value, list):
+        raise Refused("%s: expected a list of names" % where)
+    return [_safe_name(item, where) for item in value]
+
+
+def _text_sha256(text: str, where: str) -> str:
+    try:
+        return sha256_text(text)
+    except UnicodeEncodeError:
+        raise Refused("%s: not valid Unicode text" % where) from None
+
+
+def parse_bundle(text: str) -> Bundle:
+    """Check everything the applier would otherwise have to trust: schema, hashes, names."""
+    try:
+        document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except ValueError as error:
+        raise Refused("bundle is not valid JSON (truncated?): %s" % error) from None
+    document = _object(document, "bundle")
+    if document.get("schema") != BUNDLE_SCHEMA:
+        raise Refused("bundle.schema: expected %s, got %r" % (BUNDLE_SCHEMA, str(document.get("schema"))[:80]))
+    missing, unknown = sorted(_BUNDLE_KEYS - set(document)), sorted(set(document) - _BUNDLE_KEYS)
+    if missing or unknown:
+        raise Refused("bundle: missing keys %s, unknown keys %s" % (missing, [key[:40] for key in unknown[:5]]))
+
+    slurm_format = document["slurm_format"]
+    if slurm_format not in (YAML_FORMAT, CONF_FORMAT):
+        raise Refused("bundle.slurm_format: expected %s or %s" % (YAML_FORMAT, CONF_FORMAT))
+    plugin = document["topology_plugin"]
+    if slurm_format == YAML_FORMAT and plugin is not None:
+        raise Refused("bundle.topology_plugin: must be null for topology.yaml (Slurm ignores it there)")
+    if slurm_format == CONF_FORMAT and not (isinstance(plugin, str) and _PLUGIN.match(plugin)):
+        raise Refused("bundle.topology_plugin: expected topology/<name> for topology.conf, got %r" % str(plugin)[:80])
+
+    files = _object(document["files"], "bundle.files")
+    if sorted(files) != [slurm_format]:
+        raise Refused("bundle.files: expected exactly one file, %s" % slurm_format)
+    contents: Dict[str, str] = {}
+    for name, raw_file in files.items():
+        where = "bundle.files.%s" % name
+        entry = _object(raw_file, where)
+        content, digest = entry.get("content"), entry.get("sha256")
+        if sorted(entry) != ["content", "sha256"] or not isinstance(content, str) or not isinstance(digest, str):
+            raise Refused("%s: expected {content, sha256} strings" % where)
+        if not content:
+            raise Refused("%s: empty (Slurm refuses an empty topology file)" % where)
+        if _text_sha256(content, where) != digest:
+            raise Refused("%s: content does not match its sha256 (tampered or truncated)" % where)
+        contents[name] = content
+
+    partitions: Dict[str, Optional[str]] = {}
+    for name, value in _object(document["partitions"], "bundle.partitions").items():
+        where = "bundle.partitions.%s" % _safe_name(name, "bundle.partitions")
+        if value is not None and slurm_format == CONF_FORMAT:
+            raise Refused("%s: Topology= on a partition line is fatal before Slurm 25.05" % where)
+        partitions[name] = None if value is None else _safe_name(value, where)
+
+    topologies: Dict[str, Dict[str, ExpectedUnit]] = {}
+    for name, units in _object(document["topologies"], "bundle.topologies").items():
+        where = "bundle.topologies.%s" % _safe_name(name, "bundle.topologies")
+        topologies[name] = {}
+        for unit_name, raw_unit in _object(units, where).items():
+            unit_where = "%s.%s" % (where, _safe_name(unit_name, where))
+            unit = _object(raw_unit, unit_where)
+            if unit.get("kind") not in ("switch", "block") or not set(unit) <= {"kind", "nodes", "switches"}:
+                raise Refused("%s: expected {kind: switch|block, nodes, switches}" % unit_where)
+            topologies[name][unit_name] = ExpectedUnit(
+                unit["kind"],
+                _safe_names(unit.get("nodes", []), unit_where + ".nodes"),
+                _safe_names(unit.get("switches", []), unit_where + ".switches"),
+            )
+
+    plan_sha256 = document["plan_sha256"]
+    if not isinstance(plan_sha256, str) or not _SHA256_HEX.match(plan_sha256):
+        raise Refused("bundle.plan_sha256: expected 64 lowercase hex digits")
+    if content_sha256(slurm_format, plugin, contents, partitions) != plan_sha256:
+        raise Refused("bundle.plan_sha256: does not match the bundle's files, partitions and plugin (tampered?)")
+    if not isinstance(document["cluster_name"], str):
+        raise Refused("bundle.cluster_name: expected a string")
+    return Bundle(
+        plan_sha256=plan_sha256,
+        slurm_format=slurm_format,
+        topology_plugin=plugin,
+        files=contents,
+        partitions=partitions,
+        nodes=_safe_names(document["nodes"], "bundle.nodes"),
+        topologies=topologies,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# slurm.conf: read and edit one key, keeping every other byte
+
+
+_KEY_VALUE = re.compile(r'([A-Za-z][A-Za-z0-9_]*)=("[^"]*"|\S*)')
+_INCLUDE = re.compile(r"\s*include\s+(\S+)", re.IGNORECASE)
+_MAX_INCLUDE_DEPTH = 8
+
+
+class Entry(NamedTuple):
+    """One ``Key=value`` on a line; ``start``/``end`` span the whole token."""
+
+    key: str
+    value: str
+    start: int
+    end: int
+
+
+def strip_comment(line: str) -> str:
+    """What Slurm parses of a line: up to a ``#`` that is not escaped by an odd number of backslashes."""
+    backslashes = 0
+    for index, char in enumerate(line):
+        if char == "#" and backslashes % 2 == 0:
+            return line[:index]
+        backslashes = backslashes + 1 if char == "\\" else 0
+    return line
+
+
+def line_entries(line: str) -> List[Entry]:
+    content = strip_comment(line)
+    entries: List[Entry] = []
+    for match in _KEY_VALUE.finditer(content):
+        if match.start() > 0 and not content[match.start() - 1].isspace():
+            continue
+        value = match.group(2)
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        entries.append(Entry(match.group(1), value, match.start(), match.end()))
+    return entries
+
+
+def _continues(line: str) -> bool:
+    content = strip_comment(line).rstrip("\r")
+    return (len(content) - len(content.rstrip("\\"))) % 2 == 1
+
+
+def _remove_entry(line: str, entry: Entry) -> str:
+    start, end = entry.start, entry.end
+    while start > 0 and line[start - 1] in " \t":
+        start -= 1
+    if start == 0:  # nothing before it: drop the separator after it instead
+        while end < len(line) and line[end] in " \t":
+            end += 1
+    return line[:start] + line[end:]
+
+
+def set_key(line: str, key: str, value: Optional[str]) -> str:
+    """Set ``key=value`` on one slurm.conf line, or remove the key when ``value`` is None.
+
+    Slurm keys are case-insensitive, so an existing key keeps its own spelling. A new key goes after
+    the last ``key=value``, before trailing spaces or a comment. Every other byte is kept.
+    """
+    matching = [entry for entry in line_entries(line) if entry.key.lower() == key.lower()]
+    keep = matching[:1] if value is not None else []
+    for entry in reversed(matching[len(keep) :]):
+        line = _remove_entry(line, entry)
+    if keep:
+        first = keep[0]
+        return line[: first.start] + "%s=%s" % (first.key, value) + line[first.end :]
+    if value is None:
+        return line
+    entries = line_entries(line)
+    end = entries[-1].end if entries else len(strip_comment(line).rstrip())
+    return line[:end] + " %s=%s" % (key, value) + line[end:]
+
+
+class ConfLine(NamedTuple):
+    path: str
+    number: int  # physical line number (0-based) in that file
+    entries: List[Entry]
+    continues: bool  # ends with a backslash: Slurm joins the next line to it
+
+
+class SlurmConf:
+    """slurm.conf and the files it Includes from its own directory, in Slurm's reading order."""
+
+    def __init__(self, path: str) -> None:
+        self.directory = os.path.dirname(os.path.abspath(path))
+        self._real_directory = os.path.realpath(self.directory)
+        self.main = os.path.realpath(path)
+        self.texts: Dict[str, str] = {}
+        self.lines: List[ConfLine] = []
+        self.not_followed: List[str] = []
+        self._read(self.main, 0)
+
+    def _read(self, path: str, depth: int) -> None:
+        try:
+            text = read_text(path)
+        except OSError as error:
+            raise Failed("cannot read %s: %s" % (path, error.strerror)) from None
+        self.texts[path] = text
+        continued = False
+        for index, line in enumerate(text.split("\n")):
+            starts = not continued
+            continued = _continues(line)
+            if not starts:
+                continue
+            include = _INCLUDE.match(strip_comment(line))
+            if include:
+                self._include(include.group(1), depth)
+            else:
+                self.lines.append(ConfLine(path, index, line_entries(line), continued))
+
+    def _include(self, target: str, depth: int) -> None:
+        # Slurm resolves a relative Include against slurm.conf's directory; %c is the cluster name.
+        path = os.path.realpath(os.path.join(self.directory, target))
+        followed = (
+            "%" not in target
+            and os.path.dirname(path) == self._real_directory
+            and os.path.isfile(path)
+            and path not in self.texts
+            and depth < _MAX_INCLUDE_DEPTH
+        )
+        if followed:
+            self._read(path, depth + 1)
+        else:
+            self.not_followed.append(target)
+
+    def _lines_starting_with(self, key: str) -> List[ConfLine]:
+        return [line for line in self.lines if line.entries and line.entries[0].key.lower() == key.lower()]
+
+    def last_value(self, key: str) -> Optional[str]:
+        """A global key's value: the last line that sets it wins, as in Slurm."""
+        lines = self._lines_starting_with(key)
+        return lines[-1].entries[0].value if lines else None
+
+    def partition_lines(self, name: str) -> List[ConfLine]:
+        return [line for line in self._lines_starting_with("PartitionName") if line.entries[0].value == name]
+
+    def partition_names(self) -> Set[str]:
+        names = {line.entries[0].value for line in self._lines_starting_with("PartitionName")}
+        return {name for name in names if name.upper() != "DEFAULT"}
+
+    def partition_topology(self, name: str) -> Optional[str]:
+        lines = self.partition_lines(name)
+        values = [entry.value for entry in lines[-1].entries if entry.key.lower() == "topology"] if lines else []
+        return values[-1] if values else None
+
+    def edited_texts(self, partitions: Mapping[str, Optional[str]], plugin: Optional[str]) -> Dict[str, str]:
+        """The config files that change when each partition gets its Topology= (and the plugin is set)."""
+        for line in self._lines_starting_with("PartitionName"):
+            if line.entries[0].value.upper() == "DEFAULT" and any(e.key.lower() == "topology" for e in line.entries):
+                raise Refused(
+                    "%s line %d sets Topology= for every partition (PartitionName=DEFAULT); topokeeper sets it"
+                    " per partition and cannot remove an inherited one" % (line.path, line.number + 1)
+                )
+        physical = {path: text.split("\n") for path, text in self.texts.items()}
+        for name, value in sorted(partitions.items()):
+            for line in self.partition_lines(name):
+                if line.continues:
+                    raise Refused(
+                        "%s line %d: partition %s continues on the next line (trailing backslash);"
+                        " topokeeper does not edit continued lines" % (line.path, line.number + 1, name)
+                    )
+                physical[line.path][line.number] = set_key(physical[line.path][line.number], "Topology", value)
+        if plugin is not None:
+            plugin_lines = self._lines_starting_with("TopologyPlugin")
+            for line in plugin_lines:
+                physical[line.path][line.number] = set_key(physical[line.path][line.number], "TopologyPlugin", plugin)
+            if not plugin_lines:
+                main = physical[self.main]
+                if main[-1]:  # no newline at the end yet
+                    main.append("")
+                main[-1:] = ["TopologyPlugin=%s" % plugin, ""]
+        edited = {path: "\n".join(lines) for path, lines in physical.items()}
+        return {path: text for path, text in edited.items() if text != self.texts[path]}
+
+
+# --------------------------------------------------------------------------------------------------
+# What is on disk, and what would change
+
+
+class DiskState(NamedTuple):
+    files: Dict[str, Optional[str]]  # None: the file does not exist
+    partitions: Dict[str, Optional[str]]  # Topology= on each bundle partition's line
+    plugin: Optional[str]  # TopologyPlugin= in slurm.conf
+
+
+def _topology_path(conf: SlurmConf, name: str) -> str:
+    # Write through a symlinked file, never replace the link itself.
+    return os.path.realpath(os.path.join(conf.directory, name))
+
+
+def read_disk_state(conf: SlurmConf, bundle: Bundle) -> DiskState:
+    files: Dict[str, Optional[str]] = {}
+    for name in bundle.files:
+        path = _topology_path(conf, name)
+        try:
+            files[name] = read_text(path)
+        except FileNotFoundError:
+            files[name] = None
+        except OSError as error:
+            raise Failed("cannot read %s: %s" % (path, error.strerror)) from None
+    return DiskState(
+        files=files,
+        partitions={name: conf.partition_topology(name) for name in bundle.partitions},
+        plugin=conf.last_value("TopologyPlugin"),
+    )
+
+
+def disk_sha256(bundle: Bundle, state: DiskState) -> str:
+    # Slurm >= 25.05 ignores TopologyPlugin once topology.yaml exists, so only topology.conf counts it.
+    plugin = state.plugin if bundle.slurm_format == CONF_FORMAT else bundle.topology_plugin
+    files = {name: _hashable(content or "") for name, content in state.files.items()}
+    return content_sha256(bundle.slurm_format, plugin, files, state.partitions)
+
+
+class Change(NamedTuple):
+    path: str
+    old: Optional[str]  # None: the file did not exist
+    new: str
+    written_like: os.stat_result  # owner and mode for the new file
+    original: Optional[os.stat_result]  # owner and mode to restore
+
+
+def planned_changes(conf: SlurmConf, bundle: Bundle, state: DiskState) -> Tuple[List[Change], List[str]]:
+    """The files to write (topology file first), and the partitions whose Topology= changes."""
+    slurm_conf_stat = os.stat(conf.main)
+    changes: List[Change] = []
+    for name, content in sorted(bundle.files.items()):
+        if state.files[name] != content:
+            path = _topology_path(conf, name)
+            original = os.stat(path) if state.files[name] is not None else None
+            # HyperPod writes topology files slurm:slurm 0600; slurm.conf's owner and mode carry that.
+            changes.append(Change(path, state.files[name], content, slurm_conf_stat, original))
+    plugin = bundle.topology_plugin if bundle.slurm_format == CONF_FORMAT else None
+    for path, text in sorted(conf.edited_texts(bundle.partitions, plugin).items()):
+        own = os.stat(path)
+        changes.append(Change(path, conf.texts[path], text, own, own))
+    changed = sorted(name for name, value in bundle.partitions.items() if state.partitions.get(name) != value)
+    return changes, changed
+
+
+def _lines(text: Optional[str]) -> List[str]:
+    """A file's lines without newlines (a final newline adds no empty line)."""
+    lines = text.split("\n") if text else []
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _longest_increasing(pairs: Sequence[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """The longest subsequence of ``pairs`` (ordered by their second index) whose first index increases."""
+    tails: List[int] = []  # tails[k]: the smallest first index that ends an increasing run of length k + 1
+    tail_at: List[int] = []  # where in pairs that run ends
+    previous: List[int] = []  # per pair: the pair before it in its run, or -1
+    for position, (first, _) in enumerate(pairs):
+        k = bisect.bisect_left(tails, first)
+        if k == len(tails):
+            tails.append(first)
+            tail_at.append(position)
+        else:
+            tails[k], tail_at[k] = first, position
+        previous.append(tail_at[k - 1] if k else -1)
+    run: List[Tuple[int, int]] = []
+    position = tail_at[-1] if tail_at else -1
+    while position >= 0:
+        run.append(pairs[position])
+        position = previous[position]
+    return run[::-1]
+
+
+def line_diff(old: Sequence[str], new: Sequence[str]) -> List[Tuple[str, str]]:
+    """Edits from ``old`` to ``new`` as (" " | "-" | "+", line).
+
+    Lines that occur exactly once in each file anchor the match, as in patience diff (topology files
+    are mostly unique lines: switch names, node lists); between anchors, common leading and trailing
+    lines are kept and the rest is replaced. Written here because python3-minimal has no difflib.
+    """
+    edits: List[Tuple[str, str]] = []
+
+    def gap(old_lo: int, old_hi: int, new_lo: int, new_hi: int) -> None:
+        while old_lo < old_hi and new_lo < new_hi and old[old_lo] == new[new_lo]:
+            edits.append((" ", old[old_lo]))
+            old_lo, new_lo = old_lo + 1, new_lo + 1
+        tail = 0
+        while old_hi - tail > old_lo and new_hi - tail > new_lo and old[old_hi - tail - 1] == new[new_hi - tail - 1]:
+            tail += 1
+        edits.extend(("-", line) for line in old[old_lo : old_hi - tail])
+        edits.extend(("+", line) for line in new[new_lo : new_hi - tail])
+        edits.extend((" ", line) for line in old[old_hi - tail : old_hi])
+
+    old_count: Dict[str, int] = {}
+    old_at: Dict[str, int] = {}
+    for index, line in enumerate(old):
+        old_count[line], old_at[line] = old_count.get(line, 0) + 1, index
+    new_count: Dict[str, int] = {}
+    for line in new:
+        new_count[line] = new_count.get(line, 0) + 1
+    anchors = [(old_at[line], j) for j, line in enumerate(new) if new_count[line] == 1 and old_count.get(line) == 1]
+    old_pos = new_pos = 0
+    for i, j in _longest_increasing(anchors):
+        gap(old_pos, i, new_pos, j)
+        edits.append((" ", old[i]))
+        old_pos, new_pos = i + 1, j + 1
+    gap(old_pos, len(old), new_pos, len(new))
+    return edits
+
+
+def _hunk_range(start: int, length: int) -> str:
+    return "%d,%d" % (start + 1 if length else start, length)
+
+
+def unified_diff(old: Optional[str], new: str, path: str, context: int = 3) -> str:
+    """A unified diff of one file (``old`` None: the file does not exist yet)."""
+    edits = line_diff(_lines(old), _lines(new))
+    old_before: List[int] = []  # lines of old and new before each edit, for the hunk headers
+    new_before: List[int] = []
+    old_seen = new_seen = 0
+    groups: List[List[int]] = []  # [first, last] changed edit of each hunk
+    for index, (op, _) in enumerate(edits):
+        old_before.append(old_seen)
+        new_before.append(new_seen)
+        old_seen += op != "+"
+        new_seen += op != "-"
+        if op != " ":
+            if groups and index - groups[-1][1] <= 2 * context:
+                groups[-1][1] = index
+            else:
+                groups.append([index, index])
+    if not groups:
+        return ""
+    out = ["--- %s\n" % ("/dev/null" if old is None else path), "+++ %s\n" % path]
+    for first, last in groups:
+        low, high = max(first - context, 0), min(last + context + 1, len(edits))
+        hunk = edits[low:high]
+        old_length = sum(op != "+" for op, _ in hunk)
+        new_length = sum(op != "-" for op, _ in hunk)
+        out.append(
+            "@@ -%s +%s @@\n" % (_hunk_range(old_before[low], old_length), _hunk_range(new_before[low], new_length))
+        )
+        out.extend(op + _hashable(line) + "\n" for op, line in hunk)
+    return "".join(out)
+
+
+def disk_drift(conf: SlurmConf, bundle: Bundle, state: DiskState) -> List[Dict[str, str]]:
+    drift: List[Dict[str, str]] = []
+    for name, content in sorted(bundle.files.items()):
+        on_disk = state.files[name]
+        if on_disk is None:
+            drift.append({"what": "file", "name": name, "detail": "missing from %s" % conf.directory})
+        elif on_disk != content:
+            edits = [op for op, _ in line_diff(_lines(content), _lines(on_disk)) if op != " "]
+            detail = "differs from the plan: -%d +%d lines" % (edits.count("-"), edits.count("+"))
+            drift.append({"what": "file", "name": name, "detail": detail})
+    known = conf.partition_names()
+    for name, value in sorted(bundle.partitions.items()):
+        if name not in known:
+            drift.append({"what": "partition", "name": name, "detail": "not in slurm.conf"})
+        elif state.partitions[name] != value:
+            detail = "slurm.conf has Topology=%s, the plan %s" % (_shown(state.partitions[name]), _shown(value))
+            drift.append({"what": "partition", "name": name, "detail": detail})
+    if bundle.slurm_format == CONF_FORMAT and state.plugin != bundle.topology_plugin:
+        detail = "slurm.conf has %s, the plan %s" % (_shown(state.plugin), _shown(bundle.topology_plugin))
+        drift.append({"what": "plugin", "name": "TopologyPlugin", "detail": detail})
+    return drift
+
+
+# --------------------------------------------------------------------------------------------------
+# Atomic writes, backups, the lock
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, text: str, like: os.stat_result) -> None:
+    """Temp file in the same directory, fsync, owner and mode of ``like``, rename over ``path``."""
+    directory = os.path.dirname(path)
+    temporary = os.path.join(directory, ".%s.%s.tmp" % (os.path.basename(path), os.urandom(6).hex()))
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        current = os.stat(temporary)
+        if (current.st_uid, current.st_gid) != (like.st_uid, like.st_gid):
+            os.chown(temporary, like.st_uid, like.st_gid)
+        os.chmod(temporary, stat.S_IMODE(like.st_mode))
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(directory)
+
+
+def restore(changes: Sequence[Change]) -> None:
+    for change in reversed(changes):
+        if change.old is None or change.original is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(change.path)
+            _fsync_directory(os.path.dirname(change.path))
+        else:
+            write_atomic(change.path, change.old, change.original)
+
+
+def _write_private(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="") as handle:
+        handle.write(text)
+
+
+def write_backup(directory: str, changes: Sequence[Change]) -> str:
+    """Copy the files about to change into ``.topokeeper-backup/<UTC time>-<random>/``; keep the newest few."""
+    root = os.path.join(directory, BACKUP_DIR)
+    if not os.path.isdir(root):
+        os.mkdir(root, 0o700)
+    target = os.path.join(root, time.strftime("%Y%m%dT%H%M%SZ-", time.gmtime()) + os.urandom(4).hex())
+    os.mkdir(target, 0o700)
+    manifest = []
+    for change in changes:
+        entry: Dict[str, Any] = {"path": change.path, "existed": change.old is not None}
+        if change.old is not None:
+            entry["copy"] = os.path.basename(change.path)
+            _write_private(os.path.join(target, entry["copy"]), change.old)
+        manifest.append(entry)
+    _write_private(
+        os.path.join(target, "manifest.json"),
+        json.dumps({"applier_version": APPLIER_VERSION, "files": manifest}, indent=2) + "\n",
+    )
+    backups = sorted(name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name)))
+    for old in backups[:-BACKUPS_KEPT]:
+        old_dir = os.path.join(root, old)
+        for name in os.listdir(old_dir):  # a backup holds files only
+            os.unlink(os.path.join(old_dir, name))
+        os.rmdir(old_dir)
+    return target
+
+
+@contextlib.contextmanager
+def exclusive_lock(directory: str, timeout: float) -> Iterator[None]:
+    path = os.path.join(directory, LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as error:
+                if error.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise Failed(
+                        "lock busy: another apply holds %s (waited %.1f s, see --lock-timeout)" % (path, timeout)
+                    ) from None
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# --------------------------------------------------------------------------------------------------
+# scontrol
+
+
+class Scontrol:
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.env = dict(environ)
+
+    def run(self, *args: str, timeout: float = SCONTROL_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                ["scontrol", *args],
+                capture_output=True,
+                encoding="utf-8",
+                errors="replace",
+                timeout=timeout,
+                env=self.env,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise Failed("scontrol is not on PATH") from None
+        except subprocess.TimeoutExpired:
+            raise Failed("scontrol %s did not finish within %.0f s" % (" ".join(args), timeout)) from None
+
+    def output(self, *args: str) -> str:
+        result = self.run(*args)
+        if result.returncode != 0:
+            message = one_line(result.stderr or result.stdout) or "no output"
+            raise Failed("scontrol %s exited %d: %s" % (" ".join(args), result.returncode, message))
+        return result.stdout
+
+
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_slurm_version(text: str) -> Tuple[int, int, int]:
+    """``slurm 26.05.5`` or ``slurm-wlm 24.11.5`` -> (26, 5, 5)."""
+    match = _VERSION.search(text)
+    if not match:
+        raise Failed("cannot read a Slurm version from %r" % one_line(text)[:80])
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def format_for_version(version: Tuple[int, int, int]) -> str:
+    return YAML_FORMAT if version[:2] >= FIRST_YAML_VERSION else CONF_FORMAT
+
+
+def find_slurm_conf(environ: Mapping[str, str], scontrol: Scontrol) -> str:
+    configured = environ.get("SLURM_CONF")
+    if configured:
+        return configured
+    if os.path.isfile(DEFAULT_SLURM_CONF):
+        return DEFAULT_SLURM_CONF
+    match = re.search(r"^SLURM_CONF\s*=\s*(\S+)", scontrol.output("show", "config"), re.MULTILINE)
+    if not match:
+        raise Failed(
+            "cannot find slurm.conf: SLURM_CONF is unset, %s is missing, and scontrol does not say"
+            % (DEFAULT_SLURM_CONF)
+        )
+    return match.group(1)
+
+
+def live_nodes(scontrol: Scontrol) -> Set[str]:
+    # --future also lists FUTURE nodes, which slurmctld knows too.
+    output = scontrol.output("-o", "--future", "show", "nodes")
+    return set(re.findall(r"(?:^|\s)NodeName=(\S+)", output, re.MULTILINE))
+
+
+def live_partitions(scontrol: Scontrol) -> Dict[str, Optional[str]]:
+    return partition_topologies(scontrol.output("-a", "-o", "show", "partition"))  # -a: hidden ones too
+
+
+def check_cluster_knows(conf: SlurmConf, bundle: Bundle, scontrol: Scontrol) -> None:
+    unknown_partitions = sorted(set(bundle.partitions) - conf.partition_names())
+    if unknown_partitions:
+        note = (" (Include lines not followed: %s)" % _sample(conf.not_followed)) if conf.not_followed else ""
+        raise Refused("partitions not in slurm.conf: %s%s" % (_sample(unknown_partitions), note))
+    wanted = set(bundle.nodes)
+    for units in bundle.topologies.values():
+        for unit in units.values():
+            wanted.update(unit.nodes)
+    unknown_nodes = sorted(wanted - live_nodes(scontrol))
+    if unknown_nodes:
+        raise Refused("%d node(s) unknown to slurmctld: %s" % (len(unknown_nodes), _sample(unknown_nodes)))
+
+
+def _difference(expected: Sequence[str], live: Sequence[str]) -> str:
+    missing, extra = sorted(set(expected) - set(live)), sorted(set(live) - set(expected))
+    parts = []
+    if missing:
+        parts.append("%d missing (%s)" % (len(missing), _sample(missing)))
+    if extra:
+        parts.append("%d not in the plan (%s)" % (len(extra), _sample(extra)))
+    return ", ".join(parts)
+
+
+def compare_units(expected: Mapping[str, ExpectedUnit], live: Mapping[str, Mapping[str, object]]) -> List[str]:
+    """Differences between the plan and ``scontrol show topology``: leaf switches and blocks by their
+    nodes, upper switches by their child switches (Slurm also lists every node below them)."""
+    problems = ["%s %s: missing" % (expected[name].kind, name) for name in sorted(set(expected) - set(live))]
+    problems += ["%s %s: not in the plan" % (live[name]["kind"], name) for name in sorted(set(live) - set(expected))]
+    for name in sorted(set(expected) & set(live)):
+        want, have = expected[name], live[name]
+        if want.kind != have["kind"]:
+            problems.append("%s: a %s in the plan, a %s live" % (name, want.kind, have["kind"]))
+            continue
+        field = "switches" if want.kind == "switch" and want.switches else "nodes"
+        wanted = want.switches if field == "switches" else want.nodes
+        found = have.get(field)
+        difference = _difference(wanted, [str(item) for item in found] if isinstance(found, list) else [])
+        if difference:
+            problems.append("%s %s: %s %s" % (want.kind, name, field, difference))
+    return problems
+
+
+def read_back(
+    scontrol: Scontrol, bundle: Bundle
+) -> Tuple[Dict[str, Dict[str, Any]], Dict[str, Optional[str]], List[Dict[str, str]]]:
+    """Live topologies and partitions compared with the bundle: (readback, partition_topologies, drift)."""
+    readback: Dict[str, Dict[str, Any]] = {}
+    drift: List[Dict[str, str]] = []
+    for name, expected in sorted(bundle.topologies.items()):
+        # Slurm < 25.05 has one unnamed topology; a name there would be read as a switch name.
+        args = ("show", "topology") if bundle.slurm_format == CONF_FORMAT else ("show", "topology", name)
+        result = scontrol.run(*args)
+        error = one_line(result.stderr)
+        try:
+            live = parse_show_topology(result.stdout)
+        except ValueError as parse_error:
+            live, error = {}, "unreadable output: %s" % parse_error
+        if not live and (error or result.returncode != 0):
+            # `scontrol show topology NAME` exits 0 even when NAME is not available.
+            problems = ["scontrol %s: %s" % (" ".join(args), error or "exit %d" % result.returncode)]
+        else:
+            problems = compare_units(expected, live)
+        readback[name] = {"units": len(live), "matches": not problems, "mismatches": problems}
+        if problems:
+            detail = "%d mismatch(es): %s" % (len(problems), problems[0])
+            drift.append({"what": "topology", "name": name, "detail": detail})
+    partitions = live_partitions(scontrol)
+    for name, value in sorted(bundle.partitions.items()):
+        if name not in partitions:
+            drift.append({"what": "partition", "name": name, "detail": "not known to slurmctld"})
+        elif partitions[name] != value:
+            detail = "slurmctld has Topology=%s, the plan %s" % (_shown(partitions[name]), _shown(value))
+            drift.append({"what": "partition", "name": name, "detail": detail})
+    return readback, partitions, drift
+
+
+def _log_errors_since(log_path: Optional[str], offset: int) -> str:
+    """The error and fatal lines slurmctld logged since ``offset``: why it refused a config."""
+    if not log_path:
+        return ""
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(max(offset, os.path.getsize(log_path) - 256 * 1024))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [re.sub(r"^\[[^\]]*\]\s*", "", line) for line in text.splitlines() if re.search(r"\b(fatal|error)\b", line)]
+    return " | ".join(lines[-4:])
+
+
+def reconfigure(scontrol: Scontrol, log_path: Optional[str]) -> Tuple[int, str]:
+    """Run ``scontrol reconfigure``: (exit code, why it failed)."""
+    try:
+        offset = os.path.getsize(log_path) if log_path else 0
+    except OSError:
+        offset = 0
+    result = scontrol.run("reconfigure", timeout=RECONFIGURE_TIMEOUT)
+    if result.returncode == 0:
+        return 0, ""
+    message = "scontrol reconfigure exited %d: %s" % (result.returncode, one_line(result.stderr + result.stdout))
+    logged = _log_errors_since(log_path, offset)
+    return result.returncode, message + ("; slurmctld log: %s" % logged if logged else "")
+
+
+# --------------------------------------------------------------------------------------------------
+# The three modes
+
+
+def new_result(mode: Optional[str]) -> Dict[str, Any]:
+    return {
+        "outcome": "failed",
+        "mode": mode,
+        "plan_sha256": None,
+        "before_sha256": None,
+        "after_sha256": None,
+        "partitions_changed": [],
+        "reconfigured": False,
+        "reconfigure_exit_code": None,
+        "readback": {},
+        "partition_topologies": {},
+        "drift": [],
+        "diff": None,
+        "slurm_version": None,
+        "slurm_format": None,
+        "config_dir": None,
+        "backup_dir": None,
+        "duration_seconds": 0.0,
+        "error": None,
+        "dropped": {},
+        "applier_version": APPLIER_VERSION,
+    }
+
+
+def _record_readback(result: Dict[str, Any], scontrol: Scontrol, bundle: Bundle) -> List[Dict[str, str]]:
+    result["readback"], result["partition_topologies"], drift = read_back(scontrol, bundle)
+    return drift
+
+
+def dry_run(result: Dict[str, Any], conf: SlurmConf, bundle: Bundle) -> None:
+    state = read_disk_state(conf, bundle)
+    if disk_sha256(bundle, state) == bundle.plan_sha256:
+        result["outcome"], result["diff"] = "unchanged", ""
+        return
+    changes, result["partitions_changed"] = planned_changes(conf, bundle, state)
+    result["outcome"] = "would_apply"
+    result["diff"] = "".join(unified_diff(change.old, change.new, change.path) for change in changes)
+
+
+def verify(result: Dict[str, Any], conf: SlurmConf, bundle: Bundle, scontrol: Scontrol) -> None:
+    drift = disk_drift(conf, bundle, read_disk_state(conf, bundle))
+    drift += _record_readback(result, scontrol, bundle)
+    result["drift"], result["outcome"] = drift, "drift" if drift else "in_sync"
+
+
+def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, scontrol: Scontrol) -> None:
+    conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
+    state = read_disk_state(conf, bundle)
+    result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, state)
+    if result["before_sha256"] == bundle.plan_sha256:
+        result["outcome"] = "unchanged"
+        result["drift"] = _record_readback(result, scontrol, bundle)  # reported, not acted on
+        return
+    changes, result["partitions_changed"] = planned_changes(conf, bundle, state)
+    log_path = conf.last_value("SlurmctldLogFile")
+    result["backup_dir"] = write_backup(conf.directory, changes)
+    written: List[Change] = []
+    try:
+        for change in changes:
+            written.append(change)
+            write_atomic(change.path, change.new, change.written_like)
+        code, message = reconfigure(scontrol, log_path)
+    except Failed as error:
+        restore(written)
+        raise Failed("%s; the previous files are restored" % error) from None
+    except BaseException:
+        restore(written)
+        raise
+    result["reconfigured"], result["reconfigure_exit_code"] = True, code
+    try:
+        if code != 0:
+            # A daemonized slurmctld keeps the old config, but the bad files would break
+            # `scontrol show topology` and the next restart: put the old ones back and reload them.
+            restore(written)
+            again, again_message = reconfigure(scontrol, log_path)
+            result["outcome"] = "failed" if again else "rolled_back"
+            result["error"] = (
+                "slurmctld rejected the new config (%s); the previous files are restored but %s"
+                % (message, again_message)
+                if again
+                else "slurmctld rejected the new config; the previous one is restored and live: %s" % message
+            )
+            return
+        result["drift"] = _record_readback(result, scontrol, bundle)
+        result["outcome"] = "failed" if result["drift"] else "applied"
+        if result["drift"]:
+            result["error"] = (
+                "slurmctld loaded the new config but the read-back differs from the plan (%d differences, see"
+                " drift and readback); not rolled back, the previous files are in %s"
+                % (len(result["drift"]), result["backup_dir"])
+            )
+    finally:  # measured, never assumed: also when the read-back itself fails
+        result["after_sha256"] = disk_sha256(bundle, read_disk_state(SlurmConf(conf_path), bundle))
+
+
+def execute(mode: str, bundle_text: str, lock_timeout: float, environ: Mapping[str, str]) -> Dict[str, Any]:
+    result = new_result(mode)
+    started = time.monotonic()
+    try:
+        bundle = parse_bundle(bundle_text)
+        result["plan_sha256"] = bundle.plan_sha256
+        scontrol = Scontrol(environ)
+        conf_path = find_slurm_conf(environ, scontrol)
+        scontrol.env["SLURM_CONF"] = conf_path  # scontrol reads the very file this edits
+        result["config_dir"] = os.path.dirname(os.path.abspath(conf_path))
+        version = parse_slurm_version(scontrol.output("version"))
+        result["slurm_version"] = "%d.%02d.%d" % version
+        result["slurm_format"] = format_for_version(version)
+        if bundle.slurm_format != result["slurm_format"]:
+            raise Refused(
+                "the bundle is rendered as %s, but Slurm %s reads %s"
+                % (bundle.slurm_format, result["slurm_version"], result["slurm_format"])
+            )
+        conf = SlurmConf(conf_path)
+        result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, read_disk_state(conf, bundle))
+        result["partition_topologies"] = live_partitions(scontrol)
+        if mode == "verify":
+            verify(result, conf, bundle, scontrol)
+        else:
+            check_cluster_knows(conf, bundle, scontrol)
+            if mode == "dry-run":
+                dry_run(result, conf, bundle)
+            else:
+                with exclusive_lock(conf.directory, lock_timeout):
+                    apply(result, conf_path, bundle, scontrol)
+    except Refused as error:
+        result["outcome"], result["error"] = "refused", one_line(str(error))
+    except Failed as error:
+        result["outcome"], result["error"] = "failed", one_line(str(error))
+    except Exception as error:  # stdout must stay one JSON document, never a traceback
+        result["outcome"] = "failed"
+        result["error"] = one_line("internal error: %s: %s" % (type(error).__name__, error))
+    result["duration_seconds"] = round(time.monotonic() - started, 3)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# The one JSON document on stdout, under SSM's cap
+
+
+class Caps(NamedTuple):
+    items: int  # per list (drift, partitions_changed)
+    mismatches: int  # per read-back topology
+    entries: int  # per map (readback, partition_topologies)
+    diff: int  # characters of the diff
+    chars: int  # per text
+
+
+# Tried in order until the document fits. The last one always fits: every field is then bounded.
+_CAPS = (
+    Caps(200, 10, 500, 16000, 1000),
+    Caps(50, 3, 100, 6000, 300),
+    Caps(10, 1, 20, 1500, 160),
+    Caps(0, 0, 0, 0, 120),
+)
+
+
+def _capped(result: Mapping[str, Any], caps: Caps) -> Any:
+    items, mismatches, entries, diff, chars = caps
+
+    def clip(text: Any) -> Any:
+        return text[:chars] + "..." if isinstance(text, str) and len(text) > chars else text
+
+    document = {key: value if key == "diff" else clip(value) for key, value in result.items()}
+    dropped = dict(result["dropped"])
+
+    def keep(key: str, values: List[Any]) -> List[Any]:
+        if len(values) > items:
+            dropped[key] = len(values) - items
+        return values[:items]
+
+    document["drift"] = [{k: clip(v) for k, v in entry.items()} for entry in keep("drift", result["drift"])]
+    document["partitions_changed"] = keep("partitions_changed", result["partitions_changed"])
+    live = result["partition_topologies"]
+    if len(live) > entries:
+        dropped["partition_topologies"] = len(live) - entries
+    document["partition_topologies"] = {name: live[name] for name in sorted(live)[:entries]}
+    readback = result["readback"]
+    names = sorted(readback, key=lambda name: (readback[name]["matches"], name))  # mismatches first
+    if len(names) > entries:
+        dropped["readback"] = len(names) - entries
+    document["readback"] = {}
+    for name in names[:entries]:
+        entry = readback[name]
+        document["readback"][name] = {
+            "units": entry["units"],
+            "matches": entry["matches"],
+            "mismatches": [clip(problem) for problem in entry["mismatches"][:mismatches]],
+            "mismatches_dropped": max(len(entry["mismatches"]) - mismatches, 0),
+        }
+    text = result["diff"]
+    if isinstance(text, str) and len(text) > diff:
+        cut = text.rfind("\n", 0, diff) + 1
+        dropped["diff_chars"] = len(text) - cut
+        document["diff"] = text[:cut]
+    document["dropped"] = dropped
+    return document
+
+
+def render_result(result: Mapping[str, Any]) -> str:
+    text = ""
+    for caps in _CAPS:
+        text = json.dumps(_capped(result, caps), ensure_ascii=True)
+        if len(text) <= MAX_STDOUT_CHARS:
+            break
+    return text
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
+    parser = _Parser(prog="applier.py", description="Apply, dry-run or verify a topokeeper bundle on a head node.")
+    parser.add_argument("mode", choices=MODES)
+    parser.add_argument("bundle", help="bundle.json, or - to read it from stdin")
+    parser.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT, metavar="SECONDS")
+    try:
+        args = parser.parse_args(argv)
+        if not (math.isfinite(args.lock_timeout) and args.lock_timeout >= 0):
+            parser.error("--lock-timeout: expected a number of seconds >= 0")
+    except _UsageError as error:
+        result = new_result(None)
+        result["outcome"], result["error"] = "refused", "usage: %s" % error
+        print(render_result(result))
+        return EXIT_CODES["refused"]
+    try:
+        if args.bundle == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(args.bundle, "rb") as handle:
+                data = handle.read()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        result = new_result(args.mode)
+        result["outcome"], result["error"] = "refused", one_line("cannot read the bundle: %s" % error)
+    else:
+        result = execute(args.mode, text, args.lock_timeout, os.environ if environ is None else environ)
+    print(render_result(result))
+    return EXIT_CODES[result["outcome"]]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,7 +29,9 @@ from topokeeper.domain.hostlist import compress
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 SUITE_FOR_FORMAT = {"topology.yaml": "sid", "topology.conf": "trixie"}
-PACKAGES = ("slurmctld", "slurm-client", "python3-minimal")
+# Full python3, as head nodes have it (the agent needs urllib and hmac; the applier needs only the
+# python3-minimal subset, which its own tests check).
+PACKAGES = ("slurmctld", "slurm-client", "python3")
 READY_MARKER = ".topokeeper-ready"
 
 
@@ -106,7 +108,11 @@ def ensure_chroot(suite: str, cache: Path | None = None) -> Path:
     cache = cache or cache_root()
     root = cache / suite
     with _file_lock(cache / f"{suite}.lock"):
-        if (root / READY_MARKER).exists():
+        marker = root / READY_MARKER
+        if marker.exists():
+            if _marker_packages(marker) != set(PACKAGES):
+                _install_packages(root)  # the package list grew since this chroot was built
+                marker.write_text(_marker_text(root))
             return root
         building = cache / f"{suite}.building"
         remove_chroot(building)
@@ -117,15 +123,30 @@ def ensure_chroot(suite: str, cache: Path | None = None) -> Path:
         policy = building / "usr/sbin/policy-rc.d"
         policy.write_text("#!/bin/sh\nexit 101\n")  # packages must not start daemons in the chroot
         policy.chmod(0o755)
-        install = (
-            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-            "--no-install-recommends " + " ".join(PACKAGES)
-        )
-        _run(["chroot", str(building), "sh", "-c", install], timeout=1800)
-        version = _run(["chroot", str(building), "slurmctld", "-V"]).stdout.strip()
-        (building / READY_MARKER).write_text(version + "\n")
+        _install_packages(building)
+        (building / READY_MARKER).write_text(_marker_text(building))
         building.rename(root)
     return root
+
+
+def _install_packages(root: Path) -> None:
+    install = (
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+        "--no-install-recommends " + " ".join(PACKAGES)
+    )
+    _run(["chroot", str(root), "sh", "-c", install], timeout=1800)
+
+
+def _marker_text(root: Path) -> str:
+    version = _run(["chroot", str(root), "slurmctld", "-V"]).stdout.strip()
+    return f"{version}\npackages: {' '.join(PACKAGES)}\n"
+
+
+def _marker_packages(marker: Path) -> set[str]:
+    for line in marker.read_text().splitlines():
+        if line.startswith("packages:"):
+            return set(line.split(":", 1)[1].split())
+    return set()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,1 @@
+"""The AWS emulator's parts; the public API is ``topokeeper.sim.aws_emulator``."""

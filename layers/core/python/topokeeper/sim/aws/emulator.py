@@ -1,0 +1,197 @@
+"""``AwsEmulator``: the AWS that topokeeper talks to, on 127.0.0.1, for tests, the demo and the simulator.
+
+moto in server mode answers everything it implements; the emulator's gateway in front of it serves
+what moto lacks or gets wrong for this project (HyperPod, EC2 DescribeInstanceTopology, SSM Run
+Command), counts every call and throttles like AWS. boto3 clients reach it through ``endpoint_url``,
+or through ``env()`` (``AWS_ENDPOINT_URL`` and dummy credentials) for code that builds its own clients.
+
+    with AwsEmulator(seed=7, clock=ManualClock()) as aws:
+        sagemaker = aws.client("sagemaker")
+        ...
+        aws.hyperpod.set_status(node_id, "Failure")
+        aws.clock.advance(1.0)
+
+moto's state is process-wide, so one emulator runs at a time in a process; starting one resets moto.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+from typing import Any
+
+import boto3
+from moto.moto_api._internal.models import moto_api_backend
+
+from topokeeper.sim.aws import moto_patches
+from topokeeper.sim.aws.clock import Clock, RateLimits, SystemClock
+from topokeeper.sim.aws.events import EventEmitter
+from topokeeper.sim.aws.hyperpod import HyperPodModel
+from topokeeper.sim.aws.ids import IdFactory
+from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
+from topokeeper.sim.aws.server import CallCounter, EmulatorServer, Gateway, WsgiApp
+from topokeeper.sim.aws.ssm import SsmRunCommand
+
+ACCOUNT_ID = "123456789012"  # moto's default account, which dummy credentials map to
+ACCESS_KEY = "testing"
+SECRET_KEY = "testing"  # noqa: S105 - a dummy credential for the local emulator
+
+_active_lock = threading.Lock()
+_active: AwsEmulator | None = None
+
+
+class AwsEmulator:
+    """Start with ``start()`` or ``with``; everything below is usable once started.
+
+    - ``endpoint_url``, ``env()``, ``client(service)``: how to reach it
+    - ``hyperpod``: HyperPod clusters (``HyperPodModel``: create_cluster, scale, replace, set_status, ...)
+    - ``network``: EC2 topology (``NetworkModel``: layouts, hold, new_instance_delay_*)
+    - ``ssm``: Run Command (``SsmRunCommand``: on_command, complete, pending)
+    - ``events``: what the services emit to EventBridge (``EventEmitter``: enabled, kinds, emitted)
+    - ``calls``: requests received, by operation (``CallCounter``); ``rate_limits``: AWS throttling
+    - ``clock``: the time source (``SystemClock`` by default, ``ManualClock`` for simulated time)
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int | str = 0,
+        region: str = "us-east-1",
+        availability_zone: str | None = None,
+        clock: Clock | None = None,
+        layout: NetworkLayout | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.seed = seed
+        self.region = region
+        self.account_id = ACCOUNT_ID
+        self.clock: Clock = clock or SystemClock()
+        self.ids = IdFactory(seed)
+        self.calls = CallCounter()
+        self.rate_limits = RateLimits(self.clock)
+        self.rate_limits.set("DescribeInstanceTopology", capacity=1, refill_per_second=1.0)
+        self._lock = threading.RLock()
+        self.events = EventEmitter(account_id=self.account_id, region=region, clock=self.clock, ids=self.ids)
+        self.network = NetworkModel(
+            ids=self.ids, clock=self.clock, lock=self._lock, account_id=self.account_id, region=region, layout=layout
+        )
+        self.hyperpod = HyperPodModel(
+            account_id=self.account_id,
+            region=region,
+            availability_zone=availability_zone or f"{region}a",
+            clock=self.clock,
+            ids=self.ids,
+            network=self.network,
+            events=self.events,
+            lock=self._lock,
+        )
+        self.ssm = SsmRunCommand(
+            account_id=self.account_id,
+            region=region,
+            clock=self.clock,
+            ids=self.ids,
+            events=self.events,
+            lock=self._lock,
+        )
+        self._host = host
+        self._server: EmulatorServer | None = None
+        self._endpoint_url: str | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> AwsEmulator:
+        global _active  # noqa: PLW0603 - moto's state is process-wide: one emulator at a time
+        with _active_lock:
+            if _active is not None:
+                raise RuntimeError("an AwsEmulator is already running in this process (moto's state is global)")
+            _active = self
+        try:
+            _reset_moto()
+            moto_patches.apply()
+            handlers = {**self.hyperpod.handlers(), **self.network.handlers(), **self.ssm.handlers()}
+
+            def wrap(app: WsgiApp) -> WsgiApp:
+                return Gateway(
+                    app,
+                    region=self.region,
+                    handlers=handlers,
+                    calls=self.calls,
+                    rate_limits=self.rate_limits,
+                    ids=self.ids,
+                )
+
+            server = EmulatorServer(wrap, host=self._host)
+            server.start()
+            host, port = server.get_host_and_port()
+            self._server = server
+            self._endpoint_url = f"http://{host}:{port}"
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the server (joins its threads, frees the port), undo the moto patches, reset moto."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+            self._endpoint_url = None
+        self._release()
+
+    def _release(self) -> None:
+        global _active  # noqa: PLW0603
+        with _active_lock:
+            if _active is self:
+                moto_patches.restore()
+                _reset_moto()
+                _active = None
+
+    def __enter__(self) -> AwsEmulator:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    # ------------------------------------------------------------ reaching it
+
+    @property
+    def endpoint_url(self) -> str:
+        if self._endpoint_url is None:
+            raise RuntimeError("the emulator is not running")
+        return self._endpoint_url
+
+    def env(self) -> dict[str, str]:
+        """Environment for processes (or os.environ) that build their own boto3 clients."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_REGION": self.region,
+        }
+
+    def client(self, service: str, **kwargs: Any) -> Any:
+        """A boto3 client for ``service`` pointed at the emulator (``kwargs`` go to ``boto3.client``)."""
+        options: dict[str, Any] = {
+            "endpoint_url": self.endpoint_url,
+            "region_name": self.region,
+            "aws_access_key_id": ACCESS_KEY,
+            "aws_secret_access_key": SECRET_KEY,
+        }
+        options.update(kwargs)
+        return boto3.client(service, **options)
+
+    def reset_counters(self) -> None:
+        """Forget counted calls and refill the throttling buckets."""
+        self.calls.reset()
+        self.rate_limits.reset()
+
+
+def _reset_moto() -> None:
+    moto_api_backend.reset()

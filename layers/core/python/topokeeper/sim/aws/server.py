@@ -1,0 +1,227 @@
+"""moto's ThreadedMotoServer with a gateway in front, and a clean stop.
+
+The gateway counts every request by operation, throttles by the emulator's rate limits, and serves the
+operations the emulator models itself (HyperPod, DescribeInstanceTopology, SSM Run Command); all others
+go to moto. Unlike ThreadedMotoServer's own ``stop``, this one closes kept-alive client connections,
+joins every request thread and releases the port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from werkzeug.serving import ThreadedWSGIServer
+
+from topokeeper.sim.aws.clock import RateLimits
+from topokeeper.sim.aws.ids import IdFactory
+from topokeeper.sim.aws.protocol import (
+    ApiError,
+    ApiRequest,
+    Reply,
+    ec2_error,
+    ec2_reply,
+    json_error,
+    json_reply,
+    operation_model,
+    read_request,
+)
+
+log = logging.getLogger(__name__)
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+Handler = Callable[[ApiRequest], Mapping[str, Any]]
+_STATUS_TEXT = {
+    200: "OK",
+    400: "Bad Request",
+    412: "Precondition Failed",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+class CallCounter:
+    """Requests the server received, by operation. ``calls["ListClusterNodes"]`` sums over services;
+    ``calls["sagemaker:ListClusterNodes"]`` is one service's (signing name)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[str, str]] = Counter()
+
+    def record(self, service: str, operation: str) -> None:
+        with self._lock:
+            self._counts[(service, operation)] += 1
+
+    def __getitem__(self, key: str) -> int:
+        service, _, operation = key.rpartition(":")
+        with self._lock:
+            return sum(n for (s, op), n in self._counts.items() if op == operation and service in ("", s))
+
+    def by_operation(self) -> dict[str, int]:
+        totals: Counter[str] = Counter()
+        with self._lock:
+            for (_, operation), count in self._counts.items():
+                totals[operation] += count
+        return dict(sorted(totals.items()))
+
+    def by_service(self) -> dict[str, dict[str, int]]:
+        result: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for (service, operation), count in sorted(self._counts.items()):
+                result.setdefault(service, {})[operation] = count
+        return result
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+class Gateway:
+    """WSGI middleware in front of moto's dispatcher."""
+
+    def __init__(
+        self,
+        app: WsgiApp,
+        *,
+        region: str,
+        handlers: Mapping[tuple[str, str], Handler],
+        calls: CallCounter,
+        rate_limits: RateLimits,
+        ids: IdFactory,
+    ) -> None:
+        self._app = app
+        self._region = region
+        self._handlers = handlers
+        self._calls = calls
+        self._rate_limits = rate_limits
+        self._ids = ids
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if str(environ.get("PATH_INFO", "")).startswith("/moto-api"):
+            return self._app(environ, start_response)
+        request = read_request(environ, self._region)
+        self._calls.record(request.service, request.operation)
+        handler = self._handlers.get((request.service, request.operation))
+        throttled = not self._rate_limits.allow(request.operation)
+        if handler is None and not throttled:
+            return self._app(environ, start_response)
+        request_id = self._ids.uuid("request")
+        try:
+            if throttled:
+                if request.protocol in {"ec2", "query"}:
+                    raise ApiError("RequestLimitExceeded", "Request limit exceeded.", 503)
+                raise ApiError("ThrottlingException", "Rate exceeded", 400)
+            assert handler is not None  # noqa: S101 - narrowed above
+            result = handler(request)
+            reply = self._reply(request, result, request_id)
+        except ApiError as error:
+            reply = self._error(request, error, request_id)
+        except Exception:
+            log.exception("emulator handler for %s failed", request.operation)
+            reply = self._error(request, ApiError("InternalFailure", "The emulator failed.", 500), request_id)
+        status, headers, body = reply
+        start_response(f"{status} {_STATUS_TEXT.get(status, '')}", [*headers, ("Content-Length", str(len(body)))])
+        return [body]
+
+    @staticmethod
+    def _reply(request: ApiRequest, result: Mapping[str, Any], request_id: str) -> Reply:
+        if request.protocol == "ec2":
+            return ec2_reply(operation_model(request.service, request.operation), result, request_id)
+        return json_reply(result, request_id)
+
+    @staticmethod
+    def _error(request: ApiRequest, error: ApiError, request_id: str) -> Reply:
+        if request.protocol in ("ec2", "query"):
+            return ec2_error(error, request_id)
+        return json_error(error, request_id)
+
+
+class _Handler(MotoRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as werkzeug would set on moto's handler class itself
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        log.debug("%s %s", self.requestline, code)
+
+
+class _Server(ThreadedWSGIServer):
+    """Request threads are tracked and joined on close (kept-alive connections are closed first); they
+    stay daemon threads so that an emulator never stopped cannot hold the interpreter at exit."""
+
+    daemon_threads = True
+    block_on_close = True
+
+    def __init__(self, host: str, port: int, app: WsgiApp) -> None:
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(host, port, app, handler=_Handler)
+
+    def process_request(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
+        if isinstance(request, socket.socket):
+            with self._connections_lock:
+                self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: socket.socket | tuple[bytes, socket.socket]) -> None:
+        if isinstance(request, socket.socket):
+            with self._connections_lock:
+                self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+
+class EmulatorServer(ThreadedMotoServer):
+    """ThreadedMotoServer on a free port with the gateway in front."""
+
+    def __init__(self, wrap: Callable[[WsgiApp], WsgiApp], host: str = "127.0.0.1") -> None:
+        super().__init__(ip_address=host, port=0, verbose=False)
+        self._wrap = wrap
+        self._startup_error: BaseException | None = None
+        self._tracking: _Server | None = None
+
+    def _server_entry(self) -> None:
+        try:
+            app = self._wrap(DomainDispatcherApplication(create_backend_app))
+            server = _Server(self._ip_address, self._port, app)
+        except BaseException as error:  # reported by start()
+            self._startup_error = error
+            self._server_ready_event.set()
+            return
+        self._server = self._tracking = server
+        self._server_ready_event.set()
+        server.serve_forever(poll_interval=0.05)
+
+    def start(self) -> None:
+        super().start()
+        if self._startup_error is not None:
+            if self._thread is not None:
+                self._thread.join()
+            raise RuntimeError(f"the emulator's server did not start: {self._startup_error!r}")
+
+    def stop(self) -> None:
+        server = self._tracking
+        if server is not None:
+            server.shutdown()
+            server.close_connections()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._server = self._tracking = None
+        self._thread = None

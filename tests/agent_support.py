@@ -1,0 +1,69 @@
+"""Helpers for the head-node agent's tests: the fake applier, real bundles, configs and the agent's log."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from topokeeper.agent import agent
+from topokeeper.cli import plan_from_files
+
+AGENT_FILE = Path(agent.__file__)
+FAKE_APPLIER = Path(__file__).parent / "fixtures" / "fake_applier.py"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+CLUSTER = "llm-train-slurm"  # examples/mixed-cluster.json
+
+
+def bundle_document(slurm_version: str | None = None) -> dict[str, Any]:
+    """A real bundle from the planner; another Slurm version gives another plan_sha256."""
+    return plan_from_files(EXAMPLES / "mixed-cluster.json", None, slurm_version).bundle.document()
+
+
+def bundle_body(document: dict[str, Any]) -> bytes:
+    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+
+
+class FakeApplier:
+    """tests/fixtures/fake_applier.py copied into ``directory`` as applier.py, with its answers."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / "applier.py"
+        shutil.copyfile(FAKE_APPLIER, self.path)
+        self._answers: dict[str, dict[str, Any]] = {}
+        self.answer("apply", "applied", 0)
+        self.answer("verify", "in_sync", 0)
+
+    def answer(self, mode: str, outcome: str, exit_code: int, **extra: Any) -> None:
+        self._answers[mode] = {"outcome": outcome, "exit": exit_code, **extra}
+        (self.path.parent / "fake_applier.json").write_text(json.dumps(self._answers))
+
+    def calls(self) -> list[dict[str, Any]]:
+        log = self.path.parent / "calls.jsonl"
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def write_config(path: Path, applier: FakeApplier, state_dir: Path, **settings: Any) -> Path:
+    document = {
+        "cluster": CLUSTER,
+        "bucket": "topo-bundles",
+        "region": "us-east-1",
+        "applier": str(applier.path),
+        "state_dir": str(state_dir),
+        **settings,
+    }
+    path.write_text(json.dumps(document))
+    return path
+
+
+def log_records(stderr: str) -> list[dict[str, Any]]:
+    """The agent's log: every line must be one JSON object with an event name."""
+    records = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    assert all(isinstance(record, dict) and "event" in record for record in records), stderr
+    return records
+
+
+def events_named(stderr: str, name: str) -> list[dict[str, Any]]:
+    return [record for record in log_records(stderr) if record["event"] == name]

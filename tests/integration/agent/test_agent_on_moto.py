@@ -1,0 +1,418 @@
+"""The head-node agent against S3 and EventBridge served by moto in server mode, with a fake applier.
+
+A rule on the bus sends the agent's events to an SQS queue, so the test sees what any consumer would see.
+Each cycle runs in a fresh Agent, as under the systemd timer: nothing survives between cycles but the
+state directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from tests.agent_support import (
+    AGENT_FILE,
+    CLUSTER,
+    FakeApplier,
+    bundle_body,
+    bundle_document,
+    events_named,
+    log_records,
+    write_config,
+)
+from topokeeper.agent import agent
+
+REGION = "us-east-1"
+BUCKET = "topo-bundles"
+KEY = f"clusters/{CLUSTER}/bundle.json"
+FAKE_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # keep stderr for the agent's own log
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+class Cloud:
+    """The bundle bucket, and the events EventBridge delivered."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        options: dict[str, Any] = {
+            "endpoint_url": url,
+            "region_name": REGION,
+            "aws_access_key_id": "testing",
+            "aws_secret_access_key": "testing",
+        }
+        self.s3 = boto3.client("s3", **options)
+        self.events = boto3.client("events", **options)
+        self.sqs = boto3.client("sqs", **options)
+        self.s3.create_bucket(Bucket=BUCKET)
+        self.s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+        self.queue_url = self.sqs.create_queue(QueueName="agent-events")["QueueUrl"]
+        self.capture("default")
+
+    def capture(self, bus: str) -> None:
+        """Route the agent's events on ``bus`` to the queue."""
+        queue_arn = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])
+        self.events.put_rule(
+            Name=f"capture-{bus}", EventBusName=bus, EventPattern=json.dumps({"source": [agent.SOURCE]})
+        )
+        self.events.put_targets(
+            Rule=f"capture-{bus}",
+            EventBusName=bus,
+            Targets=[{"Id": "queue", "Arn": queue_arn["Attributes"]["QueueArn"]}],
+        )
+
+    def put_bundle(self, body: bytes) -> tuple[str, str]:
+        response = self.s3.put_object(Bucket=BUCKET, Key=KEY, Body=body)
+        return response["ETag"], response["VersionId"]
+
+    def delivered(self) -> list[dict[str, Any]]:
+        """Events delivered since the last call (moto delivers during PutEvents)."""
+        events: list[dict[str, Any]] = []
+        while messages := self.sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10).get("Messages"):
+            for message in messages:
+                events.append(json.loads(message["Body"]))
+                self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
+        return events
+
+
+@pytest.fixture
+def cloud(moto_url: str) -> Cloud:
+    # The local moto server's own reset endpoint.
+    reset = urllib.request.Request(f"{moto_url}/moto-api/reset", method="POST")  # noqa: S310
+    urllib.request.urlopen(reset, timeout=10).close()  # noqa: S310
+    return Cloud(moto_url)
+
+
+class Node:
+    """The head node: the fake applier, the agent's config and state, and a clock the test moves."""
+
+    def __init__(self, directory: Path, endpoint_url: str) -> None:
+        self.applier = FakeApplier(directory / "opt")
+        self.state_dir = directory / "state"
+        self.config_path = directory / "agent.json"
+        self.now = 1_800_000_000.0
+        self.settings: dict[str, Any] = {"endpoint_url": endpoint_url, "verify_interval_seconds": 300}
+        self.configure()
+
+    def configure(self, **settings: Any) -> None:
+        self.settings.update(settings)
+        write_config(self.config_path, self.applier, self.state_dir, **self.settings)
+
+    def cycle(self, after_seconds: float = 60) -> None:
+        self.now += after_seconds
+        agent.Agent(agent.load_config(str(self.config_path)), clock=lambda: self.now).cycle()
+
+    def run_agent_file(self, *arguments: str, **options: Any) -> subprocess.Popen[str]:
+        """The shipped agent.py as its own process, as systemd starts it."""
+        return subprocess.Popen(
+            [sys.executable, str(AGENT_FILE), "--config", str(self.config_path), *arguments],
+            env={**os.environ, **FAKE_KEYS},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            **options,
+        )
+
+
+@pytest.fixture
+def node(tmp_path: Path, cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> Node:
+    for name, value in FAKE_KEYS.items():
+        monkeypatch.setenv(name, value)
+    return Node(tmp_path, cloud.url)
+
+
+def _applier_document(outcome: str, mode: str, plan_sha256: str, **changes: Any) -> dict[str, Any]:
+    """What tests/fixtures/fake_applier.py prints."""
+    return {
+        "outcome": outcome,
+        "mode": mode,
+        "plan_sha256": plan_sha256,
+        "before_sha256": "0" * 64,
+        "after_sha256": plan_sha256,
+        "partitions_changed": [],
+        "reconfigured": False,
+        "error": None,
+        "drift": [],
+        **changes,
+    }
+
+
+def test_first_poll_applies_and_reports_then_an_unchanged_bundle_costs_one_304(
+    cloud: Cloud, node: Node, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = bundle_document()
+    etag, version_id = cloud.put_bundle(bundle_body(document))
+
+    node.cycle()
+
+    plan = document["plan_sha256"]
+    assert node.applier.calls() == [{"mode": "apply", "plan_sha256": plan, "aws_variables": []}]
+    [event] = cloud.delivered()
+    assert (event["source"], event["detail-type"], event["region"]) == (agent.SOURCE, agent.APPLY_RESULT, REGION)
+    assert event["detail"] == {
+        "cluster": CLUSTER,
+        "plan_sha256": plan,
+        "etag": etag,
+        "version_id": version_id,
+        "host": socket.gethostname(),
+        "result": _applier_document("applied", "apply", plan, partitions_changed=["ml-p5"], reconfigured=True),
+    }
+    assert (node.state_dir / "bundle.json").read_bytes() == bundle_body(document)
+
+    node.cycle()
+
+    assert len(node.applier.calls()) == 1
+    assert cloud.delivered() == []
+    log = capsys.readouterr().err
+    assert [record["etag"] for record in events_named(log, "poll.not_modified")] == [etag]
+    assert [record["outcome"] for record in events_named(log, "apply.result")] == ["applied"]
+
+
+def test_a_new_object_version_is_applied_again(cloud: Cloud, node: Node) -> None:
+    first, second = bundle_document(), bundle_document("24.11")
+    cloud.put_bundle(bundle_body(first))
+    node.cycle()
+    etag, version_id = cloud.put_bundle(bundle_body(second))
+
+    node.cycle()
+
+    assert [call["plan_sha256"] for call in node.applier.calls()] == [first["plan_sha256"], second["plan_sha256"]]
+    events = cloud.delivered()
+    assert [(e["detail"]["plan_sha256"], e["detail"]["version_id"]) for e in events][-1] == (
+        second["plan_sha256"],
+        version_id,
+    )
+    assert events[-1]["detail"]["etag"] == etag
+
+
+def test_a_rolled_back_apply_is_reported_as_such_and_not_retried(cloud: Cloud, node: Node) -> None:
+    document = bundle_document()
+    cloud.put_bundle(bundle_body(document))
+    node.applier.answer("apply", "rolled_back", 1)
+
+    node.cycle()
+    node.cycle()
+
+    assert len(node.applier.calls()) == 1
+    [event] = cloud.delivered()
+    assert event["detail-type"] == agent.APPLY_RESULT
+    assert event["detail"]["result"] == _applier_document(
+        "rolled_back",
+        "apply",
+        document["plan_sha256"],
+        after_sha256="0" * 64,
+        error="slurmctld rejected the new topology",
+    )
+
+
+def test_verify_runs_on_its_own_cadence_and_reports_drift(cloud: Cloud, node: Node) -> None:
+    document = bundle_document()
+    etag, version_id = cloud.put_bundle(bundle_body(document))
+    drift = [{"partition": "ml-p5", "expected": "tree-ml-p5", "live": None}]
+    node.applier.answer("verify", "drift", 3, drift=drift)
+
+    node.cycle()  # applies; an apply reads back, so the verify clock starts here
+    cloud.delivered()
+    node.cycle(after_seconds=100)
+    assert [call["mode"] for call in node.applier.calls()] == ["apply"]
+
+    node.cycle(after_seconds=200)  # 300 s since the apply
+
+    assert [call["mode"] for call in node.applier.calls()] == ["apply", "verify"]
+    [event] = cloud.delivered()
+    assert event["detail-type"] == agent.VERIFY_RESULT
+    assert (event["detail"]["etag"], event["detail"]["version_id"]) == (etag, version_id)
+    assert event["detail"]["result"] == _applier_document(
+        "drift", "verify", document["plan_sha256"], after_sha256="0" * 64, drift=drift
+    )
+
+    node.applier.answer("verify", "in_sync", 0)
+    node.cycle(after_seconds=299)
+    assert cloud.delivered() == []
+    node.cycle(after_seconds=1)
+    assert [e["detail"]["result"]["outcome"] for e in cloud.delivered()] == ["in_sync"]
+
+
+def test_a_corrupted_bundle_never_reaches_the_applier_and_is_reported_refused(
+    cloud: Cloud, node: Node, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = bundle_document()
+    cloud.put_bundle(bundle_body(good))
+    node.cycle()
+    corrupted = bundle_document("24.11")
+    corrupted["files"]["topology.conf"]["content"] += "SwitchName=evil Nodes=ip-10-1-0-1\n"
+    etag, version_id = cloud.put_bundle(bundle_body(corrupted))
+    cloud.delivered()
+
+    node.cycle()
+    node.cycle()  # reported once, not at every poll
+
+    assert [call["mode"] for call in node.applier.calls()] == ["apply"]
+    [event] = cloud.delivered()
+    assert event["detail-type"] == agent.APPLY_RESULT
+    assert (event["detail"]["etag"], event["detail"]["version_id"]) == (etag, version_id)
+    assert event["detail"]["plan_sha256"] == corrupted["plan_sha256"]
+    result = event["detail"]["result"]
+    assert (result["outcome"], result["reconfigured"]) == ("refused", False)
+    assert result["error"] == "files[topology.conf].sha256 does not match its content"
+    assert (node.state_dir / "bundle.json").read_bytes() == bundle_body(good)  # verify keeps the last good one
+    assert len(events_named(capsys.readouterr().err, "bundle.refused")) == 1
+
+    node.cycle(after_seconds=300)
+    assert node.applier.calls()[-1] == {"mode": "verify", "plan_sha256": good["plan_sha256"], "aws_variables": []}
+
+
+class _Failing(BaseHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = b"<Error><Code>InternalError</Code><Message>We encountered an internal error.</Message></Error>"
+        self.send_response(500)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def failing_s3() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_s3_errors_are_logged_and_retried_next_cycle(
+    cloud: Cloud, node: Node, failing_s3: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = bundle_document()
+    cloud.put_bundle(bundle_body(document))
+
+    node.configure(endpoint_url=failing_s3)
+    node.cycle()
+    node.configure(endpoint_url=f"http://127.0.0.1:{_closed_port()}", request_timeout_seconds=2)
+    node.cycle()
+
+    assert node.applier.calls() == []
+    errors = [record["error"] for record in events_named(capsys.readouterr().err, "poll.failed")]
+    assert errors[0] == f"GET s3://{BUCKET}/{KEY}: HTTP 500 InternalError"
+    assert "Connection refused" in errors[1]
+
+    node.configure(endpoint_url=cloud.url)
+    node.cycle()
+
+    assert [call["plan_sha256"] for call in node.applier.calls()] == [document["plan_sha256"]]
+    assert [e["detail"]["result"]["outcome"] for e in cloud.delivered()] == ["applied"]
+
+
+def test_a_report_that_cannot_be_sent_waits_in_the_state_for_the_next_cycle(
+    cloud: Cloud, node: Node, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cloud.put_bundle(bundle_body(bundle_document()))
+    node.configure(event_bus="topokeeper-audit")  # not created yet: PutEvents fails
+
+    node.cycle()
+
+    assert [call["mode"] for call in node.applier.calls()] == ["apply"]
+    [failure] = events_named(capsys.readouterr().err, "report.failed")
+    assert "ResourceNotFoundException" in failure["error"]
+
+    cloud.events.create_event_bus(Name="topokeeper-audit")
+    cloud.capture("topokeeper-audit")
+    node.cycle()
+
+    assert len(node.applier.calls()) == 1  # the report is sent again, the bundle is not applied again
+    assert [(e["detail-type"], e["detail"]["result"]["outcome"]) for e in cloud.delivered()] == [
+        (agent.APPLY_RESULT, "applied")
+    ]
+    assert json.loads((node.state_dir / "state.json").read_text())["outbox"] == []
+
+
+def test_a_restarted_agent_keeps_its_etag_and_does_not_apply_again(cloud: Cloud, node: Node) -> None:
+    cloud.put_bundle(bundle_body(bundle_document()))
+
+    logs = []
+    for _ in range(2):
+        process = node.run_agent_file("--once")
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 0, stderr
+        logs.append([record["event"] for record in log_records(stderr)])
+
+    assert logs[0] == ["poll.changed", "apply.result", "report.sent"]
+    assert logs[1] == ["poll.not_modified"]
+    assert len(node.applier.calls()) == 1
+    assert len(cloud.delivered()) == 1
+
+
+def test_the_loop_polls_until_sigterm(cloud: Cloud, node: Node) -> None:
+    cloud.put_bundle(bundle_body(bundle_document()))
+    node.configure(poll_interval_seconds=0.2)
+
+    process = node.run_agent_file()
+    deadline = time.monotonic() + 30
+    while not cloud.delivered() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # a few more polls
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+
+    assert process.returncode == 0
+    events = [record["event"] for record in log_records(stderr)]
+    assert events[0] == "agent.started" and events[-1] == "agent.stopped"
+    assert events.count("apply.result") == 1 and events.count("poll.not_modified") >= 1
+
+
+def test_verify_mode_only_ever_verifies_against_verify_json(cloud: Cloud, node: Node) -> None:
+    """For clusters whose topology HyperPod manages: the agent must never write it."""
+    node.configure(mode="verify")
+    document = bundle_document()
+    cloud.s3.put_object(Bucket=BUCKET, Key=KEY, Body=bundle_body(document))  # an apply bundle it must ignore
+    node.applier.answer("verify", "drift", 3, drift=[{"what": "topology", "name": "tree-ml-p5"}])
+    node.cycle()
+    assert node.applier.calls() == []  # no verify.json yet: nothing to do
+
+    cloud.s3.put_object(Bucket=BUCKET, Key=f"clusters/{CLUSTER}/verify.json", Body=bundle_body(document))
+    node.cycle()
+    node.cycle(after_seconds=301)
+
+    assert [call["mode"] for call in node.applier.calls()] == ["verify", "verify"]
+    events = cloud.delivered()
+    assert [e["detail-type"] for e in events] == [agent.VERIFY_RESULT, agent.VERIFY_RESULT]
+    assert events[0]["detail"]["result"]["outcome"] == "drift"

@@ -1,0 +1,82 @@
+"""Starting and stopping the emulator: endpoint, environment, clean stop, patches scoped, call counter."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import boto3
+import pytest
+from moto.events.utils import EventTemplateParser
+
+from tests.integration.aws.support import cluster_request
+from topokeeper.sim.aws import moto_patches
+from topokeeper.sim.aws_emulator import AwsEmulator
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in values.items():
+            patch.setenv(key, value)
+        yield
+
+
+def test_clients_from_the_environment_reach_it_and_stop_leaves_nothing_behind() -> None:
+    threads_before = set(threading.enumerate())
+    template_before = EventTemplateParser.DEFAULT_EVENT_INPUT_TEMPLATE
+    emulator = AwsEmulator(seed=1)
+    with emulator:
+        assert emulator.endpoint_url.startswith("http://127.0.0.1:")
+        port = int(emulator.endpoint_url.rsplit(":", 1)[1])
+        assert moto_patches.applied()
+        with _environment(emulator.env()):
+            sts = boto3.client("sts")  # endpoint, credentials and region from the environment only
+            assert sts.get_caller_identity()["Account"] == emulator.account_id
+            assert boto3.client("sqs").list_queues().get("QueueUrls", []) == []
+    assert not emulator.running
+    assert not moto_patches.applied()
+    assert template_before == EventTemplateParser.DEFAULT_EVENT_INPUT_TEMPLATE
+    assert set(threading.enumerate()) == threads_before
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # the port is free again
+    with pytest.raises(RuntimeError, match="not running"):
+        _ = emulator.endpoint_url
+
+
+def test_one_emulator_at_a_time_and_each_starts_from_a_clean_moto() -> None:
+    with AwsEmulator(seed=1) as first:
+        first.client("sqs").create_queue(QueueName="left-over")
+        with pytest.raises(RuntimeError, match="already running"):
+            AwsEmulator(seed=2).start()
+        moto_patches.apply()  # idempotent
+        assert moto_patches.applied()
+    with AwsEmulator(seed=1) as second:
+        assert second.client("sqs").list_queues().get("QueueUrls", []) == []
+
+
+def test_the_call_counter_counts_every_request_by_operation(aws: AwsEmulator) -> None:
+    sagemaker, sqs, s3 = aws.client("sagemaker"), aws.client("sqs"), aws.client("s3")
+    sagemaker.create_cluster(**cluster_request())
+    for _ in range(3):
+        sagemaker.list_cluster_nodes(ClusterName="llm-train")
+    sqs.create_queue(QueueName="q")
+    s3.create_bucket(Bucket="bundles")
+    s3.put_object(Bucket="bundles", Key="a/bundle.json", Body=b"{}")
+    s3.get_object(Bucket="bundles", Key="a/bundle.json")
+    with pytest.raises(sagemaker.exceptions.ResourceNotFound):
+        sagemaker.describe_cluster(ClusterName="missing")
+
+    assert aws.calls["ListClusterNodes"] == 3
+    assert aws.calls["sagemaker:ListClusterNodes"] == 3
+    assert aws.calls["CreateCluster"] == 1
+    assert aws.calls["DescribeCluster"] == 1  # failed calls are received calls too
+    assert aws.calls["CreateQueue"] == 1
+    assert (aws.calls["CreateBucket"], aws.calls["PutObject"], aws.calls["GetObject"]) == (1, 1, 1)
+    assert aws.calls.by_service()["sagemaker"] == {"CreateCluster": 1, "DescribeCluster": 1, "ListClusterNodes": 3}
+    assert aws.calls.total == 9
+    aws.reset_counters()
+    assert aws.calls.total == 0
+    assert aws.calls["ListClusterNodes"] == 0

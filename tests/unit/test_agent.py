@@ -1,0 +1,142 @@
+"""The agent's pieces that need no AWS: config, bundle checks, the applier subprocess, report sizes, the lock."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.agent_support import CLUSTER, FakeApplier, bundle_body, bundle_document, events_named, write_config
+from topokeeper.agent import agent
+
+
+def test_config_defaults_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "agent.json"
+    path.write_text(json.dumps({"cluster": CLUSTER, "bucket": "topo-bundles", "region": "us-east-1"}))
+    config = agent.load_config(str(path))
+    assert config.key == "clusters/llm-train-slurm/bundle.json"
+    assert (config.event_bus, config.poll_interval_seconds, config.verify_interval_seconds) == ("default", 60.0, 900.0)
+    assert Path(config.applier) == Path(agent.__file__).with_name("applier.py")  # shipped side by side
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"cluster": CLUSTER, "bucket": "b", "region": "r", "pol_interval_seconds": 5}, "unknown key 'pol_interval"),
+        ({"cluster": CLUSTER, "region": "r"}, "missing key 'bucket'"),
+        ({"cluster": CLUSTER, "bucket": "b", "region": "r", "verify_interval_seconds": "1h"}, "must be a number"),
+        ({"cluster": CLUSTER, "bucket": "", "region": "r"}, "bucket must be a non-empty string"),
+        ([], "expected a JSON object"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path: Path, document: object, message: str) -> None:
+    path = tmp_path / "agent.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(agent.ConfigError, match=message):
+        agent.load_config(str(path))
+
+
+def test_bad_config_exits_2_with_one_log_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "agent.json"
+    path.write_text("{")
+    assert agent.main(["--config", str(path), "--once"]) == agent.EXIT_BAD_CONFIG
+    assert len(events_named(capsys.readouterr().err, "config.invalid")) == 1
+
+
+def test_a_planner_bundle_passes_the_check() -> None:
+    document = bundle_document()
+    assert agent.check_bundle(bundle_body(document), CLUSTER)["plan_sha256"] == document["plan_sha256"]
+
+
+def _tampered(name: str) -> bytes:
+    document = bundle_document()
+    if name == "content":
+        document["files"]["topology.yaml"]["content"] += "- topology: injected\n"
+    elif name == "cluster":
+        document["cluster_name"] = "another-cluster"
+    elif name == "schema":
+        document["schema"] = "topokeeper.bundle/2"
+    elif name == "plan":
+        document["plan_sha256"] = "$(reboot)"
+    return bundle_body(document)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (_tampered("content"), r"files\[topology.yaml\].sha256 does not match its content"),
+        (_tampered("cluster"), "cluster_name: 'another-cluster' is not this cluster"),
+        (_tampered("schema"), "schema: expected topokeeper.bundle/1"),
+        (_tampered("plan"), "plan_sha256: not a sha256"),
+        (b"\xff\xfe", "bundle is not JSON"),
+        (b"[1]", "not a JSON object"),
+    ],
+)
+def test_a_bad_bundle_is_refused_with_the_reason(body: bytes, message: str) -> None:
+    with pytest.raises(agent.BundleRefused, match=message):
+        agent.check_bundle(body, CLUSTER)
+
+
+def _config(tmp_path: Path, applier: FakeApplier, **settings: object) -> agent.Config:
+    return agent.load_config(str(write_config(tmp_path / "agent.json", applier, tmp_path / "state", **settings)))
+
+
+def _bundle_file(tmp_path: Path) -> str:
+    path = tmp_path / "bundle.json"
+    path.write_bytes(bundle_body(bundle_document()))
+    return str(path)
+
+
+def test_the_applier_runs_without_aws_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-the-applier")
+    applier = FakeApplier(tmp_path / "opt")
+    result = agent.run_applier(_config(tmp_path, applier), "apply", _bundle_file(tmp_path), None)
+    assert result["outcome"] == "applied"
+    assert applier.calls()[0]["aws_variables"] == []
+
+
+def test_an_applier_that_hangs_is_stopped_and_reported_timed_out(tmp_path: Path) -> None:
+    applier = FakeApplier(tmp_path / "opt")
+    applier.answer("verify", "in_sync", 0, sleep=30)
+    config = _config(tmp_path, applier, applier_timeout_seconds=0.5)
+    result = agent.run_applier(config, "verify", _bundle_file(tmp_path), "ab" * 32)
+    assert (result["outcome"], result["mode"], result["plan_sha256"]) == ("timed_out", "verify", "ab" * 32)
+    assert "did not finish in 0.5s" in result["error"]
+
+
+def test_an_applier_without_a_document_is_reported_failed_with_its_stderr(tmp_path: Path) -> None:
+    applier = FakeApplier(tmp_path / "opt")
+    applier.answer("apply", "applied", 1, stdout="Traceback (most recent call last): ...")
+    result = agent.run_applier(_config(tmp_path, applier), "apply", _bundle_file(tmp_path), None)
+    assert result["outcome"] == "failed"
+    assert "exited 1 without a result document: fake applier: no document" in result["error"]
+
+
+def test_a_result_too_large_for_one_event_keeps_its_summary() -> None:
+    drift = [{"unit": f"nn-{i:05d}", "expected": ["ip-10-1-0-1"] * 20, "live": []} for i in range(5000)]
+    result = {**agent.agent_result("drift", "verify", "ab" * 32, "x" * 10_000), "drift": drift}
+    bounded = agent.bounded_result(result)
+    assert len(json.dumps(bounded)) < agent.MAX_DETAIL_BYTES
+    assert (bounded["outcome"], bounded["plan_sha256"], bounded["truncated"]) == ("drift", "ab" * 32, True)
+    assert bounded["drift"] == drift[:20] and len(bounded["error"]) == 2000
+    small = agent.agent_result("in_sync", "verify", "ab" * 32, "")
+    assert agent.bounded_result(small) is small
+
+
+def test_a_cycle_never_overlaps_another(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    applier = FakeApplier(tmp_path / "opt")
+    config = _config(tmp_path, applier, endpoint_url="http://127.0.0.1:9")
+    (tmp_path / "state").mkdir()
+    with agent.exclusive(str(tmp_path / "state" / "lock")) as locked:
+        assert locked
+        agent.Agent(config).cycle()
+    assert len(events_named(capsys.readouterr().err, "cycle.skipped")) == 1
+    assert applier.calls() == []
+
+
+def test_an_unreadable_state_file_starts_over(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "state.json"
+    path.write_text('{"etag": ')
+    assert agent.load_state(str(path)) == agent.State()
+    assert events_named(capsys.readouterr().err, "state.unreadable")

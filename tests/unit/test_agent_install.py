@@ -1,0 +1,125 @@
+"""``topokeeper agent install-script``: the snippet really installs the package's files and valid systemd units."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.agent_support import AGENT_FILE
+from topokeeper.agent import agent
+from topokeeper.agent.install import SHIPPED_FILES
+from topokeeper.cli import main
+
+ARGS = ["agent", "install-script", "--cluster", "llm-train-slurm", "--bucket", "topo-bundles", "--region", "us-west-2"]
+
+
+def _snippet(capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    assert main([*ARGS, *extra]) == 0
+    return capsys.readouterr().out
+
+
+def _run(snippet: str, root: Path) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "TOPOKEEPER_ROOT": str(root), "TOPOKEEPER_SKIP_SYSTEMCTL": "1"}
+    return subprocess.run(
+        ["bash", "-c", snippet], env=environment, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def _unit(path: Path) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(interpolation=None, strict=True)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(path.read_text())
+    return parser
+
+
+def test_snippet_installs_the_package_files_config_and_valid_units(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snippet = _snippet(capsys, "--poll-seconds", "30", "--verify-seconds", "600")
+    root = tmp_path / "root"
+
+    for _ in range(2):  # lifecycle scripts may run again: a second install must also succeed
+        completed = _run(snippet, root)
+        assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == f"topokeeper: agent installed in {root}/opt/topokeeper\n"
+
+    for name, source in SHIPPED_FILES.items():
+        installed = root / "opt" / "topokeeper" / name
+        assert installed.read_bytes() == source.read_bytes(), name
+        assert stat.S_IMODE(installed.stat().st_mode) == 0o755
+    assert stat.S_IMODE((root / "var" / "lib" / "topokeeper").stat().st_mode) == 0o700
+
+    config = agent.load_config(str(root / "etc" / "topokeeper" / "agent.json"))
+    assert config == agent.Config(
+        cluster="llm-train-slurm",
+        bucket="topo-bundles",
+        region="us-west-2",
+        poll_interval_seconds=30,
+        verify_interval_seconds=600,
+        applier=f"{root}/opt/topokeeper/applier.py",
+        state_dir=f"{root}/var/lib/topokeeper",
+    )
+
+    units = root / "etc" / "systemd" / "system"
+    service, timer = units / "topokeeper-agent.service", units / "topokeeper-agent.timer"
+    verified = subprocess.run(
+        ["systemd-analyze", "verify", str(service), str(timer)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (verified.returncode, verified.stderr) == (0, "")  # warnings such as unknown keys also fail
+    assert _unit(service)["Service"]["ExecStart"] == (
+        f"/usr/bin/python3 {root}/opt/topokeeper/agent.py --config {root}/etc/topokeeper/agent.json --once"
+    )
+    assert _unit(timer)["Timer"]["OnUnitActiveSec"] == "30s"
+
+
+def test_snippet_refuses_an_embedded_file_that_does_not_match_its_sha256(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = _snippet(capsys).splitlines()
+    first_data_line = lines.index("base64 -d > \"$dir/agent.py.new\" <<'TOPOKEEPER_EOF'") + 1
+    lines[first_data_line] = lines[first_data_line][::-1]  # still base64, other bytes
+    completed = _run("\n".join(lines) + "\n", tmp_path / "root")
+    assert completed.returncode != 0
+    assert "checksum did NOT match" in completed.stderr
+    assert not (tmp_path / "root" / "opt" / "topokeeper" / "agent.py").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--cluster", "llm;reboot"), ("--bucket", "Topo_Bundles"), ("--region", "us-west-2$(id)"), ("--event-bus", "a b")],
+)
+def test_values_that_could_carry_shell_syntax_are_refused(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = [*ARGS, flag, value]
+    assert main(arguments) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"topokeeper: error: {flag}: not a valid") and captured.err.count("\n") == 1
+
+
+def test_agent_runs_on_python_3_8() -> None:
+    vermin = Path(sys.executable).with_name("vermin")
+    completed = subprocess.run(
+        [str(vermin), "-t=3.8-", "--no-tips", "--violations", str(AGENT_FILE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout
+
+
+def test_agent_needs_only_the_standard_library() -> None:
+    # -S: no site-packages at all, so any import outside the standard library fails.
+    completed = subprocess.run(
+        [sys.executable, "-I", "-S", str(AGENT_FILE), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "--once" in completed.stdout

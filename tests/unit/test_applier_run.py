@@ -1,0 +1,374 @@
+"""The applier's CLI end to end against a fake ``scontrol`` (the real one: tests/integration/slurm).
+
+The fake answers from a JSON state file and logs its calls, so a test can stage what slurmctld says:
+its version, nodes, partitions, topologies, and the exit codes of ``scontrol reconfigure``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
+from topokeeper.applier import applier
+from topokeeper.cli import main as topokeeper_main
+from topokeeper.domain.models import Node
+from topokeeper.engine.planner import plan
+from topokeeper.render.bundle import render
+
+FAKE_SCONTROL = """\
+import json, os, sys
+state_path = os.environ["FAKE_SCONTROL_STATE"]
+with open(state_path) as handle:
+    state = json.load(handle)
+args = sys.argv[1:]
+with open(state_path + ".calls", "a") as handle:
+    handle.write(" ".join(args) + "\\n")
+if args == ["version"]:
+    print(state["version"])
+elif args == ["show", "config"]:
+    print("SLURM_CONF              = %s" % state["slurm_conf"])
+elif args == ["-o", "--future", "show", "nodes"]:
+    for name in state["nodes"]:
+        print("NodeName=%s Arch=x86_64 State=IDLE+CLOUD+POWERED_DOWN" % name)
+elif args == ["-a", "-o", "show", "partition"]:
+    for name, topology in state["partitions"].items():
+        print("PartitionName=%s Nodes=x State=UP%s" % (name, " Topology=" + topology if topology else ""))
+elif args[:2] == ["show", "topology"]:
+    text = state["topologies"].get(args[2] if len(args) > 2 else "")
+    if text is None:
+        sys.stderr.write(" slurm_load_topo error: Requested topology configuration is not available\\n")
+    else:
+        sys.stdout.write(text)
+elif args == ["reconfigure"]:
+    code = state["reconfigure"].pop(0) if len(state["reconfigure"]) > 1 else state["reconfigure"][0]
+    with open(state_path, "w") as handle:
+        json.dump(state, handle)
+    if code:
+        sys.stderr.write("slurm_reconfigure error: Unspecified error\\n")
+    sys.exit(code)
+else:
+    sys.stderr.write("fake scontrol: unexpected %s\\n" % args)
+    sys.exit(99)
+"""
+
+
+def _cluster(**changes: list[Node]) -> dict[str, list[Node]]:
+    partitions: dict[str, list[Node]] = {"gpu": p5_nodes(8), "gb": gb200_nodes(2), "cpu": [node("cpu-1", "c5.xlarge")]}
+    partitions.update(changes)
+    return partitions
+
+
+def _bundle(partitions: dict[str, list[Node]], version: str = "26.05") -> dict[str, Any]:
+    return render(plan(snapshot(partitions, version=version))).bundle.document()
+
+
+def live_topologies(bundle: dict[str, Any]) -> dict[str, str]:
+    """What a slurmctld that loaded ``bundle`` prints for ``scontrol show topology [NAME]``."""
+    outputs = {}
+    for name, units in bundle["topologies"].items():
+        lines = []
+        for unit, expected in units.items():
+            if expected["kind"] == "block":
+                lines.append(f"BlockName={unit} BlockIndex=0 Nodes={','.join(expected['nodes'])} BlockSize=18")
+            else:
+                level = 1 if expected["switches"] else 0
+                lines.append(
+                    f"SwitchName={unit} Level={level} LinkSpeed=0 Nodes={','.join(expected['nodes'])}"
+                    + (f" Switches={','.join(expected['switches'])}" if expected["switches"] else "")
+                )
+        outputs["" if bundle["slurm_format"] == "topology.conf" else name] = "\n".join(lines) + "\n"
+    return outputs
+
+
+class FakeHeadNode:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.etc = root / "etc"
+        self.etc.mkdir()
+        self.conf = self.etc / "slurm.conf"
+        bin_dir = root / "bin"
+        bin_dir.mkdir()
+        scontrol = bin_dir / "scontrol"
+        scontrol.write_text(f"#!{sys.executable} -IS\n{FAKE_SCONTROL}")
+        scontrol.chmod(0o755)
+        self.state_path = root / "state.json"
+        self.environ = {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "SLURM_CONF": str(self.conf),
+            "FAKE_SCONTROL_STATE": str(self.state_path),
+        }
+        self.state: dict[str, Any] = {
+            "version": "slurm 26.05.5",
+            "slurm_conf": str(self.conf),
+            "nodes": [],
+            "partitions": {},
+            "topologies": {},
+            "reconfigure": [0],
+        }
+
+    def serve(self, bundle: dict[str, Any] | None = None, **state: Any) -> None:
+        """slurm.conf with the bundle's partitions; scontrol answering as if the bundle were live."""
+        if bundle is not None:
+            self.conf.write_text(
+                "ClusterName=fake\nSlurmctldLogFile=/nonexistent/slurmctld.log\n"
+                + "".join(f"PartitionName={name} Nodes=ALL State=UP\n" for name in sorted(bundle["partitions"]))
+            )
+            self.state.update(
+                nodes=bundle["nodes"], partitions=bundle["partitions"], topologies=live_topologies(bundle)
+            )
+        self.state.update(state)
+        self.state_path.write_text(json.dumps(self.state))
+
+    def calls(self) -> list[str]:
+        path = Path(f"{self.state_path}.calls")
+        return path.read_text().splitlines() if path.exists() else []
+
+    def run(self, mode: str, bundle: dict[str, Any] | str, *args: str) -> tuple[int, dict[str, Any], str]:
+        path = self.root / "bundle.json"
+        path.write_text(bundle if isinstance(bundle, str) else json.dumps(bundle))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = applier.main([mode, str(path), *args], environ=self.environ)
+        text = out.getvalue()
+        assert text.count("\n") == 1  # one JSON document, one line
+        document: dict[str, Any] = json.loads(text)
+        assert len(text) <= applier.MAX_STDOUT_CHARS
+        return code, document, text
+
+    def files(self) -> dict[str, bytes | None]:
+        return {p.name: None if p.is_dir() else p.read_bytes() for p in sorted(self.etc.iterdir())}
+
+
+@pytest.fixture
+def head_node(tmp_path: Path) -> FakeHeadNode:
+    return FakeHeadNode(tmp_path)
+
+
+def test_apply_then_unchanged_without_a_reconfigure(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    head_node.conf.chmod(0o640)
+    assert not (head_node.etc / "topology.yaml").exists()
+
+    code, document, _ = head_node.run("apply", bundle)
+
+    assert (code, document["outcome"], document["error"]) == (0, "applied", None)
+    assert document["after_sha256"] == bundle["plan_sha256"]
+    assert stat.S_IMODE((head_node.etc / "topology.yaml").stat().st_mode) == 0o640
+    assert head_node.calls().count("reconfigure") == 1
+    code, document, _ = head_node.run("apply", bundle)
+    assert (code, document["outcome"], document["reconfigured"]) == (0, "unchanged", False)
+    assert head_node.calls().count("reconfigure") == 1
+
+
+def test_backups_keep_the_newest_five(head_node: FakeHeadNode) -> None:
+    first, second = _bundle(_cluster()), _bundle(_cluster(gpu=p5_nodes(6)))
+    head_node.serve(first)
+    outcomes = []
+    for bundle in [first, second] * 4:
+        head_node.serve(topologies=live_topologies(bundle), nodes=bundle["nodes"], partitions=bundle["partitions"])
+        outcomes.append(head_node.run("apply", bundle)[1]["outcome"])
+    assert outcomes == ["applied"] * 8
+    backups = sorted((head_node.etc / ".topokeeper-backup").iterdir())
+    assert len(backups) == applier.BACKUPS_KEPT
+    assert json.loads((backups[-1] / "manifest.json").read_text())["files"][0]["existed"] is True
+
+
+def test_a_rejected_reconfigure_restores_every_byte_and_reloads(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle, reconfigure=[1, 0])
+    head_node.conf.write_bytes(head_node.conf.read_bytes() + b"# caf\xe9\r\n")
+    files = head_node.files()
+
+    code, document, _ = head_node.run("apply", bundle)
+
+    assert (code, document["outcome"], document["reconfigure_exit_code"]) == (1, "rolled_back", 1)
+    assert "scontrol reconfigure exited 1: slurm_reconfigure error: Unspecified error" in document["error"]
+    assert head_node.calls().count("reconfigure") == 2
+    assert {k: v for k, v in head_node.files().items() if not k.startswith(".topokeeper")} == files
+    assert document["after_sha256"] == document["before_sha256"] != document["plan_sha256"]
+
+
+def test_when_the_reload_of_the_old_config_fails_too_the_outcome_is_failed(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle, reconfigure=[1])
+    code, document, _ = head_node.run("apply", bundle)
+    assert (code, document["outcome"]) == (1, "failed")
+    assert "the previous files are restored but scontrol reconfigure exited 1" in document["error"]
+    assert not (head_node.etc / "topology.yaml").exists()
+
+
+def test_a_read_back_mismatch_is_reported_and_not_rolled_back(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    head_node.serve(topologies={"tree-gpu": "SwitchName=root Level=1 Switches=nn-spine0\n"})
+
+    code, document, _ = head_node.run("apply", bundle)
+
+    assert (code, document["outcome"]) == (1, "failed")
+    assert document["error"].startswith("slurmctld loaded the new config but the read-back differs from the plan")
+    assert document["after_sha256"] == document["plan_sha256"]  # the plan stays on disk
+    assert (head_node.etc / "topology.yaml").read_text() == bundle["files"]["topology.yaml"]["content"]
+    assert document["readback"]["tree-gpu"]["matches"] is False
+    assert "switch nn-spine0: missing" in document["readback"]["tree-gpu"]["mismatches"]
+    assert document["readback"]["block-gb"]["mismatches"] == [
+        "scontrol show topology block-gb: slurm_load_topo error: Requested topology configuration is not available"
+    ]
+    assert [d["what"] for d in document["drift"]] == ["topology", "topology"]
+
+
+def test_a_busy_lock_fails_cleanly_after_the_timeout(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    files = head_node.files()
+    with open(head_node.etc / applier.LOCK_FILE, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = time.monotonic()
+        code, document, _ = head_node.run("apply", bundle, "--lock-timeout", "0.3")
+        waited = time.monotonic() - started
+    assert (code, document["outcome"]) == (1, "failed")
+    assert document["error"].startswith("lock busy: another apply holds")
+    assert 0.3 <= waited < 5
+    assert {k: v for k, v in head_node.files().items() if k != applier.LOCK_FILE} == files
+
+
+def test_output_stays_under_the_ssm_cap_for_20000_nodes_with_drift(head_node: FakeHeadNode) -> None:
+    partitions = {f"p{i:02d}": p5_nodes(500, prefix=f"n{i:02d}-", partition=f"p{i:02d}", per_leaf=2) for i in range(40)}
+    bundle = _bundle(partitions)
+    assert len(bundle["nodes"]) == 20000
+    head_node.serve(bundle)
+    head_node.serve(topologies={}, partitions={name: None for name in partitions})
+
+    code, document, text = head_node.run("verify", bundle)
+
+    assert (code, document["outcome"]) == (3, "drift")
+    assert len(text) <= applier.MAX_STDOUT_CHARS
+    # The missing file, then per partition a disk, a live partition and a topology entry: capped, the rest counted.
+    assert document["drift"][0] == {"what": "file", "name": "topology.yaml", "detail": f"missing from {head_node.etc}"}
+    assert len(document["drift"]) + document["dropped"]["drift"] == 1 + 40 * 3
+    assert len(document["readback"]) + document["dropped"].get("readback", 0) == 40
+    assert all(not entry["matches"] and entry["mismatches"] for entry in document["readback"].values())
+
+    head_node.serve(topologies=live_topologies(bundle))
+    head_node.serve(topologies={"tree-p00": "SwitchName=root Level=9 Switches=x\n"})
+    _, document, text = head_node.run("verify", bundle)
+    first = document["readback"]["tree-p00"]
+    # every switch but root is missing, and root has the wrong child
+    assert first["mismatches_dropped"] + len(first["mismatches"]) == len(bundle["topologies"]["tree-p00"])
+    assert len(text) <= applier.MAX_STDOUT_CHARS
+
+    code, document, text = head_node.run("dry-run", bundle)
+    assert (code, document["outcome"]) == (0, "would_apply")
+    assert document["diff"].startswith("--- /dev/null\n+++ ")
+    assert document["dropped"]["diff_chars"] > 100000
+    assert len(document["partitions_changed"]) + document["dropped"].get("partitions_changed", 0) == 40
+    assert len(text) <= applier.MAX_STDOUT_CHARS
+
+
+def test_every_result_carries_every_key(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    required = {
+        "outcome",
+        "mode",
+        "plan_sha256",
+        "before_sha256",
+        "after_sha256",
+        "partitions_changed",
+        "reconfigured",
+        "reconfigure_exit_code",
+        "readback",
+        "partition_topologies",
+        "drift",
+        "diff",
+        "slurm_version",
+        "slurm_format",
+        "config_dir",
+        "duration_seconds",
+        "error",
+        "applier_version",
+    }
+    documents = [
+        head_node.run("verify", bundle)[1],
+        head_node.run("dry-run", bundle)[1],
+        head_node.run("apply", "{")[1],
+        head_node.run("apply", _bundle(_cluster(), version="24.11"))[1],
+    ]
+    assert [d["outcome"] for d in documents] == ["drift", "would_apply", "refused", "refused"]
+    for document in documents:
+        assert set(document) >= required
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bogus", "b.json"], "usage: argument mode: invalid choice: 'bogus'"),
+        (["apply"], "usage: the following arguments are required: bundle"),
+        (["apply", "b.json", "--lock-timeout", "-1"], "usage: --lock-timeout: expected a number of seconds >= 0"),
+        (["apply", "/nonexistent/bundle.json"], "cannot read the bundle: [Errno 2] No such file or directory"),
+    ],
+)
+def test_bad_arguments_still_print_one_json_document(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert applier.main(argv, environ={}) == 2
+    document = json.loads(capsys.readouterr().out)
+    assert document["outcome"] == "refused"
+    assert document["error"].startswith(message)
+
+
+def test_without_scontrol_the_outcome_is_failed(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    head_node.environ["PATH"] = "/nonexistent"
+    code, document, _ = head_node.run("apply", bundle)
+    assert (code, document["outcome"], document["error"]) == (1, "failed", "scontrol is not on PATH")
+
+
+def test_slurm_conf_is_found_through_scontrol_without_slurm_conf(
+    head_node: FakeHeadNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    del head_node.environ["SLURM_CONF"]
+    monkeypatch.setattr(applier, "DEFAULT_SLURM_CONF", str(head_node.root / "no" / "slurm.conf"))
+    code, document, _ = head_node.run("verify", bundle)
+    assert (document["config_dir"], document["outcome"]) == (str(head_node.etc), "drift")
+    assert code == 3
+    assert head_node.calls()[0] == "show config"
+
+
+def test_the_script_runs_in_a_clean_interpreter(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    (head_node.root / "bundle.json").write_text(json.dumps(bundle))
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", applier.__file__, "dry-run", "-"],
+        input=json.dumps(bundle),
+        env=head_node.environ,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert json.loads(result.stdout)["outcome"] == "would_apply"
+
+
+def test_topokeeper_applier_path_prints_the_applier(capsys: pytest.CaptureFixture[str]) -> None:
+    assert topokeeper_main(["applier-path"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path.is_absolute() and path == Path(applier.__file__).resolve()
+    assert path.read_text().startswith("#!/usr/bin/env python3\n")
+    assert os.access(path, os.R_OK)
