@@ -62,15 +62,6 @@ def _allow_on_clusters(role: iam.IRole, actions: list[str]) -> None:
     )
 
 
-def _allow_unscoped(role: iam.IRole, actions: list[str]) -> None:
-    role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=["*"]))
-    acknowledge(
-        role,
-        "IAM5[Resource::*]",
-        f"{', '.join(actions)} support no resource-level permissions (Service Authorization Reference); read-only.",
-    )
-
-
 class Functions(Construct):
     def __init__(
         self,
@@ -85,6 +76,7 @@ class Functions(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self._settings = settings
+        self._unscoped: dict[iam.IRole, list[str]] = {}
         environment = {
             c.ENV_CONFIG: settings.to_env(),
             c.ENV_TABLE: state.table.table_name,
@@ -135,6 +127,18 @@ class Functions(Construct):
         )
         for function in (self.ingest, self.result, self.drift):
             self._dead_letter_async_failures(function, queues)
+        # One acknowledgment per role that lists all its unscoped actions (a later one would replace it).
+        for role, actions in self._unscoped.items():
+            acknowledge(
+                role,
+                "IAM5[Resource::*]",
+                f"No resource-level permissions exist for {', '.join(actions)} (Service Authorization "
+                "Reference); all are read-only.",
+            )
+
+    def _allow_unscoped(self, role: iam.IRole, actions: list[str]) -> None:
+        role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=["*"]))
+        self._unscoped.setdefault(role, []).extend(actions)
 
     def _function(self, name: str, layers: Layers, environment: dict[str, str]) -> lambda_.Function:
         code_dir = c.FUNCTIONS_DIR / name
@@ -174,14 +178,14 @@ class Functions(Construct):
 
     def _grant_ingest_reads(self, role: iam.IRole) -> None:
         _allow_on_clusters(role, ["sagemaker:DescribeCluster"])
-        _allow_unscoped(role, ["ec2:DescribeInstances"])
+        self._allow_unscoped(role, ["ec2:DescribeInstances"])
 
     def _grant_facts_reads(self, role: iam.IRole) -> None:
         """What the HyperPod and EC2 topology adapters read to plan a cluster."""
         _allow_on_clusters(
             role, ["sagemaker:DescribeCluster", "sagemaker:ListClusterNodes", "sagemaker:DescribeClusterNode"]
         )
-        _allow_unscoped(role, ["ec2:DescribeInstanceTopology", "ec2:DescribeInstances"])
+        self._allow_unscoped(role, ["ec2:DescribeInstanceTopology", "ec2:DescribeInstances"])
         provisioning_parameters = _arn("s3", c.PROVISIONING_PARAMETERS_OBJECTS, region="", account="")
         role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[provisioning_parameters]))
         acknowledge(
@@ -224,9 +228,8 @@ class Functions(Construct):
             )
         self._grant_command_results(role)
 
-    @staticmethod
-    def _grant_command_results(role: iam.IRole) -> None:
-        _allow_unscoped(role, ["ssm:GetCommandInvocation"])
+    def _grant_command_results(self, role: iam.IRole) -> None:
+        self._allow_unscoped(role, ["ssm:GetCommandInvocation"])
 
     def _grant_result_writes(self, role: iam.IRole) -> None:
         role.add_to_principal_policy(

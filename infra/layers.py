@@ -28,7 +28,7 @@ from infra.constants import (
 
 PACKAGE = "topokeeper"
 _PLATFORM = "manylinux2014_aarch64"
-_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
 def _package_files(source: Path) -> list[Path]:

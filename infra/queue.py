@@ -22,12 +22,12 @@ class Queues(Construct):
         self._key = key
         encryption = {"encryption": sqs.QueueEncryption.KMS, "encryption_master_key": key.key, "enforce_ssl": True}
         self.work_dlq = sqs.Queue(self, "WorkDlq", fifo=True, retention_period=_RETENTION, **encryption)
-        # One message group per cluster: reconciles of a cluster never overlap or reorder.
+        # One message group per cluster: reconciles of a cluster never overlap or reorder. Senders set
+        # MessageDeduplicationId themselves (cluster, generation, reason).
         self.work = sqs.Queue(
             self,
             "Work",
             fifo=True,
-            content_based_deduplication=True,
             visibility_timeout=Duration.seconds(VISIBILITY_TIMEOUT_FACTOR * reconcile_timeout.to_seconds()),
             dead_letter_queue=sqs.DeadLetterQueue(queue=self.work_dlq, max_receive_count=MAX_RECEIVE_COUNT),
             **encryption,

@@ -30,15 +30,18 @@ from topokeeper.deployment import (
 class TopokeeperStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs: Any) -> None:
         super().__init__(scope, construct_id, description="topokeeper: keeps Slurm network topology right", **kwargs)
-        key = DataKey(self, "DataKey")
-        self.state = StateTable(self, "State", key=key)
-        self.plans = PlanBucket(self, "Plans", key=key, noncurrent_days=settings.audit_retention_days)
-        self.queues = Queues(self, "Queues", key=key, reconcile_timeout=Duration.seconds(c.RECONCILE_TIMEOUT_SECONDS))
+        self.key = DataKey(self, "DataKey")
+        self.state = StateTable(self, "State", key=self.key)
+        self.plans = PlanBucket(self, "Plans", key=self.key, noncurrent_days=settings.audit_retention_days)
+        self.queues = Queues(
+            self, "Queues", key=self.key, reconcile_timeout=Duration.seconds(c.RECONCILE_TIMEOUT_SECONDS)
+        )
+        self.layers = Layers(self, "Layers")
         self.functions = Functions(
             self,
             "Functions",
             settings=settings,
-            layers=Layers(self, "Layers"),
+            layers=self.layers,
             state=self.state,
             plans=self.plans,
             queues=self.queues,
@@ -48,7 +51,7 @@ class TopokeeperStack(Stack):
             self,
             "Monitoring",
             settings=settings,
-            key=key,
+            key=self.key,
             functions=self.functions,
             dead_letter_queues=self.queues.dead_letter_queues,
         )
@@ -64,7 +67,7 @@ class TopokeeperStack(Stack):
             "AlarmTopicArn": (self.monitoring.topic.topic_arn, "Alarms are published here"),
         }
         if clusters := agent_clusters(settings):
-            agent = AgentPolicy(self, "Agent", clusters=clusters, plans=self.plans, key=key)
+            agent = AgentPolicy(self, "Agent", clusters=clusters, plans=self.plans, key=self.key)
             outputs["AgentPolicyArn"] = (
                 agent.policy.managed_policy_arn,
                 "Attach to the ExecutionRole of the HyperPod instance group that runs slurmctld",

@@ -73,14 +73,14 @@ def test_the_state_table(example: Synthesized) -> None:
     assert properties["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
     assert properties["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] is True
     assert properties["SSESpecification"] == {
-        "KMSMasterKeyId": arn(example, example.stack.node.find_child("DataKey").key),
+        "KMSMasterKeyId": arn(example, example.stack.key.key),
         "SSEEnabled": True,
         "SSEType": "KMS",
     }
 
 
 def test_the_data_key_rotates_and_outlives_the_stack(example: Synthesized) -> None:
-    key = example.resource(example.stack.node.find_child("DataKey").key)
+    key = example.resource(example.stack.key.key)
 
     assert key["Properties"]["EnableKeyRotation"] is True
     assert key["DeletionPolicy"] == "Retain"
@@ -93,7 +93,7 @@ def test_the_plan_bucket(example: Synthesized) -> None:
     properties = bucket["Properties"]
     assert properties["VersioningConfiguration"] == {"Status": "Enabled"}
     assert properties["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"] == {
-        "KMSMasterKeyID": arn(example, example.stack.node.find_child("DataKey").key),
+        "KMSMasterKeyID": arn(example, example.stack.key.key),
         "SSEAlgorithm": "aws:kms",
     }
     assert properties["PublicAccessBlockConfiguration"] == {
@@ -129,7 +129,7 @@ def test_the_fifo_work_queue_and_its_fifo_dlq(example: Synthesized) -> None:
     assert example.resource(queues.work_dlq)["Properties"]["FifoQueue"] is True
     # EventBridge and Scheduler dead-letter only into standard queues.
     assert "FifoQueue" not in example.resource(queues.event_dlq)["Properties"]
-    key = arn(example, example.stack.node.find_child("DataKey").key)
+    key = arn(example, example.stack.key.key)
     for queue in (queues.work, queues.work_dlq, queues.event_dlq):
         assert example.resource(queue)["Properties"]["KmsMasterKeyId"] == key
 
@@ -150,7 +150,7 @@ def test_four_arm64_functions_with_both_layers(example: Synthesized) -> None:
         assert properties["Runtime"] == "python3.14"
         assert properties["Architectures"] == ["arm64"]
         assert properties["Handler"] == "handler.lambda_handler"
-        assert properties["Layers"] == [powertools_ref, ref(example, example.stack.node.find_child("Layers").core)]
+        assert properties["Layers"] == [powertools_ref, ref(example, example.stack.layers.core)]
 
 
 def test_the_environment_contract(example: Synthesized) -> None:
@@ -299,7 +299,7 @@ def test_dlq_depth_and_function_error_and_throttle_alarms(example: Synthesized) 
 def test_the_alarm_topic_is_encrypted_and_mails_the_operator(example: Synthesized) -> None:
     topic = example.resource(example.stack.monitoring.topic)["Properties"]
 
-    assert topic["KmsMasterKeyId"] == arn(example, example.stack.node.find_child("DataKey").key)
+    assert topic["KmsMasterKeyId"] == arn(example, example.stack.key.key)
     example.template.has_resource_properties(
         "AWS::SNS::Subscription",
         {
