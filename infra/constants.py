@@ -1,4 +1,4 @@
-"""Names shared by the constructs and the infra tests: paths, the handler contract, metrics, tags."""
+"""Names shared by the constructs and the infra tests: paths, runtime, the handler contract, tags."""
 
 from __future__ import annotations
 
