@@ -11,15 +11,24 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-system lint typecheck test unit slurm bench clean
+.PHONY: install install-system lint typecheck test unit slurm bench clean synth
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed node_modules/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
+
+# The CDK CLI pinned in package.json (npx cdk ...); reinstalled only when the pin or the lock changes.
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
+
+# The CloudFormation template and assets in cdk.out/, through the pinned CLI and cdk.json.
+synth: install
+	npx cdk synth --quiet
 
 install-system:
 	@missing=""; for package in $(SYSTEM_PACKAGES); do \

@@ -1,0 +1,1 @@
+"""The topokeeper CDK app: one stack per account and region, one construct per concern."""

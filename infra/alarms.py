@@ -1,0 +1,140 @@
+"""Alarms to one SNS topic, and a dashboard with one row per managed cluster."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from infra.config import drift_alarm_period
+from infra.encryption import DataKey
+from infra.functions import Functions
+from topokeeper.config import Settings
+from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
+
+_PERIOD = Duration.minutes(5)
+_ROW_HEIGHT = 6
+_LABEL_WIDTH = 4
+_GRAPH_WIDTH = 4  # five graphs and the label fill the dashboard's 24 columns
+
+
+def cluster_metric(metric: Metric, cluster: str, statistic: str, period: Duration = _PERIOD) -> cloudwatch.Metric:
+    return cloudwatch.Metric(
+        namespace=METRICS_NAMESPACE,
+        metric_name=metric.value,
+        dimensions_map={METRICS_DIMENSION: cluster},
+        statistic=statistic,
+        period=period,
+    )
+
+
+class Monitoring(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: Settings,
+        key: DataKey,
+        functions: Functions,
+        dead_letter_queues: dict[str, sqs.IQueue],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._prefix = Stack.of(self).stack_name
+        if settings.alarm_topic_arn:
+            self.topic: sns.ITopic = sns.Topic.from_topic_arn(self, "Topic", settings.alarm_topic_arn)
+        else:
+            self.topic = sns.Topic(
+                self, "Topic", display_name="topokeeper alarms", master_key=key.key, enforce_ssl=True
+            )
+        if settings.alarm_email:
+            self.topic.add_subscription(subscriptions.EmailSubscription(settings.alarm_email))
+        self._action = actions.SnsAction(self.topic)
+        self.alarms: list[cloudwatch.Alarm] = []
+
+        drift_period = drift_alarm_period(settings)
+        for cluster in settings.clusters:
+            name = cluster.name
+            self._alarm(
+                f"{name}-{Metric.TOPOLOGY_DRIFT}",
+                cluster_metric(Metric.TOPOLOGY_DRIFT, name, "Maximum", drift_period),
+                f"{name}: the live topology differed from the plan in {settings.drift_alarm_periods} drift checks",
+                evaluation_periods=settings.drift_alarm_periods,
+                # No data means no check ran (the Errors alarm reports that); keep the last verdict.
+                missing=cloudwatch.TreatMissingData.MISSING,
+            )
+            self._alarm(
+                f"{name}-{Metric.APPLY_FAILURES}",
+                cluster_metric(Metric.APPLY_FAILURES, name, "Sum"),
+                f"{name}: a topology apply failed, was refused or rolled back",
+            )
+        for queue_name, queue in dead_letter_queues.items():
+            self._alarm(
+                f"{queue_name}-Depth",
+                queue.metric_approximate_number_of_messages_visible(period=_PERIOD, statistic="Maximum"),
+                f"messages in {queue_name}: redrive them once the cause is fixed",
+                comparison=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                threshold=0,
+            )
+        for function_name, function in functions.by_name.items():
+            self._alarm(
+                f"{function_name}-Errors",
+                function.metric_errors(period=_PERIOD, statistic="Sum"),
+                f"the {function_name} function failed",
+            )
+            self._alarm(
+                f"{function_name}-Throttles",
+                function.metric_throttles(period=_PERIOD, statistic="Sum"),
+                f"the {function_name} function was throttled",
+            )
+
+        self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=f"{self._prefix}-clusters")
+        for cluster in settings.clusters:
+            self.dashboard.add_widgets(*self._cluster_row(cluster.name))
+
+    def _alarm(
+        self,
+        name: str,
+        metric: cloudwatch.IMetric,
+        description: str,
+        *,
+        evaluation_periods: int = 1,
+        comparison: cloudwatch.ComparisonOperator = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        threshold: float = 1,
+        missing: cloudwatch.TreatMissingData = cloudwatch.TreatMissingData.NOT_BREACHING,
+    ) -> None:
+        alarm = cloudwatch.Alarm(
+            self,
+            name,
+            alarm_name=f"{self._prefix}-{name}",
+            alarm_description=description,
+            metric=metric,
+            evaluation_periods=evaluation_periods,
+            comparison_operator=comparison,
+            threshold=threshold,
+            treat_missing_data=missing,
+        )
+        alarm.add_alarm_action(self._action)
+        self.alarms.append(alarm)
+
+    @staticmethod
+    def _cluster_row(cluster: str) -> list[cloudwatch.IWidget]:
+        def graph(title: str, *metrics: cloudwatch.IMetric) -> cloudwatch.GraphWidget:
+            return cloudwatch.GraphWidget(title=title, left=list(metrics), width=_GRAPH_WIDTH, height=_ROW_HEIGHT)
+
+        return [
+            cloudwatch.TextWidget(markdown=f"## {cluster}", width=_LABEL_WIDTH, height=_ROW_HEIGHT),
+            graph("Topology updates", cluster_metric(Metric.TOPOLOGY_UPDATES, cluster, "Sum")),
+            graph("Drift", cluster_metric(Metric.TOPOLOGY_DRIFT, cluster, "Maximum")),
+            graph("Nodes without topology", cluster_metric(Metric.NODES_WITHOUT_TOPOLOGY, cluster, "Maximum")),
+            graph(
+                "Reconcile seconds",
+                cluster_metric(Metric.RECONCILE_SECONDS, cluster, "p50"),
+                cluster_metric(Metric.RECONCILE_SECONDS, cluster, "Maximum"),
+            ),
+            graph("Events coalesced", cluster_metric(Metric.EVENTS_COALESCED, cluster, "Sum")),
+        ]

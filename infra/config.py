@@ -1,0 +1,81 @@
+"""The deployment settings from cdk.json context (or a ``-c topokeeper='{...}'`` override).
+
+Validation is topokeeper.config.Settings, the same model the Lambdas load from TOPOKEEPER_CONFIG;
+this module only turns its errors into one line per problem that names the context key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from aws_cdk import Duration
+from pydantic import ValidationError
+
+from infra.constants import CONTEXT_KEY
+from topokeeper.config import MAX_CONFIG_BYTES, Settings
+
+_RATE = re.compile(r"rate\((?P<value>[1-9]\d*) (?P<unit>minutes?|hours?|days?)\)")
+_CRON = re.compile(r"cron\([^()]+\)")
+# CloudWatch evaluates at most one day of periods shorter than an hour, and at most seven days otherwise.
+_ONE_DAY = 24 * 3600
+_CRON_ALARM_PERIOD = Duration.hours(1)
+
+
+class ConfigError(ValueError):
+    """The deployment settings are missing or invalid; the message names the offending key."""
+
+
+def _key(location: tuple[int | str, ...]) -> str:
+    key = CONTEXT_KEY
+    for part in location:
+        key += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return key
+
+
+def load_settings(raw: Any) -> Settings:
+    """Validate the context value: a JSON object from cdk.json, or a JSON string from ``-c``."""
+    if raw is None:
+        raise ConfigError(f"{CONTEXT_KEY}: missing; set it in cdk.json context or pass -c {CONTEXT_KEY}='{{...}}'")
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{CONTEXT_KEY}: not valid JSON: {error}") from None
+    try:
+        settings = Settings.model_validate(raw)
+    except ValidationError as error:
+        problems = [f"{_key(item['loc'])}: {item['msg']}" for item in error.errors(include_url=False)]
+        raise ConfigError("\n".join(problems)) from None
+    drift_alarm_period(settings)  # checks drift_schedule and drift_alarm_periods
+    size = len(settings.to_env().encode())
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{CONTEXT_KEY}: {size} bytes as TOPOKEEPER_CONFIG, over the {MAX_CONFIG_BYTES}-byte limit "
+            "(Lambda allows 4 KB of environment variables per function); shorten or drop per-partition overrides"
+        )
+    return settings
+
+
+def drift_alarm_period(settings: Settings) -> Duration:
+    """One alarm period per drift check: the rate of the schedule, or an hour for a cron schedule."""
+    schedule = settings.drift_schedule
+    if rate := _RATE.fullmatch(schedule):
+        value, unit = int(rate["value"]), rate["unit"].rstrip("s")
+        period = {"minute": Duration.minutes, "hour": Duration.hours, "day": Duration.days}[unit](value)
+    elif _CRON.fullmatch(schedule):
+        period = _CRON_ALARM_PERIOD
+    else:
+        raise ConfigError(
+            f"{CONTEXT_KEY}.drift_schedule: expected rate(N minutes|hours|days) or cron(...): {schedule!r}"
+        )
+    seconds = period.to_seconds()
+    window = settings.drift_alarm_periods * seconds
+    limit = _ONE_DAY if seconds < 3600 else 7 * _ONE_DAY
+    if window > limit:
+        raise ConfigError(
+            f"{CONTEXT_KEY}.drift_alarm_periods: {settings.drift_alarm_periods} periods of {seconds} s "
+            f"exceed CloudWatch's {limit // _ONE_DAY}-day evaluation window"
+        )
+    return period

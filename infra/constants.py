@@ -1,0 +1,52 @@
+"""Names shared by the constructs and the infra tests: paths, runtime, the handler contract, tags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import aws_lambda as lambda_
+
+from topokeeper.config import CONFIG_ENV
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FUNCTIONS_DIR = REPO_ROOT / "functions"
+CORE_LAYER_SOURCE = REPO_ROOT / "layers" / "core"
+# Local build output (git-ignored): the core layer and the test stand-in for the Powertools layer.
+BUILD_DIR = REPO_ROOT / ".build"
+
+STACK_ID = "Topokeeper"
+CONTEXT_KEY = "topokeeper"
+
+# Python 3.14 is the newest runtime with both a CDK constant and a Powertools public layer.
+RUNTIME = lambda_.Runtime.PYTHON_3_14
+PYTHON_VERSION = "3.14"
+ARCHITECTURE = lambda_.Architecture.ARM_64
+# The AWS-managed Powertools layer ARN, resolved by CloudFormation at deploy time.
+POWERTOOLS_LAYER_PARAMETER = f"/aws/service/powertools/python/arm64/python{PYTHON_VERSION}/latest"
+HANDLER = "handler.lambda_handler"
+
+# The four functions; each one's code asset is functions/<name>/.
+INGEST = "ingest"
+RECONCILE = "reconcile"
+RESULT = "result"
+DRIFT = "drift"
+FUNCTION_NAMES = (INGEST, RECONCILE, RESULT, DRIFT)
+# The work queue's visibility timeout derives from it (infra/queue.py).
+RECONCILE_TIMEOUT_SECONDS = 180
+
+# Environment variables: the contract with the handlers (topokeeper.runtime.LambdaEnvironment).
+ENV_CONFIG = CONFIG_ENV
+ENV_TABLE = "TABLE_NAME"
+ENV_BUCKET = "BUCKET_NAME"
+ENV_QUEUE = "QUEUE_URL"
+ENV_DEAD_LETTER_QUEUE = "DEAD_LETTER_QUEUE_URL"
+ENV_EVENT_BUS = "EVENT_BUS_NAME"
+ENV_CLOUDTRAIL_CHANNEL = "CLOUDTRAIL_CHANNEL_ARN"
+ENV_AUDIT_RETENTION = "AUDIT_RETENTION_DAYS"
+SERVICE_NAME = "topokeeper"
+EVENT_BUS_NAME = "default"
+
+# Operators tag the head nodes topokeeper may write to (channel ssm) with this tag = "true".
+HEAD_NODE_TAG = "topokeeper:head-node"
+# HyperPod lifecycle buckets must be named sagemaker-*; legacy clusters keep their partition mapping there.
+PROVISIONING_PARAMETERS_OBJECTS = "sagemaker-*/*provisioning_parameters.json"

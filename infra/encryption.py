@@ -1,0 +1,57 @@
+"""The one customer-managed KMS key for everything topokeeper keeps at rest."""
+
+from __future__ import annotations
+
+from aws_cdk import Aws, RemovalPolicy
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+
+class DataKey(Construct):
+    """Encrypts the table, the bucket, the queues and the alarm topic; rotated yearly.
+
+    Retained on ``cdk destroy`` like the table and the bucket: without it they could not be read.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str) -> None:
+        super().__init__(scope, construct_id)
+        self.key = kms.Key(
+            self,
+            "Key",
+            description="topokeeper: state table, plan bucket, queues and alarm topic",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        # EventBridge rules and the Scheduler write undeliverable events into the encrypted DLQ.
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="EventBridgeDeadLetters",
+                principals=[iam.ServicePrincipal("events.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey"],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}},
+            )
+        )
+        # CloudWatch alarms publish to the encrypted SNS topic (as the SNS developer guide requires).
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchAlarms",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey"],
+                resources=["*"],
+            )
+        )
+
+    def grant_use(self, role: iam.IRole, service: str, *, write: bool) -> None:
+        """Let ``role`` use the key through one AWS service (dynamodb, s3, sqs), never directly."""
+        actions = ["kms:Decrypt", "kms:DescribeKey"]
+        if write:
+            actions += ["kms:Encrypt", "kms:GenerateDataKey"]
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=actions,
+                resources=[self.key.key_arn],
+                conditions={"StringEquals": {"kms:ViaService": f"{service}.{Aws.REGION}.amazonaws.com"}},
+            )
+        )

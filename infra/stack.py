@@ -1,0 +1,76 @@
+"""The topokeeper stack: one per account and region."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import CfnOutput, Duration, Stack
+from constructs import Construct
+
+from infra import constants as c
+from infra.agent import AgentPolicy, agent_clusters
+from infra.alarms import Monitoring
+from infra.encryption import DataKey
+from infra.events import Triggers
+from infra.functions import Functions
+from infra.layers import Layers
+from infra.queue import Queues
+from infra.state import StateTable
+from infra.storage import PlanBucket
+from topokeeper.config import Settings
+from topokeeper.deployment import (
+    OUTPUT_BUCKET,
+    OUTPUT_DEAD_LETTER_QUEUE,
+    OUTPUT_QUEUE,
+    OUTPUT_RECONCILE_FUNCTION,
+    OUTPUT_TABLE,
+)
+
+
+class TopokeeperStack(Stack):
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(scope, construct_id, description="topokeeper: keeps Slurm network topology right", **kwargs)
+        self.key = DataKey(self, "DataKey")
+        self.state = StateTable(self, "State", key=self.key)
+        self.plans = PlanBucket(self, "Plans", key=self.key, noncurrent_days=settings.audit_retention_days)
+        self.queues = Queues(
+            self, "Queues", key=self.key, reconcile_timeout=Duration.seconds(c.RECONCILE_TIMEOUT_SECONDS)
+        )
+        self.layers = Layers(self, "Layers")
+        self.functions = Functions(
+            self,
+            "Functions",
+            settings=settings,
+            layers=self.layers,
+            state=self.state,
+            plans=self.plans,
+            queues=self.queues,
+        )
+        self.triggers = Triggers(self, "Triggers", settings=settings, functions=self.functions, queues=self.queues)
+        self.monitoring = Monitoring(
+            self,
+            "Monitoring",
+            settings=settings,
+            key=self.key,
+            functions=self.functions,
+            dead_letter_queues=self.queues.dead_letter_queues,
+        )
+
+        # The operator CLI finds a deployment by these outputs (topokeeper.deployment).
+        outputs = {
+            OUTPUT_TABLE: (self.state.table.table_name, "The state table"),
+            OUTPUT_BUCKET: (self.plans.bucket.bucket_name, "The plan bucket"),
+            OUTPUT_QUEUE: (self.queues.work.queue_url, "The FIFO work queue"),
+            OUTPUT_DEAD_LETTER_QUEUE: (self.queues.work_dlq.queue_url, "The work queue's dead-letter queue"),
+            OUTPUT_RECONCILE_FUNCTION: (self.functions.reconcile.function_name, "The reconcile function"),
+            "EventDeadLetterQueueUrl": (self.queues.event_dlq.queue_url, "Events the functions could not take"),
+            "AlarmTopicArn": (self.monitoring.topic.topic_arn, "Alarms are published here"),
+        }
+        if clusters := agent_clusters(settings):
+            agent = AgentPolicy(self, "Agent", clusters=clusters, plans=self.plans, key=self.key)
+            outputs["AgentPolicyArn"] = (
+                agent.policy.managed_policy_arn,
+                "Attach to the ExecutionRole of the HyperPod instance group that runs slurmctld",
+            )
+        for name, (value, description) in outputs.items():
+            CfnOutput(self, name, value=value, description=description)

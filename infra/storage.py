@@ -1,0 +1,66 @@
+"""The plan bucket: rendered plans, bundles for the head-node agents, and payloads too large for events."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from aws_cdk import CfnResource, Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from infra.encryption import DataKey
+from infra.nag import acknowledge, arn_of
+
+_READ_OBJECTS = ["s3:GetObject", "s3:GetObjectVersion"]
+
+
+class PlanBucket(Construct):
+    def __init__(self, scope: Construct, construct_id: str, *, key: DataKey, noncurrent_days: int) -> None:
+        super().__init__(scope, construct_id)
+        self._key = key
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            encryption=s3.BucketEncryption.KMS,
+            encryption_key=key.key,
+            bucket_key_enabled=True,  # one KMS call per bucket key, not per object
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=True,
+            lifecycle_rules=[
+                # Earlier plans are the evidence behind the audit trail: keep them as long as the audit.
+                s3.LifecycleRule(
+                    noncurrent_version_expiration=Duration.days(noncurrent_days),
+                    abort_incomplete_multipart_upload_after=Duration.days(7),
+                )
+            ],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        acknowledge(
+            self.bucket,
+            "S1",
+            "Access logs would need a second bucket with SSE-S3 (log delivery cannot use a KMS key) for little "
+            "gain: only topokeeper's roles and the agent policy can reach these objects, every plan written is "
+            "in the audit trail, and S3 data events in the account's CloudTrail record object access if required.",
+        )
+
+    def _grant(self, role: iam.IRole, object_actions: list[str], *, write: bool) -> None:
+        # ListBucket lets a missing key read as 404 rather than 403.
+        role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn]))
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=object_actions, resources=[self.bucket.arn_for_objects("*")])
+        )
+        self._key.grant_use(role, "s3", write=write)
+        acknowledge(
+            role,
+            f"IAM5[Resource::{arn_of(cast(CfnResource, self.bucket.node.default_child))}/*]",
+            "Objects of this stack's own plan bucket: keys are per cluster and per plan hash, unknown at synth.",
+        )
+
+    def grant_read(self, role: iam.IRole) -> None:
+        self._grant(role, _READ_OBJECTS, write=False)
+
+    def grant_read_write(self, role: iam.IRole) -> None:
+        self._grant(role, [*_READ_OBJECTS, "s3:PutObject"], write=True)
