@@ -9,10 +9,10 @@ from constructs import Construct
 
 from infra.encryption import DataKey
 from infra.nag import acknowledge
+from topokeeper.events import WORK_QUEUE_MAX_RECEIVES
 
 # Six times the consumer's timeout, as Lambda recommends for SQS event sources.
 VISIBILITY_TIMEOUT_FACTOR = 6
-MAX_RECEIVE_COUNT = 5
 _RETENTION = Duration.days(14)
 
 
@@ -29,7 +29,7 @@ class Queues(Construct):
             "Work",
             fifo=True,
             visibility_timeout=Duration.seconds(VISIBILITY_TIMEOUT_FACTOR * reconcile_timeout.to_seconds()),
-            dead_letter_queue=sqs.DeadLetterQueue(queue=self.work_dlq, max_receive_count=MAX_RECEIVE_COUNT),
+            dead_letter_queue=sqs.DeadLetterQueue(queue=self.work_dlq, max_receive_count=WORK_QUEUE_MAX_RECEIVES),
             **encryption,
         )
         # Standard, not FIFO: EventBridge and Scheduler dead-letter only into standard queues. It also

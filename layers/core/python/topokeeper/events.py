@@ -168,6 +168,11 @@ class TopokeeperEvent(EventBridgeModel):
     detail: dict[str, Any]
 
 
+# A deferred reconcile (debounce, write interval, delivery in flight) returns its message to the queue,
+# which SQS counts as a receive: allow many before the dead-letter queue, which is for poison messages.
+WORK_QUEUE_MAX_RECEIVES = 50
+
+
 class ReconcileRequest(BaseModel):
     """The SQS FIFO message from ingest to reconcile: only *that* a cluster changed, never what."""
 

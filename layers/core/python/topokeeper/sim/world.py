@@ -36,7 +36,7 @@ from topokeeper.config import ClusterConfig, Mode, Settings
 from topokeeper.deployment import Deployment
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.domain.models import SlurmVersion
-from topokeeper.events import change_patterns, result_patterns
+from topokeeper.events import WORK_QUEUE_MAX_RECEIVES, change_patterns, result_patterns
 from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Channel, Metric, Outcome
 from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.service.reconcile import plan_cluster
@@ -52,7 +52,6 @@ TABLE = "topokeeper-state"
 BUCKET = "topokeeper-plans-sim"
 WORK_QUEUE = "topokeeper-work.fifo"
 WORK_DEAD_LETTERS = "topokeeper-work-dlq.fifo"
-MAX_RECEIVES = 50  # deferrals count as receives; the stack uses the same redrive setting
 FAILED_VISIBILITY_SECONDS = 30.0
 DRIFT_ALARM = "topokeeper-{cluster}-TopologyDrift"
 log = logging.getLogger("topokeeper.sim")
@@ -274,7 +273,7 @@ class World:
         fifo = {"FifoQueue": "true"}
         self.dead_letter_url = sqs.create_queue(QueueName=WORK_DEAD_LETTERS, Attributes=fifo)["QueueUrl"]
         dead_letter_arn = _queue_arn(sqs, self.dead_letter_url)
-        redrive = json.dumps({"deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": MAX_RECEIVES})
+        redrive = json.dumps({"deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": WORK_QUEUE_MAX_RECEIVES})
         self.queue_url = sqs.create_queue(QueueName=WORK_QUEUE, Attributes={**fifo, "RedrivePolicy": redrive})[
             "QueueUrl"
         ]
