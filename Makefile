@@ -11,7 +11,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-system lint typecheck test unit slurm bench clean synth
+.PHONY: install install-system lint typecheck test unit slurm bench clean synth demo
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -54,6 +54,10 @@ unit: install
 
 slurm: install install-system
 	$(BIN)/pytest tests/integration/slurm
+
+# The whole system on this machine: emulated AWS, the real functions and applier, a real slurmctld.
+demo: install install-system
+	$(BIN)/topokeeper demo --out out/demo
 
 bench: install
 	$(BIN)/python bench/plan_scaling.py

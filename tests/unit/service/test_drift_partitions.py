@@ -27,6 +27,11 @@ def test_a_file_edit_may_touch_every_assigned_partition() -> None:
     assert drifted_partitions(_drift({"what": "file", "name": "topology.yaml"}), _bundle()) == ["gb", "p5"]
 
 
+def test_a_reconfigured_edit_names_its_partition_even_with_file_drift() -> None:
+    drift = _drift({"what": "file", "name": "topology.yaml"}, {"what": "topology", "name": "tree-p5"})
+    assert drifted_partitions(drift, _bundle()) == ["p5"]
+
+
 def test_before_25_05_one_topology_serves_every_partition() -> None:
     result = drifted_partitions(_drift({"what": "topology", "name": "cluster"}), _bundle("24.11"))
     assert result == ["cpu", "gb", "p5"]

@@ -20,6 +20,7 @@ from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
 from topokeeper.render.bundle import RenderedPlan, render
+from topokeeper.sim import commands as sim_commands
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator_commands.register(commands)
     operator_commands.add_endpoint_option(parser)
     add_agent_commands(commands)
+    sim_commands.register(commands)
     return parser
 
 

@@ -46,22 +46,24 @@ class DriftReport(BaseModel):
 
 
 def drifted_partitions(result: ApplyResult, bundle: Bundle) -> list[str]:
-    """The partitions a verify found drifted; a file or plugin edit may touch any of them."""
+    """The partitions a verify found drifted. A topology or partition entry names them; an edited file or
+    plugin with no such entry (not reconfigured yet) may touch any assigned partition."""
     by_topology: dict[str, list[str]] = {}
     for partition, topology in bundle.partitions.items():
         by_topology.setdefault(topology or "", []).append(partition)
-    found: set[str] = set()
+    named: set[str] = set()
     for item in result.drift:
         what, name = item.get("what"), str(item.get("name", ""))
         if what == "partition" and name in bundle.partitions:
-            found.add(name)
-        elif what == "topology" and name in by_topology:
-            found.update(by_topology[name])
-        elif what == "topology" and bundle.topology_plugin is not None:
-            found.update(bundle.partitions)  # before 25.05 one topology serves every partition
-        elif what in ("file", "plugin"):
-            found.update(p for p, t in bundle.partitions.items() if t is not None or bundle.topology_plugin)
-    return sorted(found)
+            named.add(name)
+        elif what == "topology":
+            # Before 25.05 one topology serves every partition.
+            named.update(by_topology.get(name, []) if bundle.topology_plugin is None else bundle.partitions)
+    if named:
+        return sorted(named)
+    if any(item.get("what") in ("file", "plugin") for item in result.drift):
+        return sorted(p for p, t in bundle.partitions.items() if t is not None or bundle.topology_plugin)
+    return []
 
 
 def _live_status(result: ApplyResult) -> Literal["in_sync", "drift", "unknown"]:

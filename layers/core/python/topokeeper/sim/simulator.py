@@ -43,8 +43,9 @@ class StepResult(BaseModel):
     converged: bool | None
     convergence_seconds: float | None
     audit_records: list[dict[str, Any]]
-    drift: int | None
-    alarm: str
+    drift: int | None  # the highest TopologyDrift seen during the step
+    alarm: str  # the drift alarm's state when the step ended
+    alarm_raised: bool  # whether it went to ALARM during the step
     live_topology: dict[str, str]
     nodes: int
     timeline: list[dict[str, Any]] = Field(default_factory=list)
@@ -134,7 +135,6 @@ class Story:
         elif step.delete is not None:
             ids = self._pick(step.delete.group, step.delete.count, newest=True)
             sagemaker.batch_delete_cluster_nodes(ClusterName=cluster, NodeIds=ids)
-            world.head.sync_nodes(world.partitions())
         elif step.fail_node is not None:
             ids = self._pick(step.fail_node.group, step.fail_node.count)
             for node_id in ids:
@@ -161,7 +161,7 @@ class Story:
         converged, seconds = self._convergence(desired, started)
         records = [r for r in world.runtime.audit.history(world.cluster.name, 1000) if _after(r, world, started)]
         alarm = client("cloudwatch").describe_alarms(AlarmNamePrefix="topokeeper-")["MetricAlarms"][0]["StateValue"]
-        drift = world.runtime.metrics.last(world.cluster.name, Metric.TOPOLOGY_DRIFT, started)  # type: ignore[attr-defined]
+        drift = world.metrics.peak(world.cluster.name, Metric.TOPOLOGY_DRIFT, started)
         return StepResult(
             step=action,
             started_at=round(started, 3),
@@ -181,6 +181,7 @@ class Story:
             audit_records=sorted(records, key=lambda r: (r["completed_at"], r["partition"])),
             drift=None if drift is None else int(drift),
             alarm=alarm,
+            alarm_raised=world.metrics.alarmed_since(started),
             live_topology=world.head.live_topology(),
             nodes=len(desired.plan.nodes),
             timeline=world.timeline[timeline_start:],

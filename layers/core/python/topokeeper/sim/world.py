@@ -121,6 +121,7 @@ class SimMetrics:
     def __init__(self, world: World) -> None:
         self._world = world
         self.points: list[tuple[float, str, str, float]] = []
+        self.alarm_states: list[tuple[float, str]] = []
         self._drift_streak: dict[str, int] = {}
 
     def emit(self, cluster: str, metric: Metric, value: float) -> None:
@@ -154,11 +155,15 @@ class SimMetrics:
             client("cloudwatch").set_alarm_state(
                 AlarmName=name, StateValue=state, StateReason=f"TopologyDrift={value:.0f} for {streak} period(s)"
             )
+            self.alarm_states.append((self._world.clock.monotonic(), state))
             self._world.note("alarm", f"{name} -> {state}")
 
-    def last(self, cluster: str, metric: Metric, since: float) -> float | None:
+    def peak(self, cluster: str, metric: Metric, since: float) -> float | None:
         values = [v for t, c, m, v in self.points if c == cluster and m == metric.value and t >= since]
-        return values[-1] if values else None
+        return max(values) if values else None
+
+    def alarmed_since(self, since: float) -> bool:
+        return any(state == "ALARM" for t, state in self.alarm_states if t >= since)
 
 
 class SimWorkQueue(SqsWorkQueue):
@@ -217,10 +222,11 @@ class World:
         self._create_stack()
         self._create_cluster()
         self.head.start(self.partitions())
+        self.metrics = SimMetrics(self)
         self.runtime = Runtime.from_environment(
             self.deployment.environment(),
             clock=self.clock,
-            metrics=SimMetrics(self),
+            metrics=self.metrics,
             sleep=self.sleep,
             work_queue=SimWorkQueue(self, client("sqs"), self.queue_url, self.dead_letter_url),
         )
@@ -339,8 +345,12 @@ class World:
         )
 
     def scale(self, group: str, count: int) -> None:
-        """One instance joins or leaves (HyperPod scaling), and the head node's slurm.conf follows."""
+        """One instance joins or leaves (HyperPod scaling)."""
         self.emulator.hyperpod.scale(self.cluster.name, group, count)
+
+    def sync_head_node(self) -> None:
+        """HyperPod's side: bring slurm.conf's node lines up to date. Done before anything runs on the head
+        node and when a step ends, rather than per instance: slurmctld only needs them when it is asked."""
         self.head.sync_nodes(self.partitions())
 
     def partitions(self) -> dict[str, list[str]]:
@@ -384,6 +394,7 @@ class World:
         self.agenda.add(self.clock.monotonic() + self.scenario.timing.ssm_delivery_seconds, lambda: self._run(request))
 
     def _run(self, request: CommandInvocationRequest) -> None:
+        self.sync_head_node()
         code, stdout, stderr = self.head.run_script(request.commands)
         self._count_head_node_result(stdout)
         self.emulator.ssm.complete(
@@ -420,6 +431,7 @@ class World:
         self._agent_config = self.head.install_agent(config)
 
         def poll() -> None:
+            self.sync_head_node()
             environment = {
                 k: v for k, v in self.emulator.env().items() if k.startswith("AWS_") and k != "AWS_ENDPOINT_URL"
             }
@@ -485,7 +497,7 @@ class World:
         outcome = report.get("outcome")
         state = self.runtime.state.get(self.cluster.name)
         if outcome in (Outcome.APPLIED.value, Outcome.UNCHANGED.value) and state.applied_sha256:
-            self.apply_times.setdefault(state.applied_sha256, self.clock.monotonic())
+            self.apply_times[state.applied_sha256] = self.clock.monotonic()
         else:
             self.counters.apply_failures += 1
         self.note("result", f"{outcome}; {report.get('audit_records', 0)} audit record(s)")
@@ -530,10 +542,12 @@ class World:
             if worked:
                 continue
             if quiet and self.is_quiet():
+                self.sync_head_node()
                 return
             due = self.agenda.next_time()
             if due is None or due > deadline:
                 self.clock.advance(max(0.0, deadline - self.clock.monotonic()) if not quiet else 0.0)
+                self.sync_head_node()
                 return
             self.clock.advance(max(0.0, due - self.clock.monotonic()))
             self._run_due()

@@ -1,0 +1,117 @@
+"""``topokeeper simulate`` and ``topokeeper demo``: the scenario simulator from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from topokeeper.sim.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+DEMO_SCENARIO = SCENARIOS / "demo.yaml"
+
+
+class _Story(logging.Handler):
+    """The world's timeline, as readable lines on stderr while it plays."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        sys.stderr.write(self.format(record) + "\n")
+
+
+def _quiet_libraries() -> None:
+    for name in ("werkzeug", "botocore", "boto3", "urllib3", "moto"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # The functions log JSON for CloudWatch; on a terminal the timeline says the same in one line.
+    logging.getLogger("topokeeper").setLevel(logging.WARNING)
+    logging.getLogger("topokeeper.sim").setLevel(logging.INFO)
+
+
+def _print_step(step: Any, show: bool) -> None:
+    converged = {True: "yes", False: "NO", None: "n/a (verify mode)"}[step.converged]
+    seconds = f" in {step.convergence_seconds:.1f}s" if step.convergence_seconds is not None else ""
+    print(
+        f"== {step.step}: t={step.started_at:.0f}s..{step.ended_at:.0f}s  events {step.events_sent}"
+        f" (lost {step.events_lost}, duplicated {step.events_duplicated})  reconciles {step.reconciles}"
+        f"  head-node writes {step.head_node_writes}  AWS calls {sum(step.aws_calls.values())}"
+        f"  converged {converged}{seconds}  drift {step.drift if step.drift is not None else '-'}"
+        f"  alarm {'raised, now ' if step.alarm_raised else ''}{step.alarm}"
+    )
+    if not show:
+        return
+    for record in step.audit_records:
+        print(
+            f"   UpdatePartitionTopology {record['partition']:<12} {record['reason']:<12} {record['outcome']:<8}"
+            f" {record['kind']:<5} nodes {record['node_count']:>4} +{record['nodes_added_count']}"
+            f"/-{record['nodes_removed_count']}  {str(record['before_sha256'] or '-')[:12]}"
+            f" -> {record['after_sha256'][:12]}"
+        )
+    for partition, text in sorted(step.live_topology.items()):
+        lines = text.splitlines() or ["(flat: no switches or blocks)"]
+        print(f"   scontrol show topology ({partition}):")
+        for line in lines[:12]:
+            print(f"     {line[:150]}")
+        if len(lines) > 12:
+            print(f"     ... {len(lines) - 12} more lines")
+
+
+def run(scenario_path: Path, out: Path, *, show: bool) -> int:
+    # Imported here, not at the top: the simulator needs moto (the sim extra), which plan and show do not.
+    from topokeeper.sim.simulator import simulate, write_result  # noqa: PLC0415
+    from topokeeper.sim.slurm_chroot import can_run  # noqa: PLC0415
+
+    ok, reason = can_run()
+    if not ok:
+        print(f"topokeeper: the real head node cannot run here: {reason}", file=sys.stderr)
+        return 1
+    scenario = load_scenario(scenario_path)
+    _quiet_libraries()
+    handler = _Story()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("topokeeper.sim").addHandler(handler)
+    started = time.monotonic()
+    try:
+        result = simulate(scenario, progress=lambda message: print(f"-- {message}", file=sys.stderr))
+    finally:
+        logging.getLogger("topokeeper.sim").removeHandler(handler)
+    for step in result.steps:
+        _print_step(step, show)
+    path = write_result(result, out)
+    outputs = [path]
+    try:
+        from topokeeper.sim.report import write_report  # noqa: PLC0415 - arrives with the report module
+    except ImportError:
+        pass
+    else:
+        outputs.append(write_report(result, out))
+    totals = result.totals
+    print(
+        f"{scenario.cluster.name}: {totals['simulated_seconds']:.0f}s simulated in {time.monotonic() - started:.1f}s,"
+        f" {totals['head_node_writes']} head-node writes, {totals['audit_records']} audit records,"
+        f" converged: {totals['converged']}"
+    )
+    for output in outputs:
+        print(f"wrote {output}")
+    return 0 if totals["converged"] is not False else 1
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    return run(args.scenario, args.out, show=args.show)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    return run(DEMO_SCENARIO, args.out, show=True)
+
+
+def register(commands: Any) -> None:
+    simulate = commands.add_parser("simulate", help="play a scenario against emulated AWS and a real slurmctld")
+    simulate.add_argument("--scenario", type=Path, required=True, help="scenario YAML")
+    simulate.add_argument("--out", type=Path, required=True, help="directory for result.json and report.html")
+    simulate.add_argument("--show", action="store_true", help="print live topology and audit records per step")
+    simulate.set_defaults(run=_cmd_simulate)
+    demo = commands.add_parser("demo", help="the demo story (simulate the embedded demo scenario)")
+    demo.add_argument("--out", type=Path, default=Path("out/demo"), help="directory for the report")
+    demo.set_defaults(run=_cmd_demo)
