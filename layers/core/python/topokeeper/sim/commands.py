@@ -81,12 +81,6 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
         _print_step(step, show)
     path = write_result(result, out)
     outputs = [path]
-    try:
-        from topokeeper.sim.report import write_report  # noqa: PLC0415 - arrives with the report module
-    except ImportError:
-        pass
-    else:
-        outputs.append(write_report(result, out))
     totals = result.totals
     print(
         f"{scenario.cluster.name}: {totals['simulated_seconds']:.0f}s simulated in {time.monotonic() - started:.1f}s,"
