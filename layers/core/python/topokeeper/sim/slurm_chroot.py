@@ -264,7 +264,10 @@ class SlurmController:
         (self.etc / name).write_text(content)
 
     def command(self, *argv: str) -> list[str]:
-        return ["chroot", str(self.root), "env", f"SLURM_CONF={self.slurm_conf_inner}", *argv]
+        """argv run in the chroot, inside this controller's mount namespace once it runs (see ``start``)."""
+        inner = ["chroot", str(self.root), "env", f"SLURM_CONF={self.slurm_conf_inner}", *argv]
+        pid = self.current_pid()
+        return ["nsenter", f"--target={pid}", "--mount", "--", *inner] if pid else inner
 
     def run(self, *argv: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(self.command(*argv), capture_output=True, text=True, timeout=timeout, check=False)
@@ -284,7 +287,20 @@ class SlurmController:
         return pid if _alive(pid) else None
 
     def start(self, timeout: float = 30) -> None:
-        result = self.run("slurmctld", "-c", "-i", "-f", self.slurm_conf_inner)
+        """slurmctld daemonized, in a mount namespace of its own with a private /run/slurmctld.
+
+        Clients get their auth tokens from the SACK socket in /run/slurmctld; several controllers in one
+        chroot would share it (and sign with each other's keys), so each gets its own, and its clients
+        enter its namespace (``command``). The paths travel as arguments, never inside the shell text.
+        """
+        script = (
+            'mkdir -p "$1/run/slurmctld" && mount -t tmpfs -o mode=0755 tmpfs "$1/run/slurmctld" '
+            '&& exec chroot "$1" env SLURM_CONF="$2" slurmctld -c -i -f "$2"'
+        )
+        argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]
+        result = subprocess.run(
+            [*argv, str(self.root), self.slurm_conf_inner], capture_output=True, text=True, timeout=60, check=False
+        )
         if result.returncode != 0:
             raise HarnessError(f"slurmctld did not start: {result.stderr.strip()} {self.log_tail()}")
         deadline = time.monotonic() + timeout

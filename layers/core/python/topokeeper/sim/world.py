@@ -178,7 +178,9 @@ class SimWorkQueue(SqsWorkQueue):
 
 
 class World:
-    def __init__(self, scenario: Scenario, *, name: str | None = None) -> None:
+    def __init__(
+        self, scenario: Scenario, *, name: str | None = None, configured_slurm_version: str | None = None
+    ) -> None:
         self.scenario = scenario
         spec = scenario.cluster
         self.clock = ManualClock()
@@ -201,7 +203,8 @@ class World:
             mode=spec.mode,
             channel=spec.channel,
             head_node=self.head_node_id if spec.channel is Channel.SSM else None,
-            slurm_version=spec.slurm_version,
+            # What the operator configured; the head node may run another version (it reports its own).
+            slurm_version=configured_slurm_version or spec.slurm_version,
         )
         self.settings = Settings(
             clusters=[cluster],
@@ -417,7 +420,10 @@ class World:
             self.counters.head_node_writes += 1
         if document.get("reconfigured"):
             self.counters.reconfigures += 1
-        self.note("apply", f"head node: {document.get('outcome')} {str(document.get('after_sha256') or '')[:12]}")
+        error = f" ({document['error']})" if document.get("error") else ""
+        self.note(
+            "apply", f"head node: {document.get('outcome')} {str(document.get('after_sha256') or '')[:12]}{error}"
+        )
 
     def _install_agent(self) -> None:
         config = {
@@ -558,6 +564,14 @@ class World:
         state = self.runtime.state.get(self.cluster.name)
         return state.pending is None and state.generation == state.reconciled_generation
 
+    def put_event(self, source: str, detail_type: str, detail: dict[str, Any], *, time: datetime | None = None) -> None:
+        """An event from outside (as AWS would send it), through EventBridge and the stack's rules."""
+        entry: dict[str, Any] = {"Source": source, "DetailType": detail_type, "Detail": json.dumps(detail)}
+        entry["Time"] = time or self.clock.now()
+        response = client("events").put_events(Entries=[entry])
+        if response.get("FailedEntryCount"):
+            raise RuntimeError(f"PutEvents failed: {response['Entries']}")
+
     def desired(self) -> Any:
         state = self.runtime.state.get(self.cluster.name)
         return plan_cluster(self.cluster, state, self.runtime.facts(self.cluster))
@@ -596,8 +610,8 @@ def _sqs_record(message: dict[str, Any], queue_url: str, region: str) -> dict[st
 
 
 @contextmanager
-def running(scenario: Scenario, name: str | None = None) -> Iterator[World]:
-    world = World(scenario, name=name)
+def running(scenario: Scenario, **options: Any) -> Iterator[World]:
+    world = World(scenario, **options)
     world.start()
     try:
         yield world

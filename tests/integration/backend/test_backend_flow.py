@@ -1,0 +1,266 @@
+"""Event -> ingest -> reconcile -> delivery -> real slurmctld -> result -> UpdatePartitionTopology audit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.backend.conftest import AuditCapture, small_scenario
+from topokeeper.adapters.aws import client
+from topokeeper.domain.errors import InputError
+from topokeeper.events import HYPERPOD_DETAIL_TYPES, WORK_QUEUE_MAX_RECEIVES
+from topokeeper.ports import Metric
+from topokeeper.sim.simulator import Story
+from topokeeper.sim.world import LambdaContext, World
+
+pytestmark = pytest.mark.slurm
+
+
+def _in_sync(world: World) -> bool:
+    return world.head.verify(world.desired().bundle)["outcome"] == "in_sync"
+
+
+def _records(world: World) -> list[dict]:
+    return world.runtime.audit.history(world.cluster.name, 1000)
+
+
+def test_a_new_cluster_reaches_slurmctld_and_every_change_is_audited_once(world_factory) -> None:
+    world = world_factory()
+    capture = AuditCapture()
+    world.settle()
+
+    state = world.runtime.state.get(world.cluster.name)
+    desired = world.desired()
+    assert state.applied_sha256 == desired.sha256 and state.pending is None
+    assert _in_sync(world)
+    assert world.head.controller.partition_topologies() == {
+        "cpu": None,
+        "dev": None,
+        "ml-p5": "tree-ml-p5",
+        "ml-p6e": "block-ml-p6e",
+    }
+    records = _records(world)
+    assert sorted(r["partition"] for r in records) == ["cpu", "ml-p5", "ml-p6e"]
+    assert {r["outcome"] for r in records} == {"applied"}
+    assert {r["reason"] for r in records} == {"plan-change"}
+    p5 = next(r for r in records if r["partition"] == "ml-p5")
+    assert (p5["kind"], p5["node_count"], p5["nodes_added_count"], p5["channel"]) == ("tree", 8, 8, "ssm")
+    assert {t["detail_type"] for t in p5["triggers"]} >= {"AWS API Call via CloudTrail"}
+    published = capture.events()
+    assert sorted(e["detail"]["audit_id"] for e in published) == sorted(r["audit_id"] for r in records)
+    assert {e["detail-type"] for e in published} == {"UpdatePartitionTopology"}
+    updates = [v for _, c, m, v in world.metrics.points if m == Metric.TOPOLOGY_UPDATES.value]
+    assert updates == [3]
+
+    # The same plan again changes nothing: no write, no new audit record.
+    before = world.counters.head_node_writes
+    world.put_event("aws.sagemaker", HYPERPOD_DETAIL_TYPES[0], {"ClusterArn": "x", "ClusterName": world.cluster.name})
+    world.settle()
+    assert world.counters.head_node_writes == before
+    assert len(_records(world)) == 3 and capture.events() == []
+
+
+def test_scale_up_replace_and_scale_down(world_factory) -> None:
+    world = world_factory()
+    world.settle()
+    story = Story(world, lambda _: None)
+    from topokeeper.sim.scenario import Step
+
+    up = story.play(1, Step.model_validate({"scale": {"group": "p5", "to": 12, "over_seconds": 20}}))
+    assert up is not None and up.converged and up.head_node_writes == 1
+    (record,) = up.audit_records
+    assert (record["partition"], record["nodes_added_count"], record["node_count"]) == ("ml-p5", 4, 12)
+
+    gb_before = {n.slurm_name: n for n in world.emulator.hyperpod.nodes(world.cluster.name, "gb200")}
+    replaced = story.play(2, Step.model_validate({"replace": {"group": "gb200", "count": 1}}))
+    gb_after = {n.slurm_name: n for n in world.emulator.hyperpod.nodes(world.cluster.name, "gb200")}
+    assert gb_before.keys() == gb_after.keys()  # same host names
+    moved = [name for name in gb_after if gb_after[name].instance_id != gb_before[name].instance_id]
+    assert len(moved) == 1
+    assert replaced is not None and replaced.converged and replaced.head_node_writes == 1
+    (record,) = replaced.audit_records
+    assert record["partition"] == "ml-p6e" and record["nodes_added_count"] == record["nodes_removed_count"] == 0
+    live_blocks = replaced.live_topology["ml-p6e"]
+    assert any(
+        line.startswith("BlockName=") and moved[0] in line and "Nodes=" + moved[0] + " " in line + " "
+        for line in live_blocks.splitlines()
+    )
+
+    down = story.play(3, Step.model_validate({"delete": {"group": "p5", "count": 4}}))
+    assert down is not None and down.converged and down.head_node_writes == 1
+    (record,) = down.audit_records
+    assert (record["nodes_removed_count"], record["node_count"]) == (4, 8)
+    assert _in_sync(world)
+
+
+def test_a_burst_of_1000_events_makes_a_handful_of_writes(world_factory) -> None:
+    world = world_factory()
+    world.settle()
+    writes_before = world.counters.head_node_writes
+    start = world.clock.monotonic()
+    for index in range(1000):
+        at = start + index * 0.06  # 1,000 events in a minute, while four nodes join
+        if index % 250 == 0:
+            world.agenda.add(at, lambda count=9 + index // 250: world.scale("p5", count))
+        world.agenda.add(
+            at,
+            lambda: world.put_event(
+                "aws.sagemaker",
+                HYPERPOD_DETAIL_TYPES[1],
+                {"ClusterName": world.cluster.name, "InstanceId": "i-0123456789abcdef0", "HealthSummary": {}},
+            ),
+        )
+    world.settle()
+    writes = world.counters.head_node_writes - writes_before
+    coalesced = sum(v for _, _, m, v in world.metrics.points if m == Metric.EVENTS_COALESCED.value)
+    assert 1 <= writes <= 3, writes
+    assert coalesced >= 900
+    assert (
+        world.desired().plan.nodes.count("x") == 0
+        and len(world.emulator.hyperpod.nodes(world.cluster.name, "p5")) == 12
+    )
+    assert _in_sync(world)
+
+
+def test_duplicate_and_out_of_order_events_converge_with_one_write(world_factory) -> None:
+    world = world_factory()
+    world.settle()
+    ingest = world.handlers["ingest"]
+    event = {
+        "version": "0",
+        "id": "11111111-2222-3333-4444-555555555555",
+        "detail-type": HYPERPOD_DETAIL_TYPES[0],
+        "source": "aws.sagemaker",
+        "account": "123456789012",
+        "time": "2026-01-05T09:10:00Z",
+        "region": "us-east-1",
+        "resources": [],
+        "detail": {"ClusterArn": "arn", "ClusterName": world.cluster.name},
+    }
+    world.scale("p5", 9)
+    assert ingest(event, LambdaContext("ingest"))["status"] == "queued"
+    assert ingest(event, LambdaContext("ingest"))["status"] == "duplicate"
+    older = {**event, "id": "99999999-2222-3333-4444-555555555555", "time": "2026-01-05T08:00:00Z"}
+    assert ingest(older, LambdaContext("ingest"))["status"] == "queued"  # late, but only says "look again"
+    writes_before = world.counters.head_node_writes
+    world.settle()
+    assert world.counters.head_node_writes - writes_before == 1
+    assert _in_sync(world)
+
+
+def test_an_event_for_an_unknown_cluster_is_ignored(world_factory) -> None:
+    world = world_factory()
+    world.settle()
+    result = world.handlers["ingest"](
+        {
+            "version": "0",
+            "id": "e-unknown",
+            "detail-type": HYPERPOD_DETAIL_TYPES[0],
+            "source": "aws.sagemaker",
+            "account": "123456789012",
+            "time": "2026-01-05T09:10:00Z",
+            "region": "us-east-1",
+            "resources": [],
+            "detail": {"ClusterArn": "arn", "ClusterName": "someone-elses"},
+        },
+        LambdaContext("ingest"),
+    )
+    assert result == {
+        "status": "ignored",
+        "cluster": None,
+        "generation": None,
+        "reason": "unmanaged cluster someone-elses",
+    }
+    assert world.runtime.state.get("someone-elses").generation == 0
+
+
+def test_malformed_input_fails_loudly_with_the_field_or_goes_to_the_dead_letter_queue(world_factory) -> None:
+    world = world_factory()
+    world.settle()
+    event = {
+        "version": "0",
+        "id": "e-bad",
+        "detail-type": HYPERPOD_DETAIL_TYPES[0],
+        "source": "aws.sagemaker",
+        "account": "123456789012",
+        "time": "2026-01-05T09:10:00Z",
+        "region": "us-east-1",
+        "resources": [],
+        "detail": {"ClusterArn": "arn"},
+    }
+    # An async invocation that raises: Lambda retries it, then dead-letters it with this message.
+    with pytest.raises(InputError, match="detail.ClusterName"):
+        world.handlers["ingest"](event, LambdaContext("ingest"))
+
+    sqs = client("sqs")
+    sqs.send_message(
+        QueueUrl=world.queue_url,
+        MessageBody='{"cluster": "topo-test", "generation": 0}',
+        MessageGroupId="topo-test",
+        MessageDeduplicationId="bad-1",
+    )
+    world.settle()
+    parked = sqs.receive_message(QueueUrl=world.dead_letter_url, MessageAttributeNames=["All"])["Messages"]
+    assert len(parked) == 1
+    assert parked[0]["MessageAttributes"]["reason"]["StringValue"].startswith("message.generation:")
+    redrive = json.loads(
+        sqs.get_queue_attributes(QueueUrl=world.queue_url, AttributeNames=["RedrivePolicy"])["Attributes"][
+            "RedrivePolicy"
+        ]
+    )
+    assert redrive["maxReceiveCount"] == WORK_QUEUE_MAX_RECEIVES
+
+
+def test_drift_is_remediated_in_enforce_mode(world_factory) -> None:
+    world = world_factory()
+    world.settle()
+    world.head.tamper()
+    assert not _in_sync(world)
+    world.settle(until=world.clock.monotonic() + 2 * world.scenario.timing.drift_interval_seconds + 1, quiet=False)
+    drift = [v for _, _, m, v in world.metrics.points if m == Metric.TOPOLOGY_DRIFT.value]
+    assert drift[:2] == [1, 0]
+    assert world.metrics.alarmed_since(0)
+    repairs = [r for r in _records(world) if r["reason"] == "drift-repair"]
+    assert [r["partition"] for r in repairs] == ["ml-p5"] or [r["partition"] for r in repairs] == ["ml-p6e"]
+    assert _in_sync(world)
+
+
+def test_drift_is_only_reported_in_verify_mode(world_factory) -> None:
+    world = world_factory(small_scenario(mode="verify"))
+    world.settle()
+    conf_before = world.head.slurm_conf.read_text()
+    world.settle(until=world.clock.monotonic() + 2 * world.scenario.timing.drift_interval_seconds + 1, quiet=False)
+    drift = [v for _, _, m, v in world.metrics.points if m == Metric.TOPOLOGY_DRIFT.value]
+    assert drift and set(drift) == {1}  # the head node never got topokeeper's plan, and never will
+    assert world.counters.head_node_writes == 0 and _records(world) == []
+    assert world.head.slurm_conf.read_text() == conf_before
+    assert not (world.head.controller.etc / "topology.yaml").exists()
+
+
+def test_the_agent_channel_applies_and_reports(world_factory) -> None:
+    world = world_factory(small_scenario(channel="agent"))
+    world.settle()
+    records = _records(world)
+    assert sorted(r["partition"] for r in records) == ["cpu", "ml-p5", "ml-p6e"]
+    assert {(r["channel"], r["outcome"]) for r in records} == {("agent", "applied")}
+    assert _in_sync(world)
+
+
+def test_slurm_24_11_gets_topology_conf_and_the_plugin(world_factory) -> None:
+    world = world_factory(small_scenario(slurm_version="24.11"))
+    world.settle()
+    assert (world.head.controller.etc / "topology.conf").exists()
+    assert "TopologyPlugin=topology/tree" in world.head.slurm_conf.read_text()
+    assert "Topology=" not in world.head.slurm_conf.read_text()
+    assert _in_sync(world)
+
+
+def test_the_head_nodes_own_slurm_version_wins(world_factory) -> None:
+    """Configured 26.05, the head node runs 24.11: refused once, learned, planned again, applied."""
+    world = world_factory(small_scenario(slurm_version="24.11"), configured_slurm_version="26.05")
+    world.settle()
+    outcomes = [r["outcome"] for r in sorted(_records(world), key=lambda r: r["completed_at"])]
+    assert "refused" in outcomes and outcomes[-1] == "applied"
+    assert world.runtime.state.get(world.cluster.name).slurm_version.startswith("24.11")
+    assert _in_sync(world)
