@@ -53,11 +53,11 @@ def drifted_partitions(result: ApplyResult, bundle: Bundle) -> list[str]:
     found: set[str] = set()
     for item in result.drift:
         what, name = item.get("what"), str(item.get("name", ""))
-        if what == "partition" and name in bundle.partitions:
+        if what in ("partition", "grouping") and name in bundle.partitions:
             found.add(name)
         elif what == "topology" and name in by_topology:
             found.update(by_topology[name])
-        elif what == "topology" and bundle.topology_plugin is not None:
+        elif what in ("topology", "grouping") and bundle.topology_plugin is not None:
             found.update(bundle.partitions)  # before 25.05 one topology serves every partition
         elif what in ("file", "plugin"):
             found.update(p for p, t in bundle.partitions.items() if t is not None or bundle.topology_plugin)
