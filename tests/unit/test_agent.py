@@ -115,10 +115,15 @@ def test_an_applier_without_a_document_is_reported_failed_with_its_stderr(tmp_pa
 
 def test_a_result_too_large_for_one_event_keeps_its_summary() -> None:
     drift = [{"unit": f"nn-{i:05d}", "expected": ["ip-10-1-0-1"] * 20, "live": []} for i in range(5000)]
-    result = {**agent.agent_result("drift", "verify", "ab" * 32, "x" * 10_000), "drift": drift}
+    result = {
+        **agent.agent_result("drift", "verify", "ab" * 32, "x" * 10_000),
+        "drift": drift,
+        "grouping_drift": True,
+    }
     bounded = agent.bounded_result(result)
     assert len(json.dumps(bounded)) < agent.MAX_DETAIL_BYTES
     assert (bounded["outcome"], bounded["plan_sha256"], bounded["truncated"]) == ("drift", "ab" * 32, True)
+    assert bounded["grouping_drift"] is True
     assert bounded["drift"] == drift[:20] and len(bounded["error"]) == 2000
     small = agent.agent_result("in_sync", "verify", "ab" * 32, "")
     assert agent.bounded_result(small) is small

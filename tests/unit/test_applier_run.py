@@ -44,7 +44,8 @@ elif args == ["-o", "--future", "show", "nodes"]:
         print("NodeName=%s Arch=x86_64 State=IDLE+CLOUD+POWERED_DOWN" % name)
 elif args == ["-a", "-o", "show", "partition"]:
     for name, topology in state["partitions"].items():
-        print("PartitionName=%s Nodes=x State=UP%s" % (name, " Topology=" + topology if topology else ""))
+        nodes = ",".join(state.get("partition_nodes", {}).get(name, []))
+        print("PartitionName=%s Nodes=%s State=UP%s" % (name, nodes, " Topology=" + topology if topology else ""))
 elif args[:2] == ["show", "topology"]:
     text = state["topologies"].get(args[2] if len(args) > 2 else "")
     if text is None:
@@ -76,7 +77,7 @@ def _bundle(partitions: dict[str, list[Node]], version: str = "26.05") -> dict[s
 
 def live_topologies(bundle: dict[str, Any]) -> dict[str, str]:
     """What a slurmctld that loaded ``bundle`` prints for ``scontrol show topology [NAME]``."""
-    outputs = {}
+    outputs = {} if bundle["slurm_format"] == "topology.conf" else {"": ""}  # the cluster default is flat
     for name, units in bundle["topologies"].items():
         lines = []
         for unit, expected in units.items():
@@ -213,7 +214,7 @@ def test_when_the_reload_of_the_old_config_fails_too_the_outcome_is_failed(head_
 def test_a_read_back_mismatch_is_reported_and_not_rolled_back(head_node: FakeHeadNode) -> None:
     bundle = _bundle(_cluster())
     head_node.serve(bundle)
-    head_node.serve(topologies={"tree-gpu": "SwitchName=root Level=1 Switches=nn-spine0\n"})
+    head_node.serve(topologies={"": "", "tree-gpu": "SwitchName=root Level=1 Switches=nn-spine0\n"})
 
     code, document, _ = head_node.run("apply", bundle)
 
@@ -226,7 +227,14 @@ def test_a_read_back_mismatch_is_reported_and_not_rolled_back(head_node: FakeHea
     assert document["readback"]["block-gb"]["mismatches"] == [
         "scontrol show topology block-gb: slurm_load_topo error: Requested topology configuration is not available"
     ]
-    assert [d["what"] for d in document["drift"]] == ["topology", "topology"]
+    # Both partitions group their nodes differently now (grouping entries first), which the names show too.
+    assert [(d["what"], d["name"], d["kind"]) for d in document["drift"]] == [
+        ("grouping", "gb", "grouping"),
+        ("grouping", "gpu", "grouping"),
+        ("topology", "block-gb", "grouping"),
+        ("topology", "tree-gpu", "grouping"),
+    ]
+    assert document["grouping_drift"] is True
 
 
 def test_a_busy_lock_fails_cleanly_after_the_timeout(head_node: FakeHeadNode) -> None:
@@ -253,11 +261,18 @@ def test_output_stays_under_the_ssm_cap_for_20000_nodes_with_drift(head_node: Fa
 
     code, document, text = head_node.run("verify", bundle)
 
-    assert (code, document["outcome"]) == (3, "drift")
+    assert (code, document["outcome"], document["grouping_drift"]) == (3, "drift", True)
     assert len(text) <= applier.MAX_STDOUT_CHARS
-    # The missing file, then per partition a disk, a live partition and a topology entry: capped, the rest counted.
-    assert document["drift"][0] == {"what": "file", "name": "topology.yaml", "detail": f"missing from {head_node.etc}"}
-    assert len(document["drift"]) + document["dropped"]["drift"] == 1 + 40 * 3
+    # Per partition a grouping entry (first), then the missing file, and per partition a disk, a live
+    # partition and a topology entry: capped, the rest counted.
+    assert document["drift"][0] == {
+        "what": "grouping",
+        "name": "p00",
+        "detail": "the cluster default: scontrol show topology: slurm_load_topo error: Requested topology"
+        " configuration is not available",
+        "kind": "grouping",
+    }
+    assert len(document["drift"]) + document["dropped"]["drift"] == 40 + 1 + 40 * 3
     assert len(document["readback"]) + document["dropped"].get("readback", 0) == 40
     assert all(not entry["matches"] and entry["mismatches"] for entry in document["readback"].values())
 
@@ -292,6 +307,7 @@ def test_every_result_carries_every_key(head_node: FakeHeadNode) -> None:
         "readback",
         "partition_topologies",
         "drift",
+        "grouping_drift",
         "diff",
         "slurm_version",
         "slurm_format",

@@ -41,6 +41,7 @@ REQUIRED_KEYS = {
     "readback",
     "partition_topologies",
     "drift",
+    "grouping_drift",
     "diff",
     "slurm_version",
     "slurm_format",
@@ -387,16 +388,25 @@ def test_verify_reports_file_then_topology_then_partition_drift(sid_root: Path, 
     topology = controller.etc / "topology.yaml"
     topology.write_text(rendered.topology_text.replace("p5-[001-003]", "p5-[001-002]"))  # a hand edit
     code, document = _run(controller, "verify", bundle)
-    assert (code, document["outcome"]) == (3, "drift")
+    assert (code, document["outcome"], document["grouping_drift"]) == (3, "drift", False)
+    # Not loaded yet: slurmctld still groups the nodes as planned.
     assert document["drift"] == [
-        {"what": "file", "name": "topology.yaml", "detail": "differs from the plan: -1 +1 lines"}
+        {"what": "file", "name": "topology.yaml", "detail": "differs from the plan: -1 +1 lines", "kind": "naming"}
     ]
     assert document["before_sha256"] != document["plan_sha256"]
 
     controller.run("scontrol", "reconfigure", check=True)
     code, document = _run(controller, "verify", bundle)
-    assert code == 3
-    assert [(d["what"], d["name"]) for d in document["drift"]] == [("file", "topology.yaml"), ("topology", "tree-gpu")]
+    assert (code, document["grouping_drift"]) == (3, True)
+    assert [(d["what"], d["name"], d["kind"]) for d in document["drift"]] == [
+        ("grouping", "gpu", "grouping"),
+        ("file", "topology.yaml", "grouping"),
+        ("topology", "tree-gpu", "grouping"),
+    ]
+    assert document["drift"][0]["detail"] == (
+        "Topology=tree-gpu: 1 planned node(s) in no live leaf (p5-003); 1 planned leaves not live:"
+        " [p5-001, p5-002, p5-003]; 1 live leaves not planned: [p5-001, p5-002]"
+    )
     assert document["readback"]["tree-gpu"]["mismatches"] == ["switch nn-leaf000: nodes 1 missing (p5-003)"]
     assert document["readback"]["block-gb"]["matches"]
 
@@ -406,9 +416,25 @@ def test_verify_reports_file_then_topology_then_partition_drift(sid_root: Path, 
     code, document = _run(controller, "verify", bundle)
     partition_drift = [d for d in document["drift"] if d["what"] == "partition"]
     assert partition_drift == [
-        {"what": "partition", "name": "gb", "detail": "slurm.conf has Topology=(none), the plan block-gb"},
-        {"what": "partition", "name": "gb", "detail": "slurmctld has Topology=(none), the plan block-gb"},
+        {
+            "what": "partition",
+            "name": "gb",
+            "detail": "slurm.conf has Topology=(none), the plan block-gb",
+            "kind": "grouping",
+        },
+        {
+            "what": "partition",
+            "name": "gb",
+            "detail": "slurmctld has Topology=(none), the plan block-gb",
+            "kind": "grouping",
+        },
     ]
+    assert {
+        "what": "grouping",
+        "name": "gb",
+        "detail": "the cluster default: a flat topology live, a block in the plan",
+        "kind": "grouping",
+    } in document["drift"]
 
     _assert_applied(*_run(controller, "apply", bundle))
     code, document = _run(controller, "verify", bundle)

@@ -35,3 +35,9 @@ def test_a_reconfigured_edit_names_its_partition_even_with_file_drift() -> None:
 def test_before_25_05_one_topology_serves_every_partition() -> None:
     result = drifted_partitions(_drift({"what": "topology", "name": "cluster"}), _bundle("24.11"))
     assert result == ["cpu", "gb", "p5"]
+
+
+def test_grouping_drift_names_its_partition_or_before_25_05_every_one() -> None:
+    assert drifted_partitions(_drift({"what": "grouping", "name": "gb"}), _bundle()) == ["gb"]
+    result = drifted_partitions(_drift({"what": "grouping", "name": "cluster"}), _bundle("24.11"))
+    assert result == ["cpu", "gb", "p5"]

@@ -484,6 +484,7 @@ def agent_result(outcome: str, mode: str, plan_sha256: Optional[str], error: str
         "reconfigured": False,
         "error": error,
         "drift": [],
+        "grouping_drift": False,
     }
 
 
@@ -516,7 +517,15 @@ def run_applier(config: Config, mode: str, bundle_path: str, plan_sha256: Option
     return document
 
 
-_SUMMARY_KEYS = ("outcome", "mode", "plan_sha256", "before_sha256", "after_sha256", "partitions_changed")
+_SUMMARY_KEYS = (
+    "outcome",
+    "mode",
+    "plan_sha256",
+    "before_sha256",
+    "after_sha256",
+    "partitions_changed",
+    "grouping_drift",
+)
 
 
 def bounded_result(result: Dict[str, Any]) -> Dict[str, Any]:

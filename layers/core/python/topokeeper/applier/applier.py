@@ -13,9 +13,10 @@ would_apply; 3 drift; 2 refused; 1 rolled_back or failed. The document always ha
 outcome, mode, plan_sha256, before_sha256 and after_sha256 (the live content hash, measured on disk
 before and after), partitions_changed, reconfigured, reconfigure_exit_code, readback ({topology:
 {units, matches, mismatches, mismatches_dropped}}), partition_topologies (live Topology= per
-partition), drift ([{what: file|partition|topology|plugin, name, detail}]), diff (dry-run), slurm_version,
-slurm_format, config_dir, backup_dir, duration_seconds, error, dropped ({field: how many list items or
-characters were cut to stay under the cap}) and applier_version.
+partition), drift ([{what: grouping|file|partition|topology|plugin, name, detail, kind: grouping|naming}]),
+grouping_drift (true when some entry's kind is grouping), diff (dry-run), slurm_version, slurm_format,
+config_dir, backup_dir, duration_seconds, error, dropped ({field: how many list items or characters
+were cut to stay under the cap}) and applier_version.
 
 Choices the callers can rely on:
 
@@ -31,6 +32,32 @@ Choices the callers can rely on:
   and lists any live difference in ``drift``.
 * One apply at a time: an ``flock`` on ``CONFIG_DIR/.topokeeper.lock``, waited for up to
   ``--lock-timeout`` seconds. dry-run and verify only read and take no lock.
+* Drift is judged twice where the live state is read (verify, and apply's read-back): by name as
+  before (file, partition, topology, plugin entries), and by grouping, whatever the names, because
+  HyperPod writes the same grouping under its own topology, switch and block names:
+
+  - The live topology of a bundle partition is its live ``Topology=``, else the cluster default
+    (``scontrol show topology`` without a name). Before 25.05 it is the one cluster-wide topology,
+    compared once with the plan's, or, when the plan has none, with each partition as flat.
+  - Tree: the same set of leaf node-sets (a leaf is a switch at Level=0 or without child switches;
+    the plan's no-topology leaf is a leaf like any other), all reachable from one common switch.
+    Block: the same set of block node-sets (AggregatedBlock lines ignored) and the base BlockSize
+    equal to the first block_sizes item in the bundle's own file (unchecked when it states none).
+    Only the plan's nodes count: a live topology shared with other partitions is cut to them first.
+  - A partition the plan leaves flat (its nodes: Nodes= of ``scontrol show partition``) differs when
+    its live tree or block constrains it: some of its nodes in no leaf or block, its leaves without a
+    common switch, or its nodes over several blocks (Slurm runs no multi-node job across those). A
+    tree that only orders its nodes is fine, and so is any topology for a one-node partition.
+  - A partition slurmctld does not know, or a topology scontrol cannot show, differs.
+
+  Each partition whose grouping differs (before 25.05 with a planned topology: that topology, by
+  its bundle name) gets a ``grouping`` entry, listed first. Name-based entries get kind
+  ``grouping`` when a partition they concern differs (a partition entry: that partition; a topology
+  entry: the partitions assigned it; the file, the plugin and, before 25.05, the topology: every
+  partition), else ``naming``: only names or text differ. grouping_drift is true exactly when there
+  is a grouping entry; dry-run and documents that end before the read-back say false. Any entry
+  still makes the outcome drift. Grouping is judged on what slurmctld serves: a file edited but not
+  reconfigured yet is naming drift until slurmctld loads it.
 * A read-back that differs from the plan after slurmctld accepted the files is reported (outcome
   failed, with the mismatches) and NOT rolled back: what is on disk is exactly the plan and Slurm
   loaded it, the previous config would not match the plan either, and undoing it would hide the
@@ -53,7 +80,21 @@ import stat
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, NoReturn, Optional, Sequence, Set, Tuple
+from typing import (
+    Any,
+    Dict,
+    FrozenSet,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    NoReturn,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 APPLIER_VERSION = "1.0.0"
 BUNDLE_SCHEMA = "topokeeper.bundle/1"
@@ -170,6 +211,17 @@ def parse_show_topology(text: str) -> Dict[str, Dict[str, object]]:
                 "size": int(fields.get("BlockSize", "0")),
             }
     return units
+
+
+def partition_nodes(show_partition_output: str) -> Dict[str, List[str]]:
+    """``scontrol -o show partition`` -> {partition: its nodes} (Slurm prints Nodes=ALL expanded)."""
+    found: Dict[str, List[str]] = {}
+    for line in show_partition_output.splitlines():
+        name = re.search(r"PartitionName=(\S+)", line)
+        if name:
+            nodes = re.search(r"(?:^|\s)Nodes=(\S+)", line)
+            found[name.group(1)] = expand_hostlist(nodes.group(1)) if nodes and nodes.group(1) != "(null)" else []
+    return found
 
 
 def partition_topologies(show_partition_output: str) -> Dict[str, Optional[str]]:
@@ -906,8 +958,12 @@ def live_nodes(scontrol: Scontrol) -> Set[str]:
     return set(re.findall(r"(?:^|\s)NodeName=(\S+)", output, re.MULTILINE))
 
 
+def show_partitions(scontrol: Scontrol) -> str:
+    return scontrol.output("-a", "-o", "show", "partition")  # -a: hidden ones too
+
+
 def live_partitions(scontrol: Scontrol) -> Dict[str, Optional[str]]:
-    return partition_topologies(scontrol.output("-a", "-o", "show", "partition"))  # -a: hidden ones too
+    return partition_topologies(show_partitions(scontrol))
 
 
 def check_cluster_knows(conf: SlurmConf, bundle: Bundle, scontrol: Scontrol) -> None:
@@ -953,38 +1009,277 @@ def compare_units(expected: Mapping[str, ExpectedUnit], live: Mapping[str, Mappi
     return problems
 
 
+class LiveTopology(NamedTuple):
+    units: Dict[str, Dict[str, object]]  # as parse_show_topology returns them
+    error: str  # why scontrol could not show it; "" when it could
+
+
+class LiveTopologies:
+    """``scontrol show topology [NAME]``, asked once per name: the name and the grouping checks share it."""
+
+    def __init__(self, scontrol: Scontrol) -> None:
+        self.scontrol = scontrol
+        self._shown: Dict[Optional[str], LiveTopology] = {}
+
+    def get(self, name: Optional[str]) -> LiveTopology:
+        """The named topology, or without a name the cluster default (the one topology before 25.05)."""
+        if name not in self._shown:
+            self._shown[name] = self._read(name)
+        return self._shown[name]
+
+    def _read(self, name: Optional[str]) -> LiveTopology:
+        args = ("show", "topology") + ((name,) if name else ())
+        result = self.scontrol.run(*args)
+        error = one_line(result.stderr)
+        try:
+            units = parse_show_topology(result.stdout)
+        except ValueError as parse_error:
+            units, error = {}, "unreadable output: %s" % parse_error
+        if not units and (error or result.returncode != 0):
+            # `scontrol show topology NAME` exits 0 even when NAME is not available.
+            return LiveTopology({}, "scontrol %s: %s" % (" ".join(args), error or "exit %d" % result.returncode))
+        return LiveTopology(units, "")
+
+
 def read_back(
-    scontrol: Scontrol, bundle: Bundle
-) -> Tuple[Dict[str, Dict[str, Any]], Dict[str, Optional[str]], List[Dict[str, str]]]:
-    """Live topologies and partitions compared with the bundle: (readback, partition_topologies, drift)."""
+    bundle: Bundle, topologies: LiveTopologies, partitions: Mapping[str, Optional[str]]
+) -> Tuple[Dict[str, Dict[str, Any]], List[Dict[str, str]]]:
+    """Live topologies and partitions compared with the bundle by name: (readback, drift)."""
     readback: Dict[str, Dict[str, Any]] = {}
     drift: List[Dict[str, str]] = []
     for name, expected in sorted(bundle.topologies.items()):
         # Slurm < 25.05 has one unnamed topology; a name there would be read as a switch name.
-        args = ("show", "topology") if bundle.slurm_format == CONF_FORMAT else ("show", "topology", name)
-        result = scontrol.run(*args)
-        error = one_line(result.stderr)
-        try:
-            live = parse_show_topology(result.stdout)
-        except ValueError as parse_error:
-            live, error = {}, "unreadable output: %s" % parse_error
-        if not live and (error or result.returncode != 0):
-            # `scontrol show topology NAME` exits 0 even when NAME is not available.
-            problems = ["scontrol %s: %s" % (" ".join(args), error or "exit %d" % result.returncode)]
-        else:
-            problems = compare_units(expected, live)
-        readback[name] = {"units": len(live), "matches": not problems, "mismatches": problems}
+        live = topologies.get(None if bundle.slurm_format == CONF_FORMAT else name)
+        problems = [live.error] if live.error else compare_units(expected, live.units)
+        readback[name] = {"units": len(live.units), "matches": not problems, "mismatches": problems}
         if problems:
             detail = "%d mismatch(es): %s" % (len(problems), problems[0])
             drift.append({"what": "topology", "name": name, "detail": detail})
-    partitions = live_partitions(scontrol)
     for name, value in sorted(bundle.partitions.items()):
         if name not in partitions:
             drift.append({"what": "partition", "name": name, "detail": "not known to slurmctld"})
         elif partitions[name] != value:
             detail = "slurmctld has Topology=%s, the plan %s" % (_shown(partitions[name]), _shown(value))
             drift.append({"what": "partition", "name": name, "detail": detail})
-    return readback, partitions, drift
+    return readback, drift
+
+
+# --------------------------------------------------------------------------------------------------
+# Grouping: how the live topology groups the nodes, whatever its names
+
+
+def _unit_names(unit: Mapping[str, object], field: str) -> List[str]:
+    value = unit.get(field)
+    return [str(item) for item in value] if isinstance(value, list) else []
+
+
+def _topology_kind(kinds: Iterable[str]) -> str:
+    """A topology's kind from its units' kinds: tree, block, or flat (neither switches nor blocks)."""
+    found = set(kinds)
+    return "tree" if "switch" in found else "block" if "block" in found else "flat"
+
+
+def _live_units(live: Mapping[str, Mapping[str, object]], kind: str) -> Dict[str, FrozenSet[str]]:
+    """Node sets of the live leaves (Level=0, or no child switches) or of the live plain blocks."""
+    if kind == "tree":
+        return {
+            name: frozenset(_unit_names(unit, "nodes"))
+            for name, unit in live.items()
+            if unit["kind"] == "switch" and (unit.get("level") == 0 or not _unit_names(unit, "switches"))
+        }
+    return {name: frozenset(_unit_names(unit, "nodes")) for name, unit in live.items() if unit["kind"] == "block"}
+
+
+def _within(units: Mapping[str, FrozenSet[str]], nodes: FrozenSet[str]) -> Dict[str, FrozenSet[str]]:
+    """The units restricted to ``nodes``, empty ones dropped: a shared topology also holds other
+    partitions' nodes, and a partition's jobs only see its own."""
+    return {name: members & nodes for name, members in units.items() if members & nodes}
+
+
+def _have_common_top(live: Mapping[str, Mapping[str, object]], leaves: Iterable[str]) -> bool:
+    """Whether one switch reaches all ``leaves`` (itself included): Slurm runs no job across leaves without one."""
+    parents: Dict[str, List[str]] = {}
+    for name, unit in live.items():
+        for child in _unit_names(unit, "switches"):
+            parents.setdefault(child, []).append(name)
+    common: Optional[Set[str]] = None
+    for leaf in leaves:
+        reached, pending = {leaf}, [leaf]
+        while pending:
+            for parent in parents.get(pending.pop(), []):
+                if parent not in reached:
+                    reached.add(parent)
+                    pending.append(parent)
+        common = reached if common is None else common & reached
+    return common is None or bool(common)
+
+
+def _node_sets(sets: Iterable[FrozenSet[str]], limit: int = 3) -> str:
+    shown = sorted(sorted(members) for members in sets)
+    return "; ".join("[%s]" % _sample(members) for members in shown[:limit]) + ("; ..." if len(shown) > limit else "")
+
+
+def compare_grouping(
+    expected: Mapping[str, ExpectedUnit], base_block_size: Optional[int], live: Mapping[str, Mapping[str, object]]
+) -> List[str]:
+    """How the live topology groups the plan's nodes differently from the plan ([] when it groups them alike).
+
+    Tree: the same leaf node-sets, all under one common top switch; block: the same block node-sets
+    and the same base block size. Switch, block and topology names and the levels in between do not
+    count, and live nodes outside the plan's are left out (another partition's, in a shared topology).
+    """
+    planned_kind = _topology_kind(unit.kind for unit in expected.values())
+    live_kind = _topology_kind(str(unit["kind"]) for unit in live.values())
+    if live_kind != planned_kind:
+        return ["a %s topology live, a %s in the plan" % (live_kind, planned_kind)]
+    noun, nouns = ("leaf", "leaves") if planned_kind == "tree" else ("block", "blocks")
+    planned = {frozenset(unit.nodes) for unit in expected.values() if unit.nodes and not unit.switches}
+    nodes = frozenset(node for members in planned for node in members)
+    found = _within(_live_units(live, live_kind), nodes)
+    problems = []
+    outside = sorted(nodes.difference(*found.values()))
+    if outside:
+        problems.append("%d planned node(s) in no live %s (%s)" % (len(outside), noun, _sample(outside)))
+    missing, extra = planned - set(found.values()), set(found.values()) - planned
+    if missing:
+        problems.append("%d planned %s not live: %s" % (len(missing), nouns, _node_sets(missing)))
+    if extra:
+        problems.append("%d live %s not planned: %s" % (len(extra), nouns, _node_sets(extra)))
+    if planned_kind == "tree" and not _have_common_top(live, found):
+        problems.append("no live switch reaches all %d leaves: jobs cannot span them" % len(found))
+    if planned_kind == "block" and base_block_size is not None:
+        live_size = next((unit.get("size") for unit in live.values() if unit["kind"] == "block"), None)
+        if live_size != base_block_size:
+            problems.append("base block size %s live, %d in the plan" % (live_size, base_block_size))
+    return problems
+
+
+def flat_constraints(nodes: Sequence[str], live: Mapping[str, Mapping[str, object]]) -> List[str]:
+    """Why the live topology keeps jobs of a partition the plan leaves flat from using any of its nodes
+    together ([] when it does not).
+
+    Slurm 26.05 (checked in the chroot) never runs a multi-node job on nodes in no leaf, nor across
+    leaves without a common top switch; a block topology places a job inside one block (or blocks it
+    aggregates). A tree that only orders the nodes by proximity is a preference, not a constraint, and
+    a one-node partition runs one-node jobs only, which any topology allows.
+    """
+    kind = _topology_kind(str(unit["kind"]) for unit in live.values())
+    members = frozenset(nodes)
+    if kind == "flat" or len(members) < 2:
+        return []
+    noun = "leaf" if kind == "tree" else "block"
+    found = _within(_live_units(live, kind), members)
+    problems = []
+    outside = sorted(members.difference(*found.values()))
+    if outside:
+        problems.append(
+            "%d of the flat partition's node(s) in no live %s (%s)" % (len(outside), noun, _sample(outside))
+        )
+    if kind == "tree" and not _have_common_top(live, found):
+        problems.append("no live switch reaches all %d leaves holding the flat partition's nodes" % len(found))
+    if kind == "block" and len(found) > 1:
+        problems.append("the flat partition's nodes are split over %d live blocks" % len(found))
+    return problems
+
+
+_YAML_TOPOLOGY = re.compile(r"- topology: (\S+)\s*$")
+_YAML_SIZE = re.compile(r"\s*- (\d+)\s*$")
+
+
+def planned_base_block_sizes(bundle: Bundle) -> Dict[str, int]:
+    """{topology: base block size} from the bundle's own topology file, the only place a bundle states it:
+    the first ``block_sizes`` item of each topology.yaml entry, or ``BlockSizes=`` in topology.conf."""
+    sizes: Dict[str, int] = {}
+    text = bundle.files[bundle.slurm_format]
+    if bundle.slurm_format == CONF_FORMAT:
+        match = re.search(r"^BlockSizes=(\d+)", text, re.MULTILINE)
+        if match:
+            sizes.update((name, int(match.group(1))) for name in bundle.topologies)
+        return sizes
+    topology, listing = None, False
+    for line in text.splitlines():
+        entry = _YAML_TOPOLOGY.match(line)
+        if entry:
+            topology, listing = entry.group(1), False
+        elif line.strip() == "block_sizes:":
+            listing = True
+        elif listing:
+            size = _YAML_SIZE.match(line)
+            if size and topology is not None:
+                sizes.setdefault(topology, int(size.group(1)))
+            listing = False
+    return sizes
+
+
+def _live_source(bundle: Bundle, used: Optional[str]) -> str:
+    if used:
+        return "Topology=%s" % used
+    return "the cluster default" if bundle.slurm_format == YAML_FORMAT else "the cluster-wide topology"
+
+
+def grouping_drift(
+    bundle: Bundle,
+    topologies: LiveTopologies,
+    partitions: Mapping[str, Optional[str]],
+    partition_members: Mapping[str, List[str]],
+) -> Tuple[List[Dict[str, str]], Set[str]]:
+    """The live grouping compared with the plan's: (grouping drift entries, partitions whose grouping differs).
+
+    topology.yaml: per bundle partition, the topology it uses live (its Topology=, else the cluster
+    default). topology.conf: the one cluster-wide topology, or, when the plan has none, every
+    partition as flat.
+    """
+    entries: List[Dict[str, str]] = []
+    differing: Set[str] = set()
+
+    def differs(name: str, detail: str, affected: Iterable[str]) -> None:
+        entries.append({"what": "grouping", "name": name, "detail": detail, "kind": "grouping"})
+        differing.update(affected)
+
+    sizes = planned_base_block_sizes(bundle)
+    for name in sorted(set(bundle.partitions) - set(partitions)):
+        differs(name, "not known to slurmctld", [name])
+    if bundle.slurm_format == CONF_FORMAT and bundle.topologies:
+        live = topologies.get(None)
+        for name, expected in sorted(bundle.topologies.items()):
+            problems = [live.error] if live.error else compare_grouping(expected, sizes.get(name), live.units)
+            if problems:
+                differs(name, "the cluster-wide topology: %s" % "; ".join(problems), bundle.partitions)
+        return entries, differing
+    for name, assignment in sorted(bundle.partitions.items()):
+        if name not in partitions:
+            continue
+        used = partitions[name] if bundle.slurm_format == YAML_FORMAT else None
+        live = topologies.get(used)
+        expected = bundle.topologies.get(assignment, {}) if assignment else {}
+        if live.error:
+            problems = [live.error]
+        elif assignment and expected:
+            problems = compare_grouping(expected, sizes.get(assignment), live.units)
+        else:
+            problems = flat_constraints(partition_members.get(name, []), live.units)
+        if problems:
+            differs(name, "%s: %s" % (_live_source(bundle, used), "; ".join(problems)), [name])
+    return entries, differing
+
+
+def with_kinds(entries: Sequence[Dict[str, str]], bundle: Bundle, differing: Set[str]) -> List[Dict[str, str]]:
+    """Name-based entries with their kind: "grouping" when a partition they concern groups its nodes
+    differently live, else "naming" (names or text differ, the grouping is the same)."""
+    assigned: Dict[str, Set[str]] = {}
+    for partition, topology in bundle.partitions.items():
+        if topology is not None:
+            assigned.setdefault(topology, set()).add(partition)
+    kinds = []
+    for entry in entries:
+        if entry["what"] == "partition":
+            concerned = {entry["name"]}
+        elif entry["what"] == "topology" and bundle.slurm_format == YAML_FORMAT:
+            concerned = assigned.get(entry["name"], set())
+        else:  # the file, the plugin, and before 25.05 the one topology: every partition
+            concerned = set(bundle.partitions)
+        kinds.append(dict(entry, kind="grouping" if concerned & differing else "naming"))
+    return kinds
 
 
 def _log_errors_since(log_path: Optional[str], offset: int) -> str:
@@ -1032,6 +1327,7 @@ def new_result(mode: Optional[str]) -> Dict[str, Any]:
         "readback": {},
         "partition_topologies": {},
         "drift": [],
+        "grouping_drift": False,
         "diff": None,
         "slurm_version": None,
         "slurm_format": None,
@@ -1044,9 +1340,22 @@ def new_result(mode: Optional[str]) -> Dict[str, Any]:
     }
 
 
-def _record_readback(result: Dict[str, Any], scontrol: Scontrol, bundle: Bundle) -> List[Dict[str, str]]:
-    result["readback"], result["partition_topologies"], drift = read_back(scontrol, bundle)
-    return drift
+def _record_drift(
+    result: Dict[str, Any], scontrol: Scontrol, bundle: Bundle, disk_entries: Sequence[Dict[str, str]] = ()
+) -> None:
+    """Compare what is live with the bundle, by name and by grouping, into readback, drift and grouping_drift.
+
+    Grouping entries come first: they are what matters on a cluster whose topology HyperPod writes, and
+    what a cut list keeps.
+    """
+    topologies = LiveTopologies(scontrol)
+    listing = show_partitions(scontrol)
+    partitions = partition_topologies(listing)
+    result["readback"], named = read_back(bundle, topologies, partitions)
+    grouping, differing = grouping_drift(bundle, topologies, partitions, partition_nodes(listing))
+    result["partition_topologies"] = partitions
+    result["drift"] = grouping + with_kinds([*disk_entries, *named], bundle, differing)
+    result["grouping_drift"] = bool(grouping)
 
 
 def dry_run(result: Dict[str, Any], conf: SlurmConf, bundle: Bundle) -> None:
@@ -1060,9 +1369,8 @@ def dry_run(result: Dict[str, Any], conf: SlurmConf, bundle: Bundle) -> None:
 
 
 def verify(result: Dict[str, Any], conf: SlurmConf, bundle: Bundle, scontrol: Scontrol) -> None:
-    drift = disk_drift(conf, bundle, read_disk_state(conf, bundle))
-    drift += _record_readback(result, scontrol, bundle)
-    result["drift"], result["outcome"] = drift, "drift" if drift else "in_sync"
+    _record_drift(result, scontrol, bundle, disk_drift(conf, bundle, read_disk_state(conf, bundle)))
+    result["outcome"] = "drift" if result["drift"] else "in_sync"
 
 
 def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, scontrol: Scontrol) -> None:
@@ -1071,7 +1379,7 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, scontrol: Scon
     result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, state)
     if result["before_sha256"] == bundle.plan_sha256:
         result["outcome"] = "unchanged"
-        result["drift"] = _record_readback(result, scontrol, bundle)  # reported, not acted on
+        _record_drift(result, scontrol, bundle)  # reported, not acted on
         return
     changes, result["partitions_changed"] = planned_changes(conf, bundle, state)
     log_path = conf.last_value("SlurmctldLogFile")
@@ -1103,7 +1411,7 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, scontrol: Scon
                 else "slurmctld rejected the new config; the previous one is restored and live: %s" % message
             )
             return
-        result["drift"] = _record_readback(result, scontrol, bundle)
+        _record_drift(result, scontrol, bundle)
         result["outcome"] = "failed" if result["drift"] else "applied"
         if result["drift"]:
             result["error"] = (

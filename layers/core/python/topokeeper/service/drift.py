@@ -54,9 +54,9 @@ def drifted_partitions(result: ApplyResult, bundle: Bundle) -> list[str]:
     named: set[str] = set()
     for item in result.drift:
         what, name = item.get("what"), str(item.get("name", ""))
-        if what == "partition" and name in bundle.partitions:
+        if what in ("partition", "grouping") and name in bundle.partitions:
             named.add(name)
-        elif what == "topology":
+        elif what in ("topology", "grouping"):
             # Before 25.05 one topology serves every partition.
             named.update(by_topology.get(name, []) if bundle.topology_plugin is None else bundle.partitions)
     if named:
