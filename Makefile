@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 # Debian packages the tests and the demo need: debootstrap builds the real-Slurm chroots, systemd checks the
 # agent's units (systemd-analyze verify).
 SYSTEM_PACKAGES := debootstrap systemd
+# chromium renders the simulation report's Mermaid diagrams in tests/e2e.
+SYSTEM_PACKAGES += chromium
 
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
@@ -21,7 +23,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-# The CDK CLI pinned in package.json (npx cdk ...); reinstalled only when the pin or the lock changes.
+# The CDK CLI (npx cdk ...) and Mermaid for the simulation report, pinned in package.json; reinstalled only
+# when the pins or the lock change.
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
 	touch $@
