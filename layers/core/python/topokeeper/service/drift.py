@@ -66,10 +66,14 @@ def drifted_partitions(result: ApplyResult, bundle: Bundle) -> list[str]:
     return []
 
 
-def _live_status(result: ApplyResult) -> Literal["in_sync", "drift", "unknown"]:
+def _live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift", "unknown"]:
     if result.outcome is Outcome.IN_SYNC:
         return "in_sync"
     if result.outcome is Outcome.DRIFT:
+        # In verify mode another writer (HyperPod) owns the files and names things its own way: only a
+        # different grouping of nodes is drift. In enforce mode the files are ours, names included.
+        if mode is Mode.VERIFY and getattr(result, "grouping_drift", True) is False:
+            return "in_sync"
         return "drift"
     return "unknown"
 
@@ -93,7 +97,7 @@ def check_drift(cluster: ClusterConfig, deps: DriftDeps) -> DriftReport:
 
     bundle = deps.plans.bundle(cluster.name, state.desired_sha256)
     live_result = deps.channel(cluster).verify(bundle)
-    live = _live_status(live_result)
+    live = _live_status(live_result, cluster.effective_mode)
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     aws: Literal["current", "changed"] = "current" if rendered.sha256 == state.desired_sha256 else "changed"
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing_topology(rendered))

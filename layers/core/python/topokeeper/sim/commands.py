@@ -60,6 +60,7 @@ def _print_step(step: Any, show: bool) -> None:
 
 def run(scenario_path: Path, out: Path, *, show: bool) -> int:
     # Imported here, not at the top: the simulator needs moto (the sim extra), which plan and show do not.
+    from topokeeper.sim.report import write_report  # noqa: PLC0415
     from topokeeper.sim.simulator import simulate, write_result  # noqa: PLC0415
     from topokeeper.sim.slurm_chroot import can_run  # noqa: PLC0415
 
@@ -79,8 +80,7 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
         logging.getLogger("topokeeper.sim").removeHandler(handler)
     for step in result.steps:
         _print_step(step, show)
-    path = write_result(result, out)
-    outputs = [path]
+    outputs = [write_result(result, out), write_report(result, out)]
     totals = result.totals
     print(
         f"{scenario.cluster.name}: {totals['simulated_seconds']:.0f}s simulated in {time.monotonic() - started:.1f}s,"
