@@ -8,7 +8,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from topokeeper.runtime import lambda_runtime
-from topokeeper.service.reconcile import process_message
+from topokeeper.service.reconcile import newest_generations, process_message
 
 logger = Logger(service="topokeeper")
 # A failed message stops the rest of its cluster's group in this batch; other clusters go on.
@@ -17,11 +17,13 @@ processor = SqsFifoPartialProcessor(skip_group_on_error=True)
 processor.raise_on_entire_batch_failure = False
 
 
-def record_handler(record: SQSRecord) -> None:
-    report = process_message(record.body, record.receipt_handle, lambda_runtime().reconcile_deps())
-    logger.info("reconciled", extra=report.model_dump(mode="json") if report else {"malformed": record.message_id})
-
-
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    deps = lambda_runtime().reconcile_deps()
+    newest = newest_generations(record.get("body", "") for record in event.get("Records", []))
+
+    def record_handler(record: SQSRecord) -> None:
+        report = process_message(record.body, record.receipt_handle, deps, newest)
+        logger.info("reconciled", extra=report.model_dump(mode="json") if report else {"malformed": record.message_id})
+
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -25,9 +25,12 @@ def _snippet(capsys: pytest.CaptureFixture[str], *extra: str) -> str:
 
 
 def _run(snippet: str, root: Path) -> subprocess.CompletedProcess[str]:
+    """As a lifecycle script runs it: a file given to bash (the snippet is too large for one argument)."""
     environment = {**os.environ, "TOPOKEEPER_ROOT": str(root), "TOPOKEEPER_SKIP_SYSTEMCTL": "1"}
+    script = root.parent / f"{root.name}-on_create.sh"
+    script.write_text(snippet)
     return subprocess.run(
-        ["bash", "-c", snippet], env=environment, capture_output=True, text=True, timeout=60, check=False
+        ["bash", str(script)], env=environment, capture_output=True, text=True, timeout=60, check=False
     )
 
 

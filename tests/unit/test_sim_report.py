@@ -33,9 +33,17 @@ def test_header_names_the_scenario_and_its_totals() -> None:
     facts = [item.text for item in _page(_result()).find_all("li")]
     for fact in ["cluster: demo", "Slurm: 26.05", "mode: enforce", "channel: ssm", "simulated time: 797.38 s"]:
         assert fact in facts
-    for fact in ["events: 13", "reconciles: 5", "head-node writes: 5", "reconfigures: 5", "apply failures: 0"]:
-        assert fact in facts
-    assert {"audit records: 8", "AWS calls: 593", "converged: yes"} <= set(facts)
+    totals = _result().totals
+    for label, key in [
+        ("events", "events_sent"),
+        ("reconciles", "reconciles"),
+        ("head-node writes", "head_node_writes"),
+        ("reconfigures", "reconfigures"),
+        ("apply failures", "apply_failures"),
+        ("audit records", "audit_records"),
+    ]:
+        assert f"{label}: {totals[key]}" in facts
+    assert {f"AWS calls: {sum(totals['aws_calls'].values())}", "converged: yes"} <= set(facts)
 
 
 def test_every_step_has_a_section_with_its_facts_timeline_and_calls() -> None:
@@ -58,7 +66,10 @@ def test_every_step_has_a_section_with_its_facts_timeline_and_calls() -> None:
         )
     tamper, wait = page.by_id("step-4"), page.by_id("step-5")
     assert "converged: no" in {item.text for item in tamper.find_all("li")}
-    assert {"converged: yes after 0.00 s", "drift: 0"} <= {item.text for item in wait.find_all("li")}
+    last = result.steps[5]
+    assert {f"converged: yes after {last.convergence_seconds:.2f} s", f"drift: {last.drift}"} <= {
+        item.text for item in wait.find_all("li")
+    }
 
 
 def test_audit_table_has_every_record_of_every_step() -> None:
@@ -66,7 +77,7 @@ def test_audit_table_has_every_record_of_every_step() -> None:
     records = [(index, step.step, r) for index, step in enumerate(result.steps) for r in step.audit_records]
     (table,) = _page(result).find_all("table", "audit")
     rows = [_cells(row) for row in table.find_all("tr")[1:]]
-    assert len(rows) == len(records) == result.totals["audit_records"] == 8
+    assert len(rows) == len(records) == result.totals["audit_records"] > 0
     for row, (index, step, record) in zip(rows, records, strict=True):
         before = record["before_sha256"][:12] if record["before_sha256"] else NONE
         assert row == [
@@ -90,8 +101,10 @@ def test_audit_table_tells_plan_changes_from_drift_repairs_and_shows_errors() ->
     result.steps[-1].audit_records[0].update(outcome="failed", error="scontrol reconfigure exited 1")
     (table,) = _page(result).find_all("table", "audit")
     rows = [_cells(row) for row in table.find_all("tr")[1:]]
-    assert [row[3] for row in rows] == ["plan-change"] * 6 + ["drift-repair"] * 2  # the wait step repairs the tamper
-    assert rows[-2][5] == "failedscontrol reconfigure exited 1"
+    repairs = len(result.steps[-1].audit_records)  # the wait step repairs the tamper
+    assert repairs >= 1
+    assert [row[3] for row in rows] == ["plan-change"] * (len(rows) - repairs) + ["drift-repair"] * repairs
+    assert rows[-repairs][5] == "failedscontrol reconfigure exited 1"
 
 
 def test_live_topology_of_the_last_step_is_preformatted_per_partition() -> None:

@@ -30,8 +30,9 @@ def test_generation_already_covered_is_dropped() -> None:
     assert decide(_state(reconciled_generation=5), _request(5), NOW, SETTINGS) is Decision.COVERED
 
 
-def test_superseded_by_a_newer_message_is_dropped() -> None:
-    assert decide(_state(generation=7), _request(5), NOW, SETTINGS) is Decision.SUPERSEDED
+def test_an_older_message_of_the_open_cycle_still_reconciles() -> None:
+    """Later changes of the cycle were deduplicated into this message: it must not be dropped."""
+    assert decide(_state(generation=7), _request(5), NOW, SETTINGS) is Decision.PROCEED
 
 
 def test_quiet_cluster_proceeds() -> None:
@@ -75,3 +76,17 @@ def test_delivery_in_flight_blocks_until_timeout() -> None:
         decide(_state(pending=PendingDelivery(handle=stale, generation=4)), _request(), NOW, SETTINGS)
         is Decision.PROCEED
     )
+
+
+def test_messages_of_one_cycle_share_their_deduplication_id() -> None:
+    first = ReconcileRequest(cluster="c1", generation=3, since=2)
+    later = ReconcileRequest(cluster="c1", generation=9, since=2, reason="drift")
+    next_cycle = ReconcileRequest(cluster="c1", generation=10, since=9)
+    assert first.deduplication_id == later.deduplication_id != next_cycle.deduplication_id
+
+
+def test_only_a_newer_message_in_the_same_batch_supersedes() -> None:
+    from topokeeper.service.reconcile import newest_generations
+
+    bodies = [ReconcileRequest(cluster="c1", generation=g).model_dump_json() for g in (3, 5, 4)] + ["{broken"]
+    assert newest_generations(bodies) == {"c1": 5}

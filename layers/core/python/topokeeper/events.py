@@ -174,9 +174,19 @@ WORK_QUEUE_MAX_RECEIVES = 50
 
 
 class ReconcileRequest(BaseModel):
-    """The SQS FIFO message from ingest to reconcile: only *that* a cluster changed, never what."""
+    """The SQS FIFO message from ingest to reconcile: only *that* a cluster changed, never what.
+
+    ``since`` is the cluster's reconciled generation when the message was sent. It is the message's
+    deduplication id (with the cluster), so SQS keeps one message per reconcile cycle: every change until
+    the next reconcile is already covered by the message waiting in the queue.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     cluster: str
     generation: int = Field(ge=1)
+    since: int = Field(0, ge=0)
     reason: Literal["event", "drift", "retry", "operator"] = "event"
+
+    @property
+    def deduplication_id(self) -> str:
+        return f"{self.cluster}:after:{self.since}"

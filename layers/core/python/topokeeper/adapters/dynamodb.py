@@ -59,8 +59,10 @@ class DynamoStateStore:
 
     def get(self, cluster: str) -> ClusterState:
         item = self._db.get_item(TableName=self._table, Key=cluster_key(cluster), ConsistentRead=True).get("Item")
-        if not item:
-            return ClusterState(cluster=cluster)
+        return self._state(cluster, item or {})
+
+    @staticmethod
+    def _state(cluster: str, item: dict[str, Any]) -> ClusterState:
         controller = json.loads(item["controller"]["S"]) if "controller" in item else {}
         return ClusterState.model_validate(
             {
@@ -76,34 +78,25 @@ class DynamoStateStore:
         )
 
     def record_change(self, cluster: str, trigger: Trigger, now: datetime) -> ClusterState:
-        values = {
-            ":now": {"S": now.isoformat()},
-            ":one": {"N": "1"},
-            ":t": {"L": [{"S": trigger.model_dump_json()}]},
-            ":empty": {"L": []},
-            ":cap": {"N": str(MAX_TRIGGERS)},
-        }
-        counters = "ADD generation :one, trigger_count :one"
-        timing = "SET last_event_at = :now, first_pending_at = if_not_exists(first_pending_at, :now)"
-        try:
+        response = self._db.update_item(
+            TableName=self._table,
+            Key=cluster_key(cluster),
+            UpdateExpression="SET last_event_at = :now, first_pending_at = if_not_exists(first_pending_at, :now) "
+            "ADD generation :one, trigger_count :one",
+            ExpressionAttributeValues={":now": {"S": now.isoformat()}, ":one": {"N": "1"}},
+            ReturnValues="ALL_NEW",
+        )
+        state = self._state(cluster, response["Attributes"])
+        if state.trigger_count <= MAX_TRIGGERS:
+            # The first triggers since the last reconcile explain the change; a burst beyond is counted only.
             self._db.update_item(
                 TableName=self._table,
                 Key=cluster_key(cluster),
-                UpdateExpression=f"{timing}, triggers = list_append(if_not_exists(triggers, :empty), :t) {counters}",
-                ConditionExpression="attribute_not_exists(triggers) OR size(triggers) < :cap",
-                ExpressionAttributeValues=values,
+                UpdateExpression="SET triggers = list_append(if_not_exists(triggers, :empty), :t)",
+                ExpressionAttributeValues={":t": {"L": [{"S": trigger.model_dump_json()}]}, ":empty": {"L": []}},
             )
-        except ClientError as error:
-            if not _conditional_failed(error):
-                raise
-            # Enough triggers kept to explain the change; count the rest.
-            self._db.update_item(
-                TableName=self._table,
-                Key=cluster_key(cluster),
-                UpdateExpression=f"{timing} {counters}",
-                ExpressionAttributeValues={":now": values[":now"], ":one": values[":one"]},
-            )
-        return self.get(cluster)
+            state = state.model_copy(update={"triggers": [*state.triggers, trigger]})
+        return state
 
     def save(self, state: ClusterState) -> ClusterState:
         controller = state.model_dump_json(include=set(_CONTROLLER_FIELDS))

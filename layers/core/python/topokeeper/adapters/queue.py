@@ -22,8 +22,7 @@ class SqsWorkQueue:
             QueueUrl=self._url,
             MessageBody=request.model_dump_json(),
             MessageGroupId=request.cluster,
-            # One message per generation: a redelivered ingest does not enqueue twice.
-            MessageDeduplicationId=f"{request.cluster}:{request.generation}:{request.reason}",
+            MessageDeduplicationId=request.deduplication_id,
         )
 
     def defer(self, receipt_handle: str, seconds: float) -> None:

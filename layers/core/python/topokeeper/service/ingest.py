@@ -98,5 +98,7 @@ def ingest(event: TopokeeperEvent, deps: IngestDeps) -> IngestResult:
         source=event.source, detail_type=event.detail_type, event_id=event.id, time=event.time, summary=summary
     )
     state = deps.state.record_change(cluster.name, trigger, now)
-    deps.queue.send(ReconcileRequest(cluster=cluster.name, generation=state.generation))
+    deps.queue.send(
+        ReconcileRequest(cluster=cluster.name, generation=state.generation, since=state.reconciled_generation)
+    )
     return IngestResult(status="queued", cluster=cluster.name, generation=state.generation, reason=summary)

@@ -1,17 +1,18 @@
 """Reconcile: read the facts, plan, and deliver only when the content hash changed.
 
 Level-triggered like a Kubernetes controller: a message says only that a cluster changed. A burst
-collapses three ways: a message whose generation an earlier reconcile already covered is dropped; a
-message superseded by a newer one is dropped (the newest does the work); and the newest waits for a
-quiet period (``debounce_seconds``, bounded by ``max_wait_seconds``) and for ``min_write_interval``
-since the last write. Waiting is expressed as ``Deferred``: the handler hides the message for that
-long, and the FIFO group keeps the cluster's later messages behind it.
+collapses three ways: SQS deduplicates every change of a reconcile cycle into one message (see
+``ReconcileRequest.since``); a message whose generation an earlier reconcile already covered, or that a
+newer one in the same batch supersedes, is dropped; and the message waits for a quiet period
+(``debounce_seconds``, bounded by ``max_wait_seconds``) and for ``min_write_interval`` since the last
+write. Waiting is expressed as ``Deferred``: the handler hides the message for that long, and the FIFO
+group keeps the cluster's later messages behind it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -50,16 +51,16 @@ class Deferred(Exception):
 
 class Decision(StrEnum):
     COVERED = "covered"  # an earlier reconcile already handled this generation
-    SUPERSEDED = "superseded"  # a newer message for the cluster is queued
+    SUPERSEDED = "superseded"  # a newer message for the cluster is in the same batch
     PROCEED = "proceed"
 
 
 def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settings: Settings) -> Decision:
     """Whether to reconcile now; raises ``Deferred`` when it should wait."""
+    # A message stands for every change of its cycle (later ones are deduplicated into it by SQS), so it
+    # reconciles whatever the state is now; only a cycle that an earlier reconcile closed is done.
     if request.generation <= state.reconciled_generation:
         return Decision.COVERED
-    if request.generation < state.generation:
-        return Decision.SUPERSEDED
     if state.pending is not None and now - state.pending.handle.sent_at < DELIVERY_TIMEOUT:
         remaining = DELIVERY_TIMEOUT - (now - state.pending.handle.sent_at)
         raise Deferred(min(remaining.total_seconds(), 30), "a delivery is in flight")
@@ -117,8 +118,11 @@ def reconcile(request: ReconcileRequest, deps: ReconcileDeps) -> ReconcileReport
     state = deps.state.get(cluster.name)
     decision = decide(state, request, now, deps.settings)
     if decision is not Decision.PROCEED:
-        deps.metrics.emit(cluster.name, Metric.EVENTS_COALESCED, 1)
         return ReconcileReport(cluster=cluster.name, generation=request.generation, action=decision.value)
+    # Every change since the last reconcile is handled by this one: all but one needed no reconcile of its own.
+    coalesced = state.generation - state.reconciled_generation - 1
+    if coalesced > 0:
+        deps.metrics.emit(cluster.name, Metric.EVENTS_COALESCED, coalesced)
 
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
@@ -148,6 +152,12 @@ def reconcile(request: ReconcileRequest, deps: ReconcileDeps) -> ReconcileReport
         update["repair_partitions"] = []
     save_fields(deps.state, cluster.name, update)
     deps.state.consume_triggers(cluster.name, state.generation)
+    fresh = deps.state.get(cluster.name)
+    if fresh.generation > fresh.reconciled_generation:
+        # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
+        deps.queue.send(
+            ReconcileRequest(cluster=cluster.name, generation=fresh.generation, since=fresh.reconciled_generation)
+        )
 
     if missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
         request_reconcile(
@@ -170,14 +180,31 @@ def reconcile(request: ReconcileRequest, deps: ReconcileDeps) -> ReconcileReport
     )
 
 
-def process_message(body: str, receipt_handle: str, deps: ReconcileDeps) -> ReconcileReport | None:
-    """One SQS record: malformed -> dead-letter queue with the reason; deferred -> hidden, then retried."""
+def newest_generations(bodies: Iterable[str]) -> dict[str, int]:
+    """The newest generation per cluster in one batch: older messages of the batch are superseded outright."""
+    newest: dict[str, int] = {}
+    for body in bodies:
+        try:
+            request = ReconcileRequest.model_validate_json(body)
+        except ValidationError:
+            continue
+        newest[request.cluster] = max(newest.get(request.cluster, 0), request.generation)
+    return newest
+
+
+def process_message(
+    body: str, receipt_handle: str, deps: ReconcileDeps, newest: Mapping[str, int]
+) -> ReconcileReport | None:
+    """One SQS record: malformed -> dead-letter queue with the reason; superseded within its batch ->
+    dropped without reading state; deferred -> hidden, then retried."""
     try:
         request = ReconcileRequest.model_validate_json(body)
     except ValidationError as error:
         reason = InputError.from_validation(error, prefix="message").args[0]
         deps.queue.dead_letter(body, reason)
         return None
+    if newest.get(request.cluster, 0) > request.generation:
+        return ReconcileReport(cluster=request.cluster, generation=request.generation, action=Decision.SUPERSEDED.value)
     try:
         return reconcile(request, deps)
     except Deferred as deferred:

@@ -133,5 +133,7 @@ def request_reconcile(
         source="topokeeper", detail_type=detail_type, event_id=f"{reason}-{now.isoformat()}", time=now, summary=summary
     )
     state = store.record_change(cluster, trigger, now)
-    queue.send(ReconcileRequest(cluster=cluster, generation=state.generation, reason=reason))
+    queue.send(
+        ReconcileRequest(cluster=cluster, generation=state.generation, since=state.reconciled_generation, reason=reason)
+    )
     return state.generation

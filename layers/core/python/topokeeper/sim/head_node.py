@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -84,6 +85,9 @@ class ChrootHeadNode:
         """Copy agent.py and applier.py to /opt/topokeeper and write the agent's config; returns its path."""
         opt = self.root / "opt" / "topokeeper"
         opt.mkdir(parents=True, exist_ok=True)
+        state_dir = self.root / "var" / "lib" / "topokeeper" / self.controller.name
+        if state_dir.exists():
+            shutil.rmtree(state_dir)  # a new head node: no ETag or bundle from an earlier run
         (opt / "agent.py").write_text(AGENT_SOURCE.read_text())
         (opt / "applier.py").write_text(APPLIER_SOURCE.read_text())
         state = f"/var/lib/topokeeper/{self.controller.name}"

@@ -184,6 +184,7 @@ class SlurmController:
     name: str
     port: int = field(default_factory=free_port)
     pid: int | None = None
+    _anchor: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def inner_dir(self) -> str:
@@ -264,10 +265,11 @@ class SlurmController:
         (self.etc / name).write_text(content)
 
     def command(self, *argv: str) -> list[str]:
-        """argv run in the chroot, inside this controller's mount namespace once it runs (see ``start``)."""
+        """argv run in the chroot, inside this controller's mount namespace once it has one (see ``start``)."""
         inner = ["chroot", str(self.root), "env", f"SLURM_CONF={self.slurm_conf_inner}", *argv]
-        pid = self.current_pid()
-        return ["nsenter", f"--target={pid}", "--mount", "--", *inner] if pid else inner
+        if self._anchor is None or self._anchor.poll() is not None:
+            return inner
+        return ["nsenter", f"--target={self._anchor.pid}", "--mount", "--", *inner]
 
     def run(self, *argv: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(self.command(*argv), capture_output=True, text=True, timeout=timeout, check=False)
@@ -290,20 +292,28 @@ class SlurmController:
         """slurmctld daemonized, in a mount namespace of its own with a private /run/slurmctld.
 
         Clients get their auth tokens from the SACK socket in /run/slurmctld; several controllers in one
-        chroot would share it (and sign with each other's keys), so each gets its own, and its clients
-        enter its namespace (``command``). The paths travel as arguments, never inside the shell text.
+        chroot would share it (and sign with each other's keys), so each gets its own. A sleeping anchor
+        process holds the namespace (slurmctld changes pid on every reconfigure); ``command`` enters it.
+        The paths travel as arguments, never inside the shell text.
         """
         script = (
-            'mkdir -p "$1/run/slurmctld" && mount -t tmpfs -o mode=0755 tmpfs "$1/run/slurmctld" '
-            '&& exec chroot "$1" env SLURM_CONF="$2" slurmctld -c -i -f "$2"'
+            'mkdir -p "$1/run/slurmctld" && mount -t tmpfs -o mode=0755 tmpfs "$1/run/slurmctld" && exec sleep infinity'
         )
-        argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]
-        result = subprocess.run(
-            [*argv, str(self.root), self.slurm_conf_inner], capture_output=True, text=True, timeout=60, check=False
+        self._anchor = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", str(self.root)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
-        if result.returncode != 0:
-            raise HarnessError(f"slurmctld did not start: {result.stderr.strip()} {self.log_tail()}")
         deadline = time.monotonic() + timeout
+        while _command_name(self._anchor.pid) != "sleep":
+            if self._anchor.poll() is not None or time.monotonic() > deadline:
+                error = self._anchor.stderr.read().decode() if self._anchor.stderr else ""
+                raise HarnessError(f"could not make a mount namespace for slurmctld: {error.strip()}")
+            time.sleep(0.02)
+        result = self.run("slurmctld", "-c", "-i", "-f", self.slurm_conf_inner)
+        if result.returncode != 0:
+            self.stop()
+            raise HarnessError(f"slurmctld did not start: {result.stderr.strip()} {self.log_tail()}")
         while time.monotonic() < deadline:
             self.pid = self.current_pid()
             if self.pid and "is UP" in self.run("scontrol", "ping").stdout:
@@ -323,6 +333,13 @@ class SlurmController:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         self.pid = None
+        if self._anchor is not None:
+            if self._anchor.poll() is None:
+                self._anchor.kill()
+            self._anchor.wait(timeout=timeout)
+            if self._anchor.stderr:
+                self._anchor.stderr.close()
+            self._anchor = None
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -359,6 +376,14 @@ class SlurmController:
                 return fields[1]
             time.sleep(0.2)
         raise HarnessError(f"job {job_id} was not placed within {timeout}s")
+
+
+def _command_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
 
 
 def _alive(pid: int) -> bool:

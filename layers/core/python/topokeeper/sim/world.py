@@ -42,6 +42,7 @@ from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.service.reconcile import plan_cluster
 from topokeeper.sim.aws.clock import ManualClock
 from topokeeper.sim.aws.emulator import AwsEmulator
+from topokeeper.sim.aws.events import HYPERPOD
 from topokeeper.sim.aws.network import NetworkLayout
 from topokeeper.sim.aws.ssm import CommandInvocationRequest
 from topokeeper.sim.head_node import ChrootHeadNode
@@ -129,18 +130,19 @@ class SimMetrics:
         self.points.append((world.clock.monotonic(), cluster, metric.value, value))
         if metric is Metric.RECONCILE_SECONDS:
             world.counters.reconciles += 1
-        client("cloudwatch").put_metric_data(
-            Namespace=METRICS_NAMESPACE,
-            MetricData=[
-                {
-                    "MetricName": metric.value,
-                    "Dimensions": [{"Name": METRICS_DIMENSION, "Value": cluster}],
-                    "Timestamp": world.clock.now(),
-                    "Value": value,
-                }
-            ],
-        )
         if metric is Metric.TOPOLOGY_DRIFT:
+            # Only the alarm's metric goes to the emulated CloudWatch; the rest stay in ``points``.
+            client("cloudwatch").put_metric_data(
+                Namespace=METRICS_NAMESPACE,
+                MetricData=[
+                    {
+                        "MetricName": metric.value,
+                        "Dimensions": [{"Name": METRICS_DIMENSION, "Value": cluster}],
+                        "Timestamp": world.clock.now(),
+                        "Value": value,
+                    }
+                ],
+            )
             self._evaluate_drift_alarm(cluster, value)
 
     def _evaluate_drift_alarm(self, cluster: str, value: float) -> None:
@@ -467,8 +469,8 @@ class World:
         sqs = client("sqs")
         handled = 0
         while messages := sqs.receive_message(QueueUrl=self.inboxes[function], MaxNumberOfMessages=10).get("Messages"):
+            _delete(sqs, self.inboxes[function], messages)
             for message in messages:
-                sqs.delete_message(QueueUrl=self.inboxes[function], ReceiptHandle=message["ReceiptHandle"])
                 event = json.loads(message["Body"])
                 deliveries = self.event_filter(event) if function == "ingest" else [event]
                 for delivery in deliveries:
@@ -524,10 +526,10 @@ class World:
         self.deferred.clear()
         result = self.handlers["reconcile"](event, LambdaContext("reconcile"))
         failed = {item["itemIdentifier"] for item in result.get("batchItemFailures", [])}
+        _delete(sqs, self.queue_url, [m for m in messages if m["MessageId"] not in failed])
         for message in messages:
             receipt = message["ReceiptHandle"]
             if message["MessageId"] not in failed:
-                sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=receipt)
                 continue
             delay = self.deferred.get(receipt, FAILED_VISIBILITY_SECONDS)
             self.agenda.add(self.clock.monotonic() + delay, functools.partial(self._make_visible, receipt))
@@ -564,13 +566,9 @@ class World:
         state = self.runtime.state.get(self.cluster.name)
         return state.pending is None and state.generation == state.reconciled_generation
 
-    def put_event(self, source: str, detail_type: str, detail: dict[str, Any], *, time: datetime | None = None) -> None:
-        """An event from outside (as AWS would send it), through EventBridge and the stack's rules."""
-        entry: dict[str, Any] = {"Source": source, "DetailType": detail_type, "Detail": json.dumps(detail)}
-        entry["Time"] = time or self.clock.now()
-        response = client("events").put_events(Entries=[entry])
-        if response.get("FailedEntryCount"):
-            raise RuntimeError(f"PutEvents failed: {response['Entries']}")
+    def put_event(self, source: str, detail_type: str, detail: dict[str, Any]) -> None:
+        """An event from an AWS service, through EventBridge and the stack's rules (as the emulator emits its own)."""
+        self.emulator.events.emit(HYPERPOD, source=source, detail_type=detail_type, detail=detail)
 
     def desired(self) -> Any:
         state = self.runtime.state.get(self.cluster.name)
@@ -578,6 +576,13 @@ class World:
 
     def now(self) -> datetime:
         return self.clock.now()
+
+
+def _delete(sqs: Any, queue_url: str, messages: list[dict[str, Any]]) -> None:
+    """What Lambda's event source does with the messages a batch handled."""
+    if messages:
+        entries = [{"Id": str(index), "ReceiptHandle": m["ReceiptHandle"]} for index, m in enumerate(messages)]
+        sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
 
 
 def _queue_arn(sqs: Any, url: str) -> str:
