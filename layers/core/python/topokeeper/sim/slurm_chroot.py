@@ -323,15 +323,12 @@ class SlurmController:
         raise HarnessError(f"slurmctld did not come up within {timeout}s: {self.log_tail()}")
 
     def stop(self, timeout: float = 30) -> None:
-        for pid in {p for p in (self.current_pid(), self.pid) if p}:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        """Stop slurmctld (by the pids it wrote) and anything else left in its namespace, then the anchor."""
+        pids = {p for p in (self.current_pid(), self.pid) if p}
+        if self._anchor is not None and self._anchor.poll() is None:
+            pids |= _pids_in_mount_namespace(self._anchor.pid) - {self._anchor.pid}
+        for pid in sorted(pids):
+            _terminate(pid, timeout)
         self.pid = None
         if self._anchor is not None:
             if self._anchor.poll() is None:
@@ -376,6 +373,32 @@ class SlurmController:
                 return fields[1]
             time.sleep(0.2)
         raise HarnessError(f"job {job_id} was not placed within {timeout}s")
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _pids_in_mount_namespace(anchor: int) -> set[int]:
+    """Every process sharing the anchor's mount namespace: what this controller started, and nothing else."""
+    try:
+        namespace = os.readlink(f"/proc/{anchor}/ns/mnt")
+    except OSError:
+        return set()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/ns/mnt") == namespace:
+                    found.add(int(entry))
+    return found
 
 
 def _command_name(pid: int) -> str:

@@ -30,6 +30,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from moto.sqs.models import sqs_backends
+
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Mode, Settings
@@ -465,10 +467,17 @@ class World:
 
     # ----------------------------------------------------------------- the functions
 
+    def _has_visible_messages(self, queue_url: str) -> bool:
+        """A peek into the emulator's in-process queue, so an idle loop costs no ReceiveMessage requests."""
+        queue = sqs_backends[self.emulator.account_id][self.emulator.region].get_queue(queue_url.rsplit("/", 1)[-1])
+        return bool(queue.approximate_number_of_messages)
+
     def _drain_inbox(self, function: str) -> int:
         sqs = client("sqs")
         handled = 0
-        while messages := sqs.receive_message(QueueUrl=self.inboxes[function], MaxNumberOfMessages=10).get("Messages"):
+        while self._has_visible_messages(self.inboxes[function]) and (
+            messages := sqs.receive_message(QueueUrl=self.inboxes[function], MaxNumberOfMessages=10).get("Messages")
+        ):
             _delete(sqs, self.inboxes[function], messages)
             for message in messages:
                 event = json.loads(message["Body"])
@@ -511,6 +520,8 @@ class World:
         self.note("result", f"{outcome}; {report.get('audit_records', 0)} audit record(s)")
 
     def _drain_work(self) -> int:
+        if not self._has_visible_messages(self.queue_url):
+            return 0
         sqs = client("sqs")
         response = sqs.receive_message(
             QueueUrl=self.queue_url,
