@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.integration.backend.conftest import AuditCapture, small_scenario
+from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.aws import client
 from topokeeper.domain.errors import InputError
 from topokeeper.events import HYPERPOD_DETAIL_TYPES, WORK_QUEUE_MAX_RECEIVES
@@ -264,3 +265,19 @@ def test_the_head_nodes_own_slurm_version_wins(world_factory) -> None:
     assert "refused" in outcomes and outcomes[-1] == "applied"
     assert world.runtime.state.get(world.cluster.name).slurm_version.startswith("24.11")
     assert _in_sync(world)
+
+
+def test_a_large_bundle_travels_through_s3_and_is_hash_checked_on_the_head_node(
+    world_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback for bundles too large to ride inline: S3, a presigned URL, the sha256 checked on the node."""
+    # This cluster's command is about 31.6 KB inline and 30.5 KB with the bundle in S3.
+    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", 31_000)
+    world = world_factory()
+    world.settle()
+    state = world.runtime.state.get(world.cluster.name)
+    stored = world.emulator.client("s3").list_objects_v2(Bucket=world.deployment.bucket, Prefix="payloads/")
+    assert [o["Key"] for o in stored.get("Contents", [])] == [
+        f"payloads/{world.cluster.name}/{state.applied_sha256}.json"
+    ]
+    assert world.head.verify(world.desired().bundle)["outcome"] == "in_sync"

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, LocalRateLimiter, MemoryNodeFactsCache
 from topokeeper.adapters.hyperpod import HyperPodFacts
+from topokeeper.adapters.metrics import NoMetrics
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import ClusterConfig, Ec2Discovery, Mode, Orchestrator
 from topokeeper.deployment import Deployment
@@ -76,7 +77,7 @@ def _runtime_and_cluster(args: argparse.Namespace) -> tuple[Runtime, ClusterConf
     cluster = deployment.settings.cluster(args.cluster)
     if cluster is None:
         raise InputError("--cluster", f"{args.cluster} is not managed by this deployment")
-    return Runtime.from_environment(deployment.environment()), cluster
+    return Runtime.from_environment(deployment.environment(), metrics=NoMetrics()), cluster
 
 
 def _emit(args: argparse.Namespace, document: Any, human: Callable[[], str]) -> None:

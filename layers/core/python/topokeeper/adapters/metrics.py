@@ -14,3 +14,10 @@ class EmfMetrics:
         unit = UNITS.get(metric, MetricUnit.Count)
         with single_metric(name=metric.value, unit=unit, value=value, namespace=METRICS_NAMESPACE) as blob:
             blob.add_dimension(name=METRICS_DIMENSION, value=cluster)
+
+
+class NoMetrics:
+    """For the operator CLI: what it measures is its own output, and stdout must stay clean for --json."""
+
+    def emit(self, cluster: str, metric: Metric, value: float) -> None:
+        return None

@@ -46,7 +46,7 @@ from topokeeper.sim.aws.clock import ManualClock
 from topokeeper.sim.aws.emulator import AwsEmulator
 from topokeeper.sim.aws.events import HYPERPOD
 from topokeeper.sim.aws.network import NetworkLayout
-from topokeeper.sim.aws.ssm import CommandInvocationRequest
+from topokeeper.sim.aws.ssm import CommandInvocationRequest, CommandOutcome
 from topokeeper.sim.head_node import ChrootHeadNode
 from topokeeper.sim.scenario import Scenario
 
@@ -192,6 +192,8 @@ class World:
         self.counters = Counters()
         self.timeline: list[dict[str, Any]] = []
         self.deferred: dict[str, float] = {}  # receipt handle -> seconds, filled by SimWorkQueue.defer
+        # True: SSM commands run at once (for callers outside simulated time, such as the operator CLI).
+        self.ssm_synchronous = False
         self.apply_times: dict[str, float] = {}  # plan sha256 -> when the head node confirmed it
         self.event_filter: Callable[[dict[str, Any]], list[dict[str, Any]]] = lambda event: [event]
         # Deterministic simulation, not security: the same scenario and seed tell the same story.
@@ -397,20 +399,28 @@ class World:
 
     # ----------------------------------------------------------------- the head node's channels
 
-    def _on_command(self, request: CommandInvocationRequest) -> None:
+    def _on_command(self, request: CommandInvocationRequest) -> CommandOutcome | None:
+        if self.ssm_synchronous:
+            return self._execute(request)
         self.agenda.add(self.clock.monotonic() + self.scenario.timing.ssm_delivery_seconds, lambda: self._run(request))
+        return None
 
-    def _run(self, request: CommandInvocationRequest) -> None:
+    def _execute(self, request: CommandInvocationRequest) -> CommandOutcome:
+        """What the SSM agent on the head node does: run the script, report status and output."""
         self.sync_head_node()
         code, stdout, stderr = self.head.run_script(request.commands)
         self._count_head_node_result(stdout)
+        return CommandOutcome("Success" if code == 0 else "Failed", code, stdout[-24_000:], stderr[-8_000:])
+
+    def _run(self, request: CommandInvocationRequest) -> None:
+        outcome = self._execute(request)
         self.emulator.ssm.complete(
             request.command_id,
             request.instance_id,
-            status="Success" if code == 0 else "Failed",
-            response_code=code,
-            stdout=stdout[-24_000:],
-            stderr=stderr[-8_000:],
+            status=outcome.status,
+            response_code=outcome.response_code,
+            stdout=outcome.stdout,
+            stderr=outcome.stderr,
         )
 
     def _count_head_node_result(self, document_text: str) -> None:
