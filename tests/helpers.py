@@ -6,6 +6,31 @@ import hashlib
 
 from topokeeper.domain.models import ClusterSnapshot, Node, Partition, PartitionSettings, SlurmVersion
 
+# The applier's result document contract (README "The applier"): every document carries every key.
+APPLIER_RESULT_KEYS = frozenset(
+    {
+        "outcome",
+        "mode",
+        "plan_sha256",
+        "before_sha256",
+        "after_sha256",
+        "partitions_changed",
+        "reconfigured",
+        "reconfigure_exit_code",
+        "readback",
+        "partition_topologies",
+        "drift",
+        "grouping_drift",
+        "diff",
+        "slurm_version",
+        "slurm_format",
+        "config_dir",
+        "duration_seconds",
+        "error",
+        "applier_version",
+    }
+)
+
 
 def instance_id(seed: str) -> str:
     return "i-0" + hashlib.sha256(seed.encode()).hexdigest()[:16]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
+from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, node, p5_nodes, snapshot
 from topokeeper.applier import applier
 from topokeeper.cli import main as topokeeper_main
 from topokeeper.domain.models import Node
@@ -295,27 +295,7 @@ def test_output_stays_under_the_ssm_cap_for_20000_nodes_with_drift(head_node: Fa
 def test_every_result_carries_every_key(head_node: FakeHeadNode) -> None:
     bundle = _bundle(_cluster())
     head_node.serve(bundle)
-    required = {
-        "outcome",
-        "mode",
-        "plan_sha256",
-        "before_sha256",
-        "after_sha256",
-        "partitions_changed",
-        "reconfigured",
-        "reconfigure_exit_code",
-        "readback",
-        "partition_topologies",
-        "drift",
-        "grouping_drift",
-        "diff",
-        "slurm_version",
-        "slurm_format",
-        "config_dir",
-        "duration_seconds",
-        "error",
-        "applier_version",
-    }
+    required = APPLIER_RESULT_KEYS
     documents = [
         head_node.run("verify", bundle)[1],
         head_node.run("dry-run", bundle)[1],

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
+from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, node, p5_nodes, snapshot
 from topokeeper.applier import applier
 from topokeeper.applier.applier import content_sha256, parse_show_topology, sha256_text
 from topokeeper.domain.models import Node, PartitionSettings
@@ -29,27 +29,7 @@ from topokeeper.sim.slurm_chroot import SlurmController
 pytestmark = pytest.mark.slurm
 
 APPLIER = Path(applier.__file__)
-REQUIRED_KEYS = {
-    "outcome",
-    "mode",
-    "plan_sha256",
-    "before_sha256",
-    "after_sha256",
-    "partitions_changed",
-    "reconfigured",
-    "reconfigure_exit_code",
-    "readback",
-    "partition_topologies",
-    "drift",
-    "grouping_drift",
-    "diff",
-    "slurm_version",
-    "slurm_format",
-    "config_dir",
-    "duration_seconds",
-    "error",
-    "applier_version",
-}
+REQUIRED_KEYS = APPLIER_RESULT_KEYS
 _bundle_numbers = itertools.count()
 
 

@@ -29,9 +29,8 @@ from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import ClusterConfig, Orchestrator, Settings
 from topokeeper.domain.errors import InputError
 from topokeeper.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics
-from topokeeper.service.drift import DriftDeps
 from topokeeper.service.ingest import IngestDeps
-from topokeeper.service.reconcile import ReconcileDeps
+from topokeeper.service.reconcile import ControllerDeps
 from topokeeper.service.result import ResultDeps
 from topokeeper.service.state import WorkQueue
 
@@ -168,8 +167,8 @@ class Runtime:
             instance_tags=self.instance_tags,
         )
 
-    def reconcile_deps(self) -> ReconcileDeps:
-        return ReconcileDeps(
+    def reconcile_deps(self) -> ControllerDeps:
+        return ControllerDeps(
             settings=self.settings,
             state=self.state,
             plans=self.plans,
@@ -192,17 +191,8 @@ class Runtime:
             ssm_result=self.ssm_result,
         )
 
-    def drift_deps(self) -> DriftDeps:
-        return DriftDeps(
-            settings=self.settings,
-            state=self.state,
-            plans=self.plans,
-            queue=self.queue,
-            metrics=self.metrics,
-            clock=self.clock,
-            facts=self.facts,
-            channel=self.channel,
-        )
+    def drift_deps(self) -> ControllerDeps:
+        return self.reconcile_deps()
 
 
 _installed: Runtime | None = None

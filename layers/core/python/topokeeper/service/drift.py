@@ -8,31 +8,17 @@ topokeeper never fights HyperPod's own topology management.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from topokeeper.config import ClusterConfig, Mode, Settings
-from topokeeper.ports import ApplyResult, Clock, DeliveryChannel, FactsSource, Metric, Metrics, Outcome
+from topokeeper.config import ClusterConfig, Mode
+from topokeeper.ports import ApplyResult, Metric, Outcome
 from topokeeper.render.bundle import Bundle
-from topokeeper.service.reconcile import missing_topology, plan_cluster
-from topokeeper.service.state import PlanStore, StateStore, WorkQueue, request_reconcile, save_fields
+from topokeeper.service.reconcile import ControllerDeps, missing_topology, plan_cluster
+from topokeeper.service.state import request_reconcile, save_fields
 
 DRIFT_CHECK = "Topology Drift Check"
-
-
-@dataclass
-class DriftDeps:
-    settings: Settings
-    state: StateStore
-    plans: PlanStore
-    queue: WorkQueue
-    metrics: Metrics
-    clock: Clock
-    facts: Callable[[ClusterConfig], FactsSource]
-    channel: Callable[[ClusterConfig], DeliveryChannel]
 
 
 class DriftReport(BaseModel):
@@ -78,7 +64,7 @@ def _live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift",
     return "unknown"
 
 
-def check_drift(cluster: ClusterConfig, deps: DriftDeps) -> DriftReport:
+def check_drift(cluster: ClusterConfig, deps: ControllerDeps) -> DriftReport:
     now = deps.clock.now()
     state = deps.state.get(cluster.name)
     if state.desired_sha256 is None:
@@ -150,7 +136,7 @@ class DriftCheckFailed(RuntimeError):
         self.reports = reports
 
 
-def check_requested(request: DriftRequest, deps: DriftDeps) -> list[DriftReport]:
+def check_requested(request: DriftRequest, deps: ControllerDeps) -> list[DriftReport]:
     """Check the requested clusters; one failing cluster does not hide the others."""
     clusters = deps.settings.clusters
     if request.cluster is not None:

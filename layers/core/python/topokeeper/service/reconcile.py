@@ -77,7 +77,9 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
 
 
 @dataclass
-class ReconcileDeps:
+class ControllerDeps:
+    """What reconcile and drift both need: the two loops that read facts and talk to head nodes."""
+
     settings: Settings
     state: StateStore
     plans: PlanStore
@@ -109,7 +111,7 @@ def missing_topology(rendered: RenderedPlan) -> int:
     return sum(len(p.nodes_without_topology) for p in rendered.plan.partitions)
 
 
-def reconcile(request: ReconcileRequest, deps: ReconcileDeps) -> ReconcileReport:
+def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileReport:
     cluster = deps.settings.cluster(request.cluster)
     if cluster is None:
         return ReconcileReport(cluster=request.cluster, generation=request.generation, action="ignored")
@@ -193,7 +195,7 @@ def newest_generations(bodies: Iterable[str]) -> dict[str, int]:
 
 
 def process_message(
-    body: str, receipt_handle: str, deps: ReconcileDeps, newest: Mapping[str, int]
+    body: str, receipt_handle: str, deps: ControllerDeps, newest: Mapping[str, int]
 ) -> ReconcileReport | None:
     """One SQS record: malformed -> dead-letter queue with the reason; superseded within its batch ->
     dropped without reading state; deferred -> hidden, then retried."""
