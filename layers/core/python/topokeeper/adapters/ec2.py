@@ -38,12 +38,18 @@ class RateLimiter(Protocol):
         ...
 
 
-def id_batches(instance_ids: Iterable[str]) -> Iterator[list[str]]:
-    """Sorted, de-duplicated, validated batches of at most 100 ids."""
+def checked_ids(instance_ids: Iterable[str]) -> list[str]:
+    """Sorted, de-duplicated ids; a malformed one is refused before it reaches any AWS call."""
     ids = sorted(set(instance_ids))
     for instance_id in ids:
         if not _INSTANCE_ID.fullmatch(instance_id):
             raise ValueError(f"not an EC2 instance id: {instance_id!r}")
+    return ids
+
+
+def id_batches(instance_ids: Iterable[str]) -> Iterator[list[str]]:
+    """Sorted, de-duplicated, validated batches of at most 100 ids."""
+    ids = checked_ids(instance_ids)
     for start in range(0, len(ids), MAX_IDS_PER_CALL):
         yield ids[start : start + MAX_IDS_PER_CALL]
 
@@ -64,7 +70,7 @@ class InstanceTopologyReader:
         self.calls = 0
 
     def read(self, cluster: str, instance_ids: Iterable[str]) -> list[dict[str, Any]]:
-        wanted = sorted(set(instance_ids))
+        wanted = checked_ids(instance_ids)  # before the cache lookup: the ids become DynamoDB keys
         known = self._cache.get_many(cluster, wanted)
         missing = [instance_id for instance_id in wanted if instance_id not in known]
         fresh: dict[str, dict[str, Any]] = {}

@@ -1,0 +1,957 @@
+"""The boto3 adapters against the emulator: real clients, moto in server mode, the project's AWS models.
+
+Each test pins one adapter behaviour the functions rely on: which calls are made (counted by the
+emulator), in what shape (AWS's limits are enforced by the emulator), and what comes back.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import gzip
+import json
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from tests.helpers import gb200_nodes, p5_nodes, snapshot
+from tests.integration.aws.support import cluster_request, drain, group, subscribe
+from topokeeper.adapters.agent_channel import AgentChannel, bundle_key, verify_key
+from topokeeper.adapters.audit_trail import AuditTrail
+from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
+from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter
+from topokeeper.adapters.hyperpod import HyperPodFacts
+from topokeeper.adapters.plans import S3PlanStore
+from topokeeper.adapters.queue import SqsWorkQueue
+from topokeeper.adapters.ssm_channel import SsmChannel
+from topokeeper.domain.catalog import Capability, lookup
+from topokeeper.domain.models import BlockTopology, PlannerConfig, TopologyKind
+from topokeeper.engine.planner import plan
+from topokeeper.engine.snapshot import build_snapshot
+from topokeeper.events import RUN_SHELL_DOCUMENT, ReconcileRequest
+from topokeeper.ports import ApplyResult, Channel, Outcome
+from topokeeper.render.bundle import Bundle, RenderedPlan, render
+from topokeeper.service.audit import AuditRecord, build_records
+from topokeeper.service.state import (
+    MAX_TRIGGERS,
+    ClusterState,
+    ConcurrentUpdate,
+    PendingDelivery,
+    Trigger,
+    save_fields,
+)
+from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome, ManualClock
+
+TABLE = "topokeeper-state"
+BUCKET = "topokeeper-plans"
+HEAD_NODE = "mi-0123456789abcdef0"
+NO_RETRIES = Config(retries={"total_max_attempts": 1})  # a throttled or refused call surfaces at once
+
+
+# ---------------------------------------------------------------- fixtures and helpers
+
+
+@pytest.fixture
+def table(aws: AwsEmulator) -> str:
+    """The stack's table: pk/sk strings, on demand, TTL on expires_at."""
+    dynamodb = aws.client("dynamodb")
+    dynamodb.create_table(
+        TableName=TABLE,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.update_time_to_live(
+        TableName=TABLE, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"}
+    )
+    return TABLE
+
+
+@pytest.fixture
+def bucket(aws: AwsEmulator) -> str:
+    """The stack's bucket: versioned."""
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    return BUCKET
+
+
+def _paced(clock: ManualClock) -> LocalRateLimiter:
+    """One DescribeInstanceTopology call per second of the emulator's clock: waiting advances it."""
+    return LocalRateLimiter(now=clock.monotonic, sleep=clock.advance)
+
+
+def _reader(aws: AwsEmulator, clock: ManualClock, table: str, ec2: Any | None = None) -> InstanceTopologyReader:
+    cache = DynamoNodeFactsCache(aws.client("dynamodb"), table)
+    return InstanceTopologyReader(ec2 or aws.client("ec2", config=NO_RETRIES), cache, _paced(clock), clock.now)
+
+
+def _event(name: str, client: Any, operation: str) -> str:
+    return f"{name}.{client.meta.service_model.service_id.hyphenize()}.{operation}"
+
+
+def _requests(client: Any, operation: str) -> list[dict[str, Any]]:
+    """The parameters of every ``operation`` call this client makes, as the adapter passed them."""
+    seen: list[dict[str, Any]] = []
+
+    def keep(params: dict[str, Any], **_: Any) -> None:
+        seen.append(copy.deepcopy(params))
+
+    client.meta.events.register(_event("provide-client-params", client, operation), keep)
+    return seen
+
+
+def _rewrite_responses(client: Any, operation: str, rewrite: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
+    """Change what the client returns for ``operation`` (an AWS answer the emulator does not produce)."""
+
+    def handler(parsed: dict[str, Any], **_: Any) -> None:
+        rewrite(parsed)
+
+    client.meta.events.register(_event("after-call", client, operation), handler)
+    return handler
+
+
+def _rendered(p5_count: int = 8) -> RenderedPlan:
+    return render(plan(snapshot({"p5": p5_nodes(p5_count, partition="p5"), "gb": gb200_nodes(2)})))
+
+
+def _trigger(number: int, clock: ManualClock) -> Trigger:
+    return Trigger(
+        source="aws.sagemaker",
+        detail_type="SageMaker HyperPod Cluster State Change",
+        event_id=f"event-{number}",
+        time=clock.now(),
+        summary=f"change {number}",
+    )
+
+
+def _capable_ids(aws: AwsEmulator, cluster: str) -> list[str]:
+    return [
+        n.instance_id for n in aws.hyperpod.nodes(cluster) if lookup(n.instance_type).capability is not Capability.NONE
+    ]
+
+
+# ---------------------------------------------------------------- HyperPodFacts
+
+
+def test_hyperpod_facts_read_a_250_node_cluster_with_the_fewest_calls(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    # Given a 250-node cluster created through CreateCluster, with a few nodes not running
+    aws.client("sagemaker").create_cluster(
+        **cluster_request(
+            "big",
+            group("p5", "ml.p5.48xlarge", 192, partition="ml-p5"),
+            group("gb200", "ml.p6e-gb200.36xlarge", 36, partition="ml-p6e"),
+            group("cpu", "ml.c7i.4xlarge", 20, partition="preprocess"),
+            group("login", "ml.m5.xlarge", 1, node_type="Login"),
+        )
+    )
+    p5, gb200 = aws.hyperpod.nodes("big", "p5"), aws.hyperpod.nodes("big", "gb200")
+    aws.hyperpod.set_status(p5[0].instance_id, "Failure")
+    aws.hyperpod.set_status(p5[1].instance_id, "Pending")
+    aws.hyperpod.set_status(p5[2].instance_id, "DeepHealthCheckInProgress")
+    aws.hyperpod.set_status(gb200[0].instance_id, "ShuttingDown")
+    asked_for = {n.instance_id for n in p5[2:] + gb200[1:]}  # topology-capable and running (or checking)
+    ec2 = aws.client("ec2", config=NO_RETRIES)
+    topology_requests = _requests(ec2, "DescribeInstanceTopology")
+    facts = HyperPodFacts(aws.client("sagemaker"), aws.client("s3"), _reader(aws, clock, table, ec2))
+    aws.reset_counters()
+    started = clock.monotonic()
+
+    # When
+    raw = facts.read("big")
+
+    # Then every node came back from three ListClusterNodes pages, and nothing needed DescribeClusterNode
+    assert len(raw.nodes) == 250
+    assert len({n.InstanceId for n in raw.nodes}) == 250
+    assert (aws.calls["DescribeCluster"], aws.calls["ListClusterNodes"]) == (1, 3)
+    assert aws.calls["DescribeClusterNode"] == 0
+    assert aws.calls["GetObject"] == 0  # every group has SlurmConfig: no legacy mapping to read
+    # DescribeInstanceTopology: batches of at most 100 ids, never MaxResults, one per second, only capable nodes
+    assert aws.calls["DescribeInstanceTopology"] == len(topology_requests) == 3
+    assert [len(r["InstanceIds"]) for r in topology_requests] == [100, 100, 25]
+    assert all("MaxResults" not in r for r in topology_requests)
+    assert {i for r in topology_requests for i in r["InstanceIds"]} == asked_for
+    assert clock.monotonic() - started == 2.0
+    assert {t.InstanceId for t in raw.instance_topology} == asked_for
+    assert all(len(t.NetworkNodes or []) == 3 for t in raw.instance_topology)
+
+    # And the snapshot plans into the expected partitions
+    planned = {p.partition: p for p in plan(build_snapshot(raw, PlannerConfig())).partitions}
+    assert {name: p.kind for name, p in planned.items()} == {
+        "ml-p5": TopologyKind.TREE,
+        "ml-p6e": TopologyKind.BLOCK,
+        "preprocess": TopologyKind.FLAT,
+    }
+    assert len(planned["ml-p5"].nodes) == 191  # the failed node is left out
+    assert planned["ml-p5"].nodes_without_topology == (p5[1].slurm_name,)  # pending: not asked yet
+    assert len(planned["ml-p6e"].nodes) == 35
+    assert len(planned["preprocess"].nodes) == 20
+
+
+def test_hyperpod_facts_describe_only_the_nodes_the_list_lacks(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    # Given a cluster whose ListClusterNodes answer lacks two host names and one UltraServerInfo
+    # (the emulator always fills both, so the client's answer is trimmed, as AWS may answer while a node joins)
+    aws.client("sagemaker").create_cluster(**cluster_request())
+    p5, gb200 = aws.hyperpod.nodes("llm-train", "p5-train"), aws.hyperpod.nodes("llm-train", "gb200")
+    no_hostname = {p5[0].instance_id, p5[3].instance_id}
+    no_ultraserver = {gb200[5].instance_id}
+
+    def trim(parsed: dict[str, Any]) -> None:
+        for summary in parsed.get("ClusterNodeSummaries", []):
+            if summary["InstanceId"] in no_hostname:
+                del summary["PrivateDnsHostname"]
+            if summary["InstanceId"] in no_ultraserver:
+                del summary["UltraServerInfo"]
+
+    sagemaker = aws.client("sagemaker")
+    _rewrite_responses(sagemaker, "ListClusterNodes", trim)
+    described = _requests(sagemaker, "DescribeClusterNode")
+    facts = HyperPodFacts(sagemaker, aws.client("s3"), _reader(aws, clock, table))
+    aws.reset_counters()
+
+    # When
+    raw = facts.read("llm-train")
+
+    # Then DescribeClusterNode was asked for exactly those three nodes, and filled in what they lacked
+    assert aws.calls["DescribeClusterNode"] == 3
+    assert {r["NodeId"] for r in described} == no_hostname | no_ultraserver
+    nodes = {n.InstanceId: n for n in raw.nodes}
+    for instance_id in no_hostname:
+        assert nodes[instance_id].PrivateDnsHostname == aws.hyperpod.node(instance_id).hostname
+    (filled,) = no_ultraserver
+    placement, ultraserver = aws.network.placement(filled), nodes[filled].UltraServerInfo
+    assert placement is not None and ultraserver is not None
+    assert ultraserver.Id == placement.ultraserver_id
+    # so all 18 land in their UltraServer's block, none in "no-ultraserver"
+    gb200_plan = {p.partition: p for p in plan(build_snapshot(raw, PlannerConfig())).partitions}["ml-p6e"]
+    assert isinstance(gb200_plan.topology, BlockTopology)
+    assert [(b.name, len(b.nodes)) for b in gb200_plan.topology.blocks] == [(placement.ultraserver_id, 18)]
+
+
+LEGACY_PARAMETERS = {
+    "version": "1.0.0",
+    "workload_manager": "slurm",
+    "controller_group": "controller",
+    "worker_groups": [
+        {"instance_group_name": "p5", "partition_name": "ml-p5"},
+        {"instance_group_name": "gb200", "partition_name": "ml-p6e"},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("source_uri", "key"),
+    [
+        ("s3://lifecycle-scripts/hyperpod/", "hyperpod/provisioning_parameters.json"),
+        ("s3://lifecycle-scripts/hyperpod", "hyperpod/provisioning_parameters.json"),
+        ("s3://lifecycle-scripts/hyperpod/provisioning_parameters.json", "hyperpod/provisioning_parameters.json"),
+        ("s3://lifecycle-scripts", "provisioning_parameters.json"),
+    ],
+    ids=["folder", "folder-without-slash", "file", "bucket-root"],
+)
+def test_hyperpod_facts_read_the_legacy_partition_mapping_from_the_lifecycle_bucket(
+    aws: AwsEmulator, clock: ManualClock, table: str, source_uri: str, key: str
+) -> None:
+    # Given a cluster configured before API-driven Slurm: no SlurmConfig, partitions in provisioning_parameters.json
+    request = cluster_request(
+        "legacy",
+        group("p5", "ml.p5.48xlarge", 4, partition="ml-p5"),
+        group("gb200", "ml.p6e-gb200.36xlarge", 18, partition="ml-p6e"),
+    )
+    del request["Orchestrator"]
+    for spec in request["InstanceGroups"]:
+        del spec["SlurmConfig"]
+        spec["LifeCycleConfig"] = {"SourceS3Uri": source_uri, "OnCreate": "on_create.sh"}
+    aws.client("sagemaker").create_cluster(**request)
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="lifecycle-scripts")
+    s3.put_object(Bucket="lifecycle-scripts", Key=key, Body=json.dumps(LEGACY_PARAMETERS).encode())
+    facts = HyperPodFacts(aws.client("sagemaker"), s3, _reader(aws, clock, table))
+    aws.reset_counters()
+
+    # When
+    raw = facts.read("legacy")
+
+    # Then the mapping is read once and plans the partitions it names
+    assert raw.slurm.partitions == {"p5": "ml-p5", "gb200": "ml-p6e"}
+    assert aws.calls["GetObject"] == 1
+    planned = {p.partition: p for p in plan(build_snapshot(raw, PlannerConfig())).partitions}
+    assert {name: p.kind for name, p in planned.items()} == {"ml-p5": TopologyKind.TREE, "ml-p6e": TopologyKind.BLOCK}
+    assert (len(planned["ml-p5"].nodes), len(planned["ml-p6e"].nodes)) == (4, 18)
+
+
+# ---------------------------------------------------------------- InstanceTopologyReader
+
+
+def test_topology_reader_serves_a_second_read_from_the_table(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    # Given a cluster whose topology one reader has read
+    aws.client("sagemaker").create_cluster(**cluster_request())
+    ids = _capable_ids(aws, "llm-train")
+    reader = _reader(aws, clock, table)
+    first = reader.read("llm-train", ids)
+    assert aws.calls["DescribeInstanceTopology"] == 1
+
+    # When the same reader, and another one on the same table (another invocation), read again
+    again = reader.read("llm-train", ids)
+    elsewhere = _reader(aws, clock, table).read("llm-train", list(reversed(ids)))
+
+    # Then both are served from the cache without a new call
+    assert aws.calls["DescribeInstanceTopology"] == 1
+    assert len(first) == 22
+    assert again == elsewhere == first
+
+
+def test_topology_not_yet_reported_is_asked_again(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    # Given a node whose topology EC2 has not reported yet (empty NetworkNodes for 30 s)
+    aws.client("sagemaker").create_cluster(**cluster_request())
+    ids = _capable_ids(aws, "llm-train")
+    late = ids[0]
+    aws.network.hold(late, seconds=30)
+    ec2 = aws.client("ec2", config=NO_RETRIES)
+    asked = _requests(ec2, "DescribeInstanceTopology")
+    reader = _reader(aws, clock, table, ec2)
+
+    # When it is read: the answer says "not yet", and only the complete answers are cached
+    early = {item["InstanceId"]: item for item in reader.read("llm-train", ids)}
+    assert early[late]["NetworkNodes"] == []
+    assert set(DynamoNodeFactsCache(aws.client("dynamodb"), table).get_many("llm-train", ids)) == set(ids) - {late}
+
+    # Then the next read asks again, for that node only
+    reader.read("llm-train", ids)
+    assert [r["InstanceIds"] for r in asked] == [sorted(ids), [late]]
+
+    # And once EC2 reports it, it is cached and never asked again
+    clock.advance(30)
+    ready = {item["InstanceId"]: item for item in reader.read("llm-train", ids)}
+    assert len(ready[late]["NetworkNodes"]) == 3
+    reader.read("llm-train", ids)
+    assert [r["InstanceIds"] for r in asked] == [sorted(ids), [late], [late]]
+
+
+def test_ultraserver_answer_without_capacity_block_is_not_cached(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    # Given EC2 answers for UltraServer instances with network nodes but no CapacityBlockId yet
+    # (the emulator always knows it, so the client's answer is trimmed)
+    aws.client("sagemaker").create_cluster(**cluster_request())
+    gb200 = sorted(n.instance_id for n in aws.hyperpod.nodes("llm-train", "gb200"))
+    ec2 = aws.client("ec2", config=NO_RETRIES)
+
+    def without_capacity_block(parsed: dict[str, Any]) -> None:
+        for item in parsed.get("Instances", []):
+            item.pop("CapacityBlockId", None)
+
+    handler = _rewrite_responses(ec2, "DescribeInstanceTopology", without_capacity_block)
+    reader = _reader(aws, clock, table, ec2)
+    cache = DynamoNodeFactsCache(aws.client("dynamodb"), table)
+
+    # When it is read, nothing is cached
+    incomplete = reader.read("llm-train", gb200)
+    assert all(item["NetworkNodes"] and "CapacityBlockId" not in item for item in incomplete)
+    assert cache.get_many("llm-train", gb200) == {}
+
+    # Then the next read asks again, and caches the complete answer
+    ec2.meta.events.unregister(_event("after-call", ec2, "DescribeInstanceTopology"), handler)
+    complete = reader.read("llm-train", gb200)
+    assert aws.calls["DescribeInstanceTopology"] == 2
+    assert all(item["CapacityBlockId"] for item in complete)
+    assert set(cache.get_many("llm-train", gb200)) == set(gb200)
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ["i-0123456789abcdef0; reboot", "sagemaker-cluster:abc_controller-i-0123456789abcdef0", "i-" + "0" * 2000],
+)
+def test_topology_reader_refuses_a_hostile_id_before_any_call(
+    aws: AwsEmulator, clock: ManualClock, table: str, hostile: str
+) -> None:
+    reader = _reader(aws, clock, table)
+    aws.reset_counters()
+    with pytest.raises(ValueError, match="not an EC2 instance id"):
+        reader.read("llm-train", ["i-0123456789abcdef0", hostile])
+    assert aws.calls.total == 0  # neither the cache nor EC2 saw it
+
+
+# ---------------------------------------------------------------- DynamoRateLimiter
+
+
+class _SleepRecorder:
+    """An injected sleep that records each wait and moves the clock by it."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.waits: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.clock.advance(seconds)
+
+    def now(self) -> float:
+        return self.clock.now().timestamp()
+
+
+def test_rate_limiter_spaces_callers_one_second_apart(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    # Given two limiters (two functions) on the same table, sharing the clock
+    sleep = _SleepRecorder(clock)
+    first = DynamoRateLimiter(aws.client("dynamodb"), table, now=sleep.now, sleep=sleep)
+    second = DynamoRateLimiter(aws.client("dynamodb"), table, now=sleep.now, sleep=sleep)
+    start = sleep.now()
+
+    # When three calls are wanted at the same instant
+    granted = []
+    for limiter in (first, second, first):
+        limiter.acquire()
+        granted.append(sleep.now() - start)
+
+    # Then they are granted one second apart, each caller sleeping just until its slot
+    assert granted == [0.0, 1.0, 2.0]
+    assert sleep.waits == [1.0, 1.0]
+
+    # And a caller that comes after the last slot does not wait
+    clock.advance(5)
+    second.acquire()
+    assert sleep.waits == [1.0, 1.0]
+
+
+def test_rate_limiter_retries_when_another_caller_takes_the_slot(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    # Given limiter A has read the token, and limiter B takes the slot before A writes it
+    sleep = _SleepRecorder(clock)
+    other = DynamoRateLimiter(aws.client("dynamodb"), table, now=sleep.now, sleep=sleep)
+    mine_client = aws.client("dynamodb")
+    raced: list[bool] = []
+
+    def other_goes_first(**_: Any) -> None:
+        if not raced:
+            raced.append(True)
+            other.acquire()
+
+    mine_client.meta.events.register("before-call.dynamodb.PutItem", other_goes_first)
+    mine = DynamoRateLimiter(mine_client, table, now=sleep.now, sleep=sleep)
+    start = sleep.now()
+    aws.reset_counters()
+
+    # When A acquires
+    mine.acquire()
+
+    # Then A's conditional write failed once, A read again and took the next slot
+    assert aws.calls["PutItem"] == 3  # B's, A's refused one, A's retry
+    assert sleep.waits == [1.0]
+    token = aws.client("dynamodb").get_item(
+        TableName=table, Key={"pk": {"S": "RATE#DescribeInstanceTopology"}, "sk": {"S": "RATE"}}
+    )["Item"]
+    assert float(token["next_at"]["N"]) == start + 2
+
+
+# ---------------------------------------------------------------- DynamoStateStore and DynamoNodeFactsCache
+
+
+def test_record_change_counts_atomically_across_stores(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    # Given two stores (ingest invocations) on the same table
+    stores = [DynamoStateStore(aws.client("dynamodb"), table), DynamoStateStore(aws.client("dynamodb"), table)]
+    first_at = clock.now()
+
+    # When they record changes in turn
+    generations = []
+    for number in range(10):
+        clock.advance(1)
+        generations.append(
+            stores[number % 2].record_change("llm-train", _trigger(number, clock), clock.now()).generation
+        )
+
+    # Then every change counted once, in order, and both see the same state
+    assert generations == list(range(1, 11))
+    state = stores[0].get("llm-train")
+    assert state == stores[1].get("llm-train")
+    assert (state.generation, state.trigger_count) == (10, 10)
+    assert [t.event_id for t in state.triggers] == [f"event-{n}" for n in range(10)]
+    assert state.first_pending_at == first_at + timedelta(seconds=1)
+    assert state.last_event_at == clock.now()
+
+
+def test_record_change_keeps_the_first_triggers_and_counts_all(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    store = DynamoStateStore(aws.client("dynamodb"), table)
+    for number in range(MAX_TRIGGERS + 5):
+        last = store.record_change("llm-train", _trigger(number, clock), clock.now())
+
+    assert (last.generation, last.trigger_count, len(last.triggers)) == (25, 25, MAX_TRIGGERS)
+    state = store.get("llm-train")
+    assert (state.generation, state.trigger_count) == (25, 25)
+    assert [t.event_id for t in state.triggers] == [f"event-{n}" for n in range(MAX_TRIGGERS)]
+
+
+def test_save_refuses_a_stale_version_and_never_clobbers_the_change_counter(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    store = DynamoStateStore(aws.client("dynamodb"), table)
+    read = store.get("llm-train")
+    assert read.version == 0
+
+    # A change recorded between read and save is not a conflict, and survives the save
+    store.record_change("llm-train", _trigger(1, clock), clock.now())
+    saved = store.save(read.model_copy(update={"desired_sha256": "a" * 64}))
+    assert saved.version == 1
+
+    # A second save from the same (now stale) read is refused
+    with pytest.raises(ConcurrentUpdate):
+        store.save(read.model_copy(update={"desired_sha256": "b" * 64}))
+
+    state = store.get("llm-train")
+    assert (state.desired_sha256, state.version, state.generation, state.trigger_count) == ("a" * 64, 1, 1, 1)
+    assert store.save(state.model_copy(update={"reconciled_generation": 1})).version == 2
+
+
+def test_consume_triggers_only_when_no_newer_change_arrived(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    store = DynamoStateStore(aws.client("dynamodb"), table)
+    for number in range(3):
+        store.record_change("llm-train", _trigger(number, clock), clock.now())
+
+    # A reconcile that took generation 2 finds generation 3: the triggers stay for the next one
+    store.consume_triggers("llm-train", 2)
+    kept = store.get("llm-train")
+    assert (len(kept.triggers), kept.trigger_count, kept.first_pending_at) == (3, 3, clock.now())
+
+    # A reconcile that took generation 3 clears them
+    store.consume_triggers("llm-train", 3)
+    cleared = store.get("llm-train")
+    assert (cleared.triggers, cleared.trigger_count, cleared.first_pending_at) == ([], 0, None)
+    assert cleared.generation == 3
+
+
+def test_first_sighting_is_true_once_per_event_id(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    stores = [DynamoStateStore(aws.client("dynamodb"), table), DynamoStateStore(aws.client("dynamodb"), table)]
+    assert stores[0].first_sighting("a1b2c3", clock.now()) is True
+    assert stores[1].first_sighting("a1b2c3", clock.now()) is False
+    assert stores[0].first_sighting("a1b2c3", clock.now()) is False
+    assert stores[1].first_sighting("d4e5f6", clock.now()) is True
+    marker = aws.client("dynamodb").get_item(TableName=table, Key={"pk": {"S": "EVENT#a1b2c3"}, "sk": {"S": "EVENT"}})
+    assert int(marker["Item"]["expires_at"]["N"]) == int((clock.now() + timedelta(days=1)).timestamp())
+
+
+def test_node_facts_cache_round_trips_250_items_in_batches(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    cache = DynamoNodeFactsCache(aws.client("dynamodb"), table)
+    facts: dict[str, dict[str, object]] = {
+        f"i-{n:017x}": {
+            "InstanceId": f"i-{n:017x}",
+            "InstanceType": "p5.48xlarge",
+            "NetworkNodes": ["nn-top", f"nn-spine{n // 32}", f"nn-leaf{n // 8}"],
+            "AvailabilityZone": "us-east-1a",
+        }
+        for n in range(250)
+    }
+    aws.reset_counters()
+
+    cache.put_many("llm-train", facts, clock.now())
+    found = cache.get_many("llm-train", [*facts, "i-0000000000000ffff", "i-0000000000000fffe"])
+
+    assert found == facts
+    assert aws.calls["BatchWriteItem"] == 10  # 25 per call
+    assert aws.calls["BatchGetItem"] == 3  # 100 keys per call
+    assert cache.get_many("other-cluster", list(facts)[:5]) == {}
+
+
+# ---------------------------------------------------------------- AuditTrail
+
+
+def _records(rendered: RenderedPlan, reference: str, clock: ManualClock) -> list[AuditRecord]:
+    document = json.loads(rendered.files()["plan.json"])
+    handle_fields = {
+        "channel": Channel.SSM,
+        "cluster": "test-cluster",
+        "plan_sha256": rendered.sha256,
+        "reference": reference,
+        "target": "i-0123456789abcdef0",
+        "sent_at": clock.now(),
+    }
+    delivery = PendingDelivery.model_validate({"handle": handle_fields, "generation": 3})
+    return build_records(
+        cluster_name="test-cluster",
+        previous=None,
+        desired=document,
+        delivery=delivery,
+        outcome=Outcome.APPLIED,
+        error=None,
+        completed_at=clock.now(),
+    )
+
+
+def test_audit_trail_publishes_and_stores_each_record_once(
+    aws: AwsEmulator, clock: ManualClock, table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a rule that sends UpdatePartitionTopology events to a queue, and two new records
+    inbox = subscribe(aws, "audit-inbox", {"source": ["topokeeper"], "detail-type": ["UpdatePartitionTopology"]})
+    trail = AuditTrail(
+        dynamodb=aws.client("dynamodb"),
+        table=table,
+        events=aws.client("events"),
+        event_bus="default",
+        retention=timedelta(days=365),
+        logger=logging.getLogger("tests.audit"),
+    )
+    records = _records(_rendered(), "cmd-1", clock)
+    assert [r.partition for r in records] == ["gb", "p5"]
+
+    # When they are published
+    with caplog.at_level(logging.INFO, logger="tests.audit"):
+        assert trail.publish(records) == 2
+
+    # Then each reached EventBridge once, and was logged once
+    events = drain(aws, inbox)
+    assert sorted(e["detail"]["audit_id"] for e in events) == sorted(r.audit_id for r in records)
+    published = {e["detail"]["audit_id"]: e["detail"] for e in events}
+    assert all(published[r.audit_id] == r.document() for r in records)
+    assert len([r for r in caplog.records if r.getMessage() == "UpdatePartitionTopology"]) == 2
+
+    # When the same records are published again (a retried result), nothing new goes anywhere
+    aws.reset_counters()
+    assert trail.publish(records) == 0
+    assert drain(aws, inbox) == []
+    assert aws.calls["PutEvents"] == aws.calls["TransactWriteItems"] == 0
+
+    # And a batch with one new record publishes only that one
+    clock.advance(60)
+    (newer, *_) = _records(_rendered(), "cmd-2", clock)
+    assert trail.publish([*records, newer]) == 1
+    assert [e["detail"]["audit_id"] for e in drain(aws, inbox)] == [newer.audit_id]
+
+
+def test_audit_history_is_newest_first(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    trail = AuditTrail(
+        dynamodb=aws.client("dynamodb"),
+        table=table,
+        events=aws.client("events"),
+        event_bus="default",
+        retention=timedelta(days=365),
+        logger=logging.getLogger("tests.audit"),
+    )
+    published: list[AuditRecord] = []
+    for number in range(3):
+        clock.advance(3600)
+        batch = _records(_rendered(8 + number), f"cmd-{number}", clock)
+        trail.publish(batch)
+        published += batch
+
+    history = trail.history("test-cluster")
+
+    assert len(history) == 6
+    completed = [entry["completed_at"] for entry in history]
+    assert completed == sorted(completed, reverse=True)
+    assert {entry["audit_id"] for entry in history[:2]} == {r.audit_id for r in published[-2:]}
+    assert [entry["audit_id"] for entry in trail.history("test-cluster", limit=2)] == [
+        entry["audit_id"] for entry in history[:2]
+    ]
+    assert trail.history("another-cluster") == []
+
+
+# ---------------------------------------------------------------- S3PlanStore
+
+
+def test_plan_store_round_trips_bundle_and_plan(aws: AwsEmulator, bucket: str) -> None:
+    rendered = _rendered()
+    store = S3PlanStore(aws.client("s3"), bucket)
+
+    prefix = store.put("test-cluster", rendered.bundle, rendered.files()["plan.json"])
+
+    assert prefix == f"plans/test-cluster/{rendered.sha256}/"
+    assert store.bundle("test-cluster", rendered.sha256) == rendered.bundle
+    assert store.plan_document("test-cluster", rendered.sha256) == json.loads(rendered.files()["plan.json"])
+    head = aws.client("s3").head_object(Bucket=bucket, Key=prefix + "bundle.json")
+    assert head["ContentType"] == "application/json"
+
+
+# ---------------------------------------------------------------- SqsWorkQueue
+
+
+@pytest.fixture
+def queues(aws: AwsEmulator) -> tuple[str, str]:
+    """The FIFO work queue and its FIFO dead-letter queue, as the stack makes them."""
+    sqs = aws.client("sqs")
+    fifo = {"FifoQueue": "true"}
+    dead_letters = sqs.create_queue(QueueName="topokeeper-work-dlq.fifo", Attributes=fifo)["QueueUrl"]
+    work = sqs.create_queue(QueueName="topokeeper-work.fifo", Attributes=fifo)["QueueUrl"]
+    return str(work), str(dead_letters)
+
+
+def _receive(aws: AwsEmulator, url: str, **kwargs: Any) -> list[dict[str, Any]]:
+    response = aws.client("sqs").receive_message(
+        QueueUrl=url,
+        MaxNumberOfMessages=10,
+        WaitTimeSeconds=0,
+        MessageSystemAttributeNames=["MessageGroupId", "MessageDeduplicationId"],
+        MessageAttributeNames=["All"],
+        **kwargs,
+    )
+    return list(response.get("Messages", []))
+
+
+def test_work_queue_keeps_one_message_per_cluster_and_cycle(aws: AwsEmulator, queues: tuple[str, str]) -> None:
+    work, _ = queues
+    queue = SqsWorkQueue(aws.client("sqs"), work)
+
+    # Given three changes of one cluster in one cycle (since=0), and one of another cluster
+    for generation in (1, 2, 3):
+        queue.send(ReconcileRequest(cluster="llm-train", generation=generation, since=0))
+    queue.send(ReconcileRequest(cluster="cfd", generation=1, since=0))
+
+    # When the queue is read, SQS has deduplicated them into one message per cluster
+    messages = _receive(aws, work)
+    by_group = {m["Attributes"]["MessageGroupId"]: m for m in messages}
+    assert sorted(by_group) == ["cfd", "llm-train"]
+    assert json.loads(by_group["llm-train"]["Body"])["generation"] == 1
+    assert by_group["llm-train"]["Attributes"]["MessageDeduplicationId"] == "llm-train:after:0"
+
+    # Then a change after the next reconcile (since=3) is a new message
+    sqs = aws.client("sqs")
+    for message in messages:
+        sqs.delete_message(QueueUrl=work, ReceiptHandle=message["ReceiptHandle"])
+    queue.send(ReconcileRequest(cluster="llm-train", generation=4, since=3))
+    (next_cycle,) = _receive(aws, work)
+    assert ReconcileRequest.model_validate_json(next_cycle["Body"]).generation == 4
+
+
+def test_work_queue_defer_hides_the_message(aws: AwsEmulator, queues: tuple[str, str]) -> None:
+    work, _ = queues
+    sqs = aws.client("sqs")
+    visibility = _requests(sqs, "ChangeMessageVisibility")
+    queue = SqsWorkQueue(sqs, work)
+    queue.send(ReconcileRequest(cluster="llm-train", generation=1))
+    # received with no visibility timeout of its own: it would be back at once
+    (message,) = _receive(aws, work, VisibilityTimeout=0)
+
+    queue.defer(message["ReceiptHandle"], 119.6)
+
+    assert _receive(aws, work) == []
+    attributes = sqs.get_queue_attributes(QueueUrl=work, AttributeNames=["All"])["Attributes"]
+    assert (attributes["ApproximateNumberOfMessages"], attributes["ApproximateNumberOfMessagesNotVisible"]) == (
+        "0",
+        "1",
+    )
+    queue.defer(message["ReceiptHandle"], 0.2)  # whole seconds, at least one
+    assert [r["VisibilityTimeout"] for r in visibility] == [120, 1]
+
+
+def test_work_queue_dead_letters_with_the_reason(aws: AwsEmulator, queues: tuple[str, str]) -> None:
+    work, dead_letters = queues
+    queue = SqsWorkQueue(aws.client("sqs"), work, dead_letters)
+    body = '{"cluster": "llm-train", "generation": 0}'
+
+    queue.dead_letter(body, "generation: Input should be greater than or equal to 1")
+    queue.dead_letter("not json", "x" * 5000)
+
+    parked = _receive(aws, dead_letters)
+    assert [m["Body"] for m in parked] == [body, "not json"]
+    reasons = [m["MessageAttributes"]["reason"] for m in parked]
+    assert reasons[0] == {
+        "DataType": "String",
+        "StringValue": "generation: Input should be greater than or equal to 1",
+    }
+    assert len(reasons[1]["StringValue"]) == 1000
+    assert {m["Attributes"]["MessageGroupId"] for m in parked} == {"malformed"}
+    assert _receive(aws, work) == []
+    with pytest.raises(RuntimeError, match="no dead-letter queue configured for: broken"):
+        SqsWorkQueue(aws.client("sqs"), work).dead_letter(body, "broken")
+
+
+# ---------------------------------------------------------------- AgentChannel
+
+
+def _agent_channel(aws: AwsEmulator, clock: ManualClock, table: str, bucket: str) -> AgentChannel:
+    state = DynamoStateStore(aws.client("dynamodb"), table)
+    return AgentChannel(aws.client("s3"), bucket, state, now=clock.now, max_report_age=timedelta(minutes=30))
+
+
+def test_agent_channel_delivers_a_versioned_bundle(
+    aws: AwsEmulator, clock: ManualClock, table: str, bucket: str
+) -> None:
+    channel = _agent_channel(aws, clock, table, bucket)
+    bundle = _rendered().bundle
+    s3 = aws.client("s3")
+
+    handle = channel.deliver(bundle)
+
+    key = bundle_key("test-cluster")
+    assert key == "clusters/test-cluster/bundle.json"
+    head = s3.head_object(Bucket=bucket, Key=key)
+    assert handle.reference == head["VersionId"]
+    assert head["Metadata"] == {"plan-sha256": bundle.plan_sha256}
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert Bundle.model_validate_json(body) == bundle
+    assert (handle.channel, handle.cluster, handle.plan_sha256) == (Channel.AGENT, "test-cluster", bundle.plan_sha256)
+    assert (handle.target, handle.sent_at) == (f"s3://{bucket}/{key}", clock.now())
+    assert channel.deliver(bundle).reference != handle.reference  # each delivery is a version of its own
+
+
+def test_agent_channel_verify_writes_once_and_waits_for_a_fresh_report(
+    aws: AwsEmulator, clock: ManualClock, table: str, bucket: str
+) -> None:
+    channel = _agent_channel(aws, clock, table, bucket)
+    state = DynamoStateStore(aws.client("dynamodb"), table)
+    bundle = _rendered().bundle
+    s3 = aws.client("s3")
+    key = verify_key("test-cluster")
+
+    # Given no report yet: the plan is written for the agent, and the answer is PENDING
+    first = channel.verify(bundle)
+    assert (first.outcome, first.error) == (Outcome.PENDING, "the agent has not reported a verify result yet")
+    written = s3.head_object(Bucket=bucket, Key=key)
+    assert written["Metadata"] == {"plan-sha256": bundle.plan_sha256}
+
+    # When verify is asked again for the same plan, the object is not rewritten
+    assert channel.verify(bundle).outcome is Outcome.PENDING
+    versions = s3.list_object_versions(Bucket=bucket, Prefix=key)["Versions"]
+    assert [v["VersionId"] for v in versions] == [written["VersionId"]]
+
+    # A report about another plan does not count
+    other = ApplyResult(outcome=Outcome.IN_SYNC, mode="verify", plan_sha256="0" * 64)
+    save_fields(state, "test-cluster", {"last_verify": other, "last_verify_at": clock.now()})
+    assert channel.verify(bundle).error == "the agent's last verify was for another plan"
+
+    # Then a fresh report for this plan is the answer
+    report = ApplyResult(outcome=Outcome.DRIFT, mode="verify", plan_sha256=bundle.plan_sha256, drift=[{"kind": "x"}])
+    save_fields(state, "test-cluster", {"last_verify": report, "last_verify_at": clock.now()})
+    assert channel.verify(bundle) == report
+
+    # And once it is older than the allowed age, it is PENDING again
+    clock.advance(31 * 60)
+    stale = channel.verify(bundle)
+    assert stale.outcome is Outcome.PENDING
+    assert stale.error is not None and "older than" in stale.error
+    assert len(s3.list_object_versions(Bucket=bucket, Prefix=key)["Versions"]) == 1
+
+    # A new plan is written as a new version
+    newer = _rendered(9).bundle
+    channel.verify(newer)
+    assert s3.head_object(Bucket=bucket, Key=key)["Metadata"] == {"plan-sha256": newer.plan_sha256}
+    assert len(s3.list_object_versions(Bucket=bucket, Prefix=key)["Versions"]) == 2
+
+
+# ---------------------------------------------------------------- SsmChannel
+
+
+def _payload(invocation: CommandInvocationRequest) -> dict[str, Any]:
+    commands = invocation.commands
+    start = commands.index("cat > \"$work/payload\" <<'TOPOKEEPER_PAYLOAD_END'") + 1
+    end = commands.index("TOPOKEEPER_PAYLOAD_END")
+    document: dict[str, Any] = json.loads(gzip.decompress(base64.b64decode("".join(commands[start:end]))))
+    return document
+
+
+def _ssm_channel(aws: AwsEmulator, clock: ManualClock, bucket: str, sleep: Callable[[float], None]) -> SsmChannel:
+    aws.ssm.strict_targets = True
+    aws.ssm.register_managed_instance(HEAD_NODE)
+    return SsmChannel(aws.client("ssm"), aws.client("s3"), bucket, HEAD_NODE, now=clock.now, sleep=sleep)
+
+
+def test_ssm_channel_delivers_to_the_head_node_and_reads_the_applier_document(
+    aws: AwsEmulator, clock: ManualClock, bucket: str
+) -> None:
+    # Given a head node that answers with the applier's document after a login banner
+    bundle = _rendered().bundle
+    seen: list[CommandInvocationRequest] = []
+    applied = {
+        "outcome": "applied",
+        "mode": "apply",
+        "plan_sha256": bundle.plan_sha256,
+        "partitions_changed": ["gb", "p5"],
+        "reconfigured": True,
+    }
+
+    def head_node(invocation: CommandInvocationRequest) -> CommandOutcome:
+        seen.append(invocation)
+        return CommandOutcome("Success", 0, "Welcome to the head node\n" + json.dumps(applied) + "\n", "")
+
+    aws.ssm.on_command = head_node
+    channel = _ssm_channel(aws, clock, bucket, sleep=lambda _: pytest.fail("result() must not wait"))
+
+    # When the bundle is delivered
+    handle = channel.deliver(bundle)
+
+    # Then one AWS-RunShellScript went to the head node's id, carrying this bundle in apply mode
+    (invocation,) = seen
+    assert (invocation.instance_id, invocation.document_name) == (HEAD_NODE, RUN_SHELL_DOCUMENT)
+    assert (handle.reference, handle.target, handle.channel) == (invocation.command_id, HEAD_NODE, Channel.SSM)
+    payload = _payload(invocation)
+    assert payload["mode"] == "apply"
+    assert Bundle.model_validate_json(payload["bundle"]) == bundle
+    assert invocation.parameters["executionTimeout"] == ["600"]
+
+    # And the result is the applier's document
+    result = channel.result(handle.reference)
+    assert result.outcome is Outcome.APPLIED
+    assert (result.plan_sha256, result.partitions_changed, result.reconfigured) == (
+        bundle.plan_sha256,
+        ["gb", "p5"],
+        True,
+    )
+
+
+def test_ssm_channel_maps_failures_and_statuses_without_a_document(
+    aws: AwsEmulator, clock: ManualClock, bucket: str
+) -> None:
+    bundle = _rendered().bundle
+    channel = _ssm_channel(aws, clock, bucket, sleep=lambda _: None)
+
+    # A failed command without a document is FAILED, with the exit code and stderr
+    aws.ssm.on_command = lambda _: CommandOutcome("Failed", 127, "", "bash: python3: command not found")
+    failed = channel.result(channel.deliver(bundle).reference)
+    assert failed.outcome is Outcome.FAILED
+    assert failed.error is not None
+    assert "exit 127" in failed.error
+    assert "python3: command not found" in failed.error
+
+    # A command still running is PENDING; one that timed out is TIMED_OUT
+    aws.ssm.on_command = lambda _: None
+    running = channel.deliver(bundle).reference
+    assert channel.result(running).outcome is Outcome.PENDING
+    aws.ssm.complete(running, status="TimedOut", response_code=124)
+    timed_out = channel.result(running)
+    assert timed_out.outcome is Outcome.TIMED_OUT
+    assert timed_out.error is not None and "TimedOut" in timed_out.error
+
+
+def test_ssm_channel_verify_polls_until_the_document_arrives(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
+    bundle = _rendered().bundle
+    in_sync = {"outcome": "in_sync", "mode": "verify", "plan_sha256": bundle.plan_sha256}
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the head node finishes while the channel waits
+        waits.append(seconds)
+        for pending in aws.ssm.pending():
+            aws.ssm.complete(pending.command_id, stdout=json.dumps(in_sync))
+
+    aws.ssm.on_command = lambda _: None
+    channel = _ssm_channel(aws, clock, bucket, sleep=sleep)
+
+    result = channel.verify(bundle)
+
+    assert (result.outcome, result.mode, result.plan_sha256) == (Outcome.IN_SYNC, "verify", bundle.plan_sha256)
+    assert waits == [2]
+    (command,) = aws.client("ssm").list_commands()["Commands"]
+    assert command["Comment"].startswith("topokeeper verify test-cluster ")
+
+
+def test_ssm_channel_cannot_reach_an_unregistered_node(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
+    aws.ssm.strict_targets = True
+    channel = SsmChannel(aws.client("ssm"), aws.client("s3"), bucket, "mi-0fedcba9876543210", now=clock.now)
+    with pytest.raises(ClientError) as info:
+        channel.deliver(_rendered().bundle)
+    assert info.value.response["Error"]["Code"] == "InvalidInstanceId"
+
+
+def test_cluster_state_defaults_for_an_unknown_cluster(aws: AwsEmulator, table: str) -> None:
+    assert DynamoStateStore(aws.client("dynamodb"), table).get("never-seen") == ClusterState(cluster="never-seen")
