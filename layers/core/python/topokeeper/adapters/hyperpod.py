@@ -76,8 +76,12 @@ class HyperPodFacts:
                 key = f"{key}/{LEGACY_MAPPING_FILE}".lstrip("/")
             try:
                 body = self._s3.get_object(Bucket=parsed.netloc, Key=key)["Body"].read()
-            except ClientError:
-                continue
+            except ClientError as error:
+                # No file: this group's lifecycle scripts carry no mapping. Anything else (AccessDenied, ...)
+                # must surface, or partitions would silently go unplanned.
+                if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                    continue
+                raise
             parameters = json.loads(body)
             return {
                 str(worker["instance_group_name"]): str(worker["partition_name"])

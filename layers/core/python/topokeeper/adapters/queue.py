@@ -8,7 +8,8 @@ from typing import Any
 
 from topokeeper.events import ReconcileRequest
 
-MAX_VISIBILITY_SECONDS = 43_200  # SQS's limit
+# SQS allows 12 hours counted from the first receive and refuses more; reconcile defers for minutes at most.
+MAX_VISIBILITY_SECONDS = 3_600
 
 
 class SqsWorkQueue:
