@@ -125,8 +125,10 @@ class Functions(Construct):
                 max_concurrency=_RECONCILE_MAX_CONCURRENCY,
             )
         )
-        for function in (self.ingest, self.result, self.drift):
-            self._dead_letter_async_failures(function, queues)
+        for function in (self.ingest, self.result):
+            self._dead_letter_async_failures(function, queues, _ASYNC_RETRIES)
+        # The schedule runs drift again soon anyway; a retry would check every cluster a second time.
+        self._dead_letter_async_failures(self.drift, queues, 0)
         # One acknowledgment per role that lists all its unscoped actions (a later one would replace it).
         for role, actions in self._unscoped.items():
             acknowledge(
@@ -249,7 +251,7 @@ class Functions(Construct):
                 )
             )
 
-    def _dead_letter_async_failures(self, function: lambda_.Function, queues: Queues) -> None:
+    def _dead_letter_async_failures(self, function: lambda_.Function, queues: Queues, retries: int) -> None:
         """Keep an event that still fails after Lambda's retries, so it can be inspected and redriven.
 
         Written as the L1 with an explicit grant: the L2 destination's SQS grant adds kms:ReEncrypt*
@@ -261,7 +263,7 @@ class Functions(Construct):
             f"{function.node.id}AsyncFailures",
             function_name=function.function_name,
             qualifier="$LATEST",
-            maximum_retry_attempts=_ASYNC_RETRIES,
+            maximum_retry_attempts=retries,
             maximum_event_age_in_seconds=int(_ASYNC_MAX_AGE.to_seconds()),
             destination_config=lambda_.CfnEventInvokeConfig.DestinationConfigProperty(
                 on_failure=lambda_.CfnEventInvokeConfig.OnFailureProperty(destination=queues.event_dlq.queue_arn)

@@ -533,12 +533,12 @@ def test_consume_triggers_only_when_no_newer_change_arrived(aws: AwsEmulator, cl
     assert cleared.generation == 3
 
 
-def test_first_sighting_is_true_once_per_event_id(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+def test_an_event_is_seen_once_marked(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
     stores = [DynamoStateStore(aws.client("dynamodb"), table), DynamoStateStore(aws.client("dynamodb"), table)]
-    assert stores[0].first_sighting("a1b2c3", clock.now()) is True
-    assert stores[1].first_sighting("a1b2c3", clock.now()) is False
-    assert stores[0].first_sighting("a1b2c3", clock.now()) is False
-    assert stores[1].first_sighting("d4e5f6", clock.now()) is True
+    assert stores[0].seen("a1b2c3") is False
+    stores[0].mark_seen("a1b2c3", clock.now())
+    assert stores[1].seen("a1b2c3") is True
+    assert stores[1].seen("d4e5f6") is False
     marker = aws.client("dynamodb").get_item(TableName=table, Key={"pk": {"S": "EVENT#a1b2c3"}, "sk": {"S": "EVENT"}})
     assert int(marker["Item"]["expires_at"]["N"]) == int((clock.now() + timedelta(days=1)).timestamp())
 
@@ -772,7 +772,9 @@ def test_work_queue_dead_letters_with_the_reason(aws: AwsEmulator, queues: tuple
 
 def _agent_channel(aws: AwsEmulator, clock: ManualClock, table: str, bucket: str) -> AgentChannel:
     state = DynamoStateStore(aws.client("dynamodb"), table)
-    return AgentChannel(aws.client("s3"), bucket, state, now=clock.now, max_report_age=timedelta(minutes=30))
+    return AgentChannel(
+        aws.client("s3"), bucket, state, now=clock.now, max_report_age=timedelta(minutes=30), verify_only=True
+    )
 
 
 def test_agent_channel_delivers_a_versioned_bundle(

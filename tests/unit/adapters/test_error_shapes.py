@@ -196,7 +196,10 @@ def test_put_events_with_failed_entries_raises_and_stores_nothing(stubbed: Any) 
         _trail(dynamodb, events).publish(records)
 
 
-def test_put_audit_events_with_failed_entries_raises_and_stores_nothing(stubbed: Any) -> None:
+def test_put_audit_events_with_failed_entries_is_logged_and_the_records_still_stored(
+    stubbed: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CloudTrail Lake is optional (and closed to new customers): its failure must not strand a delivery."""
     records = _records()
     dynamodb, table_stub = stubbed("dynamodb")
     events, events_stub = stubbed("events")
@@ -212,8 +215,12 @@ def test_put_audit_events_with_failed_entries_raises_and_stores_nothing(stubbed:
         {"channelArn": CHANNEL_ARN, "auditEvents": ANY},
     )
 
-    with pytest.raises(AuditPublishError, match=r"PutAuditEvents failed for 1 record\(s\): \['ValidationException'\]"):
-        _trail(dynamodb, events, lake).publish(records)
+    for _ in records:
+        table_stub.add_response("transact_write_items", {})
+
+    assert _trail(dynamodb, events, lake).publish(records) == len(records)
+    assert "CloudTrail Lake PutAuditEvents failed" in caplog.text
+    assert "['ValidationException']" in caplog.text
 
 
 # ---------------------------------------------------------------- Runtime.cluster_name_of_arn
@@ -317,15 +324,13 @@ def test_consume_triggers_ignores_only_a_conditional_failure(stubbed: Any) -> No
         store.consume_triggers("llm-train", 3)
 
 
-def test_first_sighting_propagates_errors_other_than_already_seen(stubbed: Any) -> None:
+def test_marking_an_event_seen_propagates_errors(stubbed: Any) -> None:
     dynamodb, stubber = stubbed("dynamodb")
-    stubber.add_client_error("put_item", service_error_code="ConditionalCheckFailedException")
-    stubber.add_client_error("put_item", service_error_code="ResourceNotFoundException")
+    stubber.add_client_error("put_item", service_error_code="ProvisionedThroughputExceededException")
     store = DynamoStateStore(dynamodb, TABLE)
 
-    assert store.first_sighting("event-1", NOW) is False
-    with pytest.raises(ClientError, match="ResourceNotFoundException"):
-        store.first_sighting("event-1", NOW)
+    with pytest.raises(ClientError, match="ProvisionedThroughputExceededException"):
+        store.mark_seen("event-1", NOW)
 
 
 # ---------------------------------------------------------------- AgentChannel
@@ -335,7 +340,7 @@ def test_agent_verify_does_not_overwrite_when_the_bucket_refuses_to_answer(stubb
     # A 403 on HeadObject (no s3:ListBucket, or a KMS denial) is not "missing": nothing is written
     s3, stubber = stubbed("s3")
     stubber.add_client_error("head_object", service_error_code="403", http_status_code=403)
-    channel = AgentChannel(s3, "bucket", None, now=lambda: NOW, max_report_age=timedelta(minutes=30))  # type: ignore[arg-type]
+    channel = AgentChannel(s3, "bucket", None, now=lambda: NOW, max_report_age=timedelta(minutes=30), verify_only=True)  # type: ignore[arg-type]
 
     with pytest.raises(ClientError) as info:
         channel.verify(_bundle())

@@ -71,7 +71,7 @@ def test_delivery_in_flight_blocks_until_timeout() -> None:
     state = _state(pending=PendingDelivery(handle=handle, generation=4))
     with pytest.raises(Deferred, match="in flight"):
         decide(state, _request(), NOW, SETTINGS)
-    stale = handle.model_copy(update={"sent_at": NOW - timedelta(minutes=16)})
+    stale = handle.model_copy(update={"sent_at": NOW - timedelta(minutes=26)})
     assert (
         decide(_state(pending=PendingDelivery(handle=stale, generation=4)), _request(), NOW, SETTINGS)
         is Decision.PROCEED

@@ -17,7 +17,7 @@ from topokeeper.domain.names import SlurmName
 from topokeeper.ports import Channel
 
 # SSM SendCommand accepts only these ids (its InstanceId shape); botocore does not check the pattern.
-SSM_TARGET = re.compile(r"(^i-(\w{8}|\w{17})$)|(^mi-\w{17}$)")
+SSM_TARGET = re.compile(r"i-[0-9a-f]{8}|i-[0-9a-f]{17}|mi-[0-9a-f]{17}")
 _CLUSTER_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:cluster/[a-z0-9]{12}")
 _TAG_KEY = re.compile(r"[\w.:/=+@ -]{1,128}")
 CONFIG_ENV = "TOPOKEEPER_CONFIG"
@@ -26,7 +26,7 @@ MAX_CONFIG_BYTES = 3072
 
 
 def _ssm_target(value: str) -> str:
-    if not SSM_TARGET.match(value):
+    if not SSM_TARGET.fullmatch(value):
         raise ValueError(f"SSM SendCommand takes i-/mi- ids only (HyperPod nodes need channel: agent): {value!r}")
     return value
 

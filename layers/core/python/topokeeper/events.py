@@ -158,8 +158,15 @@ class AgentResultDetail(BaseModel):
     model_config = ConfigDict(extra="allow")
     cluster: str
     plan_sha256: str | None = None
+    etag: str | None = None
+    version_id: str | None = None
     host: str | None = None
     result: ApplyResult
+
+    @property
+    def references(self) -> set[str]:
+        """The S3 object the agent applied, as the agent channel names a delivery (version id, else ETag)."""
+        return {ref for ref in (self.version_id, (self.etag or "").strip('"')) if ref}
 
 
 class TopokeeperEvent(EventBridgeModel):

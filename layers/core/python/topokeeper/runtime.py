@@ -26,7 +26,7 @@ from topokeeper.adapters.metrics import EmfMetrics
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.adapters.ssm_channel import SsmChannel
-from topokeeper.config import ClusterConfig, Orchestrator, Settings
+from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.domain.errors import InputError
 from topokeeper.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics
 from topokeeper.service.ingest import IngestDeps
@@ -120,6 +120,7 @@ class Runtime:
             self.state,
             now=self.clock.now,
             max_report_age=timedelta(seconds=self.settings.agent_verify_max_age_seconds),
+            verify_only=cluster.effective_mode is Mode.VERIFY,
         )
 
     def ssm_channel(self, cluster: ClusterConfig) -> SsmChannel:
@@ -135,6 +136,12 @@ class Runtime:
     @cached_property
     def audit(self) -> AuditTrail:
         lake = client("cloudtrail-data") if self.env.CLOUDTRAIL_CHANNEL_ARN else None
+        account = client("sts").get_caller_identity()["Account"] if lake is not None else ""
+        function_arn = (
+            f"arn:aws:lambda:{self.env.AWS_REGION}:{account}:function:{self.env.AWS_LAMBDA_FUNCTION_NAME}"
+            if lake is not None
+            else ""
+        )
         return AuditTrail(
             dynamodb=client("dynamodb"),
             table=self.env.TABLE_NAME,
@@ -144,6 +151,8 @@ class Runtime:
             logger=self.logger,
             cloudtrail_data=lake,
             channel_arn=self.env.CLOUDTRAIL_CHANNEL_ARN,
+            account=account,
+            function_arn=function_arn,
         )
 
     def cluster_name_of_arn(self, arn: str) -> str | None:

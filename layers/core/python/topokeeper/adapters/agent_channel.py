@@ -38,12 +38,15 @@ class AgentChannel:
         *,
         now: Callable[[], datetime],
         max_report_age: timedelta,
+        verify_only: bool,
     ) -> None:
         self._s3 = s3
         self._bucket = bucket
         self._state = state
         self._now = now
         self._max_age = max_report_age
+        # In enforce mode the agent verifies against the bundle it applied; only verify mode needs verify.json.
+        self._verify_only = verify_only
 
     def _put(self, key: str, bundle: Bundle) -> str:
         body = json.dumps(bundle.document(), sort_keys=True).encode()
@@ -68,7 +71,8 @@ class AgentChannel:
         )
 
     def verify(self, bundle: Bundle) -> ApplyResult:
-        self._ensure_verify_bundle(bundle)
+        if self._verify_only:
+            self._ensure_verify_bundle(bundle)
         state = self._state.get(bundle.cluster_name)
         report, seen_at = state.last_verify, state.last_verify_at
         if report is None or seen_at is None:

@@ -57,7 +57,11 @@ class AuditTrail:
         # once downstream) rather than losing the event behind an already-written marker.
         self._put_events(new)
         if self._lake is not None and self._channel:
-            self._put_audit_events(self._lake, self._channel, new)
+            try:
+                self._put_audit_events(self._lake, self._channel, new)
+            except (AuditPublishError, ClientError) as error:
+                # Optional, and closed to new customers: a Lake failure must not strand the delivery.
+                self._logger.error("CloudTrail Lake PutAuditEvents failed: %s", error)
         stored = [record for record in new if self._store(record)]
         for record in stored:
             self._logger.info(AUDIT_DETAIL_TYPE, extra={"audit": record.document()})
@@ -100,7 +104,8 @@ class AuditTrail:
                 ]
             )
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") == "TransactionCanceledException":
+            reasons = [r.get("Code") for r in error.response.get("CancellationReasons", [])]
+            if reasons and reasons[0] == "ConditionalCheckFailed":
                 return False  # a concurrent invocation stored it
             raise
         return True

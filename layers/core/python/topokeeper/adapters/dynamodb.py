@@ -132,22 +132,15 @@ class DynamoStateStore:
             if not _conditional_failed(error):
                 raise
 
-    def first_sighting(self, event_id: str, now: datetime) -> bool:
-        try:
-            self._db.put_item(
-                TableName=self._table,
-                Item={
-                    "pk": {"S": f"EVENT#{event_id}"},
-                    "sk": {"S": "EVENT"},
-                    "expires_at": {"N": _epoch(now + EVENT_TTL)},
-                },
-                ConditionExpression="attribute_not_exists(pk)",
-            )
-        except ClientError as error:
-            if _conditional_failed(error):
-                return False
-            raise
-        return True
+    def seen(self, event_id: str) -> bool:
+        key = {"pk": {"S": f"EVENT#{event_id}"}, "sk": {"S": "EVENT"}}
+        return "Item" in self._db.get_item(TableName=self._table, Key=key, ConsistentRead=True)
+
+    def mark_seen(self, event_id: str, now: datetime) -> None:
+        self._db.put_item(
+            TableName=self._table,
+            Item={"pk": {"S": f"EVENT#{event_id}"}, "sk": {"S": "EVENT"}, "expires_at": {"N": _epoch(now + EVENT_TTL)}},
+        )
 
 
 class DynamoNodeFactsCache:

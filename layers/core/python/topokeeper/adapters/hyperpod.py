@@ -7,6 +7,7 @@ the reconcile function plan from identical input.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 from urllib.parse import urlparse
 
@@ -17,6 +18,7 @@ from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.engine.snapshot import AwsSnapshot
 
 LEGACY_MAPPING_FILE = "provisioning_parameters.json"
+log = logging.getLogger("topokeeper")
 TOPOLOGY_STATUSES = frozenset({"Running", "SystemUpdating", "DeepHealthCheckInProgress"})
 
 
@@ -77,9 +79,11 @@ class HyperPodFacts:
             try:
                 body = self._s3.get_object(Bucket=parsed.netloc, Key=key)["Body"].read()
             except ClientError as error:
-                # No file: this group's lifecycle scripts carry no mapping. Anything else (AccessDenied, ...)
-                # must surface, or partitions would silently go unplanned.
-                if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                # No file, or (without s3:ListBucket, which the stack does not grant) 403 for a missing one:
+                # this group's lifecycle scripts carry no mapping. The planner warns of unmapped groups.
+                code = error.response.get("Error", {}).get("Code")
+                if code in ("NoSuchKey", "404", "NotFound", "AccessDenied", "403"):
+                    log.warning("no legacy partition mapping at s3://%s/%s: %s", parsed.netloc, key, code)
                     continue
                 raise
             parameters = json.loads(body)

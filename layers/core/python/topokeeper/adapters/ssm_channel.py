@@ -97,7 +97,7 @@ def command_size(commands: list[str]) -> int:
 
 
 def guard_target(instance_id: str) -> str:
-    if not SSM_TARGET.match(instance_id):
+    if not SSM_TARGET.fullmatch(instance_id):
         raise ValueError(f"SSM SendCommand takes i-/mi- ids only, not {instance_id!r}")
     return instance_id
 

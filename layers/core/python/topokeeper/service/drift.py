@@ -82,7 +82,14 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps) -> DriftReport:
         )
 
     bundle = deps.plans.bundle(cluster.name, state.desired_sha256)
-    live_result = deps.channel(cluster).verify(bundle)
+    writing = state.pending is not None or (
+        cluster.effective_mode is Mode.ENFORCE and state.applied_sha256 != state.desired_sha256
+    )
+    if writing:
+        # The head node is being brought to the plan: comparing it now would report a change as drift.
+        live_result = ApplyResult(outcome=Outcome.PENDING, error="a delivery is in flight")
+    else:
+        live_result = deps.channel(cluster).verify(bundle)
     live = _live_status(live_result, cluster.effective_mode)
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     aws: Literal["current", "changed"] = "current" if rendered.sha256 == state.desired_sha256 else "changed"
@@ -91,15 +98,22 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps) -> DriftReport:
     drift: int | None = 1 if live == "drift" or aws == "changed" else (0 if live == "in_sync" else None)
     if drift is not None:
         deps.metrics.emit(cluster.name, Metric.TOPOLOGY_DRIFT, drift)
-    update: dict[str, object] = {"drift": drift}
     action: Literal["none", "reported", "reconcile-requested"] = "none"
     if drift == 1 and cluster.effective_mode is Mode.ENFORCE:
         if live == "drift":
-            update["repair_partitions"] = drifted_partitions(live_result, bundle)
+            repair = drifted_partitions(live_result, bundle) or sorted(bundle.partitions)
+            save_fields(
+                deps.state,
+                cluster.name,
+                lambda fresh: {"repair_partitions": sorted(set(fresh.repair_partitions) | set(repair))},
+            )
         action = "reconcile-requested"
+    elif aws == "changed":
+        action = "reconcile-requested"  # a lost event: plan again (verify mode only re-plans, never writes)
+    elif writing and state.pending is None:
+        action = "reconcile-requested"  # the last write did not land (refused, rolled back): try again
     elif drift == 1:
         action = "reported"
-    save_fields(deps.state, cluster.name, update)
     if action == "reconcile-requested":
         request_reconcile(
             deps.state,

@@ -27,7 +27,7 @@ from topokeeper.events import (
     TopokeeperEvent,
 )
 from topokeeper.ports import Clock, Metric, Metrics
-from topokeeper.service.state import StateStore, Trigger, WorkQueue
+from topokeeper.service.state import ClusterState, StateStore, Trigger, WorkQueue
 
 
 @dataclass
@@ -91,14 +91,23 @@ def ingest(event: TopokeeperEvent, deps: IngestDeps) -> IngestResult:
     if cluster is None:
         return IngestResult(status="ignored", reason=summary if reference is None else f"unmanaged cluster {reference}")
     now = deps.clock.now()
-    if not deps.state.first_sighting(event.id, now):
+    if deps.state.seen(event.id):
         deps.metrics.emit(cluster.name, Metric.EVENTS_COALESCED, 1)
+        state = deps.state.get(cluster.name)
+        if state.has_unreconciled_changes:
+            _queue(deps, state)  # the first delivery may have died before queueing; SQS deduplicates
         return IngestResult(status="duplicate", cluster=cluster.name, reason=f"event {event.id} seen before")
     trigger = Trigger(
         source=event.source, detail_type=event.detail_type, event_id=event.id, time=event.time, summary=summary
     )
     state = deps.state.record_change(cluster.name, trigger, now)
-    deps.queue.send(
-        ReconcileRequest(cluster=cluster.name, generation=state.generation, since=state.reconciled_generation)
-    )
+    _queue(deps, state)
+    # Marked last: a delivery that dies before this is retried whole, so no change is ever lost.
+    deps.state.mark_seen(event.id, now)
     return IngestResult(status="queued", cluster=cluster.name, generation=state.generation, reason=summary)
+
+
+def _queue(deps: IngestDeps, state: ClusterState) -> None:
+    deps.queue.send(
+        ReconcileRequest(cluster=state.cluster, generation=state.generation, since=state.reconciled_generation)
+    )

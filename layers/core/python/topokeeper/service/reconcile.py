@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from botocore.exceptions import ClientError
 from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Mode, Settings
@@ -24,20 +25,28 @@ from topokeeper.domain.errors import InputError
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
 from topokeeper.events import ReconcileRequest
-from topokeeper.ports import Clock, DeliveryChannel, FactsSource, Metric, Metrics
+from topokeeper.ports import Clock, DeliveryChannel, DeliveryHandle, FactsSource, Metric, Metrics
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.service.state import (
     ClusterState,
+    ConcurrentUpdate,
     PendingDelivery,
     PlanStore,
     StateStore,
     WorkQueue,
+    queue_next_cycle,
     request_reconcile,
     save_fields,
 )
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
-DELIVERY_TIMEOUT = timedelta(minutes=15)  # a delivery with no result by then no longer blocks writes
+# A delivery with no result by then no longer blocks writes: SSM may wait up to its 600 s delivery
+# timeout before running the applier, which may then run up to 600 s.
+DELIVERY_TIMEOUT = timedelta(minutes=25)
+RETRY_SECONDS = 60
+PERMANENT_ERRORS = frozenset(
+    {"ResourceNotFound", "ValidationException", "AccessDeniedException", "AccessDenied"}
+)  # a reconcile that failed is tried again this soon, not after the queue's visibility timeout
 
 
 class Deferred(Exception):
@@ -120,6 +129,9 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     state = deps.state.get(cluster.name)
     decision = decide(state, request, now, deps.settings)
     if decision is not Decision.PROCEED:
+        # A covered message may be the only one of its cycle if a reconcile died after closing the cycle:
+        # make sure the changes after it have a message.
+        queue_next_cycle(deps.state, deps.queue, cluster.name)
         return ReconcileReport(cluster=cluster.name, generation=request.generation, action=decision.value)
     # Every change since the last reconcile is handled by this one: all but one needed no reconcile of its own.
     coalesced = state.generation - state.reconciled_generation - 1
@@ -127,7 +139,8 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         deps.metrics.emit(cluster.name, Metric.EVENTS_COALESCED, coalesced)
 
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
-    deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
+    if rendered.sha256 != state.desired_sha256:  # plans are content-addressed: one put per new plan
+        deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
     missing = missing_topology(rendered)
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing)
 
@@ -140,26 +153,20 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     if cluster.effective_mode is Mode.VERIFY:
         action = "planned-only"
     elif rendered.sha256 != state.applied_sha256 or state.repair_partitions:
+        delivery = _claim_delivery(deps, cluster, state, rendered, now)
         handle = deps.channel(cluster).deliver(rendered.bundle)
         action, reference = "delivered", handle.reference
-        update["pending"] = PendingDelivery(
-            handle=handle,
-            generation=state.generation,
-            triggers=state.triggers,
-            trigger_count=max(state.trigger_count, len(state.triggers)),
-            previous_plan_sha256=state.applied_sha256,
-            repair=state.repair_partitions,
-        )
+        update["pending"] = delivery.model_copy(update={"handle": handle})
         update["last_write_at"] = now
-        update["repair_partitions"] = []
-    save_fields(deps.state, cluster.name, update)
+    repaired = set(state.repair_partitions)
+    save_fields(
+        deps.state,
+        cluster.name,
+        lambda fresh: {**update, "repair_partitions": [p for p in fresh.repair_partitions if p not in repaired]},
+    )
     deps.state.consume_triggers(cluster.name, state.generation)
-    fresh = deps.state.get(cluster.name)
-    if fresh.generation > fresh.reconciled_generation:
-        # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
-        deps.queue.send(
-            ReconcileRequest(cluster=cluster.name, generation=fresh.generation, since=fresh.reconciled_generation)
-        )
+    # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
+    queue_next_cycle(deps.state, deps.queue, cluster.name)
 
     if missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
         request_reconcile(
@@ -194,16 +201,43 @@ def newest_generations(bodies: Iterable[str]) -> dict[str, int]:
     return newest
 
 
+def _claim_delivery(
+    deps: ControllerDeps, cluster: ClusterConfig, state: ClusterState, rendered: RenderedPlan, now: datetime
+) -> PendingDelivery:
+    """Mark the delivery in flight before sending it, conditional on the state this reconcile read: two
+    writers (the Lambda, an operator's ``topokeeper apply``) never deliver at once."""
+    claim = PendingDelivery(
+        handle=DeliveryHandle(
+            channel=cluster.effective_channel,
+            cluster=cluster.name,
+            plan_sha256=rendered.sha256,
+            reference="",  # set once the channel has accepted it
+            target="",
+            sent_at=now,
+        ),
+        generation=state.generation,
+        triggers=state.triggers,
+        trigger_count=state.trigger_count,
+        previous_plan_sha256=state.applied_sha256,
+        repair=state.repair_partitions,
+    )
+    try:
+        deps.state.save(state.model_copy(update={"pending": claim}))
+    except ConcurrentUpdate as error:
+        raise Deferred(5, "the cluster's state changed while planning") from error
+    return claim
+
+
 def process_message(
     body: str, receipt_handle: str, deps: ControllerDeps, newest: Mapping[str, int]
 ) -> ReconcileReport | None:
-    """One SQS record: malformed -> dead-letter queue with the reason; superseded within its batch ->
-    dropped without reading state; deferred -> hidden, then retried."""
+    """One SQS record. Malformed, or failing for good (bad facts, a deleted cluster) -> the dead-letter
+    queue with the reason; superseded within its batch -> dropped without reading state; deferred or
+    failing for now -> hidden for a while, then retried."""
     try:
         request = ReconcileRequest.model_validate_json(body)
     except ValidationError as error:
-        reason = InputError.from_validation(error, prefix="message").args[0]
-        deps.queue.dead_letter(body, reason)
+        deps.queue.dead_letter(body, InputError.from_validation(error, prefix="message").args[0])
         return None
     if newest.get(request.cluster, 0) > request.generation:
         return ReconcileReport(cluster=request.cluster, generation=request.generation, action=Decision.SUPERSEDED.value)
@@ -211,4 +245,16 @@ def process_message(
         return reconcile(request, deps)
     except Deferred as deferred:
         deps.queue.defer(receipt_handle, deferred.seconds)
+        raise
+    except InputError as error:
+        deps.queue.dead_letter(body, f"cannot plan {request.cluster}: {error}")
+        return None
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in PERMANENT_ERRORS:
+            deps.queue.dead_letter(body, f"{request.cluster}: {error}")
+            return None
+        deps.queue.defer(receipt_handle, RETRY_SECONDS)
+        raise
+    except Exception:
+        deps.queue.defer(receipt_handle, RETRY_SECONDS)
         raise

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Settings
 from topokeeper.domain.errors import InputError
+from topokeeper.domain.models import SlurmVersion
 from topokeeper.events import (
     AGENT_APPLY_DETAIL_TYPE,
     AGENT_SOURCE,
@@ -58,6 +59,22 @@ class ResultReport(BaseModel):
     reason: str = ""
 
 
+class ResultNotReady(RuntimeError):
+    """The outcome is not readable yet; the invocation fails so Lambda retries it."""
+
+
+def _slurm_version(result: ApplyResult) -> str | None:
+    """The head node's own report of its Slurm version, if it is one (it decides the file format)."""
+    reported = getattr(result, "slurm_version", None)
+    if not isinstance(reported, str):
+        return None
+    try:
+        SlurmVersion.parse(reported)
+    except ValueError:
+        return None
+    return reported
+
+
 def _parse(model: type[BaseModel], event: TopokeeperEvent) -> Any:
     try:
         return model.model_validate(event.detail)
@@ -74,7 +91,12 @@ def record_result(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
         state = deps.state.get(cluster.name)
         if state.pending is None or state.pending.handle.reference != invocation.command_id:
             return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
-        return finish_delivery(cluster, state, state.pending, deps.ssm_result(cluster, invocation.command_id), deps)
+        result = deps.ssm_result(cluster, invocation.command_id)
+        if result.outcome is Outcome.PENDING:
+            # GetCommandInvocation is eventually consistent behind the terminal event: fail, so the
+            # asynchronous invocation is retried, rather than lose the result.
+            raise ResultNotReady(f"command {invocation.command_id} still reads {result.error or 'pending'}")
+        return finish_delivery(cluster, state, state.pending, result, deps)
     if event.source == AGENT_SOURCE and event.detail_type in (AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE):
         report = _parse(AgentResultDetail, event)
         cluster = deps.settings.cluster(report.cluster)
@@ -84,7 +106,7 @@ def record_result(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
         if event.detail_type == AGENT_VERIFY_DETAIL_TYPE:
             save_fields(deps.state, cluster.name, {"last_verify": report.result, "last_verify_at": deps.clock.now()})
             return ResultReport(status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome)
-        if state.pending is None or state.pending.handle.plan_sha256 != report.plan_sha256:
+        if state.pending is None or state.pending.handle.reference not in report.references:
             return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
         return finish_delivery(cluster, state, state.pending, report.result, deps)
     return ResultReport(status="ignored", reason=f"not a result event: {event.source} / {event.detail_type}")
@@ -114,9 +136,9 @@ def finish_delivery(
         )
     published = deps.audit.publish(records)
 
-    update: dict[str, object] = {"pending": None}
-    observed_version = getattr(result, "slurm_version", None)
-    if isinstance(observed_version, str) and observed_version:
+    update: dict[str, object] = {}
+    observed_version = _slurm_version(result)
+    if observed_version:
         update["slurm_version"] = observed_version
     if result.outcome in SUCCESS:
         update["applied_sha256"] = pending.handle.plan_sha256
@@ -124,7 +146,14 @@ def finish_delivery(
             deps.metrics.emit(cluster.name, Metric.TOPOLOGY_UPDATES, len(records))
     else:
         deps.metrics.emit(cluster.name, Metric.APPLY_FAILURES, 1)
-    save_fields(deps.state, cluster.name, update)
+
+    def finished(fresh: ClusterState) -> dict[str, object]:
+        # Only the delivery still in flight is finished: a late result of an older one must not undo a newer.
+        if fresh.pending is None or fresh.pending.handle.reference != pending.handle.reference:
+            return {"slurm_version": update["slurm_version"]} if "slurm_version" in update else {}
+        return {**update, "pending": None}
+
+    save_fields(deps.state, cluster.name, finished)
 
     # A plan rendered for the other Slurm format is refused; now that the head node told us its
     # version, plan again once. Other failures wait for the next change or the drift schedule.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -51,7 +51,6 @@ class ClusterState(BaseModel):
     pending: PendingDelivery | None = None
     slurm_version: str | None = None  # as the head node reported it
     topology_retries: int = 0
-    drift: int | None = None
     repair_partitions: list[str] = Field(default_factory=list)  # live drift to repair on the next write
     last_verify: ApplyResult | None = None
     last_verify_at: datetime | None = None
@@ -77,9 +76,11 @@ class StateStore(Protocol):
         """Forget the triggers a reconcile took, unless newer changes arrived meanwhile."""
         ...
 
-    def first_sighting(self, event_id: str, now: datetime) -> bool:
-        """True the first time an event id is seen (EventBridge may deliver an event more than once)."""
+    def seen(self, event_id: str) -> bool:
+        """Whether an event was already ingested (EventBridge may deliver an event more than once)."""
         ...
+
+    def mark_seen(self, event_id: str, now: datetime) -> None: ...
 
 
 class ConcurrentUpdate(RuntimeError):
@@ -108,14 +109,31 @@ class NodeFactsCache(Protocol):
     def put_many(self, cluster: str, items: dict[str, dict[str, object]], now: datetime) -> None: ...
 
 
-def save_fields(store: StateStore, cluster: str, update: dict[str, object], attempts: int = 5) -> ClusterState:
-    """Set controller fields on the freshest state, retrying when another function saved in between."""
-    for _ in range(attempts - 1):
+Update = dict[str, object] | Callable[[ClusterState], dict[str, object]]
+
+
+def save_fields(store: StateStore, cluster: str, update: Update, attempts: int = 5) -> ClusterState:
+    """Set controller fields on the freshest state, retrying when another function saved in between.
+
+    ``update`` may be a function of the fresh state, for fields that depend on it (compare-and-set).
+    """
+    failures = 0
+    while True:
+        fresh = store.get(cluster)
+        fields = update(fresh) if callable(update) else update
         try:
-            return store.save(store.get(cluster).model_copy(update=update))
+            return store.save(fresh.model_copy(update=fields))
         except ConcurrentUpdate:
-            continue
-    return store.save(store.get(cluster).model_copy(update=update))
+            failures += 1
+            if failures >= attempts:
+                raise
+
+
+def queue_next_cycle(store: StateStore, queue: WorkQueue, cluster: str) -> None:
+    """If changes are waiting that no queued message may cover, queue one (SQS deduplicates per cycle)."""
+    state = store.get(cluster)
+    if state.has_unreconciled_changes:
+        queue.send(ReconcileRequest(cluster=cluster, generation=state.generation, since=state.reconciled_generation))
 
 
 def request_reconcile(

@@ -1,0 +1,403 @@
+"""How the services behave when something fails half-way: no change is lost, no result is forgotten,
+a late result never undoes a newer delivery, and permanent errors stop being retried.
+
+Real adapters on the emulator (DynamoDB, SQS FIFO, S3); the facts and the head node are small stand-ins,
+because what is tested here is the services' bookkeeping, not planning or delivery.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tests.helpers import p5_nodes, snapshot
+from topokeeper.adapters.dynamodb import DynamoStateStore
+from topokeeper.adapters.plans import S3PlanStore
+from topokeeper.adapters.queue import SqsWorkQueue
+from topokeeper.config import ClusterConfig, Settings
+from topokeeper.domain.errors import InputError
+from topokeeper.engine.planner import plan
+from topokeeper.engine.snapshot import AwsSnapshot
+from topokeeper.events import HYPERPOD_DETAIL_TYPES, ReconcileRequest, TopokeeperEvent
+from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Metric, Outcome
+from topokeeper.render.bundle import Bundle, render
+from topokeeper.service.drift import check_drift
+from topokeeper.service.ingest import IngestDeps, ingest
+from topokeeper.service.reconcile import ControllerDeps, Deferred, process_message, reconcile
+from topokeeper.service.result import ResultDeps, ResultNotReady, finish_delivery, record_result
+from topokeeper.service.state import PendingDelivery, Trigger, save_fields
+from topokeeper.sim.aws_emulator import AwsEmulator, ManualClock
+
+CLUSTER = "topo-test"
+HEAD_NODE = "mi-0123456789abcdef0"
+RENDERED = render(plan(snapshot({"p5": p5_nodes(8, partition="p5")})))
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.points: list[tuple[str, str, float]] = []
+
+    def emit(self, cluster: str, metric: Metric, value: float) -> None:
+        self.points.append((cluster, metric.value, value))
+
+
+class Facts:
+    """Whatever AWS says: here, a fixed plan's facts are not needed, planning is patched per test."""
+
+    def read(self, cluster: str) -> AwsSnapshot:
+        raise AssertionError("planning is replaced in these tests")
+
+
+class Channel_:
+    def __init__(self, verify_result: ApplyResult | None = None) -> None:
+        self.delivered: list[str] = []
+        self.verified = 0
+        self.verify_result = verify_result or ApplyResult(outcome=Outcome.IN_SYNC)
+
+    def deliver(self, bundle: Bundle) -> DeliveryHandle:
+        self.delivered.append(bundle.plan_sha256)
+        return DeliveryHandle(
+            channel=Channel.SSM,
+            cluster=CLUSTER,
+            plan_sha256=bundle.plan_sha256,
+            reference=f"cmd-{len(self.delivered)}",
+            target=HEAD_NODE,
+            sent_at=datetime(2026, 1, 5, tzinfo=UTC),
+        )
+
+    def verify(self, bundle: Bundle) -> ApplyResult:
+        self.verified += 1
+        return self.verify_result
+
+
+class Stack:
+    def __init__(self, aws: AwsEmulator, clock: ManualClock, mode: str = "enforce") -> None:
+        dynamodb, sqs, s3 = aws.client("dynamodb"), aws.client("sqs"), aws.client("s3")
+        dynamodb.create_table(
+            TableName="t",
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            AttributeDefinitions=[
+                {"AttributeName": "pk", "AttributeType": "S"},
+                {"AttributeName": "sk", "AttributeType": "S"},
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        s3.create_bucket(Bucket="plans")
+        fifo = {"FifoQueue": "true"}
+        self.dlq_url = sqs.create_queue(QueueName="w-dlq.fifo", Attributes=fifo)["QueueUrl"]
+        self.url = sqs.create_queue(QueueName="w.fifo", Attributes=fifo)["QueueUrl"]
+        self.sqs = sqs
+        self.state = DynamoStateStore(dynamodb, "t")
+        self.queue = SqsWorkQueue(sqs, self.url, self.dlq_url)
+        self.plans = S3PlanStore(s3, "plans")
+        self.metrics = Metrics()
+        self.channel = Channel_()
+        self.clock = clock
+        self.settings = Settings(
+            clusters=[ClusterConfig(name=CLUSTER, orchestrator="ec2", mode=mode, head_node=HEAD_NODE)],
+            debounce_seconds=0,
+            min_write_interval_seconds=0,
+        )
+
+    def controller(self) -> ControllerDeps:
+        return ControllerDeps(
+            settings=self.settings,
+            state=self.state,
+            plans=self.plans,
+            queue=self.queue,
+            metrics=self.metrics,
+            clock=self.clock,
+            facts=lambda c: Facts(),
+            channel=lambda c: self.channel,
+        )
+
+    def results(self, ssm: ApplyResult) -> ResultDeps:
+        return ResultDeps(
+            settings=self.settings,
+            state=self.state,
+            plans=self.plans,
+            audit=_NoAudit(),
+            queue=self.queue,
+            metrics=self.metrics,
+            clock=self.clock,
+            ssm_result=lambda c, i: ssm,
+        )
+
+    def messages(self, url: str | None = None) -> list[dict[str, Any]]:
+        found = self.sqs.receive_message(
+            QueueUrl=url or self.url, MaxNumberOfMessages=10, MessageAttributeNames=["All"], VisibilityTimeout=0
+        )
+        return found.get("Messages", [])
+
+
+class _NoAudit:
+    def publish(self, records: Any) -> int:
+        return len(records)
+
+
+@pytest.fixture
+def stack(aws: AwsEmulator, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+    monkeypatch.setattr("topokeeper.service.reconcile.plan_cluster", lambda cluster, state, facts: RENDERED)
+    monkeypatch.setattr("topokeeper.service.drift.plan_cluster", lambda cluster, state, facts: RENDERED)
+    yield Stack(aws, clock)
+
+
+def _event(event_id: str = "e-1") -> TopokeeperEvent:
+    return TopokeeperEvent.model_validate(
+        {
+            "version": "0",
+            "id": event_id,
+            "detail-type": HYPERPOD_DETAIL_TYPES[0],
+            "source": "aws.sagemaker",
+            "account": "111122223333",
+            "time": "2026-01-05T09:00:00Z",
+            "region": "us-east-1",
+            "resources": [],
+            "detail": {"ClusterArn": "arn", "ClusterName": CLUSTER},
+        }
+    )
+
+
+def _ingest_deps(stack: Stack, queue: Any = None) -> IngestDeps:
+    return IngestDeps(
+        settings=stack.settings,
+        state=stack.state,
+        queue=queue or stack.queue,
+        metrics=stack.metrics,
+        clock=stack.clock,
+        cluster_name_of_arn=lambda arn: None,
+        instance_tags=lambda i: {},
+    )
+
+
+def test_an_ingest_that_dies_before_queueing_is_retried_whole(stack: Stack) -> None:
+    class FailingOnce:
+        failed = False
+
+        def send(self, request: ReconcileRequest) -> None:
+            if not self.failed:
+                self.failed = True
+                raise ConnectionError("throttled")
+            stack.queue.send(request)
+
+    queue = FailingOnce()
+    with pytest.raises(ConnectionError):
+        ingest(_event(), _ingest_deps(stack, queue))
+    # Lambda retries the same event: it must not read as a duplicate, and must queue its change.
+    assert ingest(_event(), _ingest_deps(stack, queue)).status == "queued"
+    assert len(stack.messages()) == 1
+
+
+def test_a_duplicate_requeues_a_change_nobody_queued(stack: Stack) -> None:
+    assert ingest(_event(), _ingest_deps(stack)).status == "queued"
+    stack.sqs.purge_queue(QueueUrl=stack.url)  # as if the message of this cycle were gone
+    assert ingest(_event(), _ingest_deps(stack)).status == "duplicate"
+    assert len(stack.messages()) == 1
+
+
+def test_a_covered_message_queues_the_changes_after_it(stack: Stack) -> None:
+    now = stack.clock.now()
+    trigger = Trigger(source="s", detail_type="d", event_id="x", time=now)
+    stack.state.record_change(CLUSTER, trigger, now)
+    assert reconcile(ReconcileRequest(cluster=CLUSTER, generation=1), stack.controller()).action == "delivered"
+    stack.sqs.purge_queue(QueueUrl=stack.url)
+    stack.state.record_change(CLUSTER, trigger, now)  # generation 2, its message lost with a crashed reconcile
+    report = reconcile(ReconcileRequest(cluster=CLUSTER, generation=1), stack.controller())
+    assert report.action == "covered"
+    (message,) = stack.messages()
+    assert json.loads(message["Body"]) == {"cluster": CLUSTER, "generation": 2, "since": 1, "reason": "event"}
+
+
+def test_a_delivery_is_claimed_before_it_is_sent(stack: Stack) -> None:
+    """Two writers (the Lambda, an operator) that read the same state: only one delivers."""
+    now = stack.clock.now()
+    stack.state.record_change(CLUSTER, Trigger(source="s", detail_type="d", event_id="x", time=now), now)
+    stale = stack.state.get(CLUSTER)
+    stack.state.save(stale)  # someone else saved in between
+    from topokeeper.service import reconcile as module
+
+    with pytest.raises(Deferred, match="changed while planning"):
+        module._claim_delivery(stack.controller(), stack.settings.clusters[0], stale, RENDERED, now)
+    assert stack.channel.delivered == []
+
+
+def test_an_ssm_result_not_readable_yet_is_retried_not_forgotten(stack: Stack) -> None:
+    now = stack.clock.now()
+    handle = DeliveryHandle(
+        channel=Channel.SSM,
+        cluster=CLUSTER,
+        plan_sha256=RENDERED.sha256,
+        reference="0e8d3c0e-71f7-4491-898f-c9b35bee5f3b",
+        target=HEAD_NODE,
+        sent_at=now,
+    )
+    save_fields(stack.state, CLUSTER, {"pending": PendingDelivery(handle=handle, generation=1)})
+    event = TopokeeperEvent.model_validate(
+        {
+            "version": "0",
+            "id": "s-1",
+            "detail-type": "EC2 Command Invocation Status-change Notification",
+            "source": "aws.ssm",
+            "account": "111122223333",
+            "time": "2026-01-05T09:00:00Z",
+            "region": "us-east-1",
+            "resources": [],
+            "detail": {
+                "command-id": handle.reference,
+                "instance-id": HEAD_NODE,
+                "document-name": "AWS-RunShellScript",
+                "status": "Success",
+            },
+        }
+    )
+    with pytest.raises(ResultNotReady):
+        record_result(event, stack.results(ApplyResult(outcome=Outcome.PENDING)))
+    assert stack.state.get(CLUSTER).pending is not None
+
+
+def test_a_late_result_never_undoes_a_newer_delivery(stack: Stack) -> None:
+    now = stack.clock.now()
+    stack.plans.put(CLUSTER, RENDERED.bundle, RENDERED.files()["plan.json"])
+
+    def delivery(reference: str) -> PendingDelivery:
+        handle = DeliveryHandle(
+            channel=Channel.SSM,
+            cluster=CLUSTER,
+            plan_sha256=RENDERED.sha256,
+            reference=reference,
+            target=HEAD_NODE,
+            sent_at=now,
+        )
+        return PendingDelivery(handle=handle, generation=1)
+
+    old, new = delivery("cmd-old"), delivery("cmd-new")
+    save_fields(stack.state, CLUSTER, {"pending": new})
+    applied = ApplyResult.model_validate({"outcome": "applied", "slurm_version": "26.05.5"})
+    finish_delivery(stack.settings.clusters[0], stack.state.get(CLUSTER), old, applied, stack.results(applied))
+    state = stack.state.get(CLUSTER)
+    assert state.pending == new and state.applied_sha256 is None
+    assert state.slurm_version == "26.05.5"
+
+
+def test_a_version_string_that_is_not_a_version_is_ignored(stack: Stack) -> None:
+    stack.plans.put(CLUSTER, RENDERED.bundle, RENDERED.files()["plan.json"])
+    handle = DeliveryHandle(
+        channel=Channel.SSM,
+        cluster=CLUSTER,
+        plan_sha256=RENDERED.sha256,
+        reference="c",
+        target=HEAD_NODE,
+        sent_at=stack.clock.now(),
+    )
+    pending = PendingDelivery(handle=handle, generation=1)
+    save_fields(stack.state, CLUSTER, {"pending": pending})
+    result = ApplyResult.model_validate({"outcome": "applied", "slurm_version": "26.05'; reboot"})
+    finish_delivery(stack.settings.clusters[0], stack.state.get(CLUSTER), pending, result, stack.results(result))
+    state = stack.state.get(CLUSTER)
+    assert state.slurm_version is None and state.applied_sha256 == RENDERED.sha256
+
+
+def test_permanent_failures_go_to_the_dead_letter_queue_others_come_back_soon(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = ReconcileRequest(cluster=CLUSTER, generation=1).model_dump_json()
+    stack.queue.send(ReconcileRequest(cluster=CLUSTER, generation=1))
+    (message,) = stack.sqs.receive_message(QueueUrl=stack.url, VisibilityTimeout=600)["Messages"]
+
+    def bad_facts(*_: Any) -> Any:
+        raise InputError("nodes[3].PrivateDnsHostname", "not a safe Slurm name")
+
+    monkeypatch.setattr("topokeeper.service.reconcile.reconcile", bad_facts)
+    assert process_message(body, message["ReceiptHandle"], stack.controller(), {}) is None
+    (parked,) = stack.messages(stack.dlq_url)
+    assert "nodes[3].PrivateDnsHostname" in parked["MessageAttributes"]["reason"]["StringValue"]
+
+    deferred: list[float] = []
+    monkeypatch.setattr(stack.queue, "defer", lambda receipt, seconds: deferred.append(seconds))
+
+    def flaky(*_: Any) -> Any:
+        raise ConnectionError("DynamoDB throttled")
+
+    monkeypatch.setattr("topokeeper.service.reconcile.reconcile", flaky)
+    with pytest.raises(ConnectionError):
+        process_message(body, message["ReceiptHandle"], stack.controller(), {})
+    assert deferred == [60]
+
+
+def _desired(stack: Stack, **fields: Any) -> None:
+    stack.plans.put(CLUSTER, RENDERED.bundle, RENDERED.files()["plan.json"])
+    save_fields(stack.state, CLUSTER, {"desired_sha256": RENDERED.sha256, **fields})
+
+
+def test_drift_is_not_judged_while_a_delivery_is_in_flight(stack: Stack) -> None:
+    handle = DeliveryHandle(
+        channel=Channel.SSM,
+        cluster=CLUSTER,
+        plan_sha256=RENDERED.sha256,
+        reference="c",
+        target=HEAD_NODE,
+        sent_at=stack.clock.now(),
+    )
+    _desired(stack, pending=PendingDelivery(handle=handle, generation=1))
+    report = check_drift(stack.settings.clusters[0], stack.controller())
+    assert (report.live, report.drift, stack.channel.verified) == ("unknown", None, 0)
+
+
+def test_a_write_that_did_not_land_is_tried_again_by_the_drift_schedule(stack: Stack) -> None:
+    _desired(stack, applied_sha256="0" * 64)  # the last delivery was refused or rolled back
+    report = check_drift(stack.settings.clusters[0], stack.controller())
+    assert report.action == "reconcile-requested" and len(stack.messages()) == 1
+
+
+def test_verify_mode_plans_again_after_a_lost_event(aws: AwsEmulator, clock: ManualClock, monkeypatch) -> None:
+    stack = Stack(aws, clock, mode="verify")
+    monkeypatch.setattr("topokeeper.service.drift.plan_cluster", lambda cluster, state, facts: RENDERED)
+    before = render(plan(snapshot({"p5": p5_nodes(4, partition="p5")})))  # planned before AWS changed
+    stack.plans.put(CLUSTER, before.bundle, before.files()["plan.json"])
+    save_fields(stack.state, CLUSTER, {"desired_sha256": before.sha256})
+    report = check_drift(stack.settings.clusters[0], stack.controller())
+    assert (report.aws, report.action) == ("changed", "reconcile-requested")
+    assert stack.channel.delivered == []
+
+
+def test_agent_results_are_matched_by_the_object_version_they_applied(stack: Stack) -> None:
+    stack.plans.put(CLUSTER, RENDERED.bundle, RENDERED.files()["plan.json"])
+    handle = DeliveryHandle(
+        channel=Channel.AGENT,
+        cluster=CLUSTER,
+        plan_sha256=RENDERED.sha256,
+        reference="v-2",
+        target="s3://b/k",
+        sent_at=stack.clock.now(),
+    )
+    save_fields(stack.state, CLUSTER, {"pending": PendingDelivery(handle=handle, generation=1)})
+
+    def report(version: str) -> TopokeeperEvent:
+        return TopokeeperEvent.model_validate(
+            {
+                "version": "0",
+                "id": f"a-{version}",
+                "detail-type": "Topology Apply Result",
+                "source": "topokeeper.agent",
+                "account": "111122223333",
+                "time": "2026-01-05T09:00:00Z",
+                "region": "us-east-1",
+                "resources": [],
+                "detail": {
+                    "cluster": CLUSTER,
+                    "plan_sha256": RENDERED.sha256,
+                    "version_id": version,
+                    "etag": '"x"',
+                    "result": {"outcome": "applied"},
+                },
+            }
+        )
+
+    deps = stack.results(ApplyResult(outcome=Outcome.PENDING))
+    assert record_result(report("v-1"), deps).status == "ignored"  # same plan, an older object version
+    assert record_result(report("v-2"), deps).status == "recorded"
+    assert stack.state.get(CLUSTER).applied_sha256 == RENDERED.sha256
