@@ -12,8 +12,9 @@ from infra.encryption import DataKey
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
 TTL_ATTRIBUTE = "expires_at"
-_READ = ["dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:ConditionCheckItem"]
-_WRITE = ["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem"]
+# What the adapters call (TransactWriteItems is authorized per item, as PutItem); nothing deletes items: TTL does.
+_READ = ["dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query"]
+_WRITE = ["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:BatchWriteItem"]
 
 
 class StateTable(Construct):

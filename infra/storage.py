@@ -12,7 +12,7 @@ from constructs import Construct
 from infra.encryption import DataKey
 from infra.nag import acknowledge, arn_of
 
-_READ_OBJECTS = ["s3:GetObject", "s3:GetObjectVersion"]
+_READ_OBJECTS = ["s3:GetObject"]  # the current version only
 
 
 class PlanBucket(Construct):

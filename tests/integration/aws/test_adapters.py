@@ -313,6 +313,22 @@ def test_topology_reader_serves_a_second_read_from_the_table(aws: AwsEmulator, c
     assert again == elsewhere == first
 
 
+def test_a_cached_answer_is_for_one_launch_of_the_instance(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    """A stopped and started EC2 instance keeps its id but may sit on another host: ask again."""
+    aws.client("sagemaker").create_cluster(**cluster_request())
+    ids = _capable_ids(aws, "llm-train")
+    reader = _reader(aws, clock, table)
+    first_launch = dict.fromkeys(ids, "2026-01-05T09:00:00")
+    reader.read("llm-train", ids, first_launch)
+    reader.read("llm-train", ids, first_launch)
+    assert aws.calls["DescribeInstanceTopology"] == 1
+
+    restarted = {**first_launch, ids[0]: "2026-01-05T10:00:00"}
+    items = reader.read("llm-train", ids, restarted)
+    assert aws.calls["DescribeInstanceTopology"] == 2
+    assert all("topokeeper:launched" not in item for item in items)
+
+
 def test_topology_not_yet_reported_is_asked_again(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
     # Given a node whose topology EC2 has not reported yet (empty NetworkNodes for 30 s)
     aws.client("sagemaker").create_cluster(**cluster_request())

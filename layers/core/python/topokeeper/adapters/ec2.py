@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -20,6 +20,7 @@ from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.service.state import NodeFactsCache
 
 MAX_IDS_PER_CALL = 100
+LAUNCH_KEY = "topokeeper:launched"  # kept with a cached answer: which launch of the instance it describes
 _INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?")
 # EC2 instance state -> the HyperPod-style status the planner understands.
 EC2_STATUS = {
@@ -69,15 +70,28 @@ class InstanceTopologyReader:
         self._now = now
         self.calls = 0
 
-    def read(self, cluster: str, instance_ids: Iterable[str]) -> list[dict[str, Any]]:
+    def read(
+        self, cluster: str, instance_ids: Iterable[str], launched: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Topology of running instances. ``launched`` (id -> launch time) keeps a cached answer only for
+        the same launch: a stopped and started EC2 instance keeps its id but may land on another host."""
         wanted = checked_ids(instance_ids)  # before the cache lookup: the ids become DynamoDB keys
-        known = self._cache.get_many(cluster, wanted)
+        launched = launched or {}
+        known = {
+            instance_id: {k: v for k, v in facts.items() if k != LAUNCH_KEY}
+            for instance_id, facts in self._cache.get_many(cluster, wanted).items()
+            if facts.get(LAUNCH_KEY, "") == launched.get(instance_id, "")
+        }
         missing = [instance_id for instance_id in wanted if instance_id not in known]
         fresh: dict[str, dict[str, Any]] = {}
         for batch in id_batches(missing):
             for item in self._describe(batch):
                 fresh[item["InstanceId"]] = item
-        complete = {instance_id: item for instance_id, item in fresh.items() if is_complete(item)}
+        complete = {
+            instance_id: {**item, LAUNCH_KEY: launched.get(instance_id, "")}
+            for instance_id, item in fresh.items()
+            if is_complete(item)
+        }
         if complete:
             self._cache.put_many(cluster, complete, self._now())
         merged = {**fresh, **known}
@@ -152,13 +166,14 @@ class Ec2ClusterFacts:
             }
             for group, types in sorted(groups.items())
         ]
-        running = [n["InstanceId"] for n in nodes if n["InstanceStatus"]["Status"] == "Running"]
+        launched = {str(i["InstanceId"]): str(i.get("LaunchTime", "")) for i in instances}
+        running = {n["InstanceId"] for n in nodes if n["InstanceStatus"]["Status"] == "Running"}
         capable = [n["InstanceId"] for n in nodes if n["InstanceId"] in running and _capable(n["InstanceType"])]
         return AwsSnapshot.model_validate(
             {
                 "describe_cluster": {"ClusterName": cluster, "InstanceGroups": instance_groups},
                 "nodes": nodes,
-                "instance_topology": self._topology.read(cluster, capable),
+                "instance_topology": self._topology.read(cluster, capable, launched),
             }
         )
 

@@ -43,7 +43,9 @@ class HyperPodFacts:
             {
                 "describe_cluster": described,
                 "nodes": nodes,
-                "instance_topology": self._topology.read(cluster, capable),
+                "instance_topology": self._topology.read(
+                    cluster, capable, {node["InstanceId"]: str(node.get("LaunchTime", "")) for node in nodes}
+                ),
                 "slurm": {"partitions": self._legacy_mapping(described)},
             }
         )
