@@ -33,6 +33,7 @@ def test_header_names_the_scenario_and_its_totals() -> None:
     facts = [item.text for item in _page(_result()).find_all("li")]
     for fact in ["cluster: demo", "Slurm: 26.05", "mode: enforce", "channel: ssm", "simulated time: 797.38 s"]:
         assert fact in facts
+    assert "head node: slurmctld 26.05.5 in a Debian chroot" in facts
     totals = _result().totals
     for label, key in [
         ("events", "events_sent"),

@@ -62,12 +62,16 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
     # Imported here, not at the top: the simulator needs moto (the sim extra), which plan and show do not.
     from topokeeper.sim.report import write_report  # noqa: PLC0415
     from topokeeper.sim.simulator import simulate, write_result  # noqa: PLC0415
-    from topokeeper.sim.slurm_chroot import can_run  # noqa: PLC0415
+    from topokeeper.sim.slurm_chroot import HarnessError  # noqa: PLC0415
+    from topokeeper.sim.world import choose_head_node  # noqa: PLC0415
 
-    ok, reason = can_run()
-    if not ok:
-        print(f"topokeeper: the real head node cannot run here: {reason}", file=sys.stderr)
+    try:
+        head_node = choose_head_node()
+    except HarnessError as error:
+        print(f"topokeeper: {error}", file=sys.stderr)
         return 1
+    if head_node.note:
+        print(f"topokeeper: {head_node.note}", file=sys.stderr)
     scenario = load_scenario(scenario_path)
     _quiet_libraries()
     handler = _Story()
@@ -75,7 +79,9 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
     logging.getLogger("topokeeper.sim").addHandler(handler)
     started = time.monotonic()
     try:
-        result = simulate(scenario, progress=lambda message: print(f"-- {message}", file=sys.stderr))
+        result = simulate(
+            scenario, progress=lambda message: print(f"-- {message}", file=sys.stderr), head_node=head_node.kind
+        )
     finally:
         logging.getLogger("topokeeper.sim").removeHandler(handler)
     for step in result.steps:
@@ -101,7 +107,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def register(commands: Any) -> None:
-    simulate = commands.add_parser("simulate", help="play a scenario against emulated AWS and a real slurmctld")
+    simulate = commands.add_parser(
+        "simulate",
+        help="play a scenario against emulated AWS and a real slurmctld (a file-only stand-in where it cannot run)",
+    )
     simulate.add_argument("--scenario", type=Path, required=True, help="scenario YAML")
     simulate.add_argument("--out", type=Path, required=True, help="directory for result.json and report.html")
     simulate.add_argument("--show", action="store_true", help="print live topology and audit records per step")

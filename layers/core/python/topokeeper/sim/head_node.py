@@ -1,9 +1,13 @@
-"""The simulated cluster's Slurm head node: a real slurmctld in a Debian chroot.
+"""The simulated cluster's Slurm head node: a real slurmctld in a Debian chroot, or the file-only stand-in.
 
 It plays two parts. It is where topokeeper's applier runs (through the SSM script or the agent),
 and it is HyperPod's side of the head node: when instances join or leave, ``sync_nodes`` rewrites the
 node and partition lines of slurm.conf (keeping the ``Topology=`` and ``TopologyPlugin`` values the
 applier set) and reconfigures, as HyperPod's own provisioning does.
+
+``HeadNode`` does all of that through a controller (slurm.conf's directory and the commands run on the
+head node); its subclasses say where the files live and what answers ``scontrol``: ``ChrootHeadNode``
+(below) a real slurmctld, ``topokeeper.sim.file_head_node.FileHeadNode`` a stand-in that only reads files.
 """
 
 from __future__ import annotations
@@ -13,43 +17,80 @@ import json
 import re
 import shutil
 import subprocess
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from topokeeper.applier.applier import partition_topologies
 from topokeeper.domain.hostlist import compress, expand
 from topokeeper.domain.models import SlurmFormat
 from topokeeper.render.bundle import Bundle
-from topokeeper.sim.slurm_chroot import SUITE_FOR_FORMAT, SlurmController, ensure_chroot, proc_mounted
+from topokeeper.sim.slurm_chroot import (
+    SUITE_FOR_FORMAT,
+    SlurmController,
+    ensure_chroot,
+    installed_slurm_version,
+    proc_mounted,
+)
 
 APPLIER_SOURCE = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
 AGENT_SOURCE = Path(__file__).resolve().parents[1] / "agent" / "agent.py"
 _PLUGIN_LINE = re.compile(r"^TopologyPlugin=\S+$", re.MULTILINE)
 
 
-class ChrootHeadNode:
-    def __init__(self, slurm_format: SlurmFormat, name: str) -> None:
-        self.root = ensure_chroot(SUITE_FOR_FORMAT[slurm_format.value])
-        self.controller = SlurmController(root=self.root, name=name)
-        self.partitions: dict[str, list[str]] = {}
-        self._mounts = contextlib.ExitStack()
+class HeadNodeController(Protocol):
+    """slurm.conf's directory on a head node, and how to run commands there (``SlurmController`` is one)."""
+
+    name: str
+
+    @property
+    def etc(self) -> Path: ...
+
+    def command(self, *argv: str) -> list[str]: ...
+
+    def run(self, *argv: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]: ...
+
+    def write_slurm_conf(
+        self,
+        nodes: Iterable[str],
+        partitions: Mapping[str, tuple[Iterable[str], str | None]],
+        extra: Iterable[str] = (),
+    ) -> None: ...
+
+    def show_topology(self, name: str | None = None) -> str: ...
+
+    def partition_topologies(self) -> dict[str, str | None]: ...
+
+
+class HeadNode(ABC):
+    """The head node as the world uses it: the shared parts here, where files live in the subclasses."""
+
+    controller: HeadNodeController
+    partitions: dict[str, list[str]]
+    description: str  # what answers scontrol, for the result and the report
+
+    @abstractmethod
+    def start(self, partitions: Mapping[str, Iterable[str]]) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    @abstractmethod
+    def install_agent(self, config: Mapping[str, object]) -> str:
+        """Put agent.py and applier.py on the head node with the agent's config; returns the config's path."""
+
+    @abstractmethod
+    def run_agent_once(self, config_path: str, environment: Mapping[str, str]) -> tuple[int, str]:
+        """One agent cycle, with the head node's own python3, as the systemd timer runs it."""
+
+    @abstractmethod
+    def verify(self, bundle: Bundle) -> dict[str, object]:
+        """The applier's verify against ``bundle``: how the simulator checks convergence (changes nothing)."""
 
     @property
     def slurm_conf(self) -> Path:
         return self.controller.etc / "slurm.conf"
-
-    def start(self, partitions: Mapping[str, Iterable[str]]) -> None:
-        self.partitions = {name: sorted(nodes) for name, nodes in partitions.items()}
-        nodes = [node for members in self.partitions.values() for node in members]
-        self._mounts.enter_context(proc_mounted(self.root))
-        self.controller.prepare(nodes, {name: (members, None) for name, members in self.partitions.items()})
-        self.controller.start()
-
-    def stop(self) -> None:
-        try:
-            self.controller.stop()
-        finally:
-            self._mounts.close()
 
     def sync_nodes(self, partitions: Mapping[str, Iterable[str]]) -> None:
         """HyperPod's part: membership changed, so slurm.conf's node lines change; topology keys stay."""
@@ -80,6 +121,51 @@ class ChrootHeadNode:
             check=False,
         )
         return result.returncode, result.stdout, result.stderr
+
+    def tamper(self) -> str:
+        """A hand edit of the live topology: move one node to another leaf or block, then reconfigure."""
+        for name in ("topology.yaml", "topology.conf"):
+            path = self.controller.etc / name
+            if path.exists():
+                text = path.read_text()
+                edited = _move_one_node(text)
+                path.write_text(edited)
+                self.controller.run("scontrol", "reconfigure", check=True)
+                return name
+        raise RuntimeError("no topology file on the head node to tamper with")
+
+    def live_topology(self) -> dict[str, str]:
+        """Partition -> ``scontrol show topology`` of its topology (the cluster-wide one before 25.05)."""
+        assignments = self.controller.partition_topologies()
+        live: dict[str, str] = {}
+        for partition in sorted(self.partitions):
+            name = assignments.get(partition)
+            live[partition] = self.controller.show_topology(name) if name else self.controller.show_topology()
+        return live
+
+
+class ChrootHeadNode(HeadNode):
+    controller: SlurmController
+
+    def __init__(self, slurm_format: SlurmFormat, name: str) -> None:
+        self.root = ensure_chroot(SUITE_FOR_FORMAT[slurm_format.value])
+        self.controller = SlurmController(root=self.root, name=name)
+        self.description = f"slurmctld {installed_slurm_version(self.root)} in a Debian chroot"
+        self.partitions: dict[str, list[str]] = {}
+        self._mounts = contextlib.ExitStack()
+
+    def start(self, partitions: Mapping[str, Iterable[str]]) -> None:
+        self.partitions = {name: sorted(nodes) for name, nodes in partitions.items()}
+        nodes = [node for members in self.partitions.values() for node in members]
+        self._mounts.enter_context(proc_mounted(self.root))
+        self.controller.prepare(nodes, {name: (members, None) for name, members in self.partitions.items()})
+        self.controller.start()
+
+    def stop(self) -> None:
+        try:
+            self.controller.stop()
+        finally:
+            self._mounts.close()
 
     def install_agent(self, config: Mapping[str, object]) -> str:
         """Copy agent.py and applier.py to /opt/topokeeper and write the agent's config; returns its path."""
@@ -119,27 +205,6 @@ class ChrootHeadNode:
         result = self.controller.run("python3", applier, "verify", inner, timeout=300)
         document: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
         return document
-
-    def tamper(self) -> str:
-        """A hand edit of the live topology: move one node to another leaf or block, then reconfigure."""
-        for name in ("topology.yaml", "topology.conf"):
-            path = self.controller.etc / name
-            if path.exists():
-                text = path.read_text()
-                edited = _move_one_node(text)
-                path.write_text(edited)
-                self.controller.run("scontrol", "reconfigure", check=True)
-                return name
-        raise RuntimeError("no topology file on the head node to tamper with")
-
-    def live_topology(self) -> dict[str, str]:
-        """Partition -> ``scontrol show topology`` of its topology (the cluster-wide one before 25.05)."""
-        assignments = self.controller.partition_topologies()
-        live: dict[str, str] = {}
-        for partition in sorted(self.partitions):
-            name = assignments.get(partition)
-            live[partition] = self.controller.show_topology(name) if name else self.controller.show_topology()
-        return live
 
 
 _NODE_LIST = re.compile(r"(nodes: |Nodes=)(\S+)")

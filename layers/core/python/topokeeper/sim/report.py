@@ -142,6 +142,7 @@ def _header(result: SimulationResult) -> list[str]:
         ("Slurm", _text(cluster["slurm_version"])),
         ("mode", _text(cluster["mode"])),
         ("channel", _text(cluster["channel"])),
+        ("head node", _text(result.head_node)),
     ]
     counts = [
         ("simulated time", _seconds(totals["simulated_seconds"])),

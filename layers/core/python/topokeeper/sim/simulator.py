@@ -53,6 +53,7 @@ class StepResult(BaseModel):
 
 class SimulationResult(BaseModel):
     scenario: dict[str, Any]
+    head_node: str  # what answered scontrol: the real slurmctld, or the file-only stand-in
     steps: list[StepResult]
     totals: dict[str, Any]
     desired: dict[str, Any]  # the final plan.json
@@ -209,8 +210,11 @@ def _after(record: dict[str, Any], world: World, started: float) -> bool:
     return completed.timestamp() >= step_start - 1e-6
 
 
-def simulate(scenario: Scenario, *, progress: Callable[[str], None] = lambda _: None) -> SimulationResult:
-    with running(scenario) as world:
+def simulate(
+    scenario: Scenario, *, progress: Callable[[str], None] = lambda _: None, head_node: str | None = None
+) -> SimulationResult:
+    """Play ``scenario``; ``head_node`` "chroot" or "file" as ``world.choose_head_node`` takes it."""
+    with running(scenario, head_node=head_node) as world:
         return play(world, scenario, progress)
 
 
@@ -238,6 +242,7 @@ def play(world: World, scenario: Scenario, progress: Callable[[str], None]) -> S
     }
     return SimulationResult(
         scenario=scenario.model_dump(mode="json"),
+        head_node=world.head.description,
         steps=steps,
         totals=totals,
         desired=json.loads(final.files()["plan.json"]),

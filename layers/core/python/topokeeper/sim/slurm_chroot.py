@@ -142,6 +142,11 @@ def _marker_text(root: Path) -> str:
     return f"{version}\npackages: {' '.join(PACKAGES)}\n"
 
 
+def installed_slurm_version(root: Path) -> str:
+    """The Slurm version in a ready chroot, as ``slurmctld -V`` said when it was built (``26.05.5``)."""
+    return (root / READY_MARKER).read_text().split("\n", 1)[0].split()[-1]
+
+
 def _marker_packages(marker: Path) -> set[str]:
     for line in marker.read_text().splitlines():
         if line.startswith("packages:"):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from moto.sqs.models import sqs_backends
 
@@ -47,8 +47,10 @@ from topokeeper.sim.aws.emulator import AwsEmulator
 from topokeeper.sim.aws.events import HYPERPOD
 from topokeeper.sim.aws.network import NetworkLayout
 from topokeeper.sim.aws.ssm import CommandInvocationRequest, CommandOutcome
-from topokeeper.sim.head_node import ChrootHeadNode
+from topokeeper.sim.file_head_node import FileHeadNode
+from topokeeper.sim.head_node import ChrootHeadNode, HeadNode
 from topokeeper.sim.scenario import Scenario
+from topokeeper.sim.slurm_chroot import HarnessError, can_run
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[5] / "functions"
 TABLE = "topokeeper-state"
@@ -57,6 +59,8 @@ WORK_QUEUE = "topokeeper-work.fifo"
 WORK_DEAD_LETTERS = "topokeeper-work-dlq.fifo"
 FAILED_VISIBILITY_SECONDS = 30.0
 DRIFT_ALARM = "topokeeper-{cluster}-TopologyDrift"
+# "chroot" or "file": which head node to run, whatever this machine could run (tests force "file").
+HEAD_NODE_VARIABLE = "TOPOKEEPER_HEAD_NODE"
 log = logging.getLogger("topokeeper.sim")
 
 
@@ -181,9 +185,36 @@ class SimWorkQueue(SqsWorkQueue):
         self._world.deferred[receipt_handle] = seconds
 
 
+class HeadNodeChoice(NamedTuple):
+    kind: Literal["chroot", "file"]
+    note: str  # for the operator, when it is the file-only head node
+
+
+def choose_head_node(requested: str | None = None) -> HeadNodeChoice:
+    """``requested``, else $TOPOKEEPER_HEAD_NODE, else the real slurmctld in a chroot where it can run here."""
+    requested = requested or os.environ.get(HEAD_NODE_VARIABLE) or None
+    if requested not in (None, "chroot", "file"):
+        raise HarnessError(f"{HEAD_NODE_VARIABLE} is chroot or file, not {requested!r}")
+    if requested == "file":
+        return HeadNodeChoice("file", "using a file-only head node (no slurmctld), as requested")
+    ok, reason = can_run()
+    if not ok and requested == "chroot":
+        raise HarnessError(f"the real head node cannot run here: {reason}")
+    if not ok:
+        return HeadNodeChoice(
+            "file", f"the real head node cannot run here: {reason}; using a file-only head node (no slurmctld)"
+        )
+    return HeadNodeChoice("chroot", "")
+
+
 class World:
     def __init__(
-        self, scenario: Scenario, *, name: str | None = None, configured_slurm_version: str | None = None
+        self,
+        scenario: Scenario,
+        *,
+        name: str | None = None,
+        configured_slurm_version: str | None = None,
+        head_node: str | None = None,
     ) -> None:
         self.scenario = scenario
         spec = scenario.cluster
@@ -202,7 +233,12 @@ class World:
         self._saved_environment: dict[str, str | None] = {}
         self.emulator = AwsEmulator(seed=spec.seed, clock=self.clock)
         self.slurm_format = SlurmVersion.parse(spec.slurm_version).format
-        self.head = ChrootHeadNode(self.slurm_format, name or f"sim-{spec.name}")
+        node_name = name or f"sim-{spec.name}"
+        self.head: HeadNode = (
+            FileHeadNode(SlurmVersion.parse(spec.slurm_version), node_name)
+            if choose_head_node(head_node).kind == "file"
+            else ChrootHeadNode(self.slurm_format, node_name)
+        )
         self.head_node_id = f"mi-{self._ids.getrandbits(68):017x}"[:20]
         cluster = ClusterConfig(
             name=spec.name,

@@ -1,0 +1,166 @@
+"""The file-only head node: where the real one (``ChrootHeadNode``) cannot run, for example without root.
+
+A temporary directory holds slurm.conf, the topology files, the agent and its state; a stand-in
+``scontrol`` (``topokeeper.sim.standin_scontrol``) comes first on PATH and answers the applier, the agent
+and the simulator from those files, as slurmctld 26.05 or 24.11 would for what they ask. Scripts run
+with ``sh`` on this machine, as the SSM agent runs them, with that PATH and ``SLURM_CONF``.
+
+It is a stand-in, not Slurm: no slurmctld runs, nothing is scheduled or placed, and only the
+``scontrol`` answers listed in ``standin_scontrol`` exist. It lets the demo and the simulator tell their
+story anywhere; what they show of Slurm itself is proven only with the real head node
+(tests/integration/slurm, tests/e2e/test_demo_story.py), never with this one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from topokeeper.applier.applier import partition_topologies
+from topokeeper.domain.hostlist import compress
+from topokeeper.domain.models import SlurmVersion
+from topokeeper.render.bundle import Bundle
+from topokeeper.sim import standin_scontrol
+from topokeeper.sim.head_node import AGENT_SOURCE, APPLIER_SOURCE, HeadNode
+
+
+@dataclass
+class StandInController:
+    """The file-only head node's config directory and commands: ``SlurmController``'s part, without slurmctld."""
+
+    root: Path
+    name: str
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "log" / "slurmctld.log"
+
+    def prepare(
+        self,
+        slurm_version: SlurmVersion,
+        nodes: Iterable[str],
+        partitions: Mapping[str, tuple[Iterable[str], str | None]],
+    ) -> None:
+        """The directories, the stand-in scontrol in ``bin`` and slurm.conf (see ``write_slurm_conf``)."""
+        for sub in ("etc", "log", "state", "bin"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.log.touch()  # slurmctld opens its log when it starts
+        state = self.root / "state"
+        standin_scontrol.write_state(
+            str(state),
+            slurm_version=str(slurm_version),
+            slurm_conf=str(self.etc / "slurm.conf"),
+            log_file=str(self.log),
+        )
+        scontrol = self.root / "bin" / "scontrol"
+        scontrol.write_text(
+            "#!/bin/sh\n"
+            "# topokeeper's file-only head node: a stand-in for scontrol, NOT Slurm.\n"
+            f'exec {shlex.quote(sys.executable)} -m {standin_scontrol.__name__} {shlex.quote(str(state))} "$@"\n'
+        )
+        scontrol.chmod(0o755)
+        self.write_slurm_conf(nodes, partitions)
+
+    def write_slurm_conf(
+        self,
+        nodes: Iterable[str],
+        partitions: Mapping[str, tuple[Iterable[str], str | None]],
+        extra: Iterable[str] = (),
+    ) -> None:
+        """Node and partition lines as ``SlurmController`` writes them; of the daemon's keys only the log,
+        which the applier reads when slurmctld refuses a config."""
+        node_list = sorted(set(nodes))
+        lines = [
+            "# A file-only head node: read by topokeeper's stand-in scontrol, not by slurmctld.",
+            f"SlurmctldLogFile={self.log}",
+            *extra,
+        ]
+        if node_list:
+            lines.append(f"NodeName={compress(node_list)} State=CLOUD")
+        for partition, (members, topology) in sorted(partitions.items()):
+            line = f"PartitionName={partition} Nodes={compress(members)} State=UP"
+            lines.append(line + (f" Topology={topology}" if topology else ""))
+        if node_list:
+            lines.append("PartitionName=dev Nodes=ALL Default=YES State=UP")
+        (self.etc / "slurm.conf").write_text("\n".join(lines) + "\n")
+
+    def command(self, *argv: str) -> list[str]:
+        """argv run on this machine with the stand-in scontrol first on PATH and this head node's SLURM_CONF."""
+        path = f"{self.root / 'bin'}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+        return ["env", f"PATH={path}", f"SLURM_CONF={self.etc / 'slurm.conf'}", *argv]
+
+    def run(self, *argv: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(self.command(*argv), capture_output=True, text=True, timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}: {result.stdout}{result.stderr}")
+        return result
+
+    def show_topology(self, name: str | None = None) -> str:
+        result = self.run("scontrol", "show", "topology", *([name] if name else []))
+        return (result.stdout + result.stderr).strip()
+
+    def partition_topologies(self) -> dict[str, str | None]:
+        return partition_topologies(self.run("scontrol", "-o", "show", "partition", check=True).stdout)
+
+
+class FileHeadNode(HeadNode):
+    controller: StandInController
+
+    def __init__(self, slurm_version: SlurmVersion, name: str) -> None:
+        self.slurm_version = slurm_version
+        self.controller = StandInController(root=Path(tempfile.mkdtemp(prefix=f"topokeeper-{name}-")), name=name)
+        self.partitions: dict[str, list[str]] = {}
+        self.description = f"file-only stand-in for Slurm {slurm_version} (no slurmctld)"
+
+    def start(self, partitions: Mapping[str, Iterable[str]]) -> None:
+        self.partitions = {name: sorted(nodes) for name, nodes in partitions.items()}
+        nodes = [node for members in self.partitions.values() for node in members]
+        self.controller.prepare(
+            self.slurm_version, nodes, {name: (members, None) for name, members in self.partitions.items()}
+        )
+        self.controller.run("scontrol", "reconfigure", check=True)  # what slurmctld loads when it starts
+
+    def stop(self) -> None:
+        shutil.rmtree(self.controller.root, ignore_errors=True)
+
+    def install_agent(self, config: Mapping[str, object]) -> str:
+        opt = self.controller.root / "opt" / "topokeeper"
+        opt.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(AGENT_SOURCE, opt / "agent.py")
+        shutil.copyfile(APPLIER_SOURCE, opt / "applier.py")
+        state = self.controller.root / "var" / "lib" / "topokeeper"
+        document = {**config, "applier": str(opt / "applier.py"), "state_dir": str(state)}
+        path = opt / "agent.json"
+        path.write_text(json.dumps(document, indent=2))
+        return str(path)
+
+    def run_agent_once(self, config_path: str, environment: Mapping[str, str]) -> tuple[int, str]:
+        agent = str(Path(config_path).with_name("agent.py"))
+        variables = [f"{key}={value}" for key, value in sorted(environment.items())]
+        result = subprocess.run(
+            self.controller.command(*variables, "python3", agent, "--config", config_path, "--once"),
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        return result.returncode, result.stderr
+
+    def verify(self, bundle: Bundle) -> dict[str, object]:
+        probe = self.controller.root / "probe-bundle.json"
+        probe.write_text(json.dumps(bundle.document()))
+        result = self.controller.run("python3", str(APPLIER_SOURCE), "verify", str(probe), timeout=300)
+        document: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
+        return document

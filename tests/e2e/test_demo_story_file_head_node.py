@@ -1,0 +1,65 @@
+"""`make demo`'s story where the real head node cannot run: emulated AWS, the real functions and applier,
+and the file-only head node (forced with TOPOKEEPER_HEAD_NODE=file, so it runs here even as root).
+
+It proves the story plays and is told the same way without slurmctld; what Slurm itself does with the
+topology is proven only by tests/e2e/test_demo_story.py and tests/integration/slurm.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from topokeeper.cli import main
+from topokeeper.sim.simulator import SimulationResult
+from topokeeper.sim.world import HEAD_NODE_VARIABLE
+
+
+def test_the_demo_story_on_the_file_only_head_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(HEAD_NODE_VARIABLE, "file")
+    assert main(["demo", "--out", str(tmp_path)]) == 0
+    result = SimulationResult.model_validate_json((tmp_path / "result.json").read_text())
+    assert result.head_node == "file-only stand-in for Slurm 26.05 (no slurmctld)"
+    steps = {step.step: step for step in result.steps}
+    assert list(steps) == ["create", "scale", "replace", "delete", "tamper", "wait"]
+
+    create = steps["create"]
+    assert create.converged and create.head_node_writes == 1
+    assert sorted(r["partition"] for r in create.audit_records) == ["ml-p5", "ml-p6e", "preprocess"]
+    assert {r["kind"] for r in create.audit_records} == {"tree", "block", "flat"}
+
+    scale = steps["scale"]  # 8 node events over a minute collapse into one write
+    assert (scale.events_sent, scale.reconciles, scale.head_node_writes, scale.converged) == (8, 1, 1, True)
+    (grown,) = scale.audit_records
+    assert (grown["partition"], grown["nodes_added_count"], grown["node_count"]) == ("ml-p5", 8, 24)
+
+    replace = steps["replace"]  # same host name, new instance, another UltraServer: the block changes
+    (moved,) = replace.audit_records
+    assert moved["partition"] == "ml-p6e" and replace.converged and moved["nodes_added_count"] == 0
+    blocks = [line for line in replace.live_topology["ml-p6e"].splitlines() if line.startswith("BlockName=")]
+    assert len(blocks) == 3  # the replacement sits in an UltraServer of its own
+
+    delete = steps["delete"]
+    (shrunk,) = delete.audit_records
+    assert (shrunk["nodes_removed_count"], shrunk["node_count"], delete.converged) == (4, 20, True)
+
+    tamper = steps["tamper"]  # the hand edit is live: the stand-in loaded it
+    assert tamper.converged is False and tamper.live_topology["ml-p5"] != delete.live_topology["ml-p5"]
+
+    wait = steps["wait"]  # the drift schedule finds it, alarms, and repairs it
+    assert (wait.drift, wait.alarm_raised, wait.alarm, wait.converged) == (1, True, "OK", True)
+    assert [(r["partition"], r["reason"], r["outcome"]) for r in wait.audit_records] == [
+        ("ml-p5", "drift-repair", "applied")
+    ]
+    assert wait.live_topology == delete.live_topology
+    assert result.totals["apply_failures"] == 0
+
+    captured = capsys.readouterr()
+    assert "topokeeper: using a file-only head node (no slurmctld), as requested\n" in captured.err
+    assert "UpdatePartitionTopology ml-p5" in captured.out and "scontrol show topology (ml-p6e):" in captured.out
+    report = (tmp_path / "report.html").read_text()
+    assert report.count('class="mermaid"') == 3 and "drift-repair" in report
+    assert "file-only stand-in for Slurm 26.05 (no slurmctld)" in report
