@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,8 @@ def _print_step(step: Any, show: bool) -> None:
 
 
 def run(scenario_path: Path, out: Path, *, show: bool) -> int:
+    # The functions log JSON for CloudWatch; here the story prints the same in readable lines.
+    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
     # Imported here, not at the top: the simulator needs moto (the sim extra), which plan and show do not.
     from topokeeper.sim.report import write_report  # noqa: PLC0415
     from topokeeper.sim.simulator import simulate, write_result  # noqa: PLC0415
@@ -76,14 +79,17 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
     _quiet_libraries()
     handler = _Story()
     handler.setFormatter(logging.Formatter("%(message)s"))
-    logging.getLogger("topokeeper.sim").addHandler(handler)
+    story = logging.getLogger("topokeeper.sim")
+    story.addHandler(handler)
+    story.propagate = False  # not also through the functions' JSON handler on the parent logger
     started = time.monotonic()
     try:
         result = simulate(
             scenario, progress=lambda message: print(f"-- {message}", file=sys.stderr), head_node=head_node.kind
         )
     finally:
-        logging.getLogger("topokeeper.sim").removeHandler(handler)
+        story.removeHandler(handler)
+        story.propagate = True
     for step in result.steps:
         _print_step(step, show)
     outputs = [write_result(result, out), write_report(result, out)]
