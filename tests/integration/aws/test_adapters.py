@@ -46,6 +46,7 @@ from topokeeper.service.state import (
     save_fields,
 )
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome, ManualClock
+from topokeeper.sim.world import create_state_table
 
 TABLE = "topokeeper-state"
 BUCKET = "topokeeper-plans"
@@ -59,19 +60,7 @@ NO_RETRIES = Config(retries={"total_max_attempts": 1})  # a throttled or refused
 @pytest.fixture
 def table(aws: AwsEmulator) -> str:
     """The stack's table: pk/sk strings, on demand, TTL on expires_at."""
-    dynamodb = aws.client("dynamodb")
-    dynamodb.create_table(
-        TableName=TABLE,
-        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-        AttributeDefinitions=[
-            {"AttributeName": "pk", "AttributeType": "S"},
-            {"AttributeName": "sk", "AttributeType": "S"},
-        ],
-        BillingMode="PAY_PER_REQUEST",
-    )
-    dynamodb.update_time_to_live(
-        TableName=TABLE, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"}
-    )
+    create_state_table(aws.client("dynamodb"), TABLE)
     return TABLE
 
 

@@ -77,15 +77,7 @@ class Channel_:
 class Stack:
     def __init__(self, aws: AwsEmulator, clock: ManualClock, mode: str = "enforce") -> None:
         dynamodb, sqs, s3 = aws.client("dynamodb"), aws.client("sqs"), aws.client("s3")
-        dynamodb.create_table(
-            TableName="t",
-            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-            AttributeDefinitions=[
-                {"AttributeName": "pk", "AttributeType": "S"},
-                {"AttributeName": "sk", "AttributeType": "S"},
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
+        create_state_table(dynamodb, "t")
         s3.create_bucket(Bucket="plans")
         fifo = {"FifoQueue": "true"}
         self.dlq_url = sqs.create_queue(QueueName="w-dlq.fifo", Attributes=fifo)["QueueUrl"]

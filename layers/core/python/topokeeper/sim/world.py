@@ -306,19 +306,8 @@ class World:
 
     def _create_stack(self) -> None:
         """The stack's resources, as infra/ creates them (rules target inbox queues instead of Lambdas)."""
-        dynamodb, s3, sqs, events = client("dynamodb"), client("s3"), client("sqs"), client("events")
-        dynamodb.create_table(
-            TableName=TABLE,
-            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-            AttributeDefinitions=[
-                {"AttributeName": "pk", "AttributeType": "S"},
-                {"AttributeName": "sk", "AttributeType": "S"},
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        dynamodb.update_time_to_live(
-            TableName=TABLE, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"}
-        )
+        s3, sqs, events = client("s3"), client("sqs"), client("events")
+        create_state_table(client("dynamodb"), TABLE)
         s3.create_bucket(Bucket=BUCKET)
         s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
         fifo = {"FifoQueue": "true"}
@@ -633,6 +622,22 @@ class World:
 
     def now(self) -> datetime:
         return self.clock.now()
+
+
+def create_state_table(dynamodb: Any, name: str) -> None:
+    """The stack's single table (infra/state.py): pk/sk strings, on demand, TTL on expires_at."""
+    dynamodb.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.update_time_to_live(
+        TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"}
+    )
 
 
 def _delete(sqs: Any, queue_url: str, messages: list[dict[str, Any]]) -> None:
