@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, LocalRateLimiter, MemoryNodeFactsCache
@@ -32,7 +32,6 @@ from topokeeper.service.drift import check_drift
 from topokeeper.service.reconcile import Deferred, plan_cluster, reconcile
 from topokeeper.service.state import Trigger
 
-T = TypeVar("T")
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DRIFT = 0, 1, 2, 3
 
 
@@ -185,7 +184,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         summary=f"topokeeper apply by {os.environ.get('USER', 'operator')}",
     )
     generation = runtime.state.record_change(cluster.name, trigger, now).generation
-    deps = runtime.reconcile_deps()
+    deps = runtime.controller_deps()
     # An operator asked now: no debounce, but never overlap a delivery in flight.
     deps.settings = deps.settings.model_copy(update={"debounce_seconds": 0, "min_write_interval_seconds": 0})
     try:
@@ -208,7 +207,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def cmd_drift(args: argparse.Namespace) -> int:
     runtime, cluster = _runtime_and_cluster(args)
     with progress("checking drift"):
-        report = check_drift(cluster, runtime.drift_deps())
+        report = check_drift(cluster, runtime.controller_deps())
     _emit(
         args,
         report.model_dump(mode="json"),

@@ -176,7 +176,7 @@ class Runtime:
             instance_tags=self.instance_tags,
         )
 
-    def reconcile_deps(self) -> ControllerDeps:
+    def controller_deps(self) -> ControllerDeps:
         return ControllerDeps(
             settings=self.settings,
             state=self.state,
@@ -199,9 +199,6 @@ class Runtime:
             clock=self.clock,
             ssm_result=self.ssm_result,
         )
-
-    def drift_deps(self) -> ControllerDeps:
-        return self.reconcile_deps()
 
 
 _installed: Runtime | None = None

@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from topokeeper.ports import Outcome
 from topokeeper.service.state import PendingDelivery, Trigger
 
-AUDIT_SCHEMA = "topokeeper.audit/1"
 MAX_LISTED_NODES = 200  # keeps a record well under EventBridge's 256 KB; counts are always exact
 
 
