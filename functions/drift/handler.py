@@ -15,6 +15,6 @@ logger = Logger(service="topokeeper")
 @logger.inject_lambda_context
 @event_parser(model=DriftRequest)
 def lambda_handler(event: DriftRequest, context: LambdaContext) -> list[dict[str, Any]]:
-    reports = [report.model_dump(mode="json") for report in check_requested(event, lambda_runtime().controller_deps())]
+    reports = [report.model_dump(mode="json") for report in check_requested(event, lambda_runtime().drift_deps())]
     logger.info("drift", extra={"reports": reports})
     return reports

@@ -19,7 +19,7 @@ processor.raise_on_entire_batch_failure = False
 
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    deps = lambda_runtime().controller_deps()
+    deps = lambda_runtime().reconcile_deps()
     newest = newest_generations(record.get("body", "") for record in event.get("Records", []))
 
     def record_handler(record: SQSRecord) -> None:

@@ -184,7 +184,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         summary=f"topokeeper apply by {os.environ.get('USER', 'operator')}",
     )
     generation = runtime.state.record_change(cluster.name, trigger, now).generation
-    deps = runtime.controller_deps()
+    deps = runtime.reconcile_deps()
     # An operator asked now: no debounce, but never overlap a delivery in flight.
     deps.settings = deps.settings.model_copy(update={"debounce_seconds": 0, "min_write_interval_seconds": 0})
     try:
@@ -207,7 +207,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def cmd_drift(args: argparse.Namespace) -> int:
     runtime, cluster = _runtime_and_cluster(args)
     with progress("checking drift"):
-        report = check_drift(cluster, runtime.controller_deps())
+        report = check_drift(cluster, runtime.drift_deps())
     _emit(
         args,
         report.model_dump(mode="json"),

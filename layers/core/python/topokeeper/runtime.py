@@ -176,7 +176,7 @@ class Runtime:
             instance_tags=self.instance_tags,
         )
 
-    def controller_deps(self) -> ControllerDeps:
+    def reconcile_deps(self) -> ControllerDeps:
         return ControllerDeps(
             settings=self.settings,
             state=self.state,
@@ -199,6 +199,10 @@ class Runtime:
             clock=self.clock,
             ssm_result=self.ssm_result,
         )
+
+    def drift_deps(self) -> ControllerDeps:
+        # One ``<function>_deps`` per Lambda; drift reads what reconcile reads.
+        return self.reconcile_deps()
 
 
 _installed: Runtime | None = None
