@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from topokeeper.config import MAX_CONFIG_BYTES, ClusterConfig, Mode, Settings
-from topokeeper.domain.errors import InputError
+from topokeeper.errors import InputError
 from topokeeper.ports import Channel
 
 

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from topokeeper.domain.errors import InputError
+from topokeeper.errors import InputError
 from topokeeper.sim.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "layers/core/python/topokeeper/sim/scenarios"

@@ -19,9 +19,9 @@ from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Settings
-from topokeeper.domain.errors import InputError
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot
+from topokeeper.errors import InputError
 from topokeeper.events import HYPERPOD_DETAIL_TYPES, ReconcileRequest, TopokeeperEvent
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Metric, Outcome
 from topokeeper.render.bundle import Bundle, render

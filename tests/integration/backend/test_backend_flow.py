@@ -9,7 +9,7 @@ import pytest
 from tests.integration.backend.conftest import AuditCapture, small_scenario
 from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.aws import client
-from topokeeper.domain.errors import InputError
+from topokeeper.errors import InputError
 from topokeeper.events import HYPERPOD_DETAIL_TYPES, WORK_QUEUE_MAX_RECEIVES
 from topokeeper.ports import Metric
 from topokeeper.sim.simulator import Story

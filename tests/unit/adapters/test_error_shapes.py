@@ -26,11 +26,12 @@ from topokeeper.adapters.dynamodb import DynamoStateStore, cluster_key
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import Settings
 from topokeeper.engine.planner import plan
+from topokeeper.errors import ConcurrentUpdate
 from topokeeper.ports import Channel, Outcome
 from topokeeper.render.bundle import Bundle, render
 from topokeeper.runtime import LambdaEnvironment, Runtime
 from topokeeper.service.audit import AuditRecord, build_records
-from topokeeper.service.state import ClusterState, ConcurrentUpdate, PendingDelivery
+from topokeeper.service.state import ClusterState, PendingDelivery
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 TABLE = "topokeeper-state"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from topokeeper.config import ClusterConfig, Settings
-from topokeeper.domain.errors import InputError
+from topokeeper.errors import InputError
 from topokeeper.events import TopokeeperEvent
 from topokeeper.service.ingest import IngestDeps, cluster_reference
 

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from topokeeper.config import CONFIG_ENV, Settings
-from topokeeper.domain.errors import InputError
+from topokeeper.errors import InputError
 
 # CloudFormation output keys the stack exports (infra/ uses the same names).
 OUTPUT_TABLE = "TableName"

@@ -23,7 +23,7 @@ from topokeeper.adapters.metrics import NoMetrics
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import ClusterConfig, Ec2Discovery, Mode, Orchestrator
 from topokeeper.deployment import Deployment
-from topokeeper.domain.errors import InputError
+from topokeeper.errors import InputError
 from topokeeper.events import ReconcileRequest
 from topokeeper.ports import Outcome
 from topokeeper.render.bundle import Bundle

@@ -27,7 +27,7 @@ from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
-from topokeeper.domain.errors import InputError
+from topokeeper.errors import InputError
 from topokeeper.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics
 from topokeeper.service.ingest import IngestDeps
 from topokeeper.service.reconcile import ControllerDeps

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from topokeeper.errors import Permanent, Retryable, TopokeeperError
 
 # Adaptive retries back off on throttling (DescribeInstanceTopology's bucket is 1 call per second).
 CLIENT_CONFIG = Config(
@@ -21,3 +26,49 @@ CLIENT_CONFIG = Config(
 def client(service: str, region: str | None = None) -> Any:
     """A cached client per service and region (boto3 honours AWS_ENDPOINT_URL for emulators)."""
     return boto3.session.Session().client(service, region_name=region, config=CLIENT_CONFIG)
+
+
+# Codes that will fail the same way on every retry (AWS spells access errors several ways).
+PERMANENT_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AccessDeniedException",
+        "UnauthorizedOperation",
+        "AuthorizationError",
+        "AuthFailure",
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+        "ResourceNotFound",
+        "ResourceNotFoundException",
+        "NoSuchBucket",
+        "NoSuchKey",
+        "ValidationException",
+        "ValidationError",
+        "InvalidParameterValue",
+        "InvalidParameterValueException",
+        "DisabledException",
+        "KMSInvalidStateException",
+        "NotFoundException",
+        "InvalidKeyUsageException",
+    }
+)
+
+
+def error_code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+def translate(error: ClientError) -> TopokeeperError:
+    """An AWS error as the package's hierarchy: ``Permanent`` for the codes above, else ``Retryable``."""
+    code = error_code(error)
+    kind = Permanent if code in PERMANENT_CODES else Retryable
+    return kind(str(error), code=code or None)
+
+
+@contextmanager
+def aws_errors() -> Iterator[None]:
+    """Raise AWS errors from the block as ``Retryable`` / ``Permanent`` (the original is the cause)."""
+    try:
+        yield
+    except ClientError as error:
+        raise translate(error) from error

@@ -24,7 +24,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from topokeeper.service.state import MAX_TRIGGERS, ClusterState, ConcurrentUpdate, Trigger
+from topokeeper.errors import ConcurrentUpdate
+from topokeeper.service.state import MAX_TRIGGERS, ClusterState, Trigger
 
 STATE_SK = "STATE"
 EVENT_TTL = timedelta(days=1)

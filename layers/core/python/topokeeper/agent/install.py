@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from topokeeper.agent.agent import DEFAULT_PREFIX, MODES, object_key
-from topokeeper.domain.errors import InputError
+from topokeeper.errors import InputError
 
 PACKAGE = Path(__file__).resolve().parents[1]
 SHIPPED_FILES = {"agent.py": PACKAGE / "agent" / "agent.py", "applier.py": PACKAGE / "applier" / "applier.py"}

@@ -10,7 +10,6 @@ block, any tree -> tree, else flat), selected by ``TopologyPlugin``.
 from __future__ import annotations
 
 from topokeeper.domain.catalog import Capability, lookup
-from topokeeper.domain.errors import InputError
 from topokeeper.domain.models import (
     FLAT_DEFAULT,
     BlockTopology,
@@ -28,6 +27,7 @@ from topokeeper.domain.models import (
 from topokeeper.domain.names import check_slurm_name
 from topokeeper.engine.block import build_blocks
 from topokeeper.engine.tree import build_tree
+from topokeeper.errors import InputError
 
 CLUSTER_TOPOLOGY = "cluster"
 PLUGIN_NAMES = {TopologyKind.TREE: "topology/tree", TopologyKind.BLOCK: "topology/block"}

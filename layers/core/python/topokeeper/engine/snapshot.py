@@ -14,7 +14,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topokeeper.domain.catalog import ec2_instance_type
-from topokeeper.domain.errors import InputError
 from topokeeper.domain.models import (
     ClusterSnapshot,
     Node,
@@ -23,6 +22,7 @@ from topokeeper.domain.models import (
     PlannerConfig,
     SlurmVersion,
 )
+from topokeeper.errors import InputError
 
 DEFAULT_SLURM_VERSION = "25.11"
 _NO_PARTITION_NODE_TYPES = frozenset({"Controller", "Login"})

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import Orchestrator, Settings
-from topokeeper.domain.errors import InputError
+from topokeeper.errors import InputError
 from topokeeper.events import (
     CLOUDTRAIL_DETAIL_TYPE,
     EC2_STATE_DETAIL_TYPE,

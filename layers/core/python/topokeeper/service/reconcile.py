@@ -21,15 +21,14 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Mode, Settings
-from topokeeper.domain.errors import InputError
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
+from topokeeper.errors import ConcurrentUpdate, InputError
 from topokeeper.events import ReconcileRequest
 from topokeeper.ports import Clock, DeliveryChannel, DeliveryHandle, FactsSource, Metric, Metrics
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.service.state import (
     ClusterState,
-    ConcurrentUpdate,
     PendingDelivery,
     PlanStore,
     StateStore,

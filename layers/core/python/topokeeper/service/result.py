@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Settings
-from topokeeper.domain.errors import InputError
 from topokeeper.domain.models import SlurmVersion
+from topokeeper.errors import InputError
 from topokeeper.events import (
     AGENT_APPLY_DETAIL_TYPE,
     AGENT_SOURCE,

@@ -8,6 +8,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from topokeeper.errors import ConcurrentUpdate
 from topokeeper.events import ReconcileRequest
 from topokeeper.ports import ApplyResult, DeliveryHandle
 from topokeeper.render.bundle import Bundle
@@ -81,10 +82,6 @@ class StateStore(Protocol):
         ...
 
     def mark_seen(self, event_id: str, now: datetime) -> None: ...
-
-
-class ConcurrentUpdate(RuntimeError):
-    """Another invocation changed the cluster state in between; retry with fresh state."""
 
 
 class PlanStore(Protocol):

@@ -9,9 +9,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from topokeeper.config import Mode
-from topokeeper.domain.errors import InputError
 from topokeeper.domain.models import ClusterName, SlurmVersion
 from topokeeper.domain.names import SlurmName
+from topokeeper.errors import InputError
 from topokeeper.ports import Channel
 
 
