@@ -19,6 +19,7 @@ from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
 from topokeeper.errors import InputError
+from topokeeper.kueue import commands as kueue_commands
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim import commands as sim_commands
 
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator_commands.add_endpoint_option(parser)
     add_agent_commands(commands)
     sim_commands.register(commands)
+    kueue_commands.register(commands)
     return parser
 
 

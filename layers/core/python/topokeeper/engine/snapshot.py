@@ -238,3 +238,18 @@ def _is_compute(raw: AwsSnapshot, group_name: str) -> bool:
         if group.InstanceGroupName == group_name:
             return not (group.SlurmConfig and group.SlurmConfig.NodeType in _NO_PARTITION_NODE_TYPES)
     return True
+
+
+def eks_node_name(instance_id: str) -> str:
+    """HyperPod names an EKS cluster's Kubernetes node after its instance (``hyperpod-i-0123...``)."""
+    return f"hyperpod-{instance_id}"
+
+
+def eks_nodes(raw: AwsSnapshot) -> tuple[Node, ...]:
+    """An EKS-orchestrated cluster's present nodes, joined with their topology; EKS has no partitions."""
+    topology_by_id = {item.InstanceId: item for item in raw.instance_topology}
+    nodes = (
+        _build_node(index, raw_node, eks_node_name(raw_node.InstanceId), None, topology_by_id.get(raw_node.InstanceId))
+        for index, raw_node in enumerate(raw.nodes)
+    )
+    return tuple(sorted((node for node in nodes if node.present), key=lambda node: node.name))
