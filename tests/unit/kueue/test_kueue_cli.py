@@ -86,7 +86,7 @@ def test_labels_on_a_slurm_cluster_warns(capsys: pytest.CaptureFixture[str]) -> 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["labels"], "--snapshot: give --snapshot FILE, --nodes NODES.json, or both"),
+        (["labels"], "--snapshot: give --snapshot FILE or --cluster NAME, --nodes NODES.json, or both"),
         (["labels", "--nodes", "/nonexistent.json"], "--nodes: cannot read"),
     ],
 )

@@ -12,14 +12,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from topokeeper import operator_commands
+from topokeeper import kueue_commands, operator_commands
 from topokeeper.agent.install import add_agent_commands
 from topokeeper.applier import applier
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
 from topokeeper.errors import InputError
-from topokeeper.kueue import commands as kueue_commands
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim import commands as sim_commands
 

@@ -31,7 +31,9 @@ class HyperPodFacts:
     def read(self, cluster: str) -> AwsSnapshot:
         described = self._sagemaker.describe_cluster(ClusterName=cluster)
         described.pop("ResponseMetadata", None)
-        nodes = [self._complete(cluster, node) for node in self._list_nodes(cluster)]
+        # Kubernetes names an EKS cluster's nodes by instance id: host names (one call per node) are a Slurm need.
+        eks = "Eks" in (described.get("Orchestrator") or {})
+        nodes = [node if eks else self._complete(cluster, node) for node in self._list_nodes(cluster)]
         # Only running instances report topology; asking for others spends the 1-per-second bucket.
         capable = [
             node["InstanceId"]
@@ -46,7 +48,7 @@ class HyperPodFacts:
                 "instance_topology": self._topology.read(
                     cluster, capable, {node["InstanceId"]: str(node.get("LaunchTime", "")) for node in nodes}
                 ),
-                "slurm": {"partitions": self._legacy_mapping(described)},
+                "slurm": {"partitions": {} if eks else self._legacy_mapping(described)},
             }
         )
 

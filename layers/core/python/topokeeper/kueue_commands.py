@@ -1,4 +1,4 @@
-"""``topokeeper kueue`` and ``topokeeper labels``: offline, from a snapshot file and/or a NodeList file."""
+"""``topokeeper kueue`` and ``topokeeper labels``: from a snapshot file, a NodeList file, or a live EKS cluster."""
 
 from __future__ import annotations
 
@@ -6,12 +6,16 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from topokeeper.adapters.aws import client
+from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter, MemoryNodeFactsCache
+from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.domain.models import Node
-from topokeeper.engine.snapshot import eks_nodes, parse_snapshot_document
+from topokeeper.engine.snapshot import AwsSnapshot, eks_nodes, parse_snapshot_document
 from topokeeper.errors import InputError
 from topokeeper.kueue.drift import LabelDrift, label_drift, render_drift
 from topokeeper.kueue.fleet import fleet_json, render_mermaid, render_table
@@ -48,29 +52,44 @@ class EksInputs:
         return label_drift(self.kube_nodes, self.facts if self.from_snapshot else None, plan)
 
 
-def load_inputs(snapshot: Path | None, nodes: Path | None) -> EksInputs:
+def read_cluster(cluster: str) -> AwsSnapshot:
+    """ListClusterNodes pages and DescribeInstanceTopology batches of 100: no call per node."""
+    reader = InstanceTopologyReader(
+        client("ec2"), MemoryNodeFactsCache(), LocalRateLimiter(), lambda: datetime.now(UTC)
+    )
+    return HyperPodFacts(client("sagemaker"), client("s3"), reader).read(cluster)
+
+
+def load_inputs(snapshot: Path | None, nodes: Path | None, cluster: str | None = None) -> EksInputs:
     from topokeeper.cli import _read_structured  # noqa: PLC0415 (cli imports this module)
 
-    if snapshot is None and nodes is None:
-        raise InputError("--snapshot", "give --snapshot FILE, --nodes NODES.json, or both")
+    if snapshot is None and nodes is None and cluster is None:
+        raise InputError("--snapshot", "give --snapshot FILE or --cluster NAME, --nodes NODES.json, or both")
+    if snapshot is not None and cluster is not None:
+        raise InputError("--cluster", "give --snapshot FILE or --cluster NAME, not both")
     kube_nodes = parse_node_list(_read_structured(nodes, "--nodes")) if nodes else None
-    warnings: list[str] = []
-    if snapshot is not None:
+    if cluster is not None:
+        raw: AwsSnapshot | None = read_cluster(cluster)
+    elif snapshot is not None:
         raw = parse_snapshot_document(_read_structured(snapshot, "--snapshot"))
-        if raw.describe_cluster.Orchestrator and "Eks" not in raw.describe_cluster.Orchestrator:
-            warnings.append(f"{raw.describe_cluster.ClusterName} is not EKS-orchestrated; Kueue does not schedule it")
-        facts = eks_nodes(raw)
-        if kube_nodes is not None:
-            facts = merge_facts(facts, kube_nodes)
-        return EksInputs(facts, kube_nodes, True, tuple(warnings))
-    if kube_nodes is None:  # unreachable: one of the two was given
-        raise InputError("--nodes", "missing")
-    facts, label_warnings = nodes_from_labels(kube_nodes)
-    return EksInputs(facts, kube_nodes, False, label_warnings)
+    else:
+        raw = None
+    if raw is None:
+        if kube_nodes is None:  # unreachable: one input was given
+            raise InputError("--nodes", "missing")
+        facts, label_warnings = nodes_from_labels(kube_nodes)
+        return EksInputs(facts, kube_nodes, False, label_warnings)
+    warnings = []
+    if raw.describe_cluster.Orchestrator and "Eks" not in raw.describe_cluster.Orchestrator:
+        warnings.append(f"{raw.describe_cluster.ClusterName} is not EKS-orchestrated; Kueue does not schedule it")
+    facts = eks_nodes(raw)
+    if kube_nodes is not None:
+        facts = merge_facts(facts, kube_nodes)
+    return EksInputs(facts, kube_nodes, True, tuple(warnings))
 
 
 def _cmd_labels(args: argparse.Namespace) -> int:
-    inputs = load_inputs(args.snapshot, args.nodes)
+    inputs = load_inputs(args.snapshot, args.nodes, args.cluster)
     plan = inputs.plan()
     findings = inputs.drift(plan)
     if args.json:
@@ -91,7 +110,7 @@ def _cmd_labels(args: argparse.Namespace) -> int:
 def _cmd_kueue(args: argparse.Namespace) -> int:
     from topokeeper.cli import write_files  # noqa: PLC0415 (cli imports this module)
 
-    inputs = load_inputs(args.snapshot, args.nodes)
+    inputs = load_inputs(args.snapshot, args.nodes, args.cluster)
     plan = inputs.plan()
     findings = inputs.drift(plan)
     files = render_kueue(plan, args.queue)
@@ -111,6 +130,7 @@ def _cmd_kueue(args: argparse.Namespace) -> int:
 
 def _add_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot", type=Path, help="snapshot JSON of AWS responses (DescribeInstanceTopology facts)")
+    parser.add_argument("--cluster", help="read an EKS-orchestrated HyperPod cluster from AWS instead of --snapshot")
     parser.add_argument("--nodes", type=Path, help="`kubectl get nodes -o json` output (the labels as they are)")
 
 
