@@ -118,3 +118,11 @@ def test_bad_node_lists_name_the_field(document: object, field: str) -> None:
     with pytest.raises(InputError) as raised:
         parse_node_list(document)
     assert raised.value.field == field
+
+
+def test_a_node_list_name_that_cannot_be_a_node_name_is_refused() -> None:
+    nodes = fleets.node_list(fleets.p5_fleet())
+    nodes["items"][0]["metadata"]["name"] = "x" * 70
+    with pytest.raises(InputError) as raised:
+        merge_facts(eks_nodes(parse_snapshot_document(fleets.p5_fleet())), parse_node_list(nodes))
+    assert raised.value.field == "node " + "x" * 70

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from topokeeper.domain.models import MAX_NETWORK_LAYERS, Node
+from topokeeper.domain.names import check_slurm_name
 from topokeeper.errors import InputError
 
 LAYER_LABEL_PREFIX = "topology.k8s.aws/network-node-layer-"
@@ -128,8 +129,10 @@ def merge_facts(facts: Iterable[Node], kube_nodes: Iterable[KubeNode]) -> tuple[
     renamed: list[Node] = []
     for node in facts:
         name = name_by_instance.get(node.instance_id, node.name)
-        try:
-            renamed.append(Node.model_validate({**node.model_dump(), "name": name}))
-        except ValidationError as error:
-            raise InputError.from_validation(error, prefix=f"node {name}") from error
+        if name != node.name:
+            try:
+                check_slurm_name(name)  # the one field that changes; the rest was validated when the Node was built
+            except ValueError as error:
+                raise InputError(f"node {name}", str(error)) from error
+        renamed.append(node if name == node.name else node.model_copy(update={"name": name}))
     return tuple(sorted(renamed, key=lambda node: node.name))
