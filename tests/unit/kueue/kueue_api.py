@@ -25,62 +25,48 @@ _METADATA = {
     "properties": {"name": {"type": "string", "maxLength": 253, "pattern": DNS_SUBDOMAIN_PATTERN}},
 }
 
-TOPOLOGY_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "kueue.x-k8s.io/v1beta2"},
-        "kind": {"const": "Topology"},
-        "metadata": _METADATA,
-        "spec": {
-            "type": "object",
-            "required": ["levels"],
-            "additionalProperties": False,
-            "properties": {
-                "levels": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": 16,
-                    "items": {
-                        "type": "object",
-                        "required": ["nodeLabel"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "nodeLabel": {
-                                "type": "string",
-                                "minLength": 1,
-                                "maxLength": 316,
-                                "pattern": LABEL_KEY_PATTERN,
-                            }
-                        },
-                    },
-                }
-            },
-        },
-    },
-}
 
-RESOURCE_FLAVOR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "kueue.x-k8s.io/v1beta2"},
-        "kind": {"const": "ResourceFlavor"},
-        "metadata": _METADATA,
-        "spec": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "nodeLabels": {"type": "object", "maxProperties": 8, "additionalProperties": {"type": "string"}},
-                "nodeTaints": {"type": "array", "maxItems": 8},
-                "tolerations": {"type": "array", "maxItems": 8},
-                "topologyName": {"type": "string", "maxLength": 253, "pattern": DNS_SUBDOMAIN_PATTERN},
-            },
+def _kueue_object(kind: str, spec: dict[str, Any], *, spec_required: bool) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", *(["spec"] if spec_required else [])],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "kueue.x-k8s.io/v1beta2"},
+            "kind": {"const": kind},
+            "metadata": _METADATA,
+            "spec": {"type": "object", "additionalProperties": False, **spec},
         },
-    },
+    }
+
+
+_NODE_LABEL = {"type": "string", "minLength": 1, "maxLength": 316, "pattern": LABEL_KEY_PATTERN}
+_LEVEL = {
+    "type": "object",
+    "required": ["nodeLabel"],
+    "additionalProperties": False,
+    "properties": {"nodeLabel": _NODE_LABEL},
 }
+TOPOLOGY_SCHEMA = _kueue_object(
+    "Topology",
+    {
+        "required": ["levels"],
+        "properties": {"levels": {"type": "array", "minItems": 1, "maxItems": 16, "items": _LEVEL}},
+    },
+    spec_required=True,
+)
+RESOURCE_FLAVOR_SCHEMA = _kueue_object(
+    "ResourceFlavor",
+    {
+        "properties": {
+            "nodeLabels": {"type": "object", "maxProperties": 8, "additionalProperties": {"type": "string"}},
+            "nodeTaints": {"type": "array", "maxItems": 8},
+            "tolerations": {"type": "array", "maxItems": 8},
+            "topologyName": {"type": "string", "maxLength": 253, "pattern": DNS_SUBDOMAIN_PATTERN},
+        }
+    },
+    spec_required=False,
+)
 
 
 @dataclass(frozen=True)
