@@ -69,6 +69,7 @@ def test_labels_json(capsys: pytest.CaptureFixture[str]) -> None:
         ("hyperpod-i-00200000000000003", "level-missing"),
         ("hyperpod-i-00200000000000014", "level-missing"),
     ]
+    assert document["nodes_without_topology_data"] == ["hyperpod-i-00200000000000003", "hyperpod-i-00200000000000014"]
 
 
 def test_labels_table_and_mermaid(capsys: pytest.CaptureFixture[str]) -> None:

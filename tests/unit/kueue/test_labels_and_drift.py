@@ -126,3 +126,13 @@ def test_a_node_list_name_that_cannot_be_a_node_name_is_refused() -> None:
     with pytest.raises(InputError) as raised:
         merge_facts(eks_nodes(parse_snapshot_document(fleets.p5_fleet())), parse_node_list(nodes))
     assert raised.value.field == "node " + "x" * 70
+
+
+def test_nodes_without_the_topology_data_their_flavor_needs() -> None:
+    snapshot = fleets.mixed_fleet()
+    b200 = [t for t in snapshot["instance_topology"] if t["InstanceType"] == "p6-b200.48xlarge"]
+    b200[0]["NetworkNodes"] = b200[0]["NetworkNodes"][:3]  # partial topology
+    b200[1]["NetworkNodes"] = []  # not reported yet
+    plan = plan_kueue(eks_nodes(parse_snapshot_document(snapshot)))
+    assert plan.nodes_without_topology_data == tuple(f"hyperpod-{t['InstanceId']}" for t in b200[:2])
+    assert plan_kueue(eks_nodes(parse_snapshot_document(fleets.mixed_fleet()))).nodes_without_topology_data == ()

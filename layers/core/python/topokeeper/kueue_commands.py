@@ -88,6 +88,14 @@ def load_inputs(snapshot: Path | None, nodes: Path | None, cluster: str | None =
     return EksInputs(facts, kube_nodes, True, tuple(warnings))
 
 
+def _short_nodes(plan: KueuePlan) -> str:
+    short = plan.nodes_without_topology_data
+    if not short:
+        return ""
+    shown = ", ".join(short[:5]) + (f" (+{len(short) - 5})" if len(short) > 5 else "")
+    return f"nodes without the topology data their flavor's Topology needs: {len(short)}: {shown}\n"
+
+
 def _cmd_labels(args: argparse.Namespace) -> int:
     inputs = load_inputs(args.snapshot, args.nodes, args.cluster)
     plan = inputs.plan()
@@ -96,12 +104,13 @@ def _cmd_labels(args: argparse.Namespace) -> int:
         document: dict[str, Any] = fleet_json(plan.fleet)
         document["drift"] = [asdict(finding) for finding in findings]
         document["warnings"] = [*inputs.warnings, *plan.warnings]
+        document["nodes_without_topology_data"] = list(plan.nodes_without_topology_data)
         json.dump(document, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
         return EXIT_OK
     sys.stdout.write(render_mermaid(plan.fleet) if args.mermaid else render_table(plan.fleet))
     if not args.mermaid:
-        sys.stdout.write(render_drift(findings))
+        sys.stdout.write(_short_nodes(plan) + render_drift(findings))
         for warning in (*inputs.warnings, *plan.warnings):
             print(f"warning: {warning}")
     return EXIT_OK
@@ -115,7 +124,7 @@ def _cmd_kueue(args: argparse.Namespace) -> int:
     findings = inputs.drift(plan)
     files = render_kueue(plan, args.queue)
     files["layers.mmd"] = render_mermaid(plan.fleet)
-    files["labels.txt"] = render_table(plan.fleet) + render_drift(findings)
+    files["labels.txt"] = render_table(plan.fleet) + _short_nodes(plan) + render_drift(findings)
     write_files(args.out, files)
     for name in sorted(files):
         print(f"wrote {args.out / name}")

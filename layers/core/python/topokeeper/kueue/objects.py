@@ -25,6 +25,7 @@ from topokeeper.kueue.node_list import (
     ULTRASERVER_LABEL,
     instance_type_label,
     layer_label,
+    topology_labels,
 )
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -80,6 +81,16 @@ class KueuePlan:
             if flavor.instance_type == instance_type and flavor.topology:
                 return tuple(level for level in self.topology(flavor.topology).levels if level != HOSTNAME_LABEL)
         return ()
+
+    @property
+    def nodes_without_topology_data(self) -> tuple[str, ...]:
+        """Nodes whose facts lack a level their flavor's Topology needs (new instances not yet reported, partial
+        capacity-reservation topology, instances the account cannot describe): Kueue cannot place pods on them."""
+        short: list[str] = []
+        for flavor in self.flavors:
+            required = self.required_levels(flavor.instance_type)
+            short += [node.name for node in flavor.nodes if not set(required) <= set(topology_labels(node))]
+        return tuple(sorted(short))
 
 
 def flavor_name(label_value: str) -> str:
