@@ -10,9 +10,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from topokeeper.adapters.aws import client
-from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter, MemoryNodeFactsCache
-from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.domain.models import Node
 from topokeeper.engine.snapshot import AwsSnapshot, eks_nodes, parse_snapshot_document
@@ -54,6 +51,11 @@ class EksInputs:
 
 def read_cluster(cluster: str) -> AwsSnapshot:
     """ListClusterNodes pages and DescribeInstanceTopology batches of 100: no call per node."""
+    # boto3 only for --cluster: the offline commands never load it.
+    from topokeeper.adapters.aws import client  # noqa: PLC0415
+    from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter, MemoryNodeFactsCache  # noqa: PLC0415
+    from topokeeper.adapters.hyperpod import HyperPodFacts  # noqa: PLC0415
+
     reader = InstanceTopologyReader(
         client("ec2"), MemoryNodeFactsCache(), LocalRateLimiter(), lambda: datetime.now(UTC)
     )
