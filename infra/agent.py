@@ -11,7 +11,7 @@ from infra.encryption import DataKey
 from infra.storage import PlanBucket
 from topokeeper.adapters.agent_channel import bundle_key, verify_key
 from topokeeper.config import Settings
-from topokeeper.events import AGENT_SOURCE
+from topokeeper.constants import AGENT_SOURCE
 from topokeeper.ports import Channel
 
 

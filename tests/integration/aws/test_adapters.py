@@ -33,18 +33,22 @@ from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TopologyKind
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
-from topokeeper.events import RUN_SHELL_DOCUMENT, ReconcileRequest
-from topokeeper.ports import ApplyResult, Channel, Outcome
-from topokeeper.render.bundle import Bundle, RenderedPlan, render
-from topokeeper.service.audit import AuditRecord, build_records
-from topokeeper.service.state import (
+from topokeeper.errors import ConcurrentUpdate
+from topokeeper.events import RUN_SHELL_DOCUMENT
+from topokeeper.ports import (
     MAX_TRIGGERS,
+    ApplyResult,
+    AuditRecord,
+    Channel,
     ClusterState,
-    ConcurrentUpdate,
+    Outcome,
     PendingDelivery,
+    ReconcileRequest,
     Trigger,
-    save_fields,
 )
+from topokeeper.render.bundle import Bundle, RenderedPlan, render
+from topokeeper.service.audit import build_records
+from topokeeper.service.state import save_fields
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome, ManualClock
 from topokeeper.sim.world import create_state_table
 
