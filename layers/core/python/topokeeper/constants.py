@@ -21,6 +21,19 @@ AGENT_SOURCE = "topokeeper.agent"
 AGENT_APPLY_DETAIL_TYPE = "Topology Apply Result"
 AGENT_VERIFY_DETAIL_TYPE = "Topology Verify Result"
 
+# Where the agent channel puts a cluster's desired bundle in the plans bucket (the agent's default
+# ``--prefix``): ``bundle.json`` to apply, ``verify.json`` to verify against only.
+AGENT_KEY_PREFIX = "clusters"
+
+
+def agent_bundle_key(cluster: str) -> str:
+    return f"{AGENT_KEY_PREFIX}/{cluster}/bundle.json"
+
+
+def agent_verify_key(cluster: str) -> str:
+    return f"{AGENT_KEY_PREFIX}/{cluster}/verify.json"
+
+
 # The Lambdas' environment: the stack sets these (``infra/functions.py``), ``runtime.LambdaEnvironment``
 # reads them, and ``deployment.Deployment`` rebuilds them for the operator CLI.
 ENV_CONFIG = "TOPOKEEPER_CONFIG"
