@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 from botocore.config import Config
-from botocore.exceptions import ClientError
 
 from tests.helpers import gb200_nodes, p5_nodes, snapshot
 from tests.integration.aws.support import cluster_request, drain, group, subscribe
@@ -34,7 +33,7 @@ from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TopologyKind
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
-from topokeeper.errors import ConcurrentUpdate
+from topokeeper.errors import ConcurrentUpdate, Permanent, Retryable
 from topokeeper.events import RUN_SHELL_DOCUMENT
 from topokeeper.ports import (
     MAX_TRIGGERS,
@@ -773,7 +772,7 @@ def test_work_queue_dead_letters_with_the_reason(aws: AwsEmulator, queues: tuple
     assert len(reasons[1]["StringValue"]) == 1000
     assert {m["Attributes"]["MessageGroupId"] for m in parked} == {"malformed"}
     assert _receive(aws, work) == []
-    with pytest.raises(RuntimeError, match="no dead-letter queue configured for: broken"):
+    with pytest.raises(Permanent, match="no dead-letter queue configured for: broken"):
         SqsWorkQueue(aws.client("sqs"), work).dead_letter(body, "broken")
 
 
@@ -829,12 +828,18 @@ def test_agent_channel_verify_writes_once_and_waits_for_a_fresh_report(
     assert [v["VersionId"] for v in versions] == [written["VersionId"]]
 
     # A report about another plan does not count
-    other = ApplyResult(outcome=Outcome.IN_SYNC, mode="verify", plan_sha256="0" * 64)
+    other = ApplyResult(outcome=Outcome.IN_SYNC, applier_version="1.0.0", mode="verify", plan_sha256="0" * 64)
     save_fields(state, "test-cluster", {"last_verify": other, "last_verify_at": clock.now()})
     assert channel.verify(bundle).error == "the agent's last verify was for another plan"
 
     # Then a fresh report for this plan is the answer
-    report = ApplyResult(outcome=Outcome.DRIFT, mode="verify", plan_sha256=bundle.plan_sha256, drift=[{"kind": "x"}])
+    report = ApplyResult(
+        outcome=Outcome.DRIFT,
+        applier_version="1.0.0",
+        mode="verify",
+        plan_sha256=bundle.plan_sha256,
+        drift=[{"kind": "x"}],
+    )
     save_fields(state, "test-cluster", {"last_verify": report, "last_verify_at": clock.now()})
     assert channel.verify(bundle) == report
 
@@ -877,6 +882,7 @@ def test_ssm_channel_delivers_to_the_head_node_and_reads_the_applier_document(
     seen: list[CommandInvocationRequest] = []
     applied = {
         "outcome": "applied",
+        "applier_version": "1.0.0",
         "mode": "apply",
         "plan_sha256": bundle.plan_sha256,
         "partitions_changed": ["gb", "p5"],
@@ -938,7 +944,7 @@ def test_ssm_channel_maps_failures_and_statuses_without_a_document(
 
 def test_ssm_channel_verify_polls_until_the_document_arrives(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
     bundle = _rendered().bundle
-    in_sync = {"outcome": "in_sync", "mode": "verify", "plan_sha256": bundle.plan_sha256}
+    in_sync = {"outcome": "in_sync", "applier_version": "1.0.0", "mode": "verify", "plan_sha256": bundle.plan_sha256}
     waits: list[float] = []
 
     def sleep(seconds: float) -> None:  # the head node finishes while the channel waits
@@ -960,9 +966,9 @@ def test_ssm_channel_verify_polls_until_the_document_arrives(aws: AwsEmulator, c
 def test_ssm_channel_cannot_reach_an_unregistered_node(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
     aws.ssm.strict_targets = True
     channel = SsmChannel(aws.client("ssm"), aws.client("s3"), bucket, "mi-0fedcba9876543210", now=clock.now)
-    with pytest.raises(ClientError) as info:
+    with pytest.raises(Retryable) as info:  # AWS answered: no command was created
         channel.deliver(_rendered().bundle)
-    assert info.value.response["Error"]["Code"] == "InvalidInstanceId"
+    assert info.value.code == "InvalidInstanceId"
 
 
 def test_cluster_state_defaults_for_an_unknown_cluster(aws: AwsEmulator, table: str) -> None:
