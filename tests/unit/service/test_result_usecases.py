@@ -153,3 +153,10 @@ def test_unknown_result_fields_are_ignored_and_logged(caplog: pytest.LogCaptureF
     result = ApplyResult.model_validate({"outcome": "in_sync", "applier_version": "9.0.0", "journal": {"a": 1}})
     assert result.outcome is Outcome.IN_SYNC and "journal" not in result.model_dump()
     assert "journal" in caplog.text
+
+
+def test_state_saved_before_applier_version_was_required_still_loads() -> None:
+    from topokeeper.ports import ClusterState
+
+    state = ClusterState.model_validate({"cluster": CLUSTER, "last_verify": {"outcome": "in_sync"}})
+    assert state.last_verify is not None and state.last_verify.applier_version is None

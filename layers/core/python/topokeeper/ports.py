@@ -13,7 +13,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.render.bundle import Bundle
@@ -225,6 +225,14 @@ class ClusterState(BaseModel):
     last_verify: ApplyResult | None = None
     last_verify_at: datetime | None = None
     version: int = 0  # optimistic concurrency
+
+    @field_validator("last_verify", mode="before")
+    @classmethod
+    def _stored_before_applier_version(cls, value: Any) -> Any:
+        # State saved before ``applier_version`` was required: read it as "not said", never refuse the state.
+        if isinstance(value, dict) and "applier_version" not in value:
+            return {**value, "applier_version": None}
+        return value
 
     @property
     def has_unreconciled_changes(self) -> bool:
