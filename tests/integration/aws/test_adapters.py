@@ -754,6 +754,27 @@ def test_work_queue_defer_hides_the_message(aws: AwsEmulator, queues: tuple[str,
     assert [r["VisibilityTimeout"] for r in visibility] == [120, 1]
 
 
+def test_work_queue_resume_brings_a_deferred_message_back_and_ignores_a_deleted_one(
+    aws: AwsEmulator, queues: tuple[str, str]
+) -> None:
+    work, _ = queues
+    sqs = aws.client("sqs")
+    queue = SqsWorkQueue(sqs, work)
+    queue.send(ReconcileRequest(cluster="llm-train", generation=1))
+    (message,) = _receive(aws, work, VisibilityTimeout=0)
+    queue.defer(message["ReceiptHandle"], 1500)
+    assert _receive(aws, work) == []
+
+    queue.resume(message["ReceiptHandle"])
+    (again,) = _receive(aws, work, VisibilityTimeout=600)
+    assert again["MessageId"] == message["MessageId"]
+
+    sqs.delete_message(QueueUrl=work, ReceiptHandle=again["ReceiptHandle"])
+    queue.resume(again["ReceiptHandle"])  # its delivery's result came after the message was done: no error
+    with pytest.raises(Retryable):  # any other refusal is still an error
+        SqsWorkQueue(sqs, work + "-missing").resume(again["ReceiptHandle"])
+
+
 def test_work_queue_dead_letters_with_the_reason(aws: AwsEmulator, queues: tuple[str, str]) -> None:
     work, dead_letters = queues
     queue = SqsWorkQueue(aws.client("sqs"), work, dead_letters)

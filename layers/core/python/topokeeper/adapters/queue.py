@@ -16,7 +16,8 @@ from topokeeper.ports import ReconcileRequest
 # reconcile defers for at most its delivery timeout (25 minutes) after a receive, so this cap leaves
 # the rest of the 12 hours to the receives before it.
 MAX_VISIBILITY_SECONDS = 6 * 3_600
-# ChangeMessageVisibility on a handle that is no longer in flight (received again, or deleted).
+# ChangeMessageVisibility on a handle that is no longer in flight: deleted, received again, or expired
+# (SQS answers an expired handle with InvalidParameterValue).
 _STALE_HANDLE_CODES = frozenset(
     {
         "ReceiptHandleIsInvalid",

@@ -173,7 +173,8 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         except TopokeeperError:
             # AWS answered with an error (or the channel refused before sending): no command exists, so
             # nothing will ever finish this claim. Any other failure (a read timeout after SendCommand) may
-            # have delivered: the claim stays, and the result or the delivery timeout settles it.
+            # have delivered: the claim stays until the delivery timeout (its command id is unknown, so no
+            # result can match it), rather than risk two applies at once.
             _release_claim(deps, cluster.name, delivery)
             raise
         action, reference = "delivered", handle.reference
