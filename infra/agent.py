@@ -9,9 +9,8 @@ from constructs import Construct
 from infra.constants import EVENT_BUS_NAME
 from infra.encryption import DataKey
 from infra.storage import PlanBucket
-from topokeeper.adapters.agent_channel import bundle_key, verify_key
 from topokeeper.config import Settings
-from topokeeper.events import AGENT_SOURCE
+from topokeeper.constants import AGENT_SOURCE, agent_bundle_key, agent_verify_key
 from topokeeper.ports import Channel
 
 
@@ -37,7 +36,7 @@ class AgentPolicy(Construct):
                     resources=[
                         plans.bucket.arn_for_objects(key(cluster))
                         for cluster in clusters
-                        for key in (bundle_key, verify_key)
+                        for key in (agent_bundle_key, agent_verify_key)
                     ],
                 ),
                 iam.PolicyStatement(

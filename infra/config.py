@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from infra.constants import CONTEXT_KEY
 from topokeeper.config import MAX_CONFIG_BYTES, Settings
+from topokeeper.errors import Permanent
 
 _RATE = re.compile(r"rate\((?P<value>[1-9]\d*) (?P<unit>minutes?|hours?|days?)\)")
 _CRON = re.compile(r"cron\([^()]+\)")
@@ -23,7 +24,7 @@ _ONE_DAY = 24 * 3600
 _CRON_ALARM_PERIOD = Duration.hours(1)
 
 
-class ConfigError(ValueError):
+class ConfigError(Permanent, ValueError):
     """The deployment settings are missing or invalid; the message names the offending key."""
 
 

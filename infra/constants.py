@@ -6,7 +6,17 @@ from pathlib import Path
 
 from aws_cdk import aws_lambda as lambda_
 
-from topokeeper.config import CONFIG_ENV
+# The handler contract (environment variable names), for the constructs: ``c.ENV_TABLE`` and so on.
+from topokeeper.constants import (  # noqa: F401
+    ENV_AUDIT_RETENTION,
+    ENV_BUCKET,
+    ENV_CLOUDTRAIL_CHANNEL,
+    ENV_CONFIG,
+    ENV_DEAD_LETTER_QUEUE,
+    ENV_EVENT_BUS,
+    ENV_QUEUE,
+    ENV_TABLE,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS_DIR = REPO_ROOT / "functions"
@@ -34,15 +44,6 @@ FUNCTION_NAMES = (INGEST, RECONCILE, RESULT, DRIFT)
 # The work queue's visibility timeout derives from it (infra/queue.py).
 RECONCILE_TIMEOUT_SECONDS = 180
 
-# Environment variables: the contract with the handlers (topokeeper.runtime.LambdaEnvironment).
-ENV_CONFIG = CONFIG_ENV
-ENV_TABLE = "TABLE_NAME"
-ENV_BUCKET = "BUCKET_NAME"
-ENV_QUEUE = "QUEUE_URL"
-ENV_DEAD_LETTER_QUEUE = "DEAD_LETTER_QUEUE_URL"
-ENV_EVENT_BUS = "EVENT_BUS_NAME"
-ENV_CLOUDTRAIL_CHANNEL = "CLOUDTRAIL_CHANNEL_ARN"
-ENV_AUDIT_RETENTION = "AUDIT_RETENTION_DAYS"
 SERVICE_NAME = "topokeeper"
 EVENT_BUS_NAME = "default"
 

@@ -11,6 +11,7 @@ from aws_cdk.assertions import Match
 from infra import constants as c
 from infra.functions import head_nodes
 from tests.infra.conftest import Synthesized
+from topokeeper.constants import AGENT_SOURCE
 from topokeeper.deployment import (
     OUTPUT_BUCKET,
     OUTPUT_DEAD_LETTER_QUEUE,
@@ -18,7 +19,7 @@ from topokeeper.deployment import (
     OUTPUT_RECONCILE_FUNCTION,
     OUTPUT_TABLE,
 )
-from topokeeper.events import AGENT_SOURCE, AUDIT_SOURCE, change_patterns, result_patterns
+from topokeeper.events import AUDIT_SOURCE, change_patterns, result_patterns
 from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
 from topokeeper.runtime import LambdaEnvironment
 
@@ -171,7 +172,7 @@ def test_the_environment_contract(example: Synthesized) -> None:
         c.RESULT: {**common, "AUDIT_RETENTION_DAYS": str(settings.audit_retention_days)},
         c.DRIFT: common,
     }
-    handler_fields = set(LambdaEnvironment.model_fields)
+    handler_fields = {field.alias for field in LambdaEnvironment.model_fields.values()}
     for name, function in stack.functions.by_name.items():
         variables = example.resource(function)["Properties"]["Environment"]["Variables"]
         assert variables == expected[name], name

@@ -159,6 +159,7 @@ def _applier_document(outcome: str, mode: str, plan_sha256: str, **changes: Any)
         "reconfigured": False,
         "error": None,
         "drift": [],
+        "applier_version": "fake",
         **changes,
     }
 

@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 from botocore.config import Config
-from botocore.exceptions import ClientError
 
 from tests.helpers import gb200_nodes, p5_nodes, snapshot
 from tests.integration.aws.support import cluster_request, drain, group, subscribe
-from topokeeper.adapters.agent_channel import AgentChannel, bundle_key, verify_key
+from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.audit_trail import AuditTrail
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
 from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter
@@ -29,22 +28,27 @@ from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.adapters.ssm_channel import SsmChannel
+from topokeeper.constants import agent_bundle_key, agent_verify_key
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TopologyKind
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
-from topokeeper.events import RUN_SHELL_DOCUMENT, ReconcileRequest
-from topokeeper.ports import ApplyResult, Channel, Outcome
-from topokeeper.render.bundle import Bundle, RenderedPlan, render
-from topokeeper.service.audit import AuditRecord, build_records
-from topokeeper.service.state import (
+from topokeeper.errors import ConcurrentUpdate, Permanent, Retryable
+from topokeeper.events import RUN_SHELL_DOCUMENT
+from topokeeper.ports import (
     MAX_TRIGGERS,
+    ApplyResult,
+    AuditRecord,
+    Channel,
     ClusterState,
-    ConcurrentUpdate,
+    Outcome,
     PendingDelivery,
+    ReconcileRequest,
     Trigger,
-    save_fields,
 )
+from topokeeper.render.bundle import Bundle, RenderedPlan, render
+from topokeeper.service.audit import build_records
+from topokeeper.service.state import save_fields
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome, ManualClock
 from topokeeper.sim.world import create_state_table
 
@@ -750,6 +754,27 @@ def test_work_queue_defer_hides_the_message(aws: AwsEmulator, queues: tuple[str,
     assert [r["VisibilityTimeout"] for r in visibility] == [120, 1]
 
 
+def test_work_queue_resume_brings_a_deferred_message_back_and_ignores_a_deleted_one(
+    aws: AwsEmulator, queues: tuple[str, str]
+) -> None:
+    work, _ = queues
+    sqs = aws.client("sqs")
+    queue = SqsWorkQueue(sqs, work)
+    queue.send(ReconcileRequest(cluster="llm-train", generation=1))
+    (message,) = _receive(aws, work, VisibilityTimeout=0)
+    queue.defer(message["ReceiptHandle"], 1500)
+    assert _receive(aws, work) == []
+
+    queue.resume(message["ReceiptHandle"])
+    (again,) = _receive(aws, work, VisibilityTimeout=600)
+    assert again["MessageId"] == message["MessageId"]
+
+    sqs.delete_message(QueueUrl=work, ReceiptHandle=again["ReceiptHandle"])
+    queue.resume(again["ReceiptHandle"])  # its delivery's result came after the message was done: no error
+    with pytest.raises(Retryable):  # any other refusal is still an error
+        SqsWorkQueue(sqs, work + "-missing").resume(again["ReceiptHandle"])
+
+
 def test_work_queue_dead_letters_with_the_reason(aws: AwsEmulator, queues: tuple[str, str]) -> None:
     work, dead_letters = queues
     queue = SqsWorkQueue(aws.client("sqs"), work, dead_letters)
@@ -768,7 +793,7 @@ def test_work_queue_dead_letters_with_the_reason(aws: AwsEmulator, queues: tuple
     assert len(reasons[1]["StringValue"]) == 1000
     assert {m["Attributes"]["MessageGroupId"] for m in parked} == {"malformed"}
     assert _receive(aws, work) == []
-    with pytest.raises(RuntimeError, match="no dead-letter queue configured for: broken"):
+    with pytest.raises(Permanent, match="no dead-letter queue configured for: broken"):
         SqsWorkQueue(aws.client("sqs"), work).dead_letter(body, "broken")
 
 
@@ -791,7 +816,7 @@ def test_agent_channel_delivers_a_versioned_bundle(
 
     handle = channel.deliver(bundle)
 
-    key = bundle_key("test-cluster")
+    key = agent_bundle_key("test-cluster")
     assert key == "clusters/test-cluster/bundle.json"
     head = s3.head_object(Bucket=bucket, Key=key)
     assert handle.reference == head["VersionId"]
@@ -810,7 +835,7 @@ def test_agent_channel_verify_writes_once_and_waits_for_a_fresh_report(
     state = DynamoStateStore(aws.client("dynamodb"), table)
     bundle = _rendered().bundle
     s3 = aws.client("s3")
-    key = verify_key("test-cluster")
+    key = agent_verify_key("test-cluster")
 
     # Given no report yet: the plan is written for the agent, and the answer is PENDING
     first = channel.verify(bundle)
@@ -824,12 +849,18 @@ def test_agent_channel_verify_writes_once_and_waits_for_a_fresh_report(
     assert [v["VersionId"] for v in versions] == [written["VersionId"]]
 
     # A report about another plan does not count
-    other = ApplyResult(outcome=Outcome.IN_SYNC, mode="verify", plan_sha256="0" * 64)
+    other = ApplyResult(outcome=Outcome.IN_SYNC, applier_version="1.0.0", mode="verify", plan_sha256="0" * 64)
     save_fields(state, "test-cluster", {"last_verify": other, "last_verify_at": clock.now()})
     assert channel.verify(bundle).error == "the agent's last verify was for another plan"
 
     # Then a fresh report for this plan is the answer
-    report = ApplyResult(outcome=Outcome.DRIFT, mode="verify", plan_sha256=bundle.plan_sha256, drift=[{"kind": "x"}])
+    report = ApplyResult(
+        outcome=Outcome.DRIFT,
+        applier_version="1.0.0",
+        mode="verify",
+        plan_sha256=bundle.plan_sha256,
+        drift=[{"kind": "x"}],
+    )
     save_fields(state, "test-cluster", {"last_verify": report, "last_verify_at": clock.now()})
     assert channel.verify(bundle) == report
 
@@ -872,6 +903,7 @@ def test_ssm_channel_delivers_to_the_head_node_and_reads_the_applier_document(
     seen: list[CommandInvocationRequest] = []
     applied = {
         "outcome": "applied",
+        "applier_version": "1.0.0",
         "mode": "apply",
         "plan_sha256": bundle.plan_sha256,
         "partitions_changed": ["gb", "p5"],
@@ -933,7 +965,7 @@ def test_ssm_channel_maps_failures_and_statuses_without_a_document(
 
 def test_ssm_channel_verify_polls_until_the_document_arrives(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
     bundle = _rendered().bundle
-    in_sync = {"outcome": "in_sync", "mode": "verify", "plan_sha256": bundle.plan_sha256}
+    in_sync = {"outcome": "in_sync", "applier_version": "1.0.0", "mode": "verify", "plan_sha256": bundle.plan_sha256}
     waits: list[float] = []
 
     def sleep(seconds: float) -> None:  # the head node finishes while the channel waits
@@ -955,9 +987,9 @@ def test_ssm_channel_verify_polls_until_the_document_arrives(aws: AwsEmulator, c
 def test_ssm_channel_cannot_reach_an_unregistered_node(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
     aws.ssm.strict_targets = True
     channel = SsmChannel(aws.client("ssm"), aws.client("s3"), bucket, "mi-0fedcba9876543210", now=clock.now)
-    with pytest.raises(ClientError) as info:
+    with pytest.raises(Retryable) as info:  # AWS answered: no command was created
         channel.deliver(_rendered().bundle)
-    assert info.value.response["Error"]["Code"] == "InvalidInstanceId"
+    assert info.value.code == "InvalidInstanceId"
 
 
 def test_cluster_state_defaults_for_an_unknown_cluster(aws: AwsEmulator, table: str) -> None:

@@ -12,15 +12,15 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from topokeeper.constants import INSTANCE_ID_PATTERN
 from topokeeper.domain.models import ClusterName, PartitionSettings, PlannerConfig, SlurmVersion
 from topokeeper.domain.names import SlurmName
 from topokeeper.ports import Channel
 
 # SSM SendCommand accepts only these ids (its InstanceId shape); botocore does not check the pattern.
-SSM_TARGET = re.compile(r"i-[0-9a-f]{8}|i-[0-9a-f]{17}|mi-[0-9a-f]{17}")
+SSM_TARGET = re.compile(rf"{INSTANCE_ID_PATTERN}|mi-[0-9a-f]{{17}}")
 _CLUSTER_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:cluster/[a-z0-9]{12}")
 _TAG_KEY = re.compile(r"[\w.:/=+@ -]{1,128}")
-CONFIG_ENV = "TOPOKEEPER_CONFIG"
 # Lambda allows 4 KB of environment variables in all; leave room for the others.
 MAX_CONFIG_BYTES = 3072
 

@@ -11,16 +11,14 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from topokeeper.adapters.aws import aws_errors
 from topokeeper.adapters.dynamodb import audit_history_key
+from topokeeper.errors import Retryable, TopokeeperError
 from topokeeper.events import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
-from topokeeper.service.audit import AuditRecord, cloudtrail_lake_event
+from topokeeper.ports import AuditRecord
 
 PUT_EVENTS_BATCH = 10
 PUT_AUDIT_EVENTS_BATCH = 100
-
-
-class AuditPublishError(RuntimeError):
-    """Some records did not reach EventBridge or CloudTrail Lake; the invocation should be retried."""
 
 
 class AuditTrail:
@@ -49,6 +47,7 @@ class AuditTrail:
         self._account = account
         self._function_arn = function_arn
 
+    @aws_errors()
     def publish(self, records: Sequence[AuditRecord]) -> int:
         new = [record for record in records if not self._seen(record.audit_id)]
         if not new:
@@ -58,8 +57,9 @@ class AuditTrail:
         self._put_events(new)
         if self._lake is not None and self._channel:
             try:
-                self._put_audit_events(self._lake, self._channel, new)
-            except (AuditPublishError, ClientError) as error:
+                with aws_errors():
+                    self._put_audit_events(self._lake, self._channel, new)
+            except TopokeeperError as error:
                 # Optional, and closed to new customers: a Lake failure must not strand the delivery.
                 self._logger.error("CloudTrail Lake PutAuditEvents failed: %s", error)
         stored = [record for record in new if self._store(record)]
@@ -67,6 +67,7 @@ class AuditTrail:
             self._logger.info(AUDIT_DETAIL_TYPE, extra={"audit": record.document()})
         return len(stored)
 
+    @aws_errors()
     def history(self, cluster: str, limit: int = 50) -> list[dict[str, Any]]:
         """The newest audit records of a cluster first."""
         response = self._db.query(
@@ -125,7 +126,10 @@ class AuditTrail:
             response = self._events.put_events(Entries=entries)
             if response.get("FailedEntryCount"):
                 failed = [e.get("ErrorCode") for e in response.get("Entries", []) if e.get("ErrorCode")]
-                raise AuditPublishError(f"PutEvents failed for {len(failed)} record(s): {sorted(set(failed))}")
+                raise Retryable(
+                    f"PutEvents failed for {len(failed)} record(s): {sorted(set(failed))}",
+                    code=failed[0] if failed else None,
+                )
 
     def _put_audit_events(self, lake: Any, channel_arn: str, records: Sequence[AuditRecord]) -> None:
         for start in range(0, len(records), PUT_AUDIT_EVENTS_BATCH):
@@ -142,4 +146,39 @@ class AuditTrail:
             )
             if response.get("failed"):
                 codes = sorted({f.get("errorCode") for f in response["failed"]})
-                raise AuditPublishError(f"PutAuditEvents failed for {len(response['failed'])} record(s): {codes}")
+                raise Retryable(f"PutAuditEvents failed for {len(response['failed'])} record(s): {codes}")
+
+
+def cloudtrail_lake_event(record: AuditRecord, account: str, function_arn: str) -> dict[str, Any]:
+    """The record as CloudTrail Lake's integration ``eventData`` (PutAuditEvents)."""
+    return {
+        "version": "1.0",
+        "userIdentity": {"type": "AWSLambda", "principalId": function_arn},
+        "userAgent": "topokeeper",
+        "eventSource": "topokeeper",
+        "eventName": record.event_name,
+        "eventTime": record.completed_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "UID": record.audit_id,
+        "recipientAccountId": account,
+        "requestParameters": {
+            "clusterArn": record.cluster_arn,
+            "clusterName": record.cluster_name,
+            "partitionName": record.partition,
+            "kind": record.kind,
+            "previousSha256": record.before_sha256,
+            "newSha256": record.after_sha256,
+            "nodeCount": record.node_count,
+        },
+        "responseElements": {
+            "outcome": record.outcome.value,
+            "channel": record.channel,
+            "deliveryReference": record.delivery_reference,
+        },
+        "additionalEventData": {
+            "addedNodes": record.nodes_added[:50],
+            "removedNodes": record.nodes_removed[:50],
+            "switchCount": record.switch_count,
+            "blockCount": record.block_count,
+        },
+        **({"errorMessage": record.error[:256]} if record.error else {}),
+    }

@@ -8,20 +8,21 @@ null ``CapacityBlockId`` on an UltraServer type means "not yet" and is asked aga
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
+from topokeeper.adapters.aws import aws_errors
 from topokeeper.config import Ec2Discovery
+from topokeeper.constants import INSTANCE_ID
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.engine.snapshot import AwsSnapshot
-from topokeeper.service.state import NodeFactsCache
+from topokeeper.errors import InputError
+from topokeeper.ports import NodeFactsCache, RateLimiter
 
 MAX_IDS_PER_CALL = 100
 LAUNCH_KEY = "topokeeper:launched"  # kept with a cached answer: which launch of the instance it describes
-_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?")
 # EC2 instance state -> the HyperPod-style status the planner understands.
 EC2_STATUS = {
     "pending": "Pending",
@@ -33,18 +34,12 @@ EC2_STATUS = {
 }
 
 
-class RateLimiter(Protocol):
-    def acquire(self) -> None:
-        """Block until this caller may make one more DescribeInstanceTopology call."""
-        ...
-
-
 def checked_ids(instance_ids: Iterable[str]) -> list[str]:
     """Sorted, de-duplicated ids; a malformed one is refused before it reaches any AWS call."""
     ids = sorted(set(instance_ids))
     for instance_id in ids:
-        if not _INSTANCE_ID.fullmatch(instance_id):
-            raise ValueError(f"not an EC2 instance id: {instance_id!r}")
+        if not INSTANCE_ID.fullmatch(instance_id):
+            raise InputError("instance_ids", f"not an EC2 instance id: {instance_id!r}")
     return ids
 
 
@@ -70,6 +65,7 @@ class InstanceTopologyReader:
         self._now = now
         self.calls = 0
 
+    @aws_errors()
     def read(
         self, cluster: str, instance_ids: Iterable[str], launched: Mapping[str, str] | None = None
     ) -> list[dict[str, Any]]:
@@ -128,6 +124,7 @@ class Ec2ClusterFacts:
         self._topology = topology
         self._discovery = discovery
 
+    @aws_errors()
     def read(self, cluster: str) -> AwsSnapshot:
         discovery = self._discovery
         instances: list[dict[str, Any]] = []
@@ -178,6 +175,7 @@ class Ec2ClusterFacts:
         )
 
 
+@aws_errors()
 def instance_tags(ec2: Any, instance_id: str) -> dict[str, str]:
     """An instance's tags (EC2 state-change events carry only its id)."""
     response = ec2.describe_instances(InstanceIds=[instance_id])

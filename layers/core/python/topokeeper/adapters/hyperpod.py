@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 from botocore.exceptions import ClientError
 
+from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.adapters.ec2 import InstanceTopologyReader
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.engine.snapshot import AwsSnapshot
@@ -28,6 +29,7 @@ class HyperPodFacts:
         self._s3 = s3
         self._topology = topology
 
+    @aws_errors()
     def read(self, cluster: str) -> AwsSnapshot:
         described = self._sagemaker.describe_cluster(ClusterName=cluster)
         described.pop("ResponseMetadata", None)
@@ -85,7 +87,7 @@ class HyperPodFacts:
             except ClientError as error:
                 # No file, or (without s3:ListBucket, which the stack does not grant) 403 for a missing one:
                 # this group's lifecycle scripts carry no mapping. The planner warns of unmapped groups.
-                code = error.response.get("Error", {}).get("Code")
+                code = error_code(error)
                 if code in ("NoSuchKey", "404", "NotFound", "AccessDenied", "403"):
                     log.warning("no legacy partition mapping at s3://%s/%s: %s", parsed.netloc, key, code)
                     continue

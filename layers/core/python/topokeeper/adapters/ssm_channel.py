@@ -19,8 +19,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.applier.applier import sha256_text
 from topokeeper.config import SSM_TARGET
+from topokeeper.errors import InputError, Permanent
 from topokeeper.events import RUN_SHELL_DOCUMENT
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
 from topokeeper.render.bundle import Bundle
@@ -39,7 +41,7 @@ BOOTSTRAP = """\
 import base64, hashlib, json, os, sys, zlib
 work = sys.argv[1]
 def refuse(error):
-    print(json.dumps({"outcome": "refused", "error": error}))
+    print(json.dumps({"outcome": "refused", "applier_version": None, "error": error}))
     sys.exit(2)
 with open(os.path.join(work, "payload"), "rb") as handle:
     payload = json.loads(zlib.decompress(base64.b64decode(handle.read()), 16 + zlib.MAX_WBITS))
@@ -98,7 +100,7 @@ def command_size(commands: list[str]) -> int:
 
 def guard_target(instance_id: str) -> str:
     if not SSM_TARGET.fullmatch(instance_id):
-        raise ValueError(f"SSM SendCommand takes i-/mi- ids only, not {instance_id!r}")
+        raise InputError("head_node", f"SSM SendCommand takes i-/mi- ids only, not {instance_id!r}")
     return instance_id
 
 
@@ -141,9 +143,10 @@ class SsmChannel:
         )
         commands = build_commands(payload)
         if command_size(commands) > INLINE_LIMIT_BYTES:
-            raise ValueError(f"SSM command is {command_size(commands)} bytes even with the bundle in S3")
+            raise Permanent(f"SSM command is {command_size(commands)} bytes even with the bundle in S3")
         return commands
 
+    @aws_errors()
     def _send(self, bundle: Bundle, mode: str) -> str:
         response = self._ssm.send_command(
             InstanceIds=[self._target],
@@ -183,12 +186,13 @@ class SsmChannel:
             self._sleep(poll)
             waited += poll
 
+    @aws_errors()
     def result(self, command_id: str) -> ApplyResult:
         try:
             invocation = self._ssm.get_command_invocation(CommandId=command_id, InstanceId=self._target)
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") == "InvocationDoesNotExist":
-                return ApplyResult(outcome=Outcome.PENDING)  # eventually consistent right after SendCommand
+            if error_code(error) == "InvocationDoesNotExist":
+                return ApplyResult.from_channel(Outcome.PENDING)  # eventually consistent right after SendCommand
             raise
         return parse_invocation(invocation)
 
@@ -212,19 +216,16 @@ def parse_invocation(invocation: dict[str, Any]) -> ApplyResult:
     for key in (details, status):
         if key in _CHANNEL_OUTCOMES:
             outcome = _CHANNEL_OUTCOMES[key]
-            return ApplyResult(
-                outcome=outcome, error=None if outcome is Outcome.PENDING else f"SSM {status}: {details}"
-            )
+            return ApplyResult.from_channel(outcome, None if outcome is Outcome.PENDING else f"SSM {status}: {details}")
     stdout = str(invocation.get("StandardOutputContent", ""))
     document = _last_json_line(stdout)
     if document is not None:
         return ApplyResult.model_validate(document)
     stderr = str(invocation.get("StandardErrorContent", "")).strip()
     truncated = " (stdout reached the 24,000-character cap)" if len(stdout) >= STDOUT_LIMIT else ""
-    return ApplyResult(
-        outcome=Outcome.FAILED,
-        error=f"SSM {status} (exit {invocation.get('ResponseCode')}) without a result document{truncated}: "
-        f"{stderr[-300:]}",
+    return ApplyResult.from_channel(
+        Outcome.FAILED,
+        f"SSM {status} (exit {invocation.get('ResponseCode')}) without a result document{truncated}: {stderr[-300:]}",
     )
 
 

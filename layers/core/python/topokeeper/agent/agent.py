@@ -485,6 +485,7 @@ def agent_result(outcome: str, mode: str, plan_sha256: Optional[str], error: str
         "error": error,
         "drift": [],
         "grouping_drift": False,
+        "applier_version": None,  # the applier's own document never came
     }
 
 
@@ -525,6 +526,7 @@ _SUMMARY_KEYS = (
     "after_sha256",
     "partitions_changed",
     "grouping_drift",
+    "applier_version",
 )
 
 

@@ -23,11 +23,9 @@ from topokeeper.events import (
     ClusterStateDetail,
     Ec2StateDetail,
     NodeHealthDetail,
-    ReconcileRequest,
     TopokeeperEvent,
 )
-from topokeeper.ports import Clock, Metric, Metrics
-from topokeeper.service.state import ClusterState, StateStore, Trigger, WorkQueue
+from topokeeper.ports import Clock, ClusterState, Metric, Metrics, ReconcileRequest, StateStore, Trigger, WorkQueue
 
 
 @dataclass

@@ -13,28 +13,30 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Settings
+from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE
 from topokeeper.domain.models import SlurmVersion
-from topokeeper.errors import InputError
+from topokeeper.errors import InputError, Retryable
 from topokeeper.events import (
-    AGENT_APPLY_DETAIL_TYPE,
-    AGENT_SOURCE,
-    AGENT_VERIFY_DETAIL_TYPE,
     SSM_INVOCATION_DETAIL_TYPE,
     AgentResultDetail,
     SsmInvocationDetail,
     TopokeeperEvent,
 )
-from topokeeper.ports import ApplyResult, Clock, Metric, Metrics, Outcome
-from topokeeper.service.audit import AuditSink, build_records
-from topokeeper.service.state import (
+from topokeeper.ports import (
+    ApplyResult,
+    AuditSink,
+    Clock,
     ClusterState,
+    Metric,
+    Metrics,
+    Outcome,
     PendingDelivery,
     PlanStore,
     StateStore,
     WorkQueue,
-    request_reconcile,
-    save_fields,
 )
+from topokeeper.service.audit import build_records
+from topokeeper.service.state import request_reconcile, save_fields
 
 SUCCESS = frozenset({Outcome.APPLIED, Outcome.UNCHANGED})
 
@@ -59,14 +61,10 @@ class ResultReport(BaseModel):
     reason: str = ""
 
 
-class ResultNotReady(RuntimeError):
-    """The outcome is not readable yet; the invocation fails so Lambda retries it."""
-
-
 def _slurm_version(result: ApplyResult) -> str | None:
     """The head node's own report of its Slurm version, if it is one (it decides the file format)."""
-    reported = getattr(result, "slurm_version", None)
-    if not isinstance(reported, str):
+    reported = result.slurm_version
+    if reported is None:
         return None
     try:
         SlurmVersion.parse(reported)
@@ -95,7 +93,7 @@ def record_result(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
         if result.outcome is Outcome.PENDING:
             # GetCommandInvocation is eventually consistent behind the terminal event: fail, so the
             # asynchronous invocation is retried, rather than lose the result.
-            raise ResultNotReady(f"command {invocation.command_id} still reads {result.error or 'pending'}")
+            raise Retryable(f"command {invocation.command_id} still reads {result.error or 'pending'}")
         return finish_delivery(cluster, state, state.pending, result, deps)
     if event.source == AGENT_SOURCE and event.detail_type in (AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE):
         report = _parse(AgentResultDetail, event)
@@ -147,13 +145,20 @@ def finish_delivery(
     else:
         deps.metrics.emit(cluster.name, Metric.APPLY_FAILURES, 1)
 
+    waiting: list[str] = []  # the reconcile message deferred behind this delivery
+
     def finished(fresh: ClusterState) -> dict[str, object]:
+        waiting.clear()
         # Only the delivery still in flight is finished: a late result of an older one must not undo a newer.
         if fresh.pending is None or fresh.pending.handle.reference != pending.handle.reference:
             return {"slurm_version": update["slurm_version"]} if "slurm_version" in update else {}
+        if fresh.pending.waiting_receipt:
+            waiting.append(fresh.pending.waiting_receipt)
         return {**update, "pending": None}
 
     save_fields(deps.state, cluster.name, finished)
+    for receipt in waiting:
+        deps.queue.resume(receipt)
 
     # A plan rendered for the other Slurm format is refused; now that the head node told us its
     # version, plan again once. Other failures wait for the next change or the drift schedule.

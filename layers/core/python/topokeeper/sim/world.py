@@ -105,6 +105,10 @@ class Agenda:
     def has_work(self) -> bool:
         return any(not periodic for _, _, periodic, _ in self._items)
 
+    def discard(self, action: Callable[[], None]) -> None:
+        self._items = [item for item in self._items if item[3] is not action]
+        heapq.heapify(self._items)
+
     def pop_due(self, now: float) -> Iterator[Callable[[], None]]:
         while self._items and self._items[0][0] <= now:
             yield heapq.heappop(self._items)[3]
@@ -184,6 +188,13 @@ class SimWorkQueue(SqsWorkQueue):
     def defer(self, receipt_handle: str, seconds: float) -> None:
         self._world.deferred[receipt_handle] = seconds
 
+    def resume(self, receipt_handle: str) -> None:
+        super().resume(receipt_handle)
+        # Its delivery's result resumed the message: the scheduled return must not keep the world busy.
+        scheduled = self._world.returns.pop(receipt_handle, None)
+        if scheduled is not None:
+            self._world.agenda.discard(scheduled)
+
 
 class HeadNodeChoice(NamedTuple):
     kind: Literal["chroot", "file"]
@@ -223,6 +234,7 @@ class World:
         self.counters = Counters()
         self.timeline: list[dict[str, Any]] = []
         self.deferred: dict[str, float] = {}  # receipt handle -> seconds, filled by SimWorkQueue.defer
+        self.returns: dict[str, Callable[[], None]] = {}  # receipt handle -> its scheduled return to the queue
         # True: SSM commands run at once (for callers outside simulated time, such as the operator CLI).
         self.ssm_synchronous = False
         self.apply_times: dict[str, float] = {}  # plan sha256 -> when the head node confirmed it
@@ -578,10 +590,12 @@ class World:
             if message["MessageId"] not in failed:
                 continue
             delay = self.deferred.get(receipt, FAILED_VISIBILITY_SECONDS)
-            self.agenda.add(self.clock.monotonic() + delay, functools.partial(self._make_visible, receipt))
+            self.returns[receipt] = functools.partial(self._make_visible, receipt)
+            self.agenda.add(self.clock.monotonic() + delay, self.returns[receipt])
         return len(messages)
 
     def _make_visible(self, receipt: str) -> None:
+        self.returns.pop(receipt, None)
         client("sqs").change_message_visibility(QueueUrl=self.queue_url, ReceiptHandle=receipt, VisibilityTimeout=0)
 
     # ----------------------------------------------------------------- running

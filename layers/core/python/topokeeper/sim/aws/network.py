@@ -23,6 +23,7 @@ from typing import Any
 
 from moto.ec2.models import ec2_backends
 
+from topokeeper.constants import INSTANCE_ID
 from topokeeper.domain.catalog import Capability, ec2_instance_type, lookup
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.ids import IdFactory
@@ -30,7 +31,6 @@ from topokeeper.sim.aws.protocol import ApiError, ApiRequest, decode_token, ec2_
 
 MAX_IDS = 100
 DEFAULT_PAGE = 20
-_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?")
 _DIRECTIONS = {
     "north": "n",
     "south": "s",
@@ -276,7 +276,7 @@ class NetworkModel:
                 f"Value ( {max_results} ) for parameter maxResults is invalid. Expecting a value between 1 and 100.",
             )
         for instance_id in instance_ids:
-            if not _INSTANCE_ID.fullmatch(instance_id):
+            if not INSTANCE_ID.fullmatch(instance_id):
                 raise ApiError("InvalidInstanceID.Malformed", f'Invalid id: "{instance_id}"')
         if params.get("DryRun"):
             raise ApiError("DryRunOperation", "Request would have succeeded, but DryRun flag is set.", 412)

@@ -1,0 +1,46 @@
+"""Contract values shared by the package, the stack (``infra/``) and the head-node files.
+
+Each value is written once here. The stdlib-only files that run on the head node (``applier/applier.py``,
+``agent/agent.py``) cannot import the package and keep literal copies; ``tests/unit/test_constants.py``
+asserts that they carry the same values.
+"""
+
+from __future__ import annotations
+
+import re
+
+# An EC2 instance id: the old 8-digit form or the current 17-digit one.
+INSTANCE_ID_PATTERN = r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?"
+INSTANCE_ID = re.compile(INSTANCE_ID_PATTERN)
+
+# The bundle document the applier and the agent accept (``render/bundle.py`` writes it).
+BUNDLE_SCHEMA = "topokeeper.bundle/1"
+
+# The head-node agent's result events (EventBridge source and detail types).
+AGENT_SOURCE = "topokeeper.agent"
+AGENT_APPLY_DETAIL_TYPE = "Topology Apply Result"
+AGENT_VERIFY_DETAIL_TYPE = "Topology Verify Result"
+
+# Where the agent channel puts a cluster's desired bundle in the plans bucket (the agent's default
+# ``--prefix``): ``bundle.json`` to apply, ``verify.json`` to verify against only.
+AGENT_KEY_PREFIX = "clusters"
+
+
+def agent_bundle_key(cluster: str) -> str:
+    return f"{AGENT_KEY_PREFIX}/{cluster}/bundle.json"
+
+
+def agent_verify_key(cluster: str) -> str:
+    return f"{AGENT_KEY_PREFIX}/{cluster}/verify.json"
+
+
+# The Lambdas' environment: the stack sets these (``infra/functions.py``), ``runtime.LambdaEnvironment``
+# reads them, and ``deployment.Deployment`` rebuilds them for the operator CLI.
+ENV_CONFIG = "TOPOKEEPER_CONFIG"
+ENV_TABLE = "TABLE_NAME"
+ENV_BUCKET = "BUCKET_NAME"
+ENV_QUEUE = "QUEUE_URL"
+ENV_DEAD_LETTER_QUEUE = "DEAD_LETTER_QUEUE_URL"
+ENV_EVENT_BUS = "EVENT_BUS_NAME"
+ENV_CLOUDTRAIL_CHANNEL = "CLOUDTRAIL_CHANNEL_ARN"
+ENV_AUDIT_RETENTION = "AUDIT_RETENTION_DAYS"
