@@ -7,6 +7,7 @@ from pathlib import Path
 from aws_cdk import aws_lambda as lambda_
 
 from topokeeper.config import CONFIG_ENV
+from topokeeper.stack_spec import DRIFT, FUNCTION_NAMES, INGEST, RECONCILE, RESULT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS_DIR = REPO_ROOT / "functions"
@@ -25,14 +26,9 @@ ARCHITECTURE = lambda_.Architecture.ARM_64
 POWERTOOLS_LAYER_PARAMETER = f"/aws/service/powertools/python/arm64/python{PYTHON_VERSION}/latest"
 HANDLER = "handler.lambda_handler"
 
-# The four functions; each one's code asset is functions/<name>/.
-INGEST = "ingest"
-RECONCILE = "reconcile"
-RESULT = "result"
-DRIFT = "drift"
-FUNCTION_NAMES = (INGEST, RECONCILE, RESULT, DRIFT)
-# The work queue's visibility timeout derives from it (infra/queue.py).
-RECONCILE_TIMEOUT_SECONDS = 180
+# The four functions are topokeeper.stack_spec's (the simulator runs the same); each one's code asset is
+# functions/<name>/. Re-exported: the constructs and the infra tests name them as constants.INGEST, ...
+__all__ = ["DRIFT", "FUNCTION_NAMES", "INGEST", "RECONCILE", "RESULT"]
 
 # Environment variables: the contract with the handlers (topokeeper.runtime.LambdaEnvironment).
 ENV_CONFIG = CONFIG_ENV
