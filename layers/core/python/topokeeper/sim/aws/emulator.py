@@ -26,7 +26,7 @@ from moto.moto_api._internal.models import moto_api_backend
 from topokeeper.sim.aws import moto_patches
 from topokeeper.sim.aws.clock import Clock, RateLimits, SystemClock
 from topokeeper.sim.aws.events import EventEmitter
-from topokeeper.sim.aws.hyperpod import HyperPodModel
+from topokeeper.sim.aws.hyperpod import HyperPodApi, HyperPodModel
 from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
 from topokeeper.sim.aws.server import CallCounter, EmulatorServer, Gateway, WsgiApp
@@ -108,7 +108,7 @@ class AwsEmulator:
         try:
             _reset_moto()
             moto_patches.apply()
-            handlers = {**self.hyperpod.handlers(), **self.network.handlers(), **self.ssm.handlers()}
+            handlers = {**HyperPodApi(self.hyperpod).handlers(), **self.network.handlers(), **self.ssm.handlers()}
 
             def wrap(app: WsgiApp) -> WsgiApp:
                 return Gateway(
