@@ -260,10 +260,8 @@ class World:
         self.agenda.add(self.clock.monotonic() + self.scenario.timing.agent_poll_seconds, poll, periodic=True)
 
     def _schedule_drift(self) -> None:
-        """The stack's drift schedule (one run every rate; each starts after the last one ends)."""
-        interval = (
-            stack_spec.schedule_rate_seconds(self.settings.drift_schedule) or stack_spec.CRON_ALARM_PERIOD_SECONDS
-        )
+        """The stack's drift schedule, ``settings.drift_schedule`` (each run starts a rate after the last ended)."""
+        interval = self.scenario.timing.drift_interval_seconds  # the schedule's rate (see __init__)
 
         def check() -> None:
             try:

@@ -142,14 +142,6 @@ class HyperPodModel:
 
     # ================================================================ reading
 
-    def clusters(self) -> list[str]:
-        with self.lock:
-            return sorted(self._clusters)
-
-    def cluster_arn(self, cluster: str) -> str:
-        with self.lock:
-            return self.cluster(cluster).arn
-
     def node(self, node_id: str) -> ClusterNode:
         """A copy of the node (by instance id)."""
         with self.lock:
