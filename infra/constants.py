@@ -17,6 +17,7 @@ from topokeeper.constants import (  # noqa: F401
     ENV_QUEUE,
     ENV_TABLE,
 )
+from topokeeper.stack_spec import DRIFT, FUNCTION_NAMES, INGEST, RECONCILE, RESULT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS_DIR = REPO_ROOT / "functions"
@@ -35,14 +36,9 @@ ARCHITECTURE = lambda_.Architecture.ARM_64
 POWERTOOLS_LAYER_PARAMETER = f"/aws/service/powertools/python/arm64/python{PYTHON_VERSION}/latest"
 HANDLER = "handler.lambda_handler"
 
-# The four functions; each one's code asset is functions/<name>/.
-INGEST = "ingest"
-RECONCILE = "reconcile"
-RESULT = "result"
-DRIFT = "drift"
-FUNCTION_NAMES = (INGEST, RECONCILE, RESULT, DRIFT)
-# The work queue's visibility timeout derives from it (infra/queue.py).
-RECONCILE_TIMEOUT_SECONDS = 180
+# The four functions are topokeeper.stack_spec's (the simulator runs the same); each one's code asset is
+# functions/<name>/. Re-exported: the constructs and the infra tests name them as constants.INGEST, ...
+__all__ = ["DRIFT", "FUNCTION_NAMES", "INGEST", "RECONCILE", "RESULT"]
 
 SERVICE_NAME = "topokeeper"
 EVENT_BUS_NAME = "default"

@@ -17,6 +17,7 @@ from infra.nag import acknowledge
 from infra.queue import Queues
 from infra.state import StateTable
 from infra.storage import PlanBucket
+from topokeeper import stack_spec as spec
 from topokeeper.config import Settings
 from topokeeper.events import AUDIT_SOURCE, RUN_SHELL_DOCUMENT
 from topokeeper.ports import METRICS_NAMESPACE, Channel
@@ -25,7 +26,7 @@ from topokeeper.ports import METRICS_NAMESPACE, Channel
 # waits up to two minutes for each SSM verify; ingest and result handle one event.
 _SIZING = {
     c.INGEST: (Duration.seconds(30), 256),
-    c.RECONCILE: (Duration.seconds(c.RECONCILE_TIMEOUT_SECONDS), 1024),
+    c.RECONCILE: (Duration.seconds(spec.RECONCILE_TIMEOUT_SECONDS), 1024),
     c.RESULT: (Duration.seconds(60), 256),
     c.DRIFT: (Duration.minutes(10), 1024),
 }

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from infra import constants as c
 from infra.agent import AgentPolicy, agent_clusters
 from infra.alarms import Monitoring
 from infra.encryption import DataKey
@@ -33,9 +32,7 @@ class TopokeeperStack(Stack):
         self.key = DataKey(self, "DataKey")
         self.state = StateTable(self, "State", key=self.key)
         self.plans = PlanBucket(self, "Plans", key=self.key, noncurrent_days=settings.audit_retention_days)
-        self.queues = Queues(
-            self, "Queues", key=self.key, reconcile_timeout=Duration.seconds(c.RECONCILE_TIMEOUT_SECONDS)
-        )
+        self.queues = Queues(self, "Queues", key=self.key)
         self.layers = Layers(self, "Layers")
         self.functions = Functions(
             self,

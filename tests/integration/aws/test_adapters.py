@@ -50,7 +50,7 @@ from topokeeper.render.bundle import Bundle, RenderedPlan, render
 from topokeeper.service.audit import build_records
 from topokeeper.service.state import save_fields
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome, ManualClock
-from topokeeper.sim.world import create_state_table
+from topokeeper.sim.stack import create_state_table
 
 TABLE = "topokeeper-state"
 BUCKET = "topokeeper-plans"

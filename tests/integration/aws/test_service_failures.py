@@ -40,7 +40,7 @@ from topokeeper.service.reconcile import DELIVERY_TIMEOUT, ControllerDeps, proce
 from topokeeper.service.result import ResultDeps, finish_delivery, record_result
 from topokeeper.service.state import save_fields
 from topokeeper.sim.aws_emulator import AwsEmulator, ManualClock
-from topokeeper.sim.world import create_state_table
+from topokeeper.sim.stack import create_state_table
 
 CLUSTER = "topo-test"
 HEAD_NODE = "mi-0123456789abcdef0"

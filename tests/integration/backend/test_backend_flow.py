@@ -12,8 +12,9 @@ from topokeeper.adapters.aws import client
 from topokeeper.errors import InputError
 from topokeeper.events import HYPERPOD_DETAIL_TYPES, WORK_QUEUE_MAX_RECEIVES
 from topokeeper.ports import Metric
+from topokeeper.sim.lambda_host import LambdaContext
 from topokeeper.sim.simulator import Story
-from topokeeper.sim.world import LambdaContext, World
+from topokeeper.sim.world import World
 
 pytestmark = pytest.mark.slurm
 
@@ -127,7 +128,7 @@ def test_a_burst_of_1000_events_makes_a_handful_of_writes(world_factory) -> None
 def test_duplicate_and_out_of_order_events_converge_with_one_write(world_factory) -> None:
     world = world_factory()
     world.settle()
-    ingest = world.handlers["ingest"]
+    ingest = world.functions.handlers["ingest"]
     event = {
         "version": "0",
         "id": "11111111-2222-3333-4444-555555555555",
@@ -153,7 +154,7 @@ def test_duplicate_and_out_of_order_events_converge_with_one_write(world_factory
 def test_an_event_for_an_unknown_cluster_is_ignored(world_factory) -> None:
     world = world_factory()
     world.settle()
-    result = world.handlers["ingest"](
+    result = world.functions.handlers["ingest"](
         {
             "version": "0",
             "id": "e-unknown",
@@ -192,21 +193,21 @@ def test_malformed_input_fails_loudly_with_the_field_or_goes_to_the_dead_letter_
     }
     # An async invocation that raises: Lambda retries it, then dead-letters it with this message.
     with pytest.raises(InputError, match="detail.ClusterName"):
-        world.handlers["ingest"](event, LambdaContext("ingest"))
+        world.functions.handlers["ingest"](event, LambdaContext("ingest"))
 
     sqs = client("sqs")
     sqs.send_message(
-        QueueUrl=world.queue_url,
+        QueueUrl=world.stack.queue_url,
         MessageBody='{"cluster": "topo-test", "generation": 0}',
         MessageGroupId="topo-test",
         MessageDeduplicationId="bad-1",
     )
     world.settle()
-    parked = sqs.receive_message(QueueUrl=world.dead_letter_url, MessageAttributeNames=["All"])["Messages"]
+    parked = sqs.receive_message(QueueUrl=world.stack.dead_letter_url, MessageAttributeNames=["All"])["Messages"]
     assert len(parked) == 1
     assert parked[0]["MessageAttributes"]["reason"]["StringValue"].startswith("message.generation:")
     redrive = json.loads(
-        sqs.get_queue_attributes(QueueUrl=world.queue_url, AttributeNames=["RedrivePolicy"])["Attributes"][
+        sqs.get_queue_attributes(QueueUrl=world.stack.queue_url, AttributeNames=["RedrivePolicy"])["Attributes"][
             "RedrivePolicy"
         ]
     )
@@ -276,7 +277,7 @@ def test_a_large_bundle_travels_through_s3_and_is_hash_checked_on_the_head_node(
     world = world_factory()
     world.settle()
     state = world.runtime.state.get(world.cluster.name)
-    stored = world.emulator.client("s3").list_objects_v2(Bucket=world.deployment.bucket, Prefix="payloads/")
+    stored = world.emulator.client("s3").list_objects_v2(Bucket=world.stack.deployment.bucket, Prefix="payloads/")
     assert [o["Key"] for o in stored.get("Contents", [])] == [
         f"payloads/{world.cluster.name}/{state.applied_sha256}.json"
     ]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slurm
 
 def _deployment(world: World, tmp_path: Path) -> str:
     path = tmp_path / "deployment.json"
-    path.write_text(world.deployment.model_dump_json())
+    path.write_text(world.stack.deployment.model_dump_json())
     world.ssm_synchronous = True  # the CLI waits in real time, outside the world's simulated time
     return str(path)
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from topokeeper.applier.applier import partition_topologies
 from topokeeper.domain.hostlist import compress, expand
@@ -28,7 +29,9 @@ from topokeeper.domain.models import SlurmFormat
 from topokeeper.render.bundle import Bundle
 from topokeeper.sim.slurm_chroot import (
     SUITE_FOR_FORMAT,
+    HarnessError,
     SlurmController,
+    can_run,
     ensure_chroot,
     installed_slurm_version,
     proc_mounted,
@@ -36,6 +39,8 @@ from topokeeper.sim.slurm_chroot import (
 
 APPLIER_SOURCE = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
 AGENT_SOURCE = Path(__file__).resolve().parents[1] / "agent" / "agent.py"
+# "chroot" or "file": which head node to run, whatever this machine could run (tests force "file").
+HEAD_NODE_VARIABLE = "TOPOKEEPER_HEAD_NODE"
 _PLUGIN_LINE = re.compile(r"^TopologyPlugin=\S+$", re.MULTILINE)
 
 
@@ -225,3 +230,25 @@ def _move_one_node(text: str) -> str:
         lines[second] = lines[second][: other.start(2)] + compress(grown) + lines[second][other.end(2) :]
         return "\n".join(lines) + "\n"
     raise RuntimeError("no node list to edit")
+
+
+class HeadNodeChoice(NamedTuple):
+    kind: Literal["chroot", "file"]
+    note: str  # for the operator, when it is the file-only head node
+
+
+def choose_head_node(requested: str | None = None) -> HeadNodeChoice:
+    """``requested``, else $TOPOKEEPER_HEAD_NODE, else the real slurmctld in a chroot where it can run here."""
+    requested = requested or os.environ.get(HEAD_NODE_VARIABLE) or None
+    if requested not in (None, "chroot", "file"):
+        raise HarnessError(f"{HEAD_NODE_VARIABLE} is chroot or file, not {requested!r}")
+    if requested == "file":
+        return HeadNodeChoice("file", "using a file-only head node (no slurmctld), as requested")
+    ok, reason = can_run()
+    if not ok and requested == "chroot":
+        raise HarnessError(f"the real head node cannot run here: {reason}")
+    if not ok:
+        return HeadNodeChoice(
+            "file", f"the real head node cannot run here: {reason}; using a file-only head node (no slurmctld)"
+        )
+    return HeadNodeChoice("chroot", "")

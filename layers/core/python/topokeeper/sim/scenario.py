@@ -120,7 +120,8 @@ class Timing(_Strict):
     api_call_seconds: float = Field(0.02, ge=0)
     ssm_delivery_seconds: float = Field(2.0, ge=0)
     agent_poll_seconds: float = Field(30.0, gt=0)
-    drift_interval_seconds: float = Field(300.0, gt=0)
+    # The stack's drift schedule runs at this rate, so it is whole minutes (EventBridge Scheduler's finest unit).
+    drift_interval_seconds: float = Field(300.0, ge=60, multiple_of=60)
     step_timeout_seconds: float = Field(1800.0, gt=0)
 
 

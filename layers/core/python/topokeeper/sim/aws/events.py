@@ -87,6 +87,8 @@ class EventEmitter:
         return envelope
 
     def _deliver(self, envelope: Mapping[str, Any], timestamp: float) -> None:
+        # Straight to moto's rules, not PutEvents: an AWS service's event is no API call of the account (the
+        # emulator would count it), and its id and time must come from the emulator's seed and clock.
         backend = events_backends[self.account_id][self.region]
         bus = backend.describe_event_bus(self.bus_name)
         for rule in list(bus.rules.values()):

@@ -193,14 +193,6 @@ class NetworkModel:
             until = self._clock.monotonic() + seconds if seconds else None
             self._holds[instance_id] = _Hold(until, calls or 0)
 
-    def unhold(self, instance_id: str) -> None:
-        with self._lock:
-            self._holds.pop(instance_id, None)
-
-    def topology_available(self, instance_id: str) -> bool:
-        with self._lock:
-            return self._available(instance_id)
-
     # ------------------------------------------------------------ internals
 
     def _unit(self, ec2_type: str, slot: int) -> int:
