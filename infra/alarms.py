@@ -14,7 +14,7 @@ from infra.config import drift_alarm_period
 from infra.encryption import DataKey
 from infra.functions import Functions
 from topokeeper.config import Settings
-from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
+from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Channel, Metric
 
 _PERIOD = Duration.minutes(5)
 _ROW_HEIGHT = 6
@@ -72,6 +72,18 @@ class Monitoring(Construct):
                 cluster_metric(Metric.APPLY_FAILURES, name, "Sum"),
                 f"{name}: a topology apply failed, was refused or rolled back",
             )
+            if cluster.effective_channel is Channel.AGENT:
+                self._alarm(
+                    f"{name}-{Metric.AGENT_OUTDATED}",
+                    cluster_metric(Metric.AGENT_OUTDATED, name, "Sum"),
+                    f"{name}: the head-node agent is outdated; re-run the `topokeeper agent install-script` output",
+                )
+                self._alarm(
+                    f"{name}-{Metric.FORGED_REPORTS}",
+                    cluster_metric(Metric.FORGED_REPORTS, name, "Sum"),
+                    f"{name}: its agent's identity sent a report about another cluster; the controller may be "
+                    "compromised, or shares its role with another cluster",
+                )
         for queue_name, queue in dead_letter_queues.items():
             self._alarm(
                 f"{queue_name}-Depth",

@@ -22,7 +22,7 @@ from topokeeper.config import ClusterConfig, Settings
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.errors import InputError
-from topokeeper.events import HYPERPOD_DETAIL_TYPES, ReconcileRequest, TopokeeperEvent
+from topokeeper.events import HYPERPOD_DETAIL_TYPES, ReconcileRequest, TopokeeperEvent, agent_source
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Metric, Outcome
 from topokeeper.render.bundle import Bundle, render
 from topokeeper.service.drift import check_drift
@@ -375,7 +375,7 @@ def test_agent_results_are_matched_by_the_object_version_they_applied(stack: Sta
                 "version": "0",
                 "id": f"a-{version}",
                 "detail-type": "Topology Apply Result",
-                "source": "topokeeper.agent",
+                "source": agent_source(CLUSTER),
                 "account": "111122223333",
                 "time": "2026-01-05T09:00:00Z",
                 "region": "us-east-1",

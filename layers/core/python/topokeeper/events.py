@@ -35,12 +35,28 @@ EC2_STATE_DETAIL_TYPE = "EC2 Instance State-change Notification"
 EC2_STATES = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
 SSM_INVOCATION_DETAIL_TYPE = "EC2 Command Invocation Status-change Notification"
 SSM_TERMINAL_STATUSES = ("Success", "Failed", "TimedOut", "Cancelled", "Undeliverable", "Terminated")
+# Each agent cluster reports with its own source, AGENT_SOURCE.<cluster>, which its IAM policy enforces
+# (events:source): the source, not the detail, says which cluster a report is about. The bare
+# AGENT_SOURCE is what agents before per-cluster sources sent; it only ever counts as an outdated agent.
 AGENT_SOURCE = "topokeeper.agent"
 AGENT_APPLY_DETAIL_TYPE = "Topology Apply Result"
 AGENT_VERIFY_DETAIL_TYPE = "Topology Verify Result"
 AUDIT_SOURCE = "topokeeper"
 AUDIT_DETAIL_TYPE = "UpdatePartitionTopology"
 RUN_SHELL_DOCUMENT = "AWS-RunShellScript"
+
+
+def agent_source(cluster: str) -> str:
+    """The event source only ``cluster``'s agent may send (its IAM policy's events:source condition)."""
+    return f"{AGENT_SOURCE}.{cluster}"
+
+
+def agent_source_cluster(source: str) -> str | None:
+    """The cluster an agent source belongs to; None for the legacy shared source and for other sources."""
+    prefix = AGENT_SOURCE + "."
+    if not source.startswith(prefix):
+        return None
+    return source[len(prefix) :] or None
 
 
 def change_patterns() -> dict[str, dict[str, Any]]:
@@ -67,7 +83,11 @@ def change_patterns() -> dict[str, dict[str, Any]]:
 def result_patterns(head_nodes: list[str]) -> dict[str, dict[str, Any]]:
     """Rules whose events carry a delivery outcome -> the result function."""
     patterns: dict[str, dict[str, Any]] = {
-        "AgentResults": {"source": [AGENT_SOURCE], "detail-type": [AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE]}
+        # Every cluster's source and the legacy one; the result function sorts them out.
+        "AgentResults": {
+            "source": [{"prefix": AGENT_SOURCE}],
+            "detail-type": [AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE],
+        }
     }
     if head_nodes:
         patterns["SsmCommandResults"] = {

@@ -102,6 +102,11 @@ def guard_target(instance_id: str) -> str:
     return instance_id
 
 
+def payload_key(cluster: str, plan_sha256: str) -> str:
+    """Where a bundle too large for the command itself waits for the head node."""
+    return f"payloads/{cluster}/{plan_sha256}.json"
+
+
 class SsmChannel:
     def __init__(
         self,
@@ -133,7 +138,7 @@ class SsmChannel:
         commands = build_commands(payload)
         if command_size(commands) <= INLINE_LIMIT_BYTES:
             return commands
-        key = f"payloads/{bundle.cluster_name}/{bundle.plan_sha256}.json"
+        key = payload_key(bundle.cluster_name, bundle.plan_sha256)
         self._s3.put_object(Bucket=self._bucket, Key=key, Body=document.encode(), ContentType="application/json")
         payload["bundle"] = None
         payload["bundle_url"] = self._s3.generate_presigned_url(

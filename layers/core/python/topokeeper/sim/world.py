@@ -38,7 +38,7 @@ from topokeeper.config import ClusterConfig, Mode, Settings
 from topokeeper.deployment import Deployment
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.domain.models import SlurmVersion
-from topokeeper.events import WORK_QUEUE_MAX_RECEIVES, change_patterns, result_patterns
+from topokeeper.events import AGENT_SOURCE, WORK_QUEUE_MAX_RECEIVES, change_patterns, result_patterns
 from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Channel, Metric, Outcome
 from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.service.reconcile import plan_cluster
@@ -542,7 +542,7 @@ class World:
         return result
 
     def _record_result(self, event: dict[str, Any], report: dict[str, Any]) -> None:
-        if event.get("source") == "topokeeper.agent":
+        if str(event.get("source", "")).startswith(AGENT_SOURCE):
             self._count_head_node_result(json.dumps(event["detail"]["result"]))
         if report.get("status") != "recorded":
             return
