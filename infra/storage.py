@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from aws_cdk import CfnResource, Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
@@ -61,46 +61,32 @@ class PlanBucket(Construct):
         writes that ask for another encryption than the stack's key. Writes that ask for none get the
         bucket's default, this key. TLS only is enforce_ssl's statement."""
         allowed = [role.role_arn for role in writers] + ([operator_role_arn] if operator_role_arn else [])
-        objects = self.bucket.arn_for_objects("*")
-        everyone = [iam.AnyPrincipal()]
-        statements = [
-            iam.PolicyStatement(
-                sid="OnlyTopokeeperChangesObjects",
-                effect=iam.Effect.DENY,
-                principals=everyone,
-                actions=_CHANGE_OBJECTS,
-                resources=[objects],
-                conditions={"ArnNotEquals": {"aws:PrincipalArn": allowed}},
+        denials: dict[str, tuple[list[str], dict[str, Any]]] = {
+            "OnlyTopokeeperChangesObjects": (_CHANGE_OBJECTS, {"ArnNotEquals": {"aws:PrincipalArn": allowed}}),
+            "OnlySseKms": (
+                ["s3:PutObject"],
+                {"StringNotEqualsIfExists": {"s3:x-amz-server-side-encryption": "aws:kms"}},
             ),
-            iam.PolicyStatement(
-                sid="OnlySseKms",
-                effect=iam.Effect.DENY,
-                principals=everyone,
-                actions=["s3:PutObject"],
-                resources=[objects],
-                conditions={"StringNotEqualsIfExists": {"s3:x-amz-server-side-encryption": "aws:kms"}},
+            "OnlyTheStackKey": (
+                ["s3:PutObject"],
+                {"StringNotEqualsIfExists": {"s3:x-amz-server-side-encryption-aws-kms-key-id": self._key.key.key_arn}},
             ),
-            iam.PolicyStatement(
-                sid="OnlyTheStackKey",
-                effect=iam.Effect.DENY,
-                principals=everyone,
-                actions=["s3:PutObject"],
-                resources=[objects],
-                conditions={
-                    "StringNotEqualsIfExists": {"s3:x-amz-server-side-encryption-aws-kms-key-id": self._key.key.key_arn}
-                },
+            "NoCustomerProvidedKeys": (
+                ["s3:PutObject"],
+                {"Null": {"s3:x-amz-server-side-encryption-customer-algorithm": "false"}},
             ),
-            iam.PolicyStatement(
-                sid="NoCustomerProvidedKeys",
-                effect=iam.Effect.DENY,
-                principals=everyone,
-                actions=["s3:PutObject"],
-                resources=[objects],
-                conditions={"Null": {"s3:x-amz-server-side-encryption-customer-algorithm": "false"}},
-            ),
-        ]
-        for statement in statements:
-            self.bucket.add_to_resource_policy(statement)
+        }
+        for sid, (actions, condition) in denials.items():
+            self.bucket.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid=sid,
+                    effect=iam.Effect.DENY,
+                    principals=[iam.AnyPrincipal()],
+                    actions=actions,
+                    resources=[self.bucket.arn_for_objects("*")],
+                    conditions=condition,
+                )
+            )
 
     def _grant(self, role: iam.IRole, object_actions: list[str], *, write: bool) -> None:
         # ListBucket lets a missing key read as 404 rather than 403.

@@ -37,10 +37,10 @@ from tests.agent_support import (
     released_agent,
     write_config,
 )
+from tests.helpers import RecordingMetrics
 from topokeeper.agent import agent
 from topokeeper.config import ClusterConfig, Settings
 from topokeeper.events import TopokeeperEvent, result_patterns
-from topokeeper.ports import Metric
 from topokeeper.service.result import ResultDeps, ResultReport, record_result
 from topokeeper.service.state import ClusterState
 from topokeeper.sim.aws import moto_patches
@@ -433,20 +433,12 @@ def test_verify_mode_only_ever_verifies_against_verify_json(cloud: Cloud, node: 
 # --- old and new agents against a newer bundle schema --------------------------------------------
 
 
-class _Metrics:
-    def __init__(self) -> None:
-        self.points: list[tuple[str, str, float]] = []
-
-    def emit(self, cluster: str, metric: Metric, value: float) -> None:
-        self.points.append((cluster, metric.value, value))
-
-
 class _NothingInFlight:
     def get(self, cluster: str) -> ClusterState:
         return ClusterState(cluster=cluster)
 
 
-def _result_function(event: dict[str, Any], metrics: _Metrics) -> ResultReport:
+def _result_function(event: dict[str, Any], metrics: RecordingMetrics) -> ResultReport:
     """The result service on a delivered event; with no delivery in flight it reads only state and metrics."""
     deps = ResultDeps(
         settings=Settings(clusters=[ClusterConfig(name=CLUSTER, mode="enforce")]),
@@ -481,7 +473,7 @@ def test_a_newer_bundle_schema_is_reported_agent_outdated_and_raises_the_metric(
     assert (result["outcome"], result["plan_sha256"]) == ("agent_outdated", document["plan_sha256"])
     assert "re-run the `topokeeper agent install-script` output" in result["error"]
 
-    metrics = _Metrics()
+    metrics = RecordingMetrics()
     report = _result_function(event, metrics)
     assert (report.cluster, report.status) == (CLUSTER, "ignored")  # no delivery in flight to finish
     assert metrics.points == [(CLUSTER, "AgentOutdated", 1)]
@@ -504,7 +496,7 @@ def test_an_agent_released_before_schema_versions_refuses_a_newer_bundle_and_cou
     assert event["detail"]["result"]["outcome"] == "refused"
     assert event["detail"]["result"]["error"].startswith("schema: expected topokeeper.bundle/1")
 
-    metrics = _Metrics()
+    metrics = RecordingMetrics()
     report = _result_function(event, metrics)
     assert (report.cluster, report.status) == (CLUSTER, "outdated")
     assert "re-run the install script" in report.reason

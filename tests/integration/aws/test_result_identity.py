@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import p5_nodes, snapshot
+from tests.helpers import RecordingMetrics, p5_nodes, snapshot
 from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
@@ -26,7 +26,7 @@ from topokeeper.events import (
     TopokeeperEvent,
     agent_source,
 )
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Metric, Outcome
+from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
 from topokeeper.render.bundle import render
 from topokeeper.service.result import ResultDeps, record_result
 from topokeeper.service.state import PendingDelivery, save_fields
@@ -38,14 +38,6 @@ SHARED_HEAD_NODE = "i-0123456789abcdef0"  # two SSM clusters managed from one he
 GAMMA, DELTA = "gamma", "delta"
 RENDERED = render(plan(snapshot({"p5": p5_nodes(4, partition="p5")})))
 COMMAND = "11111111-2222-3333-4444-555555555555"
-
-
-class Metrics:
-    def __init__(self) -> None:
-        self.points: list[tuple[str, str, float]] = []
-
-    def emit(self, cluster: str, metric: Metric, value: float) -> None:
-        self.points.append((cluster, metric.value, value))
 
 
 class _NoAudit:
@@ -63,7 +55,7 @@ class Results:
         url = sqs.create_queue(QueueName="w.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
         self.state = DynamoStateStore(dynamodb, "t")
         self.plans = S3PlanStore(s3, "plans")
-        self.metrics = Metrics()
+        self.metrics = RecordingMetrics()
         self.clock = clock
         self.ssm_outcome = Outcome.APPLIED
         agent = {"orchestrator": "ec2", "mode": "enforce", "channel": "agent"}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import p5_nodes, snapshot
+from tests.helpers import RecordingMetrics, p5_nodes, snapshot
 from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
@@ -23,7 +23,7 @@ from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.errors import InputError
 from topokeeper.events import HYPERPOD_DETAIL_TYPES, ReconcileRequest, TopokeeperEvent, agent_source
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Metric, Outcome
+from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
 from topokeeper.render.bundle import Bundle, render
 from topokeeper.service.drift import check_drift
 from topokeeper.service.ingest import IngestDeps, ingest
@@ -36,14 +36,6 @@ from topokeeper.sim.world import create_state_table
 CLUSTER = "topo-test"
 HEAD_NODE = "mi-0123456789abcdef0"
 RENDERED = render(plan(snapshot({"p5": p5_nodes(8, partition="p5")})))
-
-
-class Metrics:
-    def __init__(self) -> None:
-        self.points: list[tuple[str, str, float]] = []
-
-    def emit(self, cluster: str, metric: Metric, value: float) -> None:
-        self.points.append((cluster, metric.value, value))
 
 
 class Facts:
@@ -87,7 +79,7 @@ class Stack:
         self.state = DynamoStateStore(dynamodb, "t")
         self.queue = SqsWorkQueue(sqs, self.url, self.dlq_url)
         self.plans = S3PlanStore(s3, "plans")
-        self.metrics = Metrics()
+        self.metrics = RecordingMetrics()
         self.channel = Channel_()
         self.clock = clock
         self.settings = Settings(
