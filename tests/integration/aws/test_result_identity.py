@@ -159,10 +159,18 @@ def test_a_source_of_an_unmanaged_cluster_is_ignored(results: Results) -> None:
 
     assert (report.status, report.reason) == (
         "ignored",
-        "unmanaged cluster someone-elses (source topokeeper.agent.someone-elses)",
+        "no agent cluster someone-elses (source topokeeper.agent.someone-elses)",
     )
     assert results.metrics.points == []
     assert results.state.get(BETA).applied_sha256 is None
+
+
+def test_an_agent_source_of_an_ssm_cluster_is_ignored(results: Results) -> None:
+    """No agent policy names an SSM cluster's source: whoever sent it, it is not that cluster's agent."""
+    report = results.record(agent_source(GAMMA), AGENT_VERIFY_DETAIL_TYPE, _report(GAMMA, "in_sync"))
+
+    assert (report.status, report.reason) == ("ignored", "no agent cluster gamma (source topokeeper.agent.gamma)")
+    assert results.state.get(GAMMA).last_verify is None
 
 
 def test_a_report_on_the_shared_legacy_source_records_nothing_and_counts_an_outdated_agent(results: Results) -> None:

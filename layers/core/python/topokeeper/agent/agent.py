@@ -476,7 +476,7 @@ def check_schema(schema: Any) -> None:
             f"agent outdated: the bundle is {schema}, this agent knows {BUNDLE_SCHEMA} at most; re-run the "
             "`topokeeper agent install-script` output on this head node"
         )
-    raise BundleRefused(f"schema: expected {BUNDLE_SCHEMA}, got {str(schema)[:80]!r}")
+    raise BundleRefused(f"schema: expected {BUNDLE_SCHEMA}, got {repr(schema)[:80]}")
 
 
 def check_bundle(body: bytes, cluster: str) -> Dict[str, Any]:

@@ -27,7 +27,7 @@ from topokeeper.events import (
     TopokeeperEvent,
     agent_source_cluster,
 )
-from topokeeper.ports import ApplyResult, Clock, Metric, Metrics, Outcome
+from topokeeper.ports import ApplyResult, Channel, Clock, Metric, Metrics, Outcome
 from topokeeper.service.audit import AuditSink, build_records
 from topokeeper.service.state import (
     ClusterState,
@@ -125,9 +125,9 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
     source_cluster = agent_source_cluster(event.source)
     if source_cluster is None:
         return _legacy_report(event.source, report, deps)
-    cluster = next((c for c in deps.settings.clusters if c.name == source_cluster), None)
+    cluster = _agent_cluster(deps.settings, source_cluster)
     if cluster is None:
-        return ResultReport(status="ignored", reason=f"unmanaged cluster {source_cluster} (source {event.source})")
+        return ResultReport(status="ignored", reason=f"no agent cluster {source_cluster} (source {event.source})")
     if report.cluster != cluster.name:
         deps.metrics.emit(cluster.name, Metric.FORGED_REPORTS, 1)
         return ResultReport(
@@ -146,14 +146,19 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
     return finish_delivery(cluster, state, state.pending, report.result, deps)
 
 
+def _agent_cluster(settings: Settings, name: str) -> ClusterConfig | None:
+    """Only clusters served by an agent have an agent policy, hence a source that can be trusted."""
+    return next((c for c in settings.clusters if c.name == name and c.effective_channel is Channel.AGENT), None)
+
+
 def _legacy_report(source: str, report: AgentResultDetail, deps: ResultDeps) -> ResultReport:
     """An agent from before per-cluster sources: nothing proves which cluster sent it, so it records
     nothing and only says that the agent it claims to be needs the upgrade."""
     if source != AGENT_SOURCE:
         return ResultReport(status="ignored", reason=f"not an agent source: {source}")
-    cluster = next((c for c in deps.settings.clusters if c.name == report.cluster), None)
+    cluster = _agent_cluster(deps.settings, report.cluster)
     if cluster is None:
-        return ResultReport(status="ignored", reason=f"unmanaged cluster {report.cluster} (legacy source)")
+        return ResultReport(status="ignored", reason=f"no agent cluster {report.cluster} (legacy source)")
     deps.metrics.emit(cluster.name, Metric.AGENT_OUTDATED, 1)
     return ResultReport(
         status="outdated",
