@@ -501,3 +501,23 @@ def test_an_agent_released_before_schema_versions_refuses_a_newer_bundle_and_cou
     assert (report.cluster, report.status) == (CLUSTER, "outdated")
     assert "re-run the install script" in report.reason
     assert metrics.points == [(CLUSTER, "AgentOutdated", 1)]
+
+
+def test_an_agent_released_before_per_cluster_sources_is_counted_outdated_and_never_recorded(
+    cloud: Cloud, node: Node, tmp_path: Path
+) -> None:
+    """Until it is upgraded, an old agent still applies a bundle it knows, but its report proves nothing."""
+    cloud.put_bundle(bundle_body(bundle_document()))
+
+    process = node.run_agent_file("--once", agent_file=released_agent(tmp_path))
+    _, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 0, stderr
+    assert [call["mode"] for call in node.applier.calls()] == ["apply"]
+    [event] = cloud.delivered()
+    assert (event["source"], event["detail"]["result"]["outcome"]) == ("topokeeper.agent", "applied")
+
+    metrics = RecordingMetrics()
+    report = _result_function(event, metrics)
+    assert (report.status, report.cluster) == ("outdated", CLUSTER)
+    assert metrics.points == [(CLUSTER, "AgentOutdated", 1)]
