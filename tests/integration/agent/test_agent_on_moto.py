@@ -479,28 +479,36 @@ def test_a_newer_bundle_schema_is_reported_agent_outdated_and_raises_the_metric(
     assert metrics.points == [(CLUSTER, "AgentOutdated", 1)]
 
 
+def _released_agent_cycle(node: Node, tmp_path: Path) -> list[str]:
+    """One cycle of the released agent.py as its own process; the names of what it logged."""
+    process = node.run_agent_file("--once", agent_file=released_agent(tmp_path))
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    return [record["event"] for record in log_records(stderr)]
+
+
+def _outdated_and_counted(event: dict[str, Any]) -> ResultReport:
+    metrics = RecordingMetrics()
+    report = _result_function(event, metrics)
+    assert (report.status, report.cluster) == ("outdated", CLUSTER)
+    assert metrics.points == [(CLUSTER, "AgentOutdated", 1)]
+    return report
+
+
 def test_an_agent_released_before_schema_versions_refuses_a_newer_bundle_and_counts_as_outdated(
     cloud: Cloud, node: Node, tmp_path: Path
 ) -> None:
     """What a head node that never re-ran the install script does with a bundle of a newer schema."""
     cloud.put_bundle(bundle_body(_newer_schema_bundle()))
 
-    process = node.run_agent_file("--once", agent_file=released_agent(tmp_path))
-    _, stderr = process.communicate(timeout=60)
+    assert _released_agent_cycle(node, tmp_path) == ["poll.changed", "bundle.refused", "report.sent"]
 
-    assert process.returncode == 0, stderr
-    assert [record["event"] for record in log_records(stderr)] == ["poll.changed", "bundle.refused", "report.sent"]
     assert node.applier.calls() == []
     [event] = cloud.delivered()  # the stack's rule still takes the shared source it sends
     assert (event["source"], event["detail"]["cluster"]) == ("topokeeper.agent", CLUSTER)
     assert event["detail"]["result"]["outcome"] == "refused"
     assert event["detail"]["result"]["error"].startswith("schema: expected topokeeper.bundle/1")
-
-    metrics = RecordingMetrics()
-    report = _result_function(event, metrics)
-    assert (report.cluster, report.status) == (CLUSTER, "outdated")
-    assert "re-run the install script" in report.reason
-    assert metrics.points == [(CLUSTER, "AgentOutdated", 1)]
+    assert "re-run the install script" in _outdated_and_counted(event).reason
 
 
 def test_an_agent_released_before_per_cluster_sources_is_counted_outdated_and_never_recorded(
@@ -509,15 +517,9 @@ def test_an_agent_released_before_per_cluster_sources_is_counted_outdated_and_ne
     """Until it is upgraded, an old agent still applies a bundle it knows, but its report proves nothing."""
     cloud.put_bundle(bundle_body(bundle_document()))
 
-    process = node.run_agent_file("--once", agent_file=released_agent(tmp_path))
-    _, stderr = process.communicate(timeout=60)
+    assert _released_agent_cycle(node, tmp_path) == ["poll.changed", "apply.result", "report.sent"]
 
-    assert process.returncode == 0, stderr
     assert [call["mode"] for call in node.applier.calls()] == ["apply"]
     [event] = cloud.delivered()
     assert (event["source"], event["detail"]["result"]["outcome"]) == ("topokeeper.agent", "applied")
-
-    metrics = RecordingMetrics()
-    report = _result_function(event, metrics)
-    assert (report.status, report.cluster) == ("outdated", CLUSTER)
-    assert metrics.points == [(CLUSTER, "AgentOutdated", 1)]
+    _outdated_and_counted(event)
