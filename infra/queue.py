@@ -59,6 +59,22 @@ class Queues(Construct):
     def grant_send_event_dead_letters(self, role: iam.IRole) -> None:
         self._grant_send(role, self.event_dlq)
 
+    def grant_consume_work(self, role: iam.IRole) -> None:
+        """What the reconcile function's SQS event source mapping calls with the function's role."""
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "sqs:ReceiveMessage",
+                    "sqs:ChangeMessageVisibility",
+                    "sqs:GetQueueUrl",
+                    "sqs:DeleteMessage",
+                    "sqs:GetQueueAttributes",
+                ],
+                resources=[self.work.queue_arn],
+            )
+        )
+        self._key.grant_use(role, "sqs", write=False)
+
     def _grant_send(self, role: iam.IRole, queue: sqs.Queue) -> None:
         role.add_to_principal_policy(iam.PolicyStatement(actions=["sqs:SendMessage"], resources=[queue.queue_arn]))
         self._key.grant_use(role, "sqs", write=True)

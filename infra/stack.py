@@ -7,7 +7,8 @@ from typing import Any
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from infra.agent import AgentPolicy, agent_clusters
+from infra import constants as c
+from infra.agent import AgentPolicies, agent_clusters, agent_policy_output
 from infra.alarms import Monitoring
 from infra.encryption import DataKey
 from infra.events import Triggers
@@ -63,11 +64,11 @@ class TopokeeperStack(Stack):
             "EventDeadLetterQueueUrl": (self.queues.event_dlq.queue_url, "Events the functions could not take"),
             "AlarmTopicArn": (self.monitoring.topic.topic_arn, "Alarms are published here"),
         }
-        if clusters := agent_clusters(settings):
-            agent = AgentPolicy(self, "Agent", clusters=clusters, plans=self.plans, key=self.key)
-            outputs["AgentPolicyArn"] = (
-                agent.policy.managed_policy_arn,
-                "Attach to the ExecutionRole of the HyperPod instance group that runs slurmctld",
+        self.agent = AgentPolicies(self, "Agent", clusters=agent_clusters(settings), plans=self.plans, key=self.key)
+        for cluster, policy in self.agent.policies.items():
+            outputs[agent_policy_output(cluster)] = (
+                policy.managed_policy_arn,
+                f"Attach to the ExecutionRole of {cluster}'s controller group only (a role no other cluster uses)",
             )
         for name, (value, description) in outputs.items():
             CfnOutput(self, name, value=value, description=description)

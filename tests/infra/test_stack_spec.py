@@ -74,7 +74,7 @@ def test_the_stack_is_built_from_stack_spec(example: Synthesized) -> None:
     by_name = {json.dumps(a["AlarmName"], sort_keys=True): a for a in alarms}
     expected: dict[str, spec.AlarmSpec] = {}
     for cluster in settings.clusters:
-        for metric, alarm in spec.cluster_alarms(settings).items():
+        for metric, alarm in spec.cluster_alarms(settings, cluster).items():
             name = spec.cluster_alarm_name(stack.stack_name, cluster.name, metric)
             expected[json.dumps(name)] = alarm
             properties = by_name[json.dumps(name)]

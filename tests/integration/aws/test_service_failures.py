@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import p5_nodes, snapshot
+from tests.helpers import RecordingMetrics, p5_nodes, snapshot
 from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Settings
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot
+from topokeeper.constants import agent_source
 from topokeeper.errors import InputError, Retryable
 from topokeeper.events import HYPERPOD_DETAIL_TYPES, TopokeeperEvent
 from topokeeper.ports import (
@@ -45,14 +46,6 @@ from topokeeper.sim.stack import create_state_table
 CLUSTER = "topo-test"
 HEAD_NODE = "mi-0123456789abcdef0"
 RENDERED = render(plan(snapshot({"p5": p5_nodes(8, partition="p5")})))
-
-
-class Metrics:
-    def __init__(self) -> None:
-        self.points: list[tuple[str, str, float]] = []
-
-    def emit(self, cluster: str, metric: Metric, value: float) -> None:
-        self.points.append((cluster, metric.value, value))
 
 
 class Facts:
@@ -96,7 +89,7 @@ class Stack:
         self.state = DynamoStateStore(dynamodb, "t")
         self.queue = SqsWorkQueue(sqs, self.url, self.dlq_url)
         self.plans = S3PlanStore(s3, "plans")
-        self.metrics = Metrics()
+        self.metrics = RecordingMetrics()
         self.channel = Channel_()
         self.clock = clock
         self.settings = Settings(
@@ -385,7 +378,7 @@ def test_agent_results_are_matched_by_the_object_version_they_applied(stack: Sta
                 "version": "0",
                 "id": f"a-{version}",
                 "detail-type": "Topology Apply Result",
-                "source": "topokeeper.agent",
+                "source": agent_source(CLUSTER),
                 "account": "111122223333",
                 "time": "2026-01-05T09:00:00Z",
                 "region": "us-east-1",

@@ -13,7 +13,14 @@ from typing import Annotated, Any
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE, INSTANCE_ID
+from topokeeper.constants import (
+    AGENT_APPLY_DETAIL_TYPE,
+    AGENT_SOURCE,
+    AGENT_VERIFY_DETAIL_TYPE,
+    INSTANCE_ID,
+    agent_source,
+    agent_source_cluster,
+)
 from topokeeper.ports import ApplyResult
 
 HYPERPOD_SOURCE = "aws.sagemaker"
@@ -65,7 +72,11 @@ def change_patterns() -> dict[str, dict[str, Any]]:
 def result_patterns(head_nodes: list[str]) -> dict[str, dict[str, Any]]:
     """Rules whose events carry a delivery outcome -> the result function."""
     patterns: dict[str, dict[str, Any]] = {
-        "AgentResults": {"source": [AGENT_SOURCE], "detail-type": [AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE]}
+        # Every cluster's source and the legacy one; the result function sorts them out.
+        "AgentResults": {
+            "source": [{"prefix": AGENT_SOURCE}],
+            "detail-type": [AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE],
+        }
     }
     if head_nodes:
         patterns["SsmCommandResults"] = {

@@ -35,6 +35,7 @@ class Outcome(StrEnum):
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
     UNDELIVERABLE = "undeliverable"
+    AGENT_OUTDATED = "agent_outdated"  # the agent refused a bundle schema newer than it knows: upgrade it
 
 
 log = logging.getLogger("topokeeper")
@@ -134,6 +135,8 @@ class Metric(StrEnum):
     APPLY_FAILURES = "ApplyFailures"
     RECONCILE_SECONDS = "ReconcileSeconds"
     EVENTS_COALESCED = "EventsCoalesced"  # changes that did not need a reconcile of their own
+    AGENT_OUTDATED = "AgentOutdated"  # an agent report says the head node's agent must be upgraded
+    FORGED_REPORTS = "ForgedReports"  # agent reports refused: about another cluster than their source's
 
 
 class Metrics(Protocol):

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from topokeeper.config import Settings
+from topokeeper.config import ClusterConfig, Settings
 from topokeeper.errors import InputError
 from topokeeper.events import WORK_QUEUE_MAX_RECEIVES, change_patterns, result_patterns
-from topokeeper.ports import Metric
+from topokeeper.ports import Channel, Metric
 
 # ---------------------------------------------------------------- the functions (each one's code is functions/<name>/)
 
@@ -146,9 +146,9 @@ FUNCTION_ERRORS_ALARM = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
 FUNCTION_THROTTLES_ALARM = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
 
 
-def cluster_alarms(settings: Settings) -> dict[Metric, AlarmSpec]:
-    """The alarms on each managed cluster's topokeeper metrics (namespace ``METRICS_NAMESPACE``)."""
-    return {
+def cluster_alarms(settings: Settings, cluster: ClusterConfig) -> dict[Metric, AlarmSpec]:
+    """The alarms on ``cluster``'s topokeeper metrics (namespace ``METRICS_NAMESPACE``)."""
+    alarms = {
         Metric.TOPOLOGY_DRIFT: AlarmSpec(
             "Maximum",
             drift_alarm_period_seconds(settings),
@@ -158,6 +158,10 @@ def cluster_alarms(settings: Settings) -> dict[Metric, AlarmSpec]:
         ),
         Metric.APPLY_FAILURES: AlarmSpec("Sum", ALARM_PERIOD_SECONDS),
     }
+    if cluster.effective_channel is Channel.AGENT:
+        alarms[Metric.AGENT_OUTDATED] = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
+        alarms[Metric.FORGED_REPORTS] = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
+    return alarms
 
 
 def cluster_alarm_name(prefix: str, cluster: str, metric: Metric) -> str:

@@ -22,6 +22,7 @@ from botocore.exceptions import ClientError
 from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.applier.applier import sha256_text
 from topokeeper.config import SSM_TARGET
+from topokeeper.constants import ssm_payload_key
 from topokeeper.errors import InputError, Permanent
 from topokeeper.events import RUN_SHELL_DOCUMENT
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
@@ -135,7 +136,7 @@ class SsmChannel:
         commands = build_commands(payload)
         if command_size(commands) <= INLINE_LIMIT_BYTES:
             return commands
-        key = f"payloads/{bundle.cluster_name}/{bundle.plan_sha256}.json"
+        key = ssm_payload_key(bundle.cluster_name, bundle.plan_sha256)
         self._s3.put_object(Bucket=self._bucket, Key=key, Body=document.encode(), ContentType="application/json")
         payload["bundle"] = None
         payload["bundle_url"] = self._s3.generate_presigned_url(

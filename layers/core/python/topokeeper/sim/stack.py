@@ -106,7 +106,7 @@ def create_stack(settings: Settings) -> SimStack:
 
 def _create_cluster_alarms(settings: Settings, cluster: ClusterConfig) -> list[ClusterAlarm]:
     created = []
-    for metric, alarm in spec.cluster_alarms(settings).items():
+    for metric, alarm in spec.cluster_alarms(settings, cluster).items():
         name = spec.cluster_alarm_name(ALARM_PREFIX, cluster.name, metric)
         optional = {"DatapointsToAlarm": alarm.datapoints_to_alarm} if alarm.datapoints_to_alarm else {}
         client("cloudwatch").put_metric_alarm(

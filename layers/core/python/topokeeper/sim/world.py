@@ -29,6 +29,7 @@ from topokeeper import stack_spec
 from topokeeper.adapters.aws import client
 from topokeeper.config import ClusterConfig, Mode, Settings
 from topokeeper.domain.models import SlurmVersion
+from topokeeper.constants import AGENT_SOURCE
 from topokeeper.ports import Channel, Outcome
 from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.service.reconcile import plan_cluster
@@ -294,7 +295,7 @@ class World:
             self._record_result(event, result)
 
     def _record_result(self, event: dict[str, Any], report: dict[str, Any]) -> None:
-        if event.get("source") == "topokeeper.agent":
+        if str(event.get("source", "")).startswith(AGENT_SOURCE):
             self._count_head_node_result(json.dumps(event["detail"]["result"]))
         if report.get("status") != "recorded":
             return
