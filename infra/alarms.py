@@ -15,7 +15,7 @@ from infra.encryption import DataKey
 from infra.functions import Functions
 from topokeeper import stack_spec as spec
 from topokeeper.config import Settings
-from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Channel, Metric
+from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
 
 _PERIOD = Duration.seconds(spec.ALARM_PERIOD_SECONDS)
 _ROW_HEIGHT = 6
@@ -61,7 +61,7 @@ class Monitoring(Construct):
         descriptions = {
             Metric.TOPOLOGY_DRIFT: "the live topology differed from the plan in {periods} drift checks",
             Metric.APPLY_FAILURES: "a topology apply failed, was refused or rolled back",
-            Metric.AGENT_OUTDATED: "the head-node agent is outdated; re-run the `topokeeper agent install-script` output",
+            Metric.AGENT_OUTDATED: "the head-node agent is outdated; re-run `topokeeper agent install-script` output",
             Metric.FORGED_REPORTS: "its agent's identity sent a report about another cluster; the controller may be "
             "compromised, or shares its role with another cluster",
         }

@@ -7,7 +7,6 @@ from typing import Any
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from infra import constants as c
 from infra.agent import AgentPolicies, agent_clusters, agent_policy_output
 from infra.alarms import Monitoring
 from infra.encryption import DataKey

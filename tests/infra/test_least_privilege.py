@@ -17,7 +17,7 @@ import pytest
 
 from infra.agent import agent_policy_output
 from tests.infra.conftest import Synthesized, example_config, synthesize
-from topokeeper.events import AGENT_SOURCE, agent_source
+from topokeeper.constants import AGENT_SOURCE, agent_source
 
 pytestmark = pytest.mark.infra
 

@@ -17,21 +17,15 @@ from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Settings
+from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE, agent_source
 from topokeeper.engine.planner import plan
-from topokeeper.events import (
-    AGENT_APPLY_DETAIL_TYPE,
-    AGENT_SOURCE,
-    AGENT_VERIFY_DETAIL_TYPE,
-    SSM_INVOCATION_DETAIL_TYPE,
-    TopokeeperEvent,
-    agent_source,
-)
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
+from topokeeper.events import SSM_INVOCATION_DETAIL_TYPE, TopokeeperEvent
+from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, PendingDelivery
 from topokeeper.render.bundle import render
 from topokeeper.service.result import ResultDeps, record_result
-from topokeeper.service.state import PendingDelivery, save_fields
+from topokeeper.service.state import save_fields
 from topokeeper.sim.aws_emulator import AwsEmulator, ManualClock
-from topokeeper.sim.world import create_state_table
+from topokeeper.sim.stack import create_state_table
 
 ALPHA, BETA = "alpha", "beta"  # two agent clusters
 SHARED_HEAD_NODE = "i-0123456789abcdef0"  # two SSM clusters managed from one head node
@@ -76,7 +70,9 @@ class Results:
             queue=SqsWorkQueue(sqs, url, url),
             metrics=self.metrics,
             clock=clock,
-            ssm_result=lambda cluster, command: ApplyResult(outcome=self.ssm_outcome, plan_sha256=RENDERED.sha256),
+            ssm_result=lambda cluster, command: ApplyResult(
+                outcome=self.ssm_outcome, plan_sha256=RENDERED.sha256, applier_version="1.0.0"
+            ),
         )
         for cluster in (ALPHA, BETA):
             self._in_flight(cluster, Channel.AGENT, f"v-{cluster}")
@@ -122,7 +118,7 @@ def _report(cluster: str, outcome: str = "applied") -> dict[str, Any]:
         "plan_sha256": RENDERED.sha256,
         "version_id": f"v-{cluster}",
         "etag": '"x"',
-        "result": {"outcome": outcome, "plan_sha256": RENDERED.sha256},
+        "result": {"outcome": outcome, "plan_sha256": RENDERED.sha256, "applier_version": "1.0.0"},
     }
 
 

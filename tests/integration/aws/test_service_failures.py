@@ -19,16 +19,15 @@ from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Settings
+from topokeeper.constants import agent_source
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot
-from topokeeper.constants import agent_source
 from topokeeper.errors import InputError, Retryable
 from topokeeper.events import HYPERPOD_DETAIL_TYPES, TopokeeperEvent
 from topokeeper.ports import (
     ApplyResult,
     Channel,
     DeliveryHandle,
-    Metric,
     Outcome,
     PendingDelivery,
     ReconcileRequest,

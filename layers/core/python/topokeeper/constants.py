@@ -37,6 +37,7 @@ def agent_source_cluster(source: str) -> str | None:
         return None
     return source[len(prefix) :] or None
 
+
 # Where the agent channel puts a cluster's desired bundle in the plans bucket (the agent's default
 # ``--prefix``): ``bundle.json`` to apply, ``verify.json`` to verify against only.
 AGENT_KEY_PREFIX = "clusters"

@@ -18,8 +18,6 @@ from topokeeper.constants import (
     AGENT_SOURCE,
     AGENT_VERIFY_DETAIL_TYPE,
     INSTANCE_ID,
-    agent_source,
-    agent_source_cluster,
 )
 from topokeeper.ports import ApplyResult
 

@@ -119,10 +119,10 @@ def _record_command_result(event: TopokeeperEvent, deps: ResultDeps) -> ResultRe
 
 def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
     """The source names the cluster (each agent's policy allows only its own); the detail must agree."""
-    report = _parse(AgentResultDetail, event)
     source_cluster = agent_source_cluster(event.source)
     if source_cluster is None:
-        return _legacy_report(event.source, report, deps)
+        return _legacy_report(event, deps)
+    report = _parse(AgentResultDetail, event)
     cluster = _agent_cluster(deps.settings, source_cluster)
     if cluster is None:
         return ResultReport(status="ignored", reason=f"no agent cluster {source_cluster} (source {event.source})")
@@ -149,11 +149,19 @@ def _agent_cluster(settings: Settings, name: str) -> ClusterConfig | None:
     return next((c for c in settings.clusters if c.name == name and c.effective_channel is Channel.AGENT), None)
 
 
-def _legacy_report(source: str, report: AgentResultDetail, deps: ResultDeps) -> ResultReport:
+class _LegacyAgentReport(BaseModel):
+    """What every agent release has sent: enough to name the agent that needs the upgrade (older results
+    lack fields today's ApplyResult requires, so the result itself is not read)."""
+
+    cluster: str
+
+
+def _legacy_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
     """An agent from before per-cluster sources: nothing proves which cluster sent it, so it records
     nothing and only says that the agent it claims to be needs the upgrade."""
-    if source != AGENT_SOURCE:
-        return ResultReport(status="ignored", reason=f"not an agent source: {source}")
+    if event.source != AGENT_SOURCE:
+        return ResultReport(status="ignored", reason=f"not an agent source: {event.source}")
+    report: _LegacyAgentReport = _parse(_LegacyAgentReport, event)
     cluster = _agent_cluster(deps.settings, report.cluster)
     if cluster is None:
         return ResultReport(status="ignored", reason=f"no agent cluster {report.cluster} (legacy source)")
@@ -161,8 +169,7 @@ def _legacy_report(source: str, report: AgentResultDetail, deps: ResultDeps) -> 
     return ResultReport(
         status="outdated",
         cluster=cluster.name,
-        outcome=report.result.outcome,
-        reason=f"an agent reporting as {source} predates per-cluster sources: re-run the install script",
+        reason=f"an agent reporting as {event.source} predates per-cluster sources: re-run the install script",
     )
 
 

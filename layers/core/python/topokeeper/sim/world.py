@@ -28,8 +28,8 @@ from typing import Any
 from topokeeper import stack_spec
 from topokeeper.adapters.aws import client
 from topokeeper.config import ClusterConfig, Mode, Settings
-from topokeeper.domain.models import SlurmVersion
 from topokeeper.constants import AGENT_SOURCE
+from topokeeper.domain.models import SlurmVersion
 from topokeeper.ports import Channel, Outcome
 from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.service.reconcile import plan_cluster
