@@ -35,6 +35,7 @@ from moto.sqs.models import sqs_backends
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Mode, Settings
+from topokeeper.constants import AGENT_SOURCE
 from topokeeper.deployment import Deployment
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.domain.models import SlurmVersion
@@ -554,7 +555,7 @@ class World:
         return result
 
     def _record_result(self, event: dict[str, Any], report: dict[str, Any]) -> None:
-        if event.get("source") == "topokeeper.agent":
+        if event.get("source") == AGENT_SOURCE:
             self._count_head_node_result(json.dumps(event["detail"]["result"]))
         if report.get("status") != "recorded":
             return
