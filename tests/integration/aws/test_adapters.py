@@ -11,6 +11,8 @@ import copy
 import gzip
 import json
 import logging
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -21,8 +23,10 @@ from botocore.exceptions import ClientError
 
 from tests.helpers import gb200_nodes, p5_nodes, snapshot
 from tests.integration.aws.support import cluster_request, drain, group, subscribe
+from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.agent_channel import AgentChannel, bundle_key, verify_key
 from topokeeper.adapters.audit_trail import AuditTrail
+from topokeeper.adapters.aws import client, presigning_s3
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
 from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter
 from topokeeper.adapters.hyperpod import HyperPodFacts
@@ -45,6 +49,7 @@ from topokeeper.service.state import (
     Trigger,
     save_fields,
 )
+from topokeeper.sim.aws.s3 import KMS_DEFAULT_ENCRYPTION
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome, ManualClock
 from topokeeper.sim.world import create_state_table
 
@@ -851,7 +856,10 @@ def test_agent_channel_verify_writes_once_and_waits_for_a_fresh_report(
 
 
 def _payload(invocation: CommandInvocationRequest) -> dict[str, Any]:
-    commands = invocation.commands
+    return _decode_commands(invocation.commands)
+
+
+def _decode_commands(commands: list[str]) -> dict[str, Any]:
     start = commands.index("cat > \"$work/payload\" <<'TOPOKEEPER_PAYLOAD_END'") + 1
     end = commands.index("TOPOKEEPER_PAYLOAD_END")
     document: dict[str, Any] = json.loads(gzip.decompress(base64.b64decode("".join(commands[start:end]))))
@@ -905,6 +913,34 @@ def test_ssm_channel_delivers_to_the_head_node_and_reads_the_applier_document(
         ["gb", "p5"],
         True,
     )
+
+
+@pytest.mark.parametrize("sigv4", [True, False], ids=["presigning_s3", "default-client"])
+def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
+    aws: AwsEmulator, clock: ManualClock, bucket: str, monkeypatch: pytest.MonkeyPatch, sigv4: bool
+) -> None:
+    """A bundle too large to ride inline is fetched by presigned URL; S3 serves a KMS object only to SigV4."""
+    aws.client("s3").put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration=KMS_DEFAULT_ENCRYPTION)
+    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", 31_500)
+    for key, value in aws.env().items():
+        monkeypatch.setenv(key, value)
+    client.cache_clear()
+    s3 = presigning_s3() if sigv4 else client("s3")
+    channel = SsmChannel(aws.client("ssm"), s3, bucket, HEAD_NODE, now=clock.now)
+    bundle = _rendered(p5_count=40).bundle
+    try:
+        if not sigv4:
+            with pytest.raises(ValueError, match="not SigV4"):
+                channel.payload(bundle, "apply")
+            return
+        payloads = [_decode_commands(channel.payload(bundle, mode)) for mode in ("apply", "verify")]
+    finally:
+        client.cache_clear()
+    for payload in payloads:
+        url = payload["bundle_url"]
+        assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in urllib.parse.urlsplit(url).query
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - the emulator's http URL
+            assert response.read().decode() == json.dumps(bundle.document(), sort_keys=True)
 
 
 def test_ssm_channel_maps_failures_and_statuses_without_a_document(

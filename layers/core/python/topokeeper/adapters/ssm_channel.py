@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from botocore.exceptions import ClientError
 
@@ -102,6 +103,13 @@ def guard_target(instance_id: str) -> str:
     return instance_id
 
 
+def guard_sigv4(url: str) -> str:
+    """S3 refuses a SigV2 URL for the KMS-encrypted plan bucket; refuse to send one (``presigning_s3``)."""
+    if "X-Amz-Algorithm=AWS4-HMAC-SHA256" not in urlsplit(url).query:
+        raise ValueError("the presigned URL is not SigV4; build the S3 client with adapters.aws.PRESIGN_CONFIG")
+    return url
+
+
 class SsmChannel:
     def __init__(
         self,
@@ -136,8 +144,10 @@ class SsmChannel:
         key = f"payloads/{bundle.cluster_name}/{bundle.plan_sha256}.json"
         self._s3.put_object(Bucket=self._bucket, Key=key, Body=document.encode(), ContentType="application/json")
         payload["bundle"] = None
-        payload["bundle_url"] = self._s3.generate_presigned_url(
-            "get_object", Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS
+        payload["bundle_url"] = guard_sigv4(
+            self._s3.generate_presigned_url(
+                "get_object", Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS
+            )
         )
         commands = build_commands(payload)
         if command_size(commands) > INLINE_LIMIT_BYTES:

@@ -46,6 +46,7 @@ from topokeeper.sim.aws.clock import ManualClock
 from topokeeper.sim.aws.emulator import AwsEmulator
 from topokeeper.sim.aws.events import HYPERPOD
 from topokeeper.sim.aws.network import NetworkLayout
+from topokeeper.sim.aws.s3 import KMS_DEFAULT_ENCRYPTION
 from topokeeper.sim.aws.ssm import CommandInvocationRequest, CommandOutcome
 from topokeeper.sim.file_head_node import FileHeadNode
 from topokeeper.sim.head_node import ChrootHeadNode, HeadNode
@@ -310,6 +311,7 @@ class World:
         create_state_table(client("dynamodb"), TABLE)
         s3.create_bucket(Bucket=BUCKET)
         s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+        s3.put_bucket_encryption(Bucket=BUCKET, ServerSideEncryptionConfiguration=KMS_DEFAULT_ENCRYPTION)
         fifo = {"FifoQueue": "true"}
         self.dead_letter_url = sqs.create_queue(QueueName=WORK_DEAD_LETTERS, Attributes=fifo)["QueueUrl"]
         dead_letter_arn = _queue_arn(sqs, self.dead_letter_url)

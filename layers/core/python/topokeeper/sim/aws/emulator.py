@@ -29,6 +29,7 @@ from topokeeper.sim.aws.events import EventEmitter
 from topokeeper.sim.aws.hyperpod import HyperPodModel
 from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
+from topokeeper.sim.aws.s3 import S3Refusals
 from topokeeper.sim.aws.server import CallCounter, EmulatorServer, Gateway, WsgiApp
 from topokeeper.sim.aws.ssm import SsmRunCommand
 
@@ -118,6 +119,7 @@ class AwsEmulator:
                     calls=self.calls,
                     rate_limits=self.rate_limits,
                     ids=self.ids,
+                    refusals=[S3Refusals(self.account_id).check],
                 )
 
             server = EmulatorServer(wrap, host=self._host)
