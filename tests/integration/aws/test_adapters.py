@@ -37,6 +37,7 @@ from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TopologyKind
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
+from topokeeper.errors import InputError, Permanent
 from topokeeper.events import RUN_SHELL_DOCUMENT, ReconcileRequest
 from topokeeper.ports import ApplyResult, Channel, Outcome
 from topokeeper.render.bundle import Bundle, RenderedPlan, render
@@ -284,6 +285,48 @@ def test_hyperpod_facts_read_the_legacy_partition_mapping_from_the_lifecycle_buc
     planned = {p.partition: p for p in plan(build_snapshot(raw, PlannerConfig())).partitions}
     assert {name: p.kind for name, p in planned.items()} == {"ml-p5": TopologyKind.TREE, "ml-p6e": TopologyKind.BLOCK}
     assert (len(planned["ml-p5"].nodes), len(planned["ml-p6e"].nodes)) == (4, 18)
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        (b'{"worker_groups": [{"instance_group_name": "p5",', "", "not valid JSON"),
+        (b'["p5", "ml-p5"]', "", "must be a JSON object"),
+        (b'{"worker_groups": {"p5": "ml-p5"}}', ":worker_groups", "must be a list"),
+        (b'{"worker_groups": ["p5"]}', ":worker_groups[0]", "must be an object"),
+        (
+            b'{"worker_groups": [{"instance_group_name": "p5", "partition_name": 5}]}',
+            ":worker_groups[0].partition_name",
+            "must be a string",
+        ),
+        (b" " * (1024 * 1024) + b"{}", "", "larger than 1048576 bytes"),
+    ],
+    ids=["truncated", "not-an-object", "groups-not-a-list", "group-not-an-object", "name-not-a-string", "over-1mb"],
+)
+def test_a_malformed_legacy_mapping_is_one_error_naming_the_s3_object(
+    aws: AwsEmulator, clock: ManualClock, table: str, body: bytes, field: str, message: str
+) -> None:
+    request = cluster_request("legacy", group("p5", "ml.p5.48xlarge", 2, partition="ml-p5"))
+    del request["Orchestrator"]
+    for spec in request["InstanceGroups"]:
+        del spec["SlurmConfig"]
+        spec["LifeCycleConfig"] = {"SourceS3Uri": "s3://lifecycle-scripts/hyperpod/", "OnCreate": "on_create.sh"}
+    aws.client("sagemaker").create_cluster(**request)
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="lifecycle-scripts")
+    s3.put_object(Bucket="lifecycle-scripts", Key="hyperpod/provisioning_parameters.json", Body=body)
+    ec2 = aws.client("ec2", config=NO_RETRIES)
+    sizes: list[int] = []
+    _rewrite_responses(s3, "GetObject", lambda parsed: sizes.append(parsed["ContentLength"]))
+    facts = HyperPodFacts(aws.client("sagemaker"), s3, _reader(aws, clock, table, ec2))
+
+    with pytest.raises(InputError) as raised:
+        facts.read("legacy")
+
+    assert raised.value.field == f"s3://lifecycle-scripts/hyperpod/provisioning_parameters.json{field}"
+    assert message in raised.value.message
+    assert isinstance(raised.value, Permanent)  # the reconcile dead-letters it with this reason, no retries
+    assert max(sizes) <= 1024 * 1024 + 1  # never more than 1 MB (and a byte) is read
 
 
 # ---------------------------------------------------------------- InstanceTopologyReader
