@@ -60,8 +60,17 @@ PERMANENT_CODES = frozenset(
         "KMSInvalidStateException",
         "NotFoundException",
         "InvalidKeyUsageException",
+        "OptInRequired",
+        "Blocked",
+        "SignatureDoesNotMatch",
+        "MissingAuthenticationToken",
     }
 )
+
+
+def is_permanent(code: str) -> bool:
+    """The codes above, and any other access-denied spelling (``*AccessDenied*``, ``Unauthorized*``)."""
+    return code in PERMANENT_CODES or "AccessDenied" in code or code.startswith("Unauthorized")
 
 
 def error_code(error: ClientError) -> str:
@@ -71,7 +80,7 @@ def error_code(error: ClientError) -> str:
 def translate(error: ClientError) -> TopokeeperError:
     """An AWS error as the package's hierarchy: ``Permanent`` for the codes above, else ``Retryable``."""
     code = error_code(error)
-    kind = Permanent if code in PERMANENT_CODES else Retryable
+    kind = Permanent if is_permanent(code) else Retryable
     return kind(str(error), code=code or None)
 
 

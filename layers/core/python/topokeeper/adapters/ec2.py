@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
+from topokeeper.adapters.aws import aws_errors
 from topokeeper.config import Ec2Discovery
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.engine.snapshot import AwsSnapshot
+from topokeeper.errors import TopokeeperError
 from topokeeper.service.state import NodeFactsCache
 
 MAX_IDS_PER_CALL = 100
@@ -179,8 +181,15 @@ class Ec2ClusterFacts:
 
 
 def instance_tags(ec2: Any, instance_id: str) -> dict[str, str]:
-    """An instance's tags (EC2 state-change events carry only its id)."""
-    response = ec2.describe_instances(InstanceIds=[instance_id])
+    """An instance's tags (EC2 state-change events carry only its id); none for an instance DescribeInstances
+    does not know yet (eventually consistent while pending). Access errors are ``Permanent``."""
+    try:
+        with aws_errors():
+            response = ec2.describe_instances(InstanceIds=[checked_ids([instance_id])[0]])
+    except TopokeeperError as error:
+        if getattr(error, "code", None) == "InvalidInstanceID.NotFound":
+            return {}
+        raise
     for reservation in response.get("Reservations", []):
         for instance in reservation.get("Instances", []):
             return _tags(instance)
