@@ -25,7 +25,7 @@ from tests.helpers import gb200_nodes, p5_nodes, snapshot
 from tests.integration.aws.support import cluster_request, drain, group, subscribe
 from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.agent_channel import AgentChannel, bundle_key, verify_key
-from topokeeper.adapters.audit_trail import AuditTrail
+from topokeeper.adapters.audit_trail import PUT_EVENTS_MAX_BYTES, AuditTrail, put_events_entry_size
 from topokeeper.adapters.aws import client, presigning_s3
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
 from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter
@@ -681,6 +681,66 @@ def test_audit_trail_publishes_and_stores_each_record_once(
     (newer, *_) = _records(_rendered(), "cmd-2", clock)
     assert trail.publish([*records, newer]) == 1
     assert [e["detail"]["audit_id"] for e in drain(aws, inbox)] == [newer.audit_id]
+
+
+def _trail(aws: AwsEmulator, table: str, events: Any = None) -> AuditTrail:
+    return AuditTrail(
+        dynamodb=aws.client("dynamodb", config=NO_RETRIES),
+        table=table,
+        events=events or aws.client("events", config=NO_RETRIES),
+        event_bus="default",
+        retention=timedelta(days=365),
+        logger=logging.getLogger("tests.audit"),
+    )
+
+
+def _large(record: AuditRecord, index: int, names: int, name_length: int) -> AuditRecord:
+    added = [f"n{index:02d}-{i:04d}-".ljust(name_length, "x") for i in range(names)]
+    return record.model_copy(
+        update={"audit_id": f"{index:032d}", "nodes_added": added, "nodes_added_count": names, "node_count": names}
+    )
+
+
+def test_audit_trail_batches_put_events_by_size(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    # Given ten records of about 60 KB each: one PutEvents of ten would be 600 KB, which EventBridge refuses
+    inbox = subscribe(aws, "audit-inbox", {"source": ["topokeeper"]})
+    base = _records(_rendered(), "cmd-1", clock)[0]
+    records = [_large(base, index, names=200, name_length=300) for index in range(10)]
+    events = aws.client("events", config=NO_RETRIES)
+    requests = _requests(events, "PutEvents")
+    trail = _trail(aws, table, events)
+
+    # When they are published
+    assert trail.publish(records) == 10
+
+    # Then each went out whole, in requests of at most 10 entries totalling under 256 KB
+    sizes = [sum(put_events_entry_size(entry) for entry in request["Entries"]) for request in requests]
+    assert len(requests) == aws.calls["PutEvents"] >= 3
+    assert all(size < PUT_EVENTS_MAX_BYTES for size in sizes) and sum(sizes) > 600_000
+    published = {e["detail"]["audit_id"]: e["detail"] for e in drain(aws, inbox)}
+    assert published == {r.audit_id: r.document() for r in records}
+
+
+def test_an_audit_record_too_large_for_eventbridge_is_trimmed_never_dropped(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    # Given one record of about 300 KB (longer than any entry EventBridge takes)
+    inbox = subscribe(aws, "audit-inbox", {"source": ["topokeeper"]})
+    record = _large(_records(_rendered(), "cmd-1", clock)[0], 1, names=200, name_length=1500)
+    assert len(json.dumps(record.document())) > 300_000
+
+    # When it is published
+    assert _trail(aws, table).publish([record]) == 1
+
+    # Then EventBridge got it with its node list cut and everything else intact
+    (event,) = drain(aws, inbox)
+    detail = event["detail"]
+    assert 0 < len(detail["nodes_added"]) < 200
+    assert detail["nodes_added"] == record.nodes_added[: len(detail["nodes_added"])]
+    assert detail == {**record.document(), "nodes_added": detail["nodes_added"]}
+    assert (detail["nodes_added_count"], detail["after_sha256"]) == (200, record.after_sha256)
+    # And the history keeps the whole record
+    assert _trail(aws, table).history(record.cluster_name) == [record.document()]
 
 
 def test_audit_history_is_newest_first(aws: AwsEmulator, clock: ManualClock, table: str) -> None:

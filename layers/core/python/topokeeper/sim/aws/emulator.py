@@ -25,7 +25,7 @@ from moto.moto_api._internal.models import moto_api_backend
 
 from topokeeper.sim.aws import moto_patches
 from topokeeper.sim.aws.clock import Clock, RateLimits, SystemClock
-from topokeeper.sim.aws.events import EventEmitter
+from topokeeper.sim.aws.events import EventEmitter, refuse_oversized_put_events
 from topokeeper.sim.aws.hyperpod import HyperPodModel
 from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
@@ -119,7 +119,7 @@ class AwsEmulator:
                     calls=self.calls,
                     rate_limits=self.rate_limits,
                     ids=self.ids,
-                    refusals=[S3Refusals(self.account_id).check],
+                    refusals=[S3Refusals(self.account_id).check, refuse_oversized_put_events],
                 )
 
             server = EmulatorServer(wrap, host=self._host)
