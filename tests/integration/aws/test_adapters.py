@@ -104,6 +104,11 @@ def _requests(client: Any, operation: str) -> list[dict[str, Any]]:
     return seen
 
 
+def _questions(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first page of each DescribeInstanceTopology question (later pages repeat it with a NextToken)."""
+    return [request for request in requests if "NextToken" not in request]
+
+
 def _rewrite_responses(client: Any, operation: str, rewrite: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
     """Change what the client returns for ``operation`` (an AWS answer the emulator does not produce)."""
 
@@ -171,12 +176,14 @@ def test_hyperpod_facts_read_a_250_node_cluster_with_the_fewest_calls(
     assert (aws.calls["DescribeCluster"], aws.calls["ListClusterNodes"]) == (1, 3)
     assert aws.calls["DescribeClusterNode"] == 0
     assert aws.calls["GetObject"] == 0  # every group has SlurmConfig: no legacy mapping to read
-    # DescribeInstanceTopology: batches of at most 100 ids, never MaxResults, one per second, only capable nodes
-    assert aws.calls["DescribeInstanceTopology"] == len(topology_requests) == 3
-    assert [len(r["InstanceIds"]) for r in topology_requests] == [100, 100, 25]
+    # DescribeInstanceTopology: batches of at most 100 ids, never MaxResults, answered in pages of 20 that
+    # each take a second of the 1/s bucket; only capable nodes
+    assert aws.calls["DescribeInstanceTopology"] == len(topology_requests) == 5 + 5 + 2
+    batches = [r["InstanceIds"] for r in _questions(topology_requests)]
+    assert [len(batch) for batch in batches] == [100, 100, 25]
     assert all("MaxResults" not in r for r in topology_requests)
-    assert {i for r in topology_requests for i in r["InstanceIds"]} == asked_for
-    assert clock.monotonic() - started == 2.0
+    assert {i for batch in batches for i in batch} == asked_for
+    assert clock.monotonic() - started == 11.0
     assert {t.InstanceId for t in raw.instance_topology} == asked_for
     assert all(len(t.NetworkNodes or []) == 3 for t in raw.instance_topology)
 
@@ -338,14 +345,14 @@ def test_topology_reader_serves_a_second_read_from_the_table(aws: AwsEmulator, c
     ids = _capable_ids(aws, "llm-train")
     reader = _reader(aws, clock, table)
     first = reader.read("llm-train", ids)
-    assert aws.calls["DescribeInstanceTopology"] == 1
+    assert aws.calls["DescribeInstanceTopology"] == 2  # 22 ids: a page of 20 and one of 2
 
     # When the same reader, and another one on the same table (another invocation), read again
     again = reader.read("llm-train", ids)
     elsewhere = _reader(aws, clock, table).read("llm-train", list(reversed(ids)))
 
     # Then both are served from the cache without a new call
-    assert aws.calls["DescribeInstanceTopology"] == 1
+    assert aws.calls["DescribeInstanceTopology"] == 2
     assert len(first) == 22
     assert again == elsewhere == first
 
@@ -358,11 +365,11 @@ def test_a_cached_answer_is_for_one_launch_of_the_instance(aws: AwsEmulator, clo
     first_launch = dict.fromkeys(ids, "2026-01-05T09:00:00")
     reader.read("llm-train", ids, first_launch)
     reader.read("llm-train", ids, first_launch)
-    assert aws.calls["DescribeInstanceTopology"] == 1
+    assert aws.calls["DescribeInstanceTopology"] == 2  # two pages
 
     restarted = {**first_launch, ids[0]: "2026-01-05T10:00:00"}
     items = reader.read("llm-train", ids, restarted)
-    assert aws.calls["DescribeInstanceTopology"] == 2
+    assert aws.calls["DescribeInstanceTopology"] == 3
     assert all("topokeeper:launched" not in item for item in items)
 
 
@@ -383,14 +390,14 @@ def test_topology_not_yet_reported_is_asked_again(aws: AwsEmulator, clock: Manua
 
     # Then the next read asks again, for that node only
     reader.read("llm-train", ids)
-    assert [r["InstanceIds"] for r in asked] == [sorted(ids), [late]]
+    assert [r["InstanceIds"] for r in _questions(asked)] == [sorted(ids), [late]]
 
     # And once EC2 reports it, it is cached and never asked again
     clock.advance(30)
     ready = {item["InstanceId"]: item for item in reader.read("llm-train", ids)}
     assert len(ready[late]["NetworkNodes"]) == 3
     reader.read("llm-train", ids)
-    assert [r["InstanceIds"] for r in asked] == [sorted(ids), [late], [late]]
+    assert [r["InstanceIds"] for r in _questions(asked)] == [sorted(ids), [late], [late]]
 
 
 def test_ultraserver_answer_without_capacity_block_is_not_cached(
@@ -421,6 +428,57 @@ def test_ultraserver_answer_without_capacity_block_is_not_cached(
     assert aws.calls["DescribeInstanceTopology"] == 2
     assert all(item["CapacityBlockId"] for item in complete)
     assert set(cache.get_many("llm-train", gb200)) == set(gb200)
+
+
+@pytest.mark.parametrize("unknown_ids", ["error", "omit"])
+def test_topology_reader_keeps_what_the_account_owns_of_a_batch(
+    aws: AwsEmulator, clock: ManualClock, table: str, unknown_ids: str
+) -> None:
+    """HyperPod nodes in a service account next to the account's own EC2 instances, in one batch."""
+    aws.client("sagemaker").create_cluster(**cluster_request())
+    aws.network.expose_hyperpod_nodes = False
+    aws.network.unknown_ids = unknown_ids  # type: ignore[assignment]
+    hidden = _capable_ids(aws, "llm-train")
+    ec2 = aws.client("ec2", config=NO_RETRIES)
+    launched = ec2.run_instances(ImageId="ami-12345678", MinCount=3, MaxCount=3, InstanceType="p5.48xlarge")
+    owned = sorted(i["InstanceId"] for i in launched["Instances"])
+    asked = _requests(ec2, "DescribeInstanceTopology")
+    reader = _reader(aws, clock, table, ec2)
+
+    items = reader.read("mixed", hidden + owned)
+
+    assert [item["InstanceId"] for item in items] == owned
+    assert all(len(item["NetworkNodes"]) == 3 for item in items)
+    assert reader.not_visible == sorted(hidden)
+    # The error names the ids it refuses: one more question, for the rest; an omitting answer needs none
+    expected = [sorted(hidden + owned), owned] if unknown_ids == "error" else [sorted(hidden + owned)]
+    assert [r["InstanceIds"] for r in _questions(asked)] == expected
+
+
+def test_hyperpod_facts_without_ec2_topology_plan_trees_flat_and_blocks_from_ultraserver_info(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    # Given a HyperPod cluster whose nodes this account's EC2 does not know
+    aws.client("sagemaker").create_cluster(**cluster_request())
+    aws.network.expose_hyperpod_nodes = False
+    facts = HyperPodFacts(aws.client("sagemaker"), aws.client("s3"), _reader(aws, clock, table))
+
+    # When it is read and planned
+    raw = facts.read("llm-train")
+    planned = plan(build_snapshot(raw, PlannerConfig()))
+
+    # Then p5 is a tree with every node under no-topology, the UltraServer a block from UltraServerInfo
+    partitions = {p.partition: p for p in planned.partitions}
+    assert raw.instance_topology == []
+    assert partitions["ml-p5"].kind is TopologyKind.TREE
+    assert partitions["ml-p5"].nodes_without_topology == partitions["ml-p5"].nodes
+    assert partitions["ml-p6e"].kind is TopologyKind.BLOCK
+    assert partitions["ml-p6e"].nodes_without_topology == ()
+    block = partitions["ml-p6e"].topology
+    assert isinstance(block, BlockTopology) and [len(b.nodes) for b in block.blocks] == [18]
+    # And the plan says what happened, in words an operator can act on
+    (warning,) = [w for w in planned.warnings if "DescribeInstanceTopology" in w]
+    assert "does not see 22 instance(s)" in warning and "UltraServerInfo" in warning
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 from botocore.exceptions import ClientError
 
-from topokeeper.adapters.ec2 import InstanceTopologyReader
+from topokeeper.adapters.ec2 import InstanceTopologyReader, not_visible_warning
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.errors import InputError
@@ -41,14 +41,16 @@ class HyperPodFacts:
             if node.get("InstanceStatus", {}).get("Status") in TOPOLOGY_STATUSES
             and lookup(node["InstanceType"]).capability is not Capability.NONE
         ]
+        topology = self._topology.read(
+            cluster, capable, {node["InstanceId"]: str(node.get("LaunchTime", "")) for node in nodes}
+        )
         return AwsSnapshot.model_validate(
             {
                 "describe_cluster": described,
                 "nodes": nodes,
-                "instance_topology": self._topology.read(
-                    cluster, capable, {node["InstanceId"]: str(node.get("LaunchTime", "")) for node in nodes}
-                ),
+                "instance_topology": topology,
                 "slurm": {"partitions": self._legacy_mapping(described)},
+                "warnings": not_visible_warning(self._topology.not_visible),
             }
         )
 

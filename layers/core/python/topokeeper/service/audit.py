@@ -19,6 +19,7 @@ from topokeeper.ports import Outcome
 from topokeeper.service.state import PendingDelivery, Trigger
 
 MAX_LISTED_NODES = 200  # keeps a record well under EventBridge's 256 KB; counts are always exact
+MAX_WARNINGS, MAX_WARNING_CHARS = 20, 500
 
 
 class AuditRecord(BaseModel):
@@ -51,6 +52,9 @@ class AuditRecord(BaseModel):
     target: str
     outcome: Outcome
     error: str | None
+    # What the planner could not do as asked (the plan's and this partition's warnings), e.g. instances
+    # DescribeInstanceTopology does not see, planned without network topology.
+    warnings: list[str] = Field(default_factory=list)
     generation: int
     requested_at: datetime
     completed_at: datetime
@@ -125,6 +129,9 @@ def build_records(
                 target=delivery.handle.target,
                 outcome=outcome,
                 error=error,
+                warnings=[
+                    w[:MAX_WARNING_CHARS] for w in [*desired.get("warnings", []), *partition.get("warnings", [])]
+                ][:MAX_WARNINGS],
                 generation=delivery.generation,
                 requested_at=delivery.handle.sent_at,
                 completed_at=completed_at,
