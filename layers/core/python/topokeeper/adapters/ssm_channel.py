@@ -3,7 +3,8 @@
 The shell text is fixed. Everything that varies (the applier, the bundle, the mode) travels as one
 base64 block in a quoted heredoc, so nothing from AWS or config is ever parsed by the shell. The
 bundle rides inline while the command fits well under SSM's 64 KB document limit; a larger one is
-put in S3 and fetched by a presigned URL on the node, then checked against its sha256.
+put in S3 and fetched by a presigned URL on the node (SigV4: S3 refuses SigV2 for the KMS-encrypted
+bucket), then checked against its sha256.
 """
 
 from __future__ import annotations
