@@ -73,7 +73,7 @@ def not_visible_warning(instance_ids: list[str]) -> list[str]:
     shown = ", ".join(instance_ids[:5]) + (f" and {len(instance_ids) - 5} more" if len(instance_ids) > 5 else "")
     return [
         f"DescribeInstanceTopology does not see {len(instance_ids)} instance(s) of this cluster ({shown}): "
-        "this account does not own them (HyperPod may run nodes in a service account). They are planned "
+        "not in this account's answer (HyperPod may run its nodes in a service account). They are planned "
         "without network topology (tree: under no-topology); UltraServer blocks still come from UltraServerInfo"
     ]
 
@@ -128,7 +128,7 @@ class InstanceTopologyReader:
         try:
             return list(self._describe(batch))
         except ClientError as error:
-            if not error_code(error).startswith("InvalidInstanceID.") or not batch:
+            if not error_code(error).startswith("InvalidInstanceID."):
                 raise
             message = str(error.response.get("Error", {}).get("Message", ""))
             named = set(_NAMED_ID.findall(message)) & set(batch)
