@@ -170,6 +170,7 @@ def test_an_event_for_an_unknown_cluster_is_ignored(world_factory) -> None:
     assert result == {
         "status": "ignored",
         "cluster": None,
+        "clusters": [],
         "generation": None,
         "reason": "unmanaged cluster someone-elses",
     }
