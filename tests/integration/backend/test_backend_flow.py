@@ -171,6 +171,7 @@ def test_an_event_for_an_unknown_cluster_is_ignored(world_factory) -> None:
     assert result == {
         "status": "ignored",
         "cluster": None,
+        "clusters": [],
         "generation": None,
         "reason": "unmanaged cluster someone-elses",
     }
@@ -282,3 +283,20 @@ def test_a_large_bundle_travels_through_s3_and_is_hash_checked_on_the_head_node(
         f"payloads/{world.cluster.name}/{state.applied_sha256}.json"
     ]
     assert world.head.verify(world.desired().bundle)["outcome"] == "in_sync"
+
+
+def test_a_cluster_whose_nodes_ec2_does_not_see_is_planned_and_says_so(world_factory) -> None:
+    """HyperPod nodes in SageMaker's service account: no EC2 topology, UltraServer blocks from UltraServerInfo."""
+    world = world_factory(small_scenario().model_copy(update={"expose_hyperpod_nodes": False}))
+    world.settle()
+
+    assert _in_sync(world)
+    assert world.head.controller.partition_topologies()["ml-p5"] == "tree-ml-p5"
+    assert world.head.controller.partition_topologies()["ml-p6e"] == "block-ml-p6e"
+    partitions = {p.partition: p for p in world.desired().plan.partitions}
+    assert len(partitions["ml-p5"].nodes_without_topology) == 8  # all under no-topology
+    assert partitions["ml-p6e"].nodes_without_topology == ()  # one block of 18 from UltraServerInfo
+    records = {r["partition"]: r for r in _records(world)}
+    for partition in ("ml-p5", "ml-p6e"):
+        (warning,) = [w for w in records[partition]["warnings"] if "DescribeInstanceTopology" in w]
+        assert "does not see 26 instance(s)" in warning and "UltraServerInfo" in warning

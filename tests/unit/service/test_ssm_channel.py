@@ -32,7 +32,7 @@ class RecordingS3:
         return {"ETag": '"x"'}
 
     def generate_presigned_url(self, operation: str, Params: dict, ExpiresIn: int) -> str:
-        return f"https://example.invalid/{Params['Key']}?expires={ExpiresIn}"
+        return f"https://example.invalid/{Params['Key']}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Expires={ExpiresIn}"
 
 
 def _channel(s3: RecordingS3) -> SsmChannel:

@@ -36,7 +36,10 @@ CLOUDTRAIL_EVENT_NAMES = (
     "BatchReplaceClusterNodes",
     "BatchRebootClusterNodes",
     "UpdateClusterSoftware",
+    "BatchAddClusterNodes",
+    "MoveClusterNodes",  # names a source and a target cluster: both change
 )
+MOVE_CLUSTER_NODES = "MoveClusterNodes"
 EC2_STATE_DETAIL_TYPE = "EC2 Instance State-change Notification"
 EC2_STATES = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
 SSM_INVOCATION_DETAIL_TYPE = "EC2 Command Invocation Status-change Notification"

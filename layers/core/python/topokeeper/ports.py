@@ -316,6 +316,9 @@ class AuditRecord(BaseModel):
     target: str
     outcome: Outcome
     error: str | None
+    # What the planner could not do as asked (the plan's and this partition's warnings), e.g. instances
+    # DescribeInstanceTopology does not see, planned without network topology.
+    warnings: list[str] = Field(default_factory=list)
     generation: int
     requested_at: datetime
     completed_at: datetime

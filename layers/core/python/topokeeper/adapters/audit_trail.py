@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -13,12 +13,46 @@ from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors
 from topokeeper.adapters.dynamodb import audit_history_key
-from topokeeper.errors import Retryable, TopokeeperError
+from topokeeper.errors import Permanent, Retryable, TopokeeperError
 from topokeeper.events import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
 from topokeeper.ports import AuditRecord
 
 PUT_EVENTS_BATCH = 10
+# EventBridge refuses a PutEvents request whose entries total 256 KB or more ("Total size of the entries in
+# the request is over the limit."), entries measured as its user guide says (``put_events_entry_size``).
+PUT_EVENTS_MAX_BYTES = 256 * 1024
 PUT_AUDIT_EVENTS_BATCH = 100
+_TRIMMED_ERROR_CHARS = 1000
+
+
+def put_events_entry_size(entry: Mapping[str, Any]) -> int:
+    """EventBridge's size of one PutEvents entry: 14 bytes for a Time, then the UTF-8 lengths of Source,
+    DetailType, Detail and every Resources ARN (EventBridge user guide, "Calculating PutEvents entry size")."""
+    size = 14 if entry.get("Time") is not None else 0
+    for key in ("Source", "DetailType", "Detail"):
+        size += len(str(entry.get(key) or "").encode())
+    return size + sum(len(str(resource).encode()) for resource in entry.get("Resources") or [])
+
+
+def fitted_detail(document: dict[str, Any], room: int) -> dict[str, Any]:
+    """The record's document in at most ``room`` bytes of JSON: node lists, then triggers, are cut (their
+    counts stay exact), then the error is shortened. Hashes, ids and counts are never touched."""
+    fitted = dict(document)
+
+    def size() -> int:
+        return len(json.dumps(fitted, sort_keys=True).encode())
+
+    while size() > room:
+        longest = max(("nodes_added", "nodes_removed"), key=lambda key: len(fitted[key]))
+        if fitted[longest]:
+            fitted[longest] = fitted[longest][: len(fitted[longest]) // 2]
+        elif len(fitted["triggers"]) > 1:
+            fitted["triggers"] = fitted["triggers"][: len(fitted["triggers"]) // 2]
+        elif fitted.get("error") and len(fitted["error"]) > _TRIMMED_ERROR_CHARS:
+            fitted["error"] = fitted["error"][:_TRIMMED_ERROR_CHARS] + "..."
+        else:
+            raise Permanent(f"audit record {document.get('audit_id')} cannot fit one PutEvents entry")
+    return fitted
 
 
 class AuditTrail:
@@ -111,18 +145,30 @@ class AuditTrail:
             raise
         return True
 
+    def _entry(self, record: AuditRecord) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "Source": AUDIT_SOURCE,
+            "DetailType": AUDIT_DETAIL_TYPE,
+            "Detail": "",
+            "EventBusName": self._bus,
+            "Resources": [record.cluster_arn] if record.cluster_arn else [],
+        }
+        room = PUT_EVENTS_MAX_BYTES - 1 - put_events_entry_size(entry)
+        entry["Detail"] = json.dumps(fitted_detail(record.document(), room), sort_keys=True)
+        return entry
+
     def _put_events(self, records: Sequence[AuditRecord]) -> None:
-        for start in range(0, len(records), PUT_EVENTS_BATCH):
-            entries = [
-                {
-                    "Source": AUDIT_SOURCE,
-                    "DetailType": AUDIT_DETAIL_TYPE,
-                    "Detail": json.dumps(record.document(), sort_keys=True),
-                    "EventBusName": self._bus,
-                    "Resources": [record.cluster_arn] if record.cluster_arn else [],
-                }
-                for record in records[start : start + PUT_EVENTS_BATCH]
-            ]
+        """Batches of at most 10 entries whose sizes total under 256 KB, in the records' order."""
+        batches: list[list[dict[str, Any]]] = [[]]
+        total = 0
+        for entry in (self._entry(record) for record in records):
+            size = put_events_entry_size(entry)
+            if batches[-1] and (len(batches[-1]) == PUT_EVENTS_BATCH or total + size >= PUT_EVENTS_MAX_BYTES):
+                batches.append([])
+                total = 0
+            batches[-1].append(entry)
+            total += size
+        for entries in batches:
             response = self._events.put_events(Entries=entries)
             if response.get("FailedEntryCount"):
                 failed = [e.get("ErrorCode") for e in response.get("Entries", []) if e.get("ErrorCode")]

@@ -3,7 +3,8 @@
 The shell text is fixed. Everything that varies (the applier, the bundle, the mode) travels as one
 base64 block in a quoted heredoc, so nothing from AWS or config is ever parsed by the shell. The
 bundle rides inline while the command fits well under SSM's 64 KB document limit; a larger one is
-put in S3 and fetched by a presigned URL on the node, then checked against its sha256.
+put in S3 and fetched by a presigned URL on the node (SigV4: S3 refuses SigV2 for the KMS-encrypted
+bucket), then checked against its sha256.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from botocore.exceptions import ClientError
 
@@ -105,6 +107,13 @@ def guard_target(instance_id: str) -> str:
     return instance_id
 
 
+def guard_sigv4(url: str) -> str:
+    """S3 refuses a SigV2 URL for the KMS-encrypted plan bucket; refuse to send one (``presigning_s3``)."""
+    if "X-Amz-Algorithm=AWS4-HMAC-SHA256" not in urlsplit(url).query:
+        raise ValueError("the presigned URL is not SigV4; build the S3 client with adapters.aws.PRESIGN_CONFIG")
+    return url
+
+
 class SsmChannel:
     def __init__(
         self,
@@ -139,8 +148,10 @@ class SsmChannel:
         key = ssm_payload_key(bundle.cluster_name, bundle.plan_sha256)
         self._s3.put_object(Bucket=self._bucket, Key=key, Body=document.encode(), ContentType="application/json")
         payload["bundle"] = None
-        payload["bundle_url"] = self._s3.generate_presigned_url(
-            "get_object", Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS
+        payload["bundle_url"] = guard_sigv4(
+            self._s3.generate_presigned_url(
+                "get_object", Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS
+            )
         )
         commands = build_commands(payload)
         if command_size(commands) > INLINE_LIMIT_BYTES:

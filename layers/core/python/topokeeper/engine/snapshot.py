@@ -92,6 +92,7 @@ class AwsSnapshot(_Aws):
     nodes: list[AwsClusterNode] = Field(default_factory=list)
     instance_topology: list[AwsInstanceTopology] = Field(default_factory=list)
     slurm: SnapshotSlurm = SnapshotSlurm()
+    warnings: list[str] = Field(default_factory=list)  # what reading the facts found (plan and audit carry them)
 
 
 def parse_snapshot_document(document: Any) -> AwsSnapshot:
@@ -166,7 +167,7 @@ def _build_node(
 
 def build_snapshot(raw: AwsSnapshot, config: PlannerConfig, slurm_version: str | None = None) -> ClusterSnapshot:
     """Join the three AWS responses on instance id and group the nodes into partitions."""
-    warnings: list[str] = []
+    warnings: list[str] = list(raw.warnings)
     version_text = slurm_version or raw.slurm.version or DEFAULT_SLURM_VERSION
     try:
         version = SlurmVersion.parse(version_text)

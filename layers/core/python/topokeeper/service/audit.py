@@ -15,6 +15,7 @@ from typing import Any
 from topokeeper.ports import AuditRecord, Outcome, PendingDelivery
 
 MAX_LISTED_NODES = 200  # keeps a record well under EventBridge's 256 KB; counts are always exact
+MAX_WARNINGS, MAX_WARNING_CHARS = 20, 500
 
 
 def _partitions(plan_document: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -77,6 +78,9 @@ def build_records(
                 target=delivery.handle.target,
                 outcome=outcome,
                 error=error,
+                warnings=[
+                    w[:MAX_WARNING_CHARS] for w in [*desired.get("warnings", []), *partition.get("warnings", [])]
+                ][:MAX_WARNINGS],
                 generation=delivery.generation,
                 requested_at=delivery.handle.sent_at,
                 completed_at=completed_at,

@@ -132,6 +132,8 @@ class Scenario(_Strict):
     debounce_seconds: int = Field(10, ge=0)
     min_write_interval_seconds: int = Field(60, ge=0)
     drift_alarm_periods: int = Field(2, ge=1)
+    # false: HyperPod nodes live in SageMaker's service account, DescribeInstanceTopology does not know them
+    expose_hyperpod_nodes: bool = True
 
     @model_validator(mode="after")
     def _groups_exist(self) -> Scenario:

@@ -18,6 +18,7 @@ from topokeeper.adapters.aws import client
 from topokeeper.config import ClusterConfig, Settings
 from topokeeper.deployment import Deployment
 from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Channel, Metric
+from topokeeper.sim.aws.s3 import KMS_DEFAULT_ENCRYPTION
 
 TABLE = "topokeeper-state"
 BUCKET = "topokeeper-plans-sim"
@@ -59,6 +60,8 @@ def create_stack(settings: Settings) -> SimStack:
     create_state_table(client("dynamodb"), TABLE)
     s3.create_bucket(Bucket=BUCKET)
     s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    # Like the stack's bucket: KMS by default, so the emulator refuses a SigV2 read as S3 does.
+    s3.put_bucket_encryption(Bucket=BUCKET, ServerSideEncryptionConfiguration=KMS_DEFAULT_ENCRYPTION)
     dead_letters = {
         name: sqs.create_queue(
             QueueName=queue,

@@ -85,6 +85,7 @@ class World:
         self._ids = random.Random(spec.seed + 1)  # noqa: S311
         self._saved_environment: dict[str, str | None] = {}
         self.emulator = AwsEmulator(seed=spec.seed, clock=self.clock)
+        self.emulator.network.expose_hyperpod_nodes = scenario.expose_hyperpod_nodes
         self.slurm_format = SlurmVersion.parse(spec.slurm_version).format
         node_name = name or f"sim-{spec.name}"
         self.head: HeadNode = (

@@ -25,10 +25,11 @@ import boto3
 
 from topokeeper.sim.aws import moto_patches
 from topokeeper.sim.aws.clock import Clock, RateLimits, SystemClock
-from topokeeper.sim.aws.events import EventEmitter
+from topokeeper.sim.aws.events import EventEmitter, refuse_oversized_put_events
 from topokeeper.sim.aws.hyperpod import HyperPodApi, HyperPodModel
 from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
+from topokeeper.sim.aws.s3 import S3Refusals
 from topokeeper.sim.aws.server import CallCounter, EmulatorServer, Gateway, WsgiApp
 from topokeeper.sim.aws.ssm import SsmRunCommand
 
@@ -117,6 +118,7 @@ class AwsEmulator:
                     calls=self.calls,
                     rate_limits=self.rate_limits,
                     ids=self.ids,
+                    refusals=[S3Refusals(self.account_id).check, refuse_oversized_put_events],
                 )
 
             self._server = EmulatorServer(wrap, host=self._host)

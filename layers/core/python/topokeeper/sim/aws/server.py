@@ -33,6 +33,7 @@ from topokeeper.sim.aws.protocol import (
     json_reply,
     operation_model,
     read_request,
+    rest_xml_error,
 )
 
 log = logging.getLogger(__name__)
@@ -101,8 +102,10 @@ class Gateway:
         calls: CallCounter,
         rate_limits: RateLimits,
         ids: IdFactory,
+        refusals: Iterable[Callable[[ApiRequest], None]] = (),
     ) -> None:
         self._app = app
+        self._refusals = tuple(refusals)  # raise ApiError for what AWS refuses and moto would serve
         self._region = region
         self._handlers = handlers
         self._calls = calls
@@ -116,10 +119,13 @@ class Gateway:
         self._calls.record(request.service, request.operation)
         handler = self._handlers.get((request.service, request.operation))
         throttled = not self._rate_limits.allow(request.operation)
-        if handler is None and not throttled:
+        refusal = self._refusal(request)
+        if handler is None and not throttled and refusal is None:
             return self._app(environ, start_response)
         request_id = self._ids.uuid("request")
         try:
+            if refusal is not None:
+                raise refusal
             if throttled:
                 if request.protocol in {"ec2", "query"}:
                     raise ApiError("RequestLimitExceeded", "Request limit exceeded.", 503)
@@ -136,6 +142,14 @@ class Gateway:
         start_response(f"{status} {_STATUS_TEXT.get(status, '')}", [*headers, ("Content-Length", str(len(body)))])
         return [body]
 
+    def _refusal(self, request: ApiRequest) -> ApiError | None:
+        for refuse in self._refusals:
+            try:
+                refuse(request)
+            except ApiError as error:
+                return error
+        return None
+
     @staticmethod
     def _reply(request: ApiRequest, result: Mapping[str, Any], request_id: str) -> Reply:
         if request.protocol == "ec2":
@@ -146,6 +160,8 @@ class Gateway:
     def _error(request: ApiRequest, error: ApiError, request_id: str) -> Reply:
         if request.protocol in ("ec2", "query"):
             return ec2_error(error, request_id)
+        if request.protocol == "other":
+            return rest_xml_error(error, request_id)
         return json_error(error, request_id)
 
 
