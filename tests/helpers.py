@@ -25,6 +25,7 @@ APPLIER_RESULT_KEYS = frozenset(
         "slurm_version",
         "slurm_format",
         "config_dir",
+        "scontrol",
         "duration_seconds",
         "error",
         "applier_version",
