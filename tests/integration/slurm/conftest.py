@@ -34,14 +34,15 @@ def trixie_root() -> Iterator[Path]:
 
 
 @pytest.fixture
-def controllers(request: pytest.FixtureRequest) -> Iterator[Callable[[Path], SlurmController]]:
+def controllers(request: pytest.FixtureRequest) -> Iterator[Callable[..., SlurmController]]:
     """Make controllers for a test; every one is stopped (by pid) when the test ends."""
     started: list[SlurmController] = []
 
-    def make(root: Path) -> SlurmController:
+    def make(root: Path, style: str = "debian") -> SlurmController:
         controller = SlurmController(
             root=root,
             name=f"t{next(_counter)}-{request.node.name[:40]}".replace("[", "-").replace("]", "").replace("/", "-"),
+            style=style,
         )
         started.append(controller)
         return controller
