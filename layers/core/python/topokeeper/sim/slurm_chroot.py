@@ -359,11 +359,6 @@ class SlurmController:
         self.write_file("slurm_parallelcluster.conf", "\n".join(parallelcluster) + "\n")
         (self.etc / "slurm.conf").write_text("\n".join([*lines, "include slurm_parallelcluster.conf"]) + "\n")
 
-    def config_texts(self) -> str:
-        """slurm.conf and every file beside or below it that ends in .conf: where Topology= may be set."""
-        paths = [self.etc / "slurm.conf", *sorted(p for p in self.etc.rglob("*.conf") if p.name != "slurm.conf")]
-        return "\n".join(path.read_text() for path in paths if path.is_file())
-
     def write_file(self, name: str, content: str) -> None:
         (self.etc / name).write_text(content)
 
@@ -504,6 +499,12 @@ class SlurmController:
                 return fields[1]
             time.sleep(0.2)
         raise HarnessError(f"job {job_id} was not placed within {timeout}s")
+
+
+def config_texts(etc: Path) -> str:
+    """slurm.conf and every file beside or below it that ends in .conf: wherever Topology= may be set."""
+    paths = [etc / "slurm.conf", *sorted(p for p in etc.rglob("*.conf") if p != etc / "slurm.conf")]
+    return "\n".join(path.read_text() for path in paths if path.is_file())
 
 
 def _node_lines(nodes: list[str], addresses: Mapping[str, str], default_address: str | None) -> list[str]:
