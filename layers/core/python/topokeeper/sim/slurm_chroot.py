@@ -502,8 +502,10 @@ class SlurmController:
 
 
 def config_texts(etc: Path) -> str:
-    """slurm.conf and every file beside or below it that ends in .conf: wherever Topology= may be set."""
-    paths = [etc / "slurm.conf", *sorted(p for p in etc.rglob("*.conf") if p != etc / "slurm.conf")]
+    """slurm.conf and every file beside or below it that ends in .conf (the applier's hidden backups aside):
+    wherever Topology= may be set."""
+    others = (p for p in etc.rglob("*.conf") if not any(part.startswith(".") for part in p.relative_to(etc).parts))
+    paths = [etc / "slurm.conf", *sorted(p for p in others if p != etc / "slurm.conf")]
     return "\n".join(path.read_text() for path in paths if path.is_file())
 
 
