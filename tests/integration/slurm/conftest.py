@@ -7,6 +7,7 @@ These tests never skip: a machine that cannot run them fails them, with the reas
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -41,7 +42,10 @@ def controllers(request: pytest.FixtureRequest) -> Iterator[Callable[..., SlurmC
     def make(root: Path, style: str = "debian") -> SlurmController:
         controller = SlurmController(
             root=root,
-            name=f"t{next(_counter)}-{request.node.name[:40]}".replace("[", "-").replace("]", "").replace("/", "-"),
+            # The chroots are shared by every session on this machine: the pid keeps their controllers apart.
+            name=f"t{next(_counter)}-{os.getpid()}-{request.node.name[:40]}".replace("[", "-")
+            .replace("]", "")
+            .replace("/", "-"),
             style=style,
         )
         started.append(controller)
@@ -50,3 +54,4 @@ def controllers(request: pytest.FixtureRequest) -> Iterator[Callable[..., SlurmC
     yield make
     for controller in started:
         controller.stop()
+        controller.remove()

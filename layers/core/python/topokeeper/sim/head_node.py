@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -154,7 +155,8 @@ class ChrootHeadNode(HeadNode):
 
     def __init__(self, slurm_format: SlurmFormat, name: str, style: str = "debian") -> None:
         self.root = ensure_chroot(SUITE_FOR_FORMAT[slurm_format.value])
-        self.controller = SlurmController(root=self.root, name=name, style=style)
+        # The chroot is shared by every session on this machine: the pid keeps two runs of one world apart.
+        self.controller = SlurmController(root=self.root, name=f"{name}-{os.getpid()}", style=style)
         self.description = f"slurmctld {installed_slurm_version(self.root)} in a Debian chroot"
         if style != "debian":
             self.description += f", laid out as a {style} head node"
@@ -175,6 +177,7 @@ class ChrootHeadNode(HeadNode):
     def stop(self) -> None:
         try:
             self.controller.stop()
+            self.controller.remove()
         finally:
             self._mounts.close()
 

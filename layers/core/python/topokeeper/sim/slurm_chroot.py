@@ -464,6 +464,12 @@ class SlurmController:
                 self._anchor.stderr.close()
             self._anchor = None
 
+    def remove(self) -> None:
+        """Delete this controller's directory, once it is stopped (its namespace, and with it the binds, gone)."""
+        if self._anchor is not None:
+            raise HarnessError(f"controller {self.name} is still running")
+        shutil.rmtree(self._base, ignore_errors=True)
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
