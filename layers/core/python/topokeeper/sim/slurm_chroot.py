@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -272,9 +273,8 @@ class SlurmController:
         for tool in _CLIENT_TOOLS:
             target = f"{self.inner_dir}/libexec/scontrol" if tool == "scontrol" else f"/usr/bin/{tool}"
             wrapper = base / "bin" / tool
-            wrapper.write_text(
-                f'#!/bin/sh\nexport SLURM_CONF="${{SLURM_CONF:-{OPT_SLURM}/etc/slurm.conf}}"\nexec {target} "$@"\n'
-            )
+            default_conf = f'export SLURM_CONF="${{SLURM_CONF:-{OPT_SLURM}/etc/slurm.conf}}"'
+            wrapper.write_text(f'#!/bin/sh\n{default_conf}\nexec {shlex.quote(target)} "$@"\n')
             wrapper.chmod(0o755)
         (base / "no-scontrol").write_text("")  # mode 0644: PATH lookups skip it, as if scontrol were absent
         (base / "no-scontrol").chmod(0o644)
