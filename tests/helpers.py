@@ -26,6 +26,7 @@ APPLIER_RESULT_KEYS = frozenset(
         "slurm_version",
         "slurm_format",
         "config_dir",
+        "scontrol",
         "duration_seconds",
         "error",
         "applier_version",

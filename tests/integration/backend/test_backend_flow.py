@@ -250,6 +250,24 @@ def test_the_agent_channel_applies_and_reports(world_factory) -> None:
     assert _in_sync(world)
 
 
+@pytest.mark.parametrize("channel", ["ssm", "agent"])
+def test_a_hyperpod_style_head_node_without_scontrol_on_path(world_factory, channel: str) -> None:
+    """Slurm under /opt/slurm, partitions in an Included file: both channels apply, then a scale-up follows."""
+    world = world_factory(small_scenario(head_node_style="hyperpod", channel=channel))
+    assert world.head.description.endswith("laid out as a hyperpod head node")
+    world.settle()
+    assert {(r["channel"], r["outcome"]) for r in _records(world)} == {(channel, "applied")}
+    assert _in_sync(world)
+    included = (world.head.controller.etc / "partitions.conf").read_text()
+    assert "Topology=tree-ml-p5" in included and "Topology=" not in world.head.slurm_conf.read_text()
+    story = Story(world, lambda _: None)
+    from topokeeper.sim.scenario import Step
+
+    up = story.play(1, Step.model_validate({"scale": {"group": "p5", "to": 12, "over_seconds": 20}}))
+    assert up is not None and up.converged and up.head_node_writes == 1
+    assert world.head.controller.partition_topologies()["ml-p5"] == "tree-ml-p5"
+
+
 def test_slurm_24_11_gets_topology_conf_and_the_plugin(world_factory) -> None:
     world = world_factory(small_scenario(slurm_version="24.11"))
     world.settle()

@@ -90,11 +90,12 @@ class SlurmVersion(_Frozen):
 
 
 class Node(_Frozen):
-    """One cluster instance as Slurm and AWS both see it."""
+    """One cluster instance as Slurm and AWS both see it; or a Slurm node with no instance behind it (no
+    id, no type: a powered-down ParallelCluster dynamic node), which is still written, without topology."""
 
     name: SlurmName
-    instance_id: InstanceId
-    instance_type: InstanceType
+    instance_id: InstanceId | None = None
+    instance_type: InstanceType | None = None
     instance_group: str | None = None
     partition: SlurmName | None = None
     status: str = "Running"

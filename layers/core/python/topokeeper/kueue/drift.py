@@ -48,7 +48,9 @@ def label_drift(
     kube_nodes: Iterable[KubeNode], facts: Iterable[Node] | None, plan: KueuePlan
 ) -> tuple[LabelDrift, ...]:
     """One finding per node and label; ``facts`` None means no snapshot: only the Topology's needs are checked."""
-    by_instance: Mapping[str, Node] = {node.instance_id: node for node in facts} if facts is not None else {}
+    by_instance: Mapping[str, Node] = (
+        {node.instance_id: node for node in facts if node.instance_id} if facts is not None else {}
+    )
     findings: list[LabelDrift] = []
     for kube in kube_nodes:
         fact = by_instance.get(kube.instance_id or "")

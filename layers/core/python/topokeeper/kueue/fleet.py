@@ -74,7 +74,8 @@ def fleet_layers(nodes: Iterable[Node]) -> FleetLayers:
         for index, network_node in enumerate(node.network_nodes):
             key = (index + 1, network_node)
             members[key].append(node.name)
-            types[key].add(node.instance_type)
+            if node.instance_type:
+                types[key].add(node.instance_type)
             parents.setdefault(key, node.network_nodes[index - 1] if index else None)
         if node.ultraserver_id:
             servers[node.ultraserver_id].append(node)

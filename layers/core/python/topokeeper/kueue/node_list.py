@@ -128,7 +128,7 @@ def merge_facts(facts: Iterable[Node], kube_nodes: Iterable[KubeNode]) -> tuple[
     name_by_instance = {kube.instance_id: kube.name for kube in kube_nodes if kube.instance_id}
     renamed: list[Node] = []
     for node in facts:
-        name = name_by_instance.get(node.instance_id, node.name)
+        name = name_by_instance.get(node.instance_id, node.name) if node.instance_id else node.name
         if name != node.name:
             try:
                 check_slurm_name(name)  # the one field that changes; the rest was validated when the Node was built

@@ -102,6 +102,9 @@ def plan_kueue(nodes: Iterable[Node], type_labels: Mapping[str, str] | None = No
     by_type: dict[str, list[Node]] = defaultdict(list)
     all_nodes: list[Node] = []
     for node in nodes:
+        # Kubernetes nodes always come with an instance type; a Slurm node with no instance has no labels.
+        if node.instance_type is None:
+            continue
         by_type[node.instance_type].append(node)
         all_nodes.append(node)
     fleet = fleet_layers(all_nodes)

@@ -32,6 +32,7 @@ from topokeeper.sim.slurm_chroot import (
     HarnessError,
     SlurmController,
     can_run,
+    config_texts,
     ensure_chroot,
     installed_slurm_version,
     proc_mounted,
@@ -103,7 +104,7 @@ class HeadNode(ABC):
         if wanted == self.partitions:
             return
         self.partitions = wanted
-        current = self.slurm_conf.read_text()
+        current = config_texts(self.controller.etc)  # partition lines may sit in Included files
         topologies = partition_topologies(
             "\n".join(line for line in current.splitlines() if line.startswith("PartitionName="))
         )
@@ -118,7 +119,7 @@ class HeadNode(ABC):
         """Run an SSM RunShellScript command list as the SSM agent would: ``sh`` on the head node, as root."""
         script = "\n".join(commands) + "\n"
         result = subprocess.run(
-            self.controller.command("sh", "-s"),
+            self.script_command(),
             input=script,
             capture_output=True,
             text=True,
@@ -126,6 +127,10 @@ class HeadNode(ABC):
             check=False,
         )
         return result.returncode, result.stdout, result.stderr
+
+    def script_command(self) -> list[str]:
+        """How the SSM agent runs a script here: ``sh`` reading it from stdin."""
+        return self.controller.command("sh", "-s")
 
     def tamper(self) -> str:
         """A hand edit of the live topology: move one node to another leaf or block, then reconfigure."""
@@ -152,10 +157,13 @@ class HeadNode(ABC):
 class ChrootHeadNode(HeadNode):
     controller: SlurmController
 
-    def __init__(self, slurm_format: SlurmFormat, name: str) -> None:
+    def __init__(self, slurm_format: SlurmFormat, name: str, style: str = "debian") -> None:
         self.root = ensure_chroot(SUITE_FOR_FORMAT[slurm_format.value])
-        self.controller = SlurmController(root=self.root, name=name)
+        # The chroot is shared by every session on this machine: the pid keeps two runs of one world apart.
+        self.controller = SlurmController(root=self.root, name=f"{name}-{os.getpid()}", style=style)
         self.description = f"slurmctld {installed_slurm_version(self.root)} in a Debian chroot"
+        if style != "debian":
+            self.description += f", laid out as a {style} head node"
         self.partitions: dict[str, list[str]] = {}
         self._mounts = contextlib.ExitStack()
 
@@ -166,9 +174,14 @@ class ChrootHeadNode(HeadNode):
         self.controller.prepare(nodes, {name: (members, None) for name, members in self.partitions.items()})
         self.controller.start()
 
+    def script_command(self) -> list[str]:
+        """Without a login shell, as SSM's AWS-RunShellScript runs (no /opt/slurm/bin on PATH)."""
+        return self.controller.command("sh", "-s", login=False)
+
     def stop(self) -> None:
         try:
             self.controller.stop()
+            self.controller.remove()
         finally:
             self._mounts.close()
 
@@ -192,7 +205,7 @@ class ChrootHeadNode(HeadNode):
         variables = [f"{key}={value}" for key, value in sorted(environment.items())]
         result = subprocess.run(
             self.controller.command(
-                *variables, "python3", "/opt/topokeeper/agent.py", "--config", config_path, "--once"
+                *variables, "python3", "/opt/topokeeper/agent.py", "--config", config_path, "--once", login=False
             ),
             capture_output=True,
             text=True,

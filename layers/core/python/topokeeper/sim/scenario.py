@@ -48,6 +48,8 @@ class ClusterSpec(_Strict):
     slurm_version: str = "26.05"
     mode: Mode = Mode.ENFORCE
     channel: Channel = Channel.SSM
+    # The real head node's layout: debian (Slurm on PATH) or hyperpod (/opt/slurm, partitions Included).
+    head_node_style: Literal["debian", "hyperpod"] = "debian"
     instance_groups: list[InstanceGroup] = Field(min_length=1)
     seed: int = 7
 

@@ -91,7 +91,7 @@ class World:
         self.head: HeadNode = (
             FileHeadNode(SlurmVersion.parse(spec.slurm_version), node_name)
             if choose_head_node(head_node).kind == "file"
-            else ChrootHeadNode(self.slurm_format, node_name)
+            else ChrootHeadNode(self.slurm_format, node_name, spec.head_node_style)
         )
         self.head_node_id = f"mi-{self._ids.getrandbits(68):017x}"[:20]
         cluster = ClusterConfig(
