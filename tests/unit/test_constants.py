@@ -14,7 +14,8 @@ def test_the_applier_accepts_the_bundle_schema_the_package_writes() -> None:
 
 def test_the_agent_speaks_the_package_s_event_names_and_bundle_schema() -> None:
     assert agent.BUNDLE_SCHEMA == constants.BUNDLE_SCHEMA
-    assert agent.SOURCE == constants.AGENT_SOURCE
+    assert agent.SOURCE_PREFIX == constants.AGENT_SOURCE
+    assert agent.event_source("llm-train") == constants.agent_source("llm-train")
     assert agent.APPLY_RESULT == constants.AGENT_APPLY_DETAIL_TYPE
     assert agent.VERIFY_RESULT == constants.AGENT_VERIFY_DETAIL_TYPE
 

@@ -41,8 +41,8 @@ from tests.helpers import RecordingMetrics
 from topokeeper.agent import agent
 from topokeeper.config import ClusterConfig, Settings
 from topokeeper.events import TopokeeperEvent, result_patterns
+from topokeeper.ports import ClusterState
 from topokeeper.service.result import ResultDeps, ResultReport, record_result
-from topokeeper.service.state import ClusterState
 from topokeeper.sim.aws import moto_patches
 
 REGION = "us-east-1"

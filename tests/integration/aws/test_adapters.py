@@ -1113,7 +1113,10 @@ def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
 ) -> None:
     """A bundle too large to ride inline is fetched by presigned URL; S3 serves a KMS object only to SigV4."""
     aws.client("s3").put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration=KMS_DEFAULT_ENCRYPTION)
-    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", 31_500)
+    # Between the applier alone and the applier with this bundle, whatever the applier's size.
+    payload = {"mode": "apply", "applier": ssm_channel._applier_source(), "applier_sha256": "0" * 64, "bundle": None}
+    applier_only = ssm_channel.command_size(ssm_channel.build_commands({**payload, "bundle_sha256": ""}))
+    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", applier_only + 1_000)
     for key, value in aws.env().items():
         monkeypatch.setenv(key, value)
     client.cache_clear()

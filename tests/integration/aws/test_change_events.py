@@ -21,7 +21,7 @@ from topokeeper.ports import Metric
 from topokeeper.service.ingest import IngestDeps, ingest
 from topokeeper.sim.aws.events import CLOUDTRAIL
 from topokeeper.sim.aws_emulator import AwsEmulator, ManualClock
-from topokeeper.sim.world import create_state_table
+from topokeeper.sim.stack import create_state_table
 
 ACCOUNT = "123456789012"
 ARN_A = f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/aaaaaaaaaaaa"

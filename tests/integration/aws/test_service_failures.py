@@ -360,6 +360,12 @@ def test_verify_mode_plans_again_after_a_lost_event(aws: AwsEmulator, clock: Man
 
 
 def test_agent_results_are_matched_by_the_object_version_they_applied(stack: Stack) -> None:
+    # An agent's reports count only for a cluster served by the agent channel (its source is its identity).
+    stack.settings = Settings(
+        clusters=[ClusterConfig(name=CLUSTER, orchestrator="ec2", channel=Channel.AGENT)],
+        debounce_seconds=0,
+        min_write_interval_seconds=0,
+    )
     stack.plans.put(CLUSTER, RENDERED.bundle, RENDERED.files()["plan.json"])
     handle = DeliveryHandle(
         channel=Channel.AGENT,

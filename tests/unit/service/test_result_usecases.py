@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.service.usecase_support import CLUSTER, HEAD_NODE, Controller
-from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, AGENT_SOURCE
+from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, agent_source
 from topokeeper.errors import InputError, Retryable
 from topokeeper.events import SSM_INVOCATION_DETAIL_TYPE, TopokeeperEvent
 from topokeeper.ports import ApplyResult, Channel, Metric, Outcome
@@ -137,7 +137,7 @@ def test_an_agent_report_finishes_the_agent_delivery() -> None:
         "version_id": pending.handle.reference,
         "result": {"outcome": "unchanged", "applier_version": "1.0.0", "from_a_newer_applier": 1},
     }
-    report = record_result(_event(AGENT_SOURCE, AGENT_APPLY_DETAIL_TYPE, detail), controller.result_deps())
+    report = record_result(_event(agent_source(CLUSTER), AGENT_APPLY_DETAIL_TYPE, detail), controller.result_deps())
     assert (report.status, report.outcome, report.audit_records) == ("recorded", Outcome.UNCHANGED, 0)
     assert controller.now_state().applied_sha256 == pending.handle.plan_sha256
 
@@ -146,7 +146,7 @@ def test_a_result_document_without_applier_version_is_refused_naming_the_field()
     controller = Controller()
     detail = {"cluster": CLUSTER, "version_id": "v1", "result": {"outcome": "applied"}}
     with pytest.raises(InputError, match=r"^detail\.result\.applier_version"):
-        record_result(_event(AGENT_SOURCE, AGENT_APPLY_DETAIL_TYPE, detail), controller.result_deps())
+        record_result(_event(agent_source(CLUSTER), AGENT_APPLY_DETAIL_TYPE, detail), controller.result_deps())
 
 
 def test_unknown_result_fields_are_ignored_and_logged(caplog: pytest.LogCaptureFixture) -> None:

@@ -74,6 +74,7 @@ class ApplyResult(BaseModel):
     slurm_version: str | None = None  # as the head node's slurmctld reports it
     slurm_format: str | None = None
     config_dir: str | None = None
+    scontrol: str | None = None  # the scontrol the applier used (head nodes keep Slurm under /opt/slurm)
     backup_dir: str | None = None
     duration_seconds: float = 0.0
     error: str | None = None
