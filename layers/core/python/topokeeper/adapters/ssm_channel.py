@@ -19,7 +19,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from topokeeper.applier.applier import sha256_text
+from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, sha256_text
 from topokeeper.config import SSM_TARGET
 from topokeeper.events import RUN_SHELL_DOCUMENT
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
@@ -28,7 +28,7 @@ from topokeeper.render.bundle import Bundle
 APPLIER_PATH = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
 INLINE_LIMIT_BYTES = 48_000  # of the JSON-encoded commands; SSM rejects documents over 64 KB
 PRESIGNED_URL_SECONDS = 3600
-EXECUTION_TIMEOUT_SECONDS = 600
+EXECUTION_TIMEOUT_SECONDS = CHANNEL_TIMEOUT_SECONDS  # the applier's budget plus margin (applier.py)
 STDOUT_LIMIT = 24_000  # GetCommandInvocation StandardOutputContent
 _PAYLOAD_END = "TOPOKEEPER_PAYLOAD_END"
 _BOOTSTRAP_END = "TOPOKEEPER_BOOTSTRAP_END"
