@@ -16,7 +16,8 @@ before and after), partitions_changed, reconfigured, reconfigure_exit_code, read
 partition), drift ([{what: grouping|file|partition|topology|plugin, name, detail, kind: grouping|naming}]),
 grouping_drift (true when some entry's kind is grouping), diff (dry-run), slurm_version, slurm_format,
 config_dir, backup_dir, duration_seconds, error, dropped ({field: how many list items or characters
-were cut to stay under the cap}) and applier_version.
+were cut to stay under the cap}), applier_version and recovery (null, or what was done with a journal a
+killed run left: {action: rolled_forward|rolled_back, phase, plan_sha256, errors}).
 
 Choices the callers can rely on:
 
@@ -28,8 +29,13 @@ Choices the callers can rely on:
   refused too rather than guessed at.
 * Live content hash: a topology file missing from disk counts as the empty string. Slurm refuses an
   empty topology file and so does this applier (in a bundle), so a missing file never looks current.
-* ``unchanged`` (disk already equals the plan) never writes or reconfigures, but still reads back
-  and lists any live difference in ``drift``.
+* ``unchanged``: the disk already equals the plan AND slurmctld serves it (read back). Disk equal
+  but live different (an earlier apply was cut off, or its read-back failed): reconfigure and read
+  back again, rolling back to the newest backup of this plan if slurmctld refuses the files.
+* An apply is a transaction (see the section "The transaction"): backup, journal, fsynced temp files,
+  renames in an order whose every prefix loads, reconfigure, and a rollback of only what was
+  replaced. A journal left by a killed run is rolled forward or back before anything else (apply, and
+  verify when one is there). No link is followed and nothing outside the config directory written.
 * One apply at a time: an ``flock`` on ``CONFIG_DIR/.topokeeper.lock``, waited for up to
   ``--lock-timeout`` seconds. dry-run and verify only read and take no lock.
 * Drift is judged twice where the live state is read (verify, and apply's read-back): by name as
@@ -1152,7 +1158,7 @@ class Transaction:
                         taken = {entry["copy"] for entry in files}
                         copy = base if base not in taken else "%03d-%s" % (len(files), base)
                         self.faults.check("backup", path)
-                        _keep_copy(parent, base, target, copy, found)
+                        _link_or_copy(parent, base, target, copy)
                         entry.update(existed=True, copy=copy, sha256=self.config.sha256(path))
                 finally:
                     os.close(parent)
@@ -1304,7 +1310,7 @@ class Transaction:
                         if backup is None:
                             raise OSError(errno.ENOENT, "no backup to restore from", path)
                         temp = ".%s.%s.topokeeper-old" % (name, os.urandom(4).hex())
-                        _bring_back(backup, entry["copy"], parent, temp)
+                        _link_or_copy(backup, entry["copy"], parent, temp)
                         try:
                             os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
                         except OSError:
@@ -1409,29 +1415,18 @@ def _exists_at(dir_fd: int, name: str) -> bool:
     return True
 
 
-def _keep_copy(src_fd: int, name: str, dst_fd: int, copy: str, found: os.stat_result) -> None:
+def _link_or_copy(src_fd: int, name: str, dst_fd: int, new_name: str) -> None:
+    """``name`` as ``new_name``: a hard link (the same owner, mode and bytes, and no free space needed), or a
+    copy with the same owner and mode where the filesystem has no links."""
     try:
-        os.link(name, copy, src_dir_fd=src_fd, dst_dir_fd=dst_fd, follow_symlinks=False)
+        os.link(name, new_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd, follow_symlinks=False)
         return
     except OSError as error:
         if error.errno not in _LINK_UNSUPPORTED:
             raise
     fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=src_fd)
     with os.fdopen(fd, "rb") as reader:
-        _write_file(dst_fd, copy, reader.read(), found)
-
-
-def _bring_back(backup_fd: int, copy: str, dir_fd: int, temp: str) -> None:
-    """The backup under a temp name next to the target: a hard link when possible (needs no space)."""
-    try:
-        os.link(copy, temp, src_dir_fd=backup_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-        return
-    except OSError as error:
-        if error.errno not in _LINK_UNSUPPORTED:
-            raise
-    fd = os.open(copy, os.O_RDONLY | _NOFOLLOW, dir_fd=backup_fd)
-    with os.fdopen(fd, "rb") as reader:
-        _write_file(dir_fd, temp, reader.read(), os.fstat(reader.fileno()))
+        _write_file(dst_fd, new_name, reader.read(), os.fstat(reader.fileno()))
 
 
 def _os_error(error: BaseException) -> str:
