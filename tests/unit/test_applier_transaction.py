@@ -287,10 +287,10 @@ def test_a_symlinked_topology_file_is_refused_and_its_target_untouched(head_node
     outside.chmod(0o644)
     (head_node.etc / "topology.yaml").symlink_to(outside)
 
-    code, document, _ = head_node.run("apply", bundle)
-
-    assert (code, document["outcome"]) == (2, "refused")
-    assert "topology.yaml is a symbolic link" in document["error"]
+    for mode in ("dry-run", "apply"):
+        code, document, _ = head_node.run(mode, bundle)
+        assert (code, document["outcome"]) == (2, "refused")
+        assert "topology.yaml is a symbolic link" in document["error"]
     assert outside.read_text() == "precious\n"
     assert (outside.stat().st_mode & 0o777) == 0o644
     assert (head_node.etc / "topology.yaml").is_symlink()

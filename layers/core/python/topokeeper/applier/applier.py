@@ -2067,14 +2067,18 @@ def _reload_disk(transaction: Transaction, result: Dict[str, Any], bundle: Bundl
     )
 
 
+def _write_targets(config: ConfigDir, conf_path: str, conf: SlurmConf, bundle: Bundle) -> List[str]:
+    """slurm.conf as named (not resolved) and the topology file: an apply refuses either as a link."""
+    return [os.path.join(config.path, os.path.basename(conf_path)), _topology_path(conf, bundle.slurm_format)]
+
+
 def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Context) -> None:
     conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
     try:
         with transaction_for(conf, context) as transaction:
             transaction.recover(result)  # before anything else
             conf = SlurmConf(conf_path)
-            main = os.path.join(transaction.config.path, os.path.basename(conf_path))
-            refuse_links(transaction.config, [main, _topology_path(conf, bundle.slurm_format)])
+            refuse_links(transaction.config, _write_targets(transaction.config, conf_path, conf, bundle))
             state = read_disk_state(conf, bundle)
             result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, state)
             if result["before_sha256"] == bundle.plan_sha256:
@@ -2128,6 +2132,11 @@ def execute(mode: str, bundle_text: str, lock_timeout: float, environ: Mapping[s
         else:
             check_cluster_knows(conf, bundle, scontrol)
             if mode == "dry-run":
+                config = ConfigDir(conf.directory)
+                try:  # what apply would refuse, dry-run refuses too
+                    refuse_links(config, _write_targets(config, conf_path, conf, bundle))
+                finally:
+                    config.close()
                 dry_run(result, conf, bundle)
             else:
                 with exclusive_lock(conf.directory, min(lock_timeout, budget.left())):
