@@ -1124,9 +1124,11 @@ class Transaction:
             self._set_phase(journal, "rolling_back")
 
     def _end(self, journal: Dict[str, Any]) -> None:
-        os.unlink(JOURNAL, dir_fd=self.backup_fd)
-        os.fsync(self.backup_fd)
-        prune_backups(self.backup_fd, keep=[journal["backup"]])
+        # A journal that cannot be removed only makes the next run roll forward what is already in place.
+        with contextlib.suppress(OSError):
+            os.unlink(JOURNAL, dir_fd=self.backup_fd)
+            os.fsync(self.backup_fd)
+            prune_backups(self.backup_fd, keep=[journal["backup"]])
 
     # -- backup -----------------------------------------------------------------------------------
 
@@ -1180,8 +1182,7 @@ class Transaction:
 
     def run(self, steps: Sequence[Step], plan_sha256: str, result: Dict[str, Any]) -> bool:
         """Write ``steps`` and have slurmctld load them (True); on refusal, put back what was replaced (False)."""
-        forward = self.budget.left() - RECONFIGURE_TIMEOUT
-        if forward < MIN_RECONFIGURE_SECONDS:
+        if self.budget.left() - RECONFIGURE_TIMEOUT < MIN_RECONFIGURE_SECONDS:
             raise Failed(
                 "only %.0f s of the applier's %.0f s budget left, too little to reconfigure and roll back;"
                 " nothing written" % (self.budget.left(), APPLIER_BUDGET_SECONDS)
@@ -1233,7 +1234,8 @@ class Transaction:
             errors = self._restore(journal)
             raise Failed("could not replace %s; %s" % (renamed, _restored(errors)))
         code, message = self.faults.crash_during(
-            "during-reconfigure", lambda: reconfigure(self.scontrol, self.log_path, forward)
+            "during-reconfigure",
+            lambda: reconfigure(self.scontrol, self.log_path, self.budget.left() - RECONFIGURE_TIMEOUT),
         )
         self.faults.crash("after-reconfigure")
         result["reconfigured"], result["reconfigure_exit_code"] = True, code
