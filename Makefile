@@ -45,6 +45,7 @@ install-system:
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	PYTHONPATH=. $(BIN)/lint-imports --no-cache
 
 typecheck: install
 	$(BIN)/mypy

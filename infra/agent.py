@@ -1,4 +1,9 @@
-"""The managed policy operators attach to a HyperPod instance group's ExecutionRole (channel agent)."""
+"""One managed policy per agent cluster, for the ExecutionRole of that cluster's controller group.
+
+Each policy reaches its own cluster's objects only and may send only its own cluster's event source,
+which is what the result function takes the cluster from. That isolates clusters only if each cluster's
+controller group has a role of its own: two clusters sharing one role share both policies.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,12 @@ from aws_cdk import Aws
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from infra.constants import EVENT_BUS_NAME
+from infra.config import ConfigError
+from infra.constants import CONTEXT_KEY, EVENT_BUS_NAME
 from infra.encryption import DataKey
 from infra.storage import PlanBucket
-from topokeeper.adapters.agent_channel import bundle_key, verify_key
 from topokeeper.config import Settings
-from topokeeper.events import AGENT_SOURCE
+from topokeeper.constants import AGENT_SOURCE, agent_bundle_key, agent_source, agent_verify_key
 from topokeeper.ports import Channel
 
 
@@ -19,25 +24,38 @@ def agent_clusters(settings: Settings) -> list[str]:
     return [cluster.name for cluster in settings.clusters if cluster.effective_channel is Channel.AGENT]
 
 
-class AgentPolicy(Construct):
-    """Fetch the cluster's bundle and verify request; report results as topokeeper.agent events."""
+def agent_policy_output(cluster: str) -> str:
+    """The stack output with ``cluster``'s policy ARN: CloudFormation output ids are alphanumeric."""
+    return "AgentPolicyArn" + "".join(part.capitalize() for part in cluster.split("-"))
+
+
+class AgentPolicies(Construct):
+    """``policies[cluster]``: fetch that cluster's bundle and verify request; report as its own source."""
 
     def __init__(
         self, scope: Construct, construct_id: str, *, clusters: list[str], plans: PlanBucket, key: DataKey
     ) -> None:
         super().__init__(scope, construct_id)
-        self.policy = iam.ManagedPolicy(
+        outputs = [agent_policy_output(cluster) for cluster in clusters]
+        clashes = sorted({output for output in outputs if outputs.count(output) > 1})
+        if clashes:
+            raise ConfigError(
+                f"{CONTEXT_KEY}.clusters: agent clusters whose names differ only in hyphens or case would share "
+                f"the stack output {', '.join(clashes)}; rename one"
+            )
+        self.policies = {cluster: self._policy(cluster, plans, key) for cluster in clusters}
+
+    def _policy(self, cluster: str, plans: PlanBucket, key: DataKey) -> iam.ManagedPolicy:
+        return iam.ManagedPolicy(
             self,
-            "Policy",
-            description="topokeeper head-node agent: attach to the HyperPod controller group's ExecutionRole",
+            cluster,
+            description=f"topokeeper agent of {cluster}: attach to the ExecutionRole of its controller group only",
             statements=[
                 iam.PolicyStatement(
                     sid="FetchBundles",
                     actions=["s3:GetObject"],  # also HeadObject, which the agent polls
                     resources=[
-                        plans.bucket.arn_for_objects(key(cluster))
-                        for cluster in clusters
-                        for key in (bundle_key, verify_key)
+                        plans.bucket.arn_for_objects(path(cluster)) for path in (agent_bundle_key, agent_verify_key)
                     ],
                 ),
                 iam.PolicyStatement(
@@ -50,7 +68,9 @@ class AgentPolicy(Construct):
                     sid="ReportResults",
                     actions=["events:PutEvents"],
                     resources=[f"arn:{Aws.PARTITION}:events:{Aws.REGION}:{Aws.ACCOUNT_ID}:event-bus/{EVENT_BUS_NAME}"],
-                    conditions={"StringEquals": {"events:source": AGENT_SOURCE}},
+                    # Agents installed before per-cluster sources send the shared one; the result function
+                    # only counts those as outdated agents and records nothing they say.
+                    conditions={"StringEquals": {"events:source": [agent_source(cluster), AGENT_SOURCE]}},
                 ),
             ],
         )

@@ -13,10 +13,11 @@ from constructs import Construct
 from infra.config import drift_alarm_period
 from infra.encryption import DataKey
 from infra.functions import Functions
+from topokeeper import stack_spec as spec
 from topokeeper.config import Settings
 from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
 
-_PERIOD = Duration.minutes(5)
+_PERIOD = Duration.seconds(spec.ALARM_PERIOD_SECONDS)
 _ROW_HEIGHT = 6
 _LABEL_WIDTH = 4
 _GRAPH_WIDTH = 4  # five graphs and the label fill the dashboard's 24 columns
@@ -56,70 +57,68 @@ class Monitoring(Construct):
         self._action = actions.SnsAction(self.topic)
         self.alarms: list[cloudwatch.Alarm] = []
 
-        drift_period = drift_alarm_period(settings)
+        drift_alarm_period(settings)  # names the context key if the schedule cannot be alarmed on
+        descriptions = {
+            Metric.TOPOLOGY_DRIFT: "the live topology differed from the plan in {periods} drift checks",
+            Metric.APPLY_FAILURES: "a topology apply failed, was refused or rolled back",
+            Metric.AGENT_OUTDATED: "the head-node agent is outdated; re-run `topokeeper agent install-script` output",
+            Metric.FORGED_REPORTS: "its agent's identity sent a report about another cluster; the controller may be "
+            "compromised, or shares its role with another cluster",
+        }
         for cluster in settings.clusters:
-            name = cluster.name
-            self._alarm(
-                f"{name}-{Metric.TOPOLOGY_DRIFT}",
-                cluster_metric(Metric.TOPOLOGY_DRIFT, name, "Maximum", drift_period),
-                f"{name}: the live topology differed from the plan in {settings.drift_alarm_periods} drift checks",
-                evaluation_periods=settings.drift_alarm_periods,
-                # No data means no check ran (the Errors alarm reports that); keep the last verdict.
-                missing=cloudwatch.TreatMissingData.MISSING,
-            )
-            self._alarm(
-                f"{name}-{Metric.APPLY_FAILURES}",
-                cluster_metric(Metric.APPLY_FAILURES, name, "Sum"),
-                f"{name}: a topology apply failed, was refused or rolled back",
-            )
+            for metric, alarm in spec.cluster_alarms(settings, cluster).items():
+                self._alarm(
+                    f"{cluster.name}-{metric}",
+                    cluster_metric(metric, cluster.name, alarm.statistic, Duration.seconds(alarm.period_seconds)),
+                    f"{cluster.name}: " + descriptions[metric].format(periods=alarm.evaluation_periods),
+                    alarm,
+                )
+        depth = spec.DEAD_LETTER_DEPTH_ALARM
         for queue_name, queue in dead_letter_queues.items():
             self._alarm(
                 f"{queue_name}-Depth",
-                queue.metric_approximate_number_of_messages_visible(period=_PERIOD, statistic="Maximum"),
+                queue.metric_approximate_number_of_messages_visible(
+                    period=Duration.seconds(depth.period_seconds), statistic=depth.statistic
+                ),
                 f"messages in {queue_name}: redrive them once the cause is fixed",
-                comparison=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-                threshold=0,
+                depth,
             )
+        errors, throttles = spec.FUNCTION_ERRORS_ALARM, spec.FUNCTION_THROTTLES_ALARM
         for function_name, function in functions.by_name.items():
             self._alarm(
                 f"{function_name}-Errors",
-                function.metric_errors(period=_PERIOD, statistic="Sum"),
+                function.metric_errors(period=Duration.seconds(errors.period_seconds), statistic=errors.statistic),
                 f"the {function_name} function failed",
+                errors,
             )
             self._alarm(
                 f"{function_name}-Throttles",
-                function.metric_throttles(period=_PERIOD, statistic="Sum"),
+                function.metric_throttles(
+                    period=Duration.seconds(throttles.period_seconds), statistic=throttles.statistic
+                ),
                 f"the {function_name} function was throttled",
+                throttles,
             )
 
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=f"{self._prefix}-clusters")
         for cluster in settings.clusters:
             self.dashboard.add_widgets(*self._cluster_row(cluster.name))
 
-    def _alarm(
-        self,
-        name: str,
-        metric: cloudwatch.IMetric,
-        description: str,
-        *,
-        evaluation_periods: int = 1,
-        comparison: cloudwatch.ComparisonOperator = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-        threshold: float = 1,
-        missing: cloudwatch.TreatMissingData = cloudwatch.TreatMissingData.NOT_BREACHING,
-    ) -> None:
-        alarm = cloudwatch.Alarm(
+    def _alarm(self, name: str, metric: cloudwatch.IMetric, description: str, alarm: spec.AlarmSpec) -> None:
+        created = cloudwatch.Alarm(
             self,
             name,
             alarm_name=f"{self._prefix}-{name}",
             alarm_description=description,
             metric=metric,
-            evaluation_periods=evaluation_periods,
-            comparison_operator=comparison,
-            threshold=threshold,
-            treat_missing_data=missing,
+            evaluation_periods=alarm.evaluation_periods,
+            datapoints_to_alarm=alarm.datapoints_to_alarm,
+            comparison_operator=cloudwatch.ComparisonOperator[alarm.comparison.name],
+            threshold=alarm.threshold,
+            treat_missing_data=cloudwatch.TreatMissingData[alarm.missing.name],
         )
-        alarm.add_alarm_action(self._action)
-        self.alarms.append(alarm)
+        created.add_alarm_action(self._action)
+        self.alarms.append(created)
 
     @staticmethod
     def _cluster_row(cluster: str) -> list[cloudwatch.IWidget]:

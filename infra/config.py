@@ -7,7 +7,6 @@ this module only turns its errors into one line per problem that names the conte
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from aws_cdk import Duration
@@ -15,15 +14,11 @@ from pydantic import ValidationError
 
 from infra.constants import CONTEXT_KEY
 from topokeeper.config import MAX_CONFIG_BYTES, Settings
-
-_RATE = re.compile(r"rate\((?P<value>[1-9]\d*) (?P<unit>minutes?|hours?|days?)\)")
-_CRON = re.compile(r"cron\([^()]+\)")
-# CloudWatch evaluates at most one day of periods shorter than an hour, and at most seven days otherwise.
-_ONE_DAY = 24 * 3600
-_CRON_ALARM_PERIOD = Duration.hours(1)
+from topokeeper.errors import InputError, Permanent
+from topokeeper.stack_spec import drift_alarm_period_seconds
 
 
-class ConfigError(ValueError):
+class ConfigError(Permanent, ValueError):
     """The deployment settings are missing or invalid; the message names the offending key."""
 
 
@@ -59,23 +54,8 @@ def load_settings(raw: Any) -> Settings:
 
 
 def drift_alarm_period(settings: Settings) -> Duration:
-    """One alarm period per drift check: the rate of the schedule, or an hour for a cron schedule."""
-    schedule = settings.drift_schedule
-    if rate := _RATE.fullmatch(schedule):
-        value, unit = int(rate["value"]), rate["unit"].rstrip("s")
-        period = {"minute": Duration.minutes, "hour": Duration.hours, "day": Duration.days}[unit](value)
-    elif _CRON.fullmatch(schedule):
-        period = _CRON_ALARM_PERIOD
-    else:
-        raise ConfigError(
-            f"{CONTEXT_KEY}.drift_schedule: expected rate(N minutes|hours|days) or cron(...): {schedule!r}"
-        )
-    seconds = period.to_seconds()
-    window = settings.drift_alarm_periods * seconds
-    limit = _ONE_DAY if seconds < 3600 else 7 * _ONE_DAY
-    if window > limit:
-        raise ConfigError(
-            f"{CONTEXT_KEY}.drift_alarm_periods: {settings.drift_alarm_periods} periods of {seconds} s "
-            f"exceed CloudWatch's {limit // _ONE_DAY}-day evaluation window"
-        )
-    return period
+    """The drift alarm's period (topokeeper.stack_spec), or a ConfigError naming the context key."""
+    try:
+        return Duration.seconds(drift_alarm_period_seconds(settings))
+    except InputError as error:
+        raise ConfigError(f"{CONTEXT_KEY}.{error}") from None

@@ -6,7 +6,18 @@ from pathlib import Path
 
 from aws_cdk import aws_lambda as lambda_
 
-from topokeeper.config import CONFIG_ENV
+# The handler contract (environment variable names), for the constructs: ``c.ENV_TABLE`` and so on.
+from topokeeper.constants import (  # noqa: F401
+    ENV_AUDIT_RETENTION,
+    ENV_BUCKET,
+    ENV_CLOUDTRAIL_CHANNEL,
+    ENV_CONFIG,
+    ENV_DEAD_LETTER_QUEUE,
+    ENV_EVENT_BUS,
+    ENV_QUEUE,
+    ENV_TABLE,
+)
+from topokeeper.stack_spec import DRIFT, FUNCTION_NAMES, INGEST, RECONCILE, RESULT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS_DIR = REPO_ROOT / "functions"
@@ -25,24 +36,10 @@ ARCHITECTURE = lambda_.Architecture.ARM_64
 POWERTOOLS_LAYER_PARAMETER = f"/aws/service/powertools/python/arm64/python{PYTHON_VERSION}/latest"
 HANDLER = "handler.lambda_handler"
 
-# The four functions; each one's code asset is functions/<name>/.
-INGEST = "ingest"
-RECONCILE = "reconcile"
-RESULT = "result"
-DRIFT = "drift"
-FUNCTION_NAMES = (INGEST, RECONCILE, RESULT, DRIFT)
-# The work queue's visibility timeout derives from it (infra/queue.py).
-RECONCILE_TIMEOUT_SECONDS = 180
+# The four functions are topokeeper.stack_spec's (the simulator runs the same); each one's code asset is
+# functions/<name>/. Re-exported: the constructs and the infra tests name them as constants.INGEST, ...
+__all__ = ["DRIFT", "FUNCTION_NAMES", "INGEST", "RECONCILE", "RESULT"]
 
-# Environment variables: the contract with the handlers (topokeeper.runtime.LambdaEnvironment).
-ENV_CONFIG = CONFIG_ENV
-ENV_TABLE = "TABLE_NAME"
-ENV_BUCKET = "BUCKET_NAME"
-ENV_QUEUE = "QUEUE_URL"
-ENV_DEAD_LETTER_QUEUE = "DEAD_LETTER_QUEUE_URL"
-ENV_EVENT_BUS = "EVENT_BUS_NAME"
-ENV_CLOUDTRAIL_CHANNEL = "CLOUDTRAIL_CHANNEL_ARN"
-ENV_AUDIT_RETENTION = "AUDIT_RETENTION_DAYS"
 SERVICE_NAME = "topokeeper"
 EVENT_BUS_NAME = "default"
 

@@ -29,9 +29,16 @@ _SCHEDULE_RETRY_ATTEMPTS = 2
 _SCHEDULE_MAX_AGE = Duration.minutes(10)
 
 
+def _field(value: Any) -> Any:
+    # CDK types top-level fields as lists of strings; a prefix filter goes through its Match helper.
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict) and list(value[0]) == ["prefix"]:
+        return events.Match.prefix(value[0]["prefix"])
+    return value
+
+
 def event_pattern(pattern: dict[str, Any]) -> events.EventPattern:
     """The package's pattern as CDK's EventPattern ("detail-type" -> detail_type), unchanged."""
-    return events.EventPattern(**{key.replace("-", "_"): value for key, value in pattern.items()})
+    return events.EventPattern(**{key.replace("-", "_"): _field(value) for key, value in pattern.items()})
 
 
 class Triggers(Construct):

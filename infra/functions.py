@@ -7,7 +7,6 @@ from typing import cast
 from aws_cdk import Aws, Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
@@ -17,7 +16,9 @@ from infra.nag import acknowledge
 from infra.queue import Queues
 from infra.state import StateTable
 from infra.storage import PlanBucket
-from topokeeper.config import Settings
+from topokeeper import stack_spec as spec
+from topokeeper.config import Mode, Settings
+from topokeeper.constants import agent_verify_key, ssm_payload_key
 from topokeeper.events import AUDIT_SOURCE, RUN_SHELL_DOCUMENT
 from topokeeper.ports import METRICS_NAMESPACE, Channel
 
@@ -25,7 +26,7 @@ from topokeeper.ports import METRICS_NAMESPACE, Channel
 # waits up to two minutes for each SSM verify; ingest and result handle one event.
 _SIZING = {
     c.INGEST: (Duration.seconds(30), 256),
-    c.RECONCILE: (Duration.seconds(c.RECONCILE_TIMEOUT_SECONDS), 1024),
+    c.RECONCILE: (Duration.seconds(spec.RECONCILE_TIMEOUT_SECONDS), 1024),
     c.RESULT: (Duration.seconds(60), 256),
     c.DRIFT: (Duration.minutes(10), 1024),
 }
@@ -48,8 +49,27 @@ def head_nodes(settings: Settings) -> list[str]:
     ]
 
 
+def drift_writes(settings: Settings) -> list[str]:
+    """The only keys drift writes: verify-mode agents' verify requests and SSM payloads too large for a command."""
+    keys = []
+    for cluster in settings.clusters:
+        if cluster.effective_channel is Channel.AGENT:
+            if cluster.effective_mode is Mode.VERIFY:
+                keys.append(agent_verify_key(cluster.name))
+        elif cluster.head_node is not None:
+            keys.append(ssm_payload_key(cluster.name, "*"))
+    return keys
+
+
 def _arn(service: str, resource: str, *, region: str = Aws.REGION, account: str = Aws.ACCOUNT_ID) -> str:
     return f"arn:{Aws.PARTITION}:{service}:{region}:{account}:{resource}"
+
+
+def head_node_arn(target: str) -> str:
+    """A head node registered as an SSM managed instance (mi-) is an SSM resource, an EC2 instance an EC2 one."""
+    if target.startswith("mi-"):
+        return _arn("ssm", f"managed-instance/{target}")
+    return _arn("ec2", f"instance/{target}")
 
 
 def _allow_on_clusters(role: iam.IRole, actions: list[str]) -> None:
@@ -103,10 +123,12 @@ class Functions(Construct):
 
         for function in self.by_name.values():
             state.grant_read_write(self._role(function))
-        # Delivering and verifying both write: the bundle, the agent's verify.json, or an SSM payload.
-        for function in (self.reconcile, self.drift):
-            plans.grant_read_write(self._role(function))
+        # Delivering writes plans, bundles and payloads; verifying only verify requests and payloads.
+        plans.grant_read_write(self._role(self.reconcile))
+        plans.grant_read_and_writes_to(self._role(self.drift), drift_writes(settings))
         plans.grant_read(self._role(self.result))
+        # Only these two (and the operator) may change objects: every other principal is denied by the bucket.
+        plans.restrict_writes([self._role(self.reconcile), self._role(self.drift)], settings.operator_role_arn)
         for function in self.by_name.values():
             queues.grant_send_work(self._role(function))
         queues.grant_send_work_dead_letters(self._role(self.reconcile))
@@ -117,14 +139,15 @@ class Functions(Construct):
             self._grant_head_node_commands(self._role(function))
         self._grant_result_writes(self._role(self.result))
 
-        self.reconcile.add_event_source(
-            event_sources.SqsEventSource(
-                queues.work,
-                batch_size=_ESM_BATCH_SIZE,
-                report_batch_item_failures=True,
-                max_concurrency=_RECONCILE_MAX_CONCURRENCY,
-            )
+        # A mapping without CDK's SqsEventSource grant, whose kms:Decrypt names no service.
+        self.reconcile.add_event_source_mapping(
+            "WorkQueue",
+            event_source_arn=queues.work.queue_arn,
+            batch_size=_ESM_BATCH_SIZE,
+            report_batch_item_failures=True,
+            max_concurrency=_RECONCILE_MAX_CONCURRENCY,
         )
+        queues.grant_consume_work(self._role(self.reconcile))
         for function in (self.ingest, self.result):
             self._dead_letter_async_failures(function, queues, _ASYNC_RETRIES)
         # The schedule runs drift again soon anyway; a retry would check every cluster a second time.
@@ -189,20 +212,28 @@ class Functions(Construct):
         )
         self._allow_unscoped(role, ["ec2:DescribeInstanceTopology", "ec2:DescribeInstances"])
         provisioning_parameters = _arn("s3", c.PROVISIONING_PARAMETERS_OBJECTS, region="", account="")
-        role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[provisioning_parameters]))
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject"],
+                resources=[provisioning_parameters],
+                # Bucket ARNs name no account: without this, any account's sagemaker-* bucket would do.
+                conditions={"StringEquals": {"s3:ResourceAccount": Aws.ACCOUNT_ID}},
+            )
+        )
         acknowledge(
             role,
             "IAM5[Resource::arn:<AWS::Partition>:s3:::sagemaker-*/*provisioning_parameters.json]",
             "Legacy HyperPod clusters keep their partition mapping in provisioning_parameters.json in their "
             "lifecycle-script bucket, which HyperPod requires to be named sagemaker-*; bucket and prefix are "
-            "only known from DescribeCluster at run time. Read-only, and only that file name.",
+            "only known from DescribeCluster at run time. Read-only, only that file name, only in this account "
+            "(s3:ResourceAccount).",
         )
 
     def _ssm_clusters(self) -> bool:
         return bool(head_nodes(self._settings))
 
     def _grant_head_node_commands(self, role: iam.IRole) -> None:
-        """Run Command: only AWS-RunShellScript, and only on instances tagged as managed head nodes."""
+        """Run Command: only AWS-RunShellScript, and only on the configured head nodes, while they carry the tag."""
         targets = head_nodes(self._settings)
         if not targets:
             return
@@ -212,22 +243,13 @@ class Functions(Construct):
                 resources=[_arn("ssm", f"document/{RUN_SHELL_DOCUMENT}", account="")],
             )
         )
-        # Head nodes registered as SSM managed instances (mi-) are SSM resources, not EC2 ones.
-        kinds = sorted({("ssm", "managed-instance") if t.startswith("mi-") else ("ec2", "instance") for t in targets})
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["ssm:SendCommand"],
-                resources=[_arn(service, f"{kind}/*") for service, kind in kinds],
+                resources=[head_node_arn(target) for target in sorted(targets)],
                 conditions={"StringEquals": {f"ssm:resourceTag/{c.HEAD_NODE_TAG}": "true"}},
             )
         )
-        for service, kind in kinds:
-            acknowledge(
-                role,
-                f"IAM5[Resource::arn:<AWS::Partition>:{service}:<AWS::Region>:<AWS::AccountId>:{kind}/*]",
-                f"Only head nodes tagged {c.HEAD_NODE_TAG}=true (condition ssm:resourceTag), and only with the "
-                f"{RUN_SHELL_DOCUMENT} document (its own statement); the tag follows a replaced head node.",
-            )
         self._grant_command_results(role)
 
     def _grant_command_results(self, role: iam.IRole) -> None:

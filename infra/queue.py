@@ -9,32 +9,36 @@ from constructs import Construct
 
 from infra.encryption import DataKey
 from infra.nag import acknowledge
-from topokeeper.events import WORK_QUEUE_MAX_RECEIVES
+from topokeeper import stack_spec as spec
 
-# Six times the consumer's timeout, as Lambda recommends for SQS event sources.
-VISIBILITY_TIMEOUT_FACTOR = 6
-_RETENTION = Duration.days(14)
+_RETENTION = Duration.seconds(spec.DEAD_LETTER_RETENTION_SECONDS)
 
 
 class Queues(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, key: DataKey, reconcile_timeout: Duration) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, key: DataKey) -> None:
         super().__init__(scope, construct_id)
         self._key = key
         encryption = {"encryption": sqs.QueueEncryption.KMS, "encryption_master_key": key.key, "enforce_ssl": True}
-        self.work_dlq = sqs.Queue(self, "WorkDlq", fifo=True, retention_period=_RETENTION, **encryption)
+        self.work_dlq = sqs.Queue(
+            self,
+            spec.WORK_DLQ,
+            fifo=spec.DEAD_LETTER_QUEUES_FIFO[spec.WORK_DLQ],
+            retention_period=_RETENTION,
+            **encryption,
+        )
         # One message group per cluster: reconciles of a cluster never overlap or reorder. Senders set
-        # MessageDeduplicationId themselves (cluster, generation, reason).
+        # MessageDeduplicationId themselves (cluster, generation, reason): no content-based deduplication.
         self.work = sqs.Queue(
             self,
             "Work",
             fifo=True,
-            visibility_timeout=Duration.seconds(VISIBILITY_TIMEOUT_FACTOR * reconcile_timeout.to_seconds()),
-            dead_letter_queue=sqs.DeadLetterQueue(queue=self.work_dlq, max_receive_count=WORK_QUEUE_MAX_RECEIVES),
+            visibility_timeout=Duration.seconds(spec.WORK_VISIBILITY_TIMEOUT_SECONDS),
+            dead_letter_queue=sqs.DeadLetterQueue(queue=self.work_dlq, max_receive_count=spec.WORK_MAX_RECEIVE_COUNT),
             **encryption,
         )
         # Standard, not FIFO: EventBridge and Scheduler dead-letter only into standard queues. It also
         # receives the events that ingest, result and drift failed on after Lambda's async retries.
-        self.event_dlq = sqs.Queue(self, "EventDlq", retention_period=_RETENTION, **encryption)
+        self.event_dlq = sqs.Queue(self, spec.EVENT_DLQ, retention_period=_RETENTION, **encryption)
         acknowledge(
             self.event_dlq,
             "SQS3",
@@ -44,7 +48,7 @@ class Queues(Construct):
 
     @property
     def dead_letter_queues(self) -> dict[str, sqs.IQueue]:
-        return {"WorkDlq": self.work_dlq, "EventDlq": self.event_dlq}
+        return {spec.WORK_DLQ: self.work_dlq, spec.EVENT_DLQ: self.event_dlq}
 
     def grant_send_work(self, role: iam.IRole) -> None:
         self._grant_send(role, self.work)
@@ -54,6 +58,22 @@ class Queues(Construct):
 
     def grant_send_event_dead_letters(self, role: iam.IRole) -> None:
         self._grant_send(role, self.event_dlq)
+
+    def grant_consume_work(self, role: iam.IRole) -> None:
+        """What the reconcile function's SQS event source mapping calls with the function's role."""
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "sqs:ReceiveMessage",
+                    "sqs:ChangeMessageVisibility",
+                    "sqs:GetQueueUrl",
+                    "sqs:DeleteMessage",
+                    "sqs:GetQueueAttributes",
+                ],
+                resources=[self.work.queue_arn],
+            )
+        )
+        self._key.grant_use(role, "sqs", write=False)
 
     def _grant_send(self, role: iam.IRole, queue: sqs.Queue) -> None:
         role.add_to_principal_policy(iam.PolicyStatement(actions=["sqs:SendMessage"], resources=[queue.queue_arn]))

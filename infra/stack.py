@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from infra import constants as c
-from infra.agent import AgentPolicy, agent_clusters
+from infra.agent import AgentPolicies, agent_clusters, agent_policy_output
 from infra.alarms import Monitoring
 from infra.encryption import DataKey
 from infra.events import Triggers
@@ -33,9 +32,7 @@ class TopokeeperStack(Stack):
         self.key = DataKey(self, "DataKey")
         self.state = StateTable(self, "State", key=self.key)
         self.plans = PlanBucket(self, "Plans", key=self.key, noncurrent_days=settings.audit_retention_days)
-        self.queues = Queues(
-            self, "Queues", key=self.key, reconcile_timeout=Duration.seconds(c.RECONCILE_TIMEOUT_SECONDS)
-        )
+        self.queues = Queues(self, "Queues", key=self.key)
         self.layers = Layers(self, "Layers")
         self.functions = Functions(
             self,
@@ -66,11 +63,11 @@ class TopokeeperStack(Stack):
             "EventDeadLetterQueueUrl": (self.queues.event_dlq.queue_url, "Events the functions could not take"),
             "AlarmTopicArn": (self.monitoring.topic.topic_arn, "Alarms are published here"),
         }
-        if clusters := agent_clusters(settings):
-            agent = AgentPolicy(self, "Agent", clusters=clusters, plans=self.plans, key=self.key)
-            outputs["AgentPolicyArn"] = (
-                agent.policy.managed_policy_arn,
-                "Attach to the ExecutionRole of the HyperPod instance group that runs slurmctld",
+        self.agent = AgentPolicies(self, "Agent", clusters=agent_clusters(settings), plans=self.plans, key=self.key)
+        for cluster, policy in self.agent.policies.items():
+            outputs[agent_policy_output(cluster)] = (
+                policy.managed_policy_arn,
+                f"Attach to the ExecutionRole of {cluster}'s controller group only (a role no other cluster uses)",
             )
         for name, (value, description) in outputs.items():
             CfnOutput(self, name, value=value, description=description)

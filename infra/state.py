@@ -8,10 +8,8 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.encryption import DataKey
+from topokeeper import stack_spec as spec
 
-PARTITION_KEY = "pk"
-SORT_KEY = "sk"
-TTL_ATTRIBUTE = "expires_at"
 # What the adapters call (TransactWriteItems is authorized per item, as PutItem); nothing deletes items: TTL does.
 _READ = ["dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query"]
 _WRITE = ["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:BatchWriteItem"]
@@ -24,9 +22,9 @@ class StateTable(Construct):
         self.table = dynamodb.Table(
             self,
             "Table",
-            partition_key=dynamodb.Attribute(name=PARTITION_KEY, type=dynamodb.AttributeType.STRING),
-            sort_key=dynamodb.Attribute(name=SORT_KEY, type=dynamodb.AttributeType.STRING),
-            time_to_live_attribute=TTL_ATTRIBUTE,
+            partition_key=dynamodb.Attribute(name=spec.PARTITION_KEY, type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name=spec.SORT_KEY, type=dynamodb.AttributeType.STRING),
+            time_to_live_attribute=spec.TTL_ATTRIBUTE,
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
             encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
             encryption_key=key.key,

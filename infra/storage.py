@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from aws_cdk import CfnResource, Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
@@ -13,6 +13,15 @@ from infra.encryption import DataKey
 from infra.nag import acknowledge, arn_of
 
 _READ_OBJECTS = ["s3:GetObject"]  # the current version only
+# Everything that changes which object version is current: a write, a copy, a multipart upload or a
+# replication puts a new one; deleting the current version brings back an older one.
+_CHANGE_OBJECTS = [
+    "s3:PutObject",
+    "s3:DeleteObject",
+    "s3:DeleteObjectVersion",
+    "s3:ReplicateObject",
+    "s3:ReplicateDelete",
+]
 
 
 class PlanBucket(Construct):
@@ -46,6 +55,39 @@ class PlanBucket(Construct):
             "in the audit trail, and S3 data events in the account's CloudTrail record object access if required.",
         )
 
+    def restrict_writes(self, writers: list[iam.IRole], operator_role_arn: str | None) -> None:
+        """Deny, whatever identity policies allow: changing objects to every principal but ``writers`` and the
+        operator role (any s3:PutObject in the account could otherwise put a bundle on a head node), and
+        writes that ask for another encryption than the stack's key. Writes that ask for none get the
+        bucket's default, this key. TLS only is enforce_ssl's statement."""
+        allowed = [role.role_arn for role in writers] + ([operator_role_arn] if operator_role_arn else [])
+        denials: dict[str, tuple[list[str], dict[str, Any]]] = {
+            "OnlyTopokeeperChangesObjects": (_CHANGE_OBJECTS, {"ArnNotEquals": {"aws:PrincipalArn": allowed}}),
+            "OnlySseKms": (
+                ["s3:PutObject"],
+                {"StringNotEqualsIfExists": {"s3:x-amz-server-side-encryption": "aws:kms"}},
+            ),
+            "OnlyTheStackKey": (
+                ["s3:PutObject"],
+                {"StringNotEqualsIfExists": {"s3:x-amz-server-side-encryption-aws-kms-key-id": self._key.key.key_arn}},
+            ),
+            "NoCustomerProvidedKeys": (
+                ["s3:PutObject"],
+                {"Null": {"s3:x-amz-server-side-encryption-customer-algorithm": "false"}},
+            ),
+        }
+        for sid, (actions, condition) in denials.items():
+            self.bucket.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid=sid,
+                    effect=iam.Effect.DENY,
+                    principals=[iam.AnyPrincipal()],
+                    actions=actions,
+                    resources=[self.bucket.arn_for_objects("*")],
+                    conditions=condition,
+                )
+            )
+
     def _grant(self, role: iam.IRole, object_actions: list[str], *, write: bool) -> None:
         # ListBucket lets a missing key read as 404 rather than 403.
         role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn]))
@@ -64,3 +106,21 @@ class PlanBucket(Construct):
 
     def grant_read_write(self, role: iam.IRole) -> None:
         self._grant(role, [*_READ_OBJECTS, "s3:PutObject"], write=True)
+
+    def grant_read_and_writes_to(self, role: iam.IRole, keys: list[str]) -> None:
+        """Read any object; write only ``keys`` (a key may end in ``*``)."""
+        self._grant(role, _READ_OBJECTS, write=bool(keys))
+        if not keys:
+            return
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["s3:PutObject"], resources=[self.bucket.arn_for_objects(k) for k in keys])
+        )
+        bucket = arn_of(cast(CfnResource, self.bucket.node.default_child))
+        for key in keys:
+            if "*" in key:
+                acknowledge(
+                    role,
+                    f"IAM5[Resource::{bucket}/{key}]",
+                    "One cluster's SSM payloads in this stack's bucket: each is named by its plan hash, unknown "
+                    "at synth.",
+                )

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from topokeeper.agent import agent
 from topokeeper.cli import plan_from_files
@@ -14,6 +17,23 @@ AGENT_FILE = Path(agent.__file__)
 FAKE_APPLIER = Path(__file__).parent / "fixtures" / "fake_applier.py"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CLUSTER = "llm-train-slurm"  # examples/mixed-cluster.json
+# The last agent.py before per-cluster event sources and bundle schema versions: what head nodes that
+# installed it still run, since HyperPod agents never update themselves.
+RELEASED_AGENT_COMMIT = "e8c8e210eb2082d272175fdaaf138491b5a74a9a"
+
+
+def released_agent(directory: Path) -> Path:
+    """That agent.py, from the repository's history, written to ``directory``."""
+    repo = Path(__file__).resolve().parents[1]
+    source = AGENT_FILE.relative_to(repo).as_posix()
+    shown = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{RELEASED_AGENT_COMMIT}:{source}"], capture_output=True, check=False
+    )
+    if shown.returncode != 0:
+        pytest.fail(f"the released agent needs the git history (git fetch --unshallow): {shown.stderr.decode()}")
+    path = directory / "released_agent.py"
+    path.write_bytes(shown.stdout)
+    return path
 
 
 def bundle_document(slurm_version: str | None = None) -> dict[str, Any]:

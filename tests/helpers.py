@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from topokeeper.domain.models import ClusterSnapshot, Node, Partition, PartitionSettings, SlurmVersion
+from topokeeper.ports import Metric
 
 # The applier's result document contract (README "The applier"): every document carries every key.
 APPLIER_RESULT_KEYS = frozenset(
@@ -25,11 +26,22 @@ APPLIER_RESULT_KEYS = frozenset(
         "slurm_version",
         "slurm_format",
         "config_dir",
+        "scontrol",
         "duration_seconds",
         "error",
         "applier_version",
     }
 )
+
+
+class RecordingMetrics:
+    """The Metrics port, keeping every point as (cluster, metric name, value)."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[str, str, float]] = []
+
+    def emit(self, cluster: str, metric: Metric, value: float) -> None:
+        self.points.append((cluster, metric.value, value))
 
 
 def instance_id(seed: str) -> str:

@@ -7,6 +7,7 @@ from aws_lambda_powertools.utilities.batch import SqsFifoPartialProcessor, proce
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from topokeeper.errors import Retryable
 from topokeeper.runtime import lambda_runtime
 from topokeeper.service.reconcile import newest_generations, process_message
 
@@ -25,5 +26,8 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     def record_handler(record: SQSRecord) -> None:
         report = process_message(record.body, record.receipt_handle, deps, newest)
         logger.info("reconciled", extra=report.model_dump(mode="json") if report else {"malformed": record.message_id})
+        if report is not None and report.defer_seconds is not None:
+            # A batch item failure keeps the message in the queue, hidden for the time process_message set.
+            raise Retryable(f"deferred {report.defer_seconds:.0f}s: {report.reason}")
 
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

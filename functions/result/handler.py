@@ -17,5 +17,7 @@ logger = Logger(service="topokeeper")
 @event_parser(model=TopokeeperEvent)
 def lambda_handler(event: TopokeeperEvent, context: LambdaContext) -> dict[str, Any]:
     report = record_result(event, lambda_runtime().result_deps())
-    logger.info("result", extra=report.model_dump(mode="json"))
+    # A refused report is someone reporting on a cluster that is not theirs: a warning, with the reason.
+    log = logger.warning if report.status == "refused" else logger.info
+    log("result", extra=report.model_dump(mode="json"))
     return report.model_dump(mode="json")

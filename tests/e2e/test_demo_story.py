@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from topokeeper.cli import main
+from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 from topokeeper.sim.simulator import SimulationResult
-from topokeeper.sim.world import HEAD_NODE_VARIABLE
 
 
 def _play(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, head_node: str) -> SimulationResult:

@@ -59,6 +59,10 @@ def test_a_json_string_as_from_a_cli_override_is_accepted() -> None:
             lambda c: c.update(drift_schedule="rate(15 minutes)", drift_alarm_periods=97),
             "topokeeper.drift_alarm_periods: 97 periods of 900 s exceed CloudWatch's 1-day",
         ),
+        (
+            lambda c: c.update(operator_role_arn="arn:aws:iam::111122223333:user/alice"),
+            "topokeeper.operator_role_arn: Value error, not an IAM role ARN",
+        ),
     ],
 )
 def test_errors_name_the_offending_context_key(change, message: str) -> None:

@@ -9,8 +9,10 @@ import pytest
 from aws_cdk.assertions import Match
 
 from infra import constants as c
+from infra.agent import agent_clusters, agent_policy_output
 from infra.functions import head_nodes
 from tests.infra.conftest import Synthesized
+from topokeeper.constants import AGENT_SOURCE, agent_source
 from topokeeper.deployment import (
     OUTPUT_BUCKET,
     OUTPUT_DEAD_LETTER_QUEUE,
@@ -18,7 +20,7 @@ from topokeeper.deployment import (
     OUTPUT_RECONCILE_FUNCTION,
     OUTPUT_TABLE,
 )
-from topokeeper.events import AGENT_SOURCE, AUDIT_SOURCE, change_patterns, result_patterns
+from topokeeper.events import AUDIT_SOURCE, change_patterns, result_patterns
 from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
 from topokeeper.runtime import LambdaEnvironment
 
@@ -171,7 +173,7 @@ def test_the_environment_contract(example: Synthesized) -> None:
         c.RESULT: {**common, "AUDIT_RETENTION_DAYS": str(settings.audit_retention_days)},
         c.DRIFT: common,
     }
-    handler_fields = set(LambdaEnvironment.model_fields)
+    handler_fields = {field.alias for field in LambdaEnvironment.model_fields.values()}
     for name, function in stack.functions.by_name.items():
         variables = example.resource(function)["Properties"]["Environment"]["Variables"]
         assert variables == expected[name], name
@@ -293,7 +295,21 @@ def test_dlq_depth_and_function_error_and_throttle_alarms(example: Synthesized) 
             example.logical_id(f) for f in example.stack.functions.by_name.values()
         )
     assert all(a["Properties"]["AlarmActions"] == [topic] for a in alarms)
-    assert len(alarms) == 2 * len(example.settings.clusters) + 2 + 2 * len(c.FUNCTION_NAMES)
+    per_cluster = 2 * len(example.settings.clusters) + 2 * len(agent_clusters(example.settings))
+    assert len(alarms) == per_cluster + 2 + 2 * len(c.FUNCTION_NAMES)
+
+
+def test_agent_clusters_alarm_on_outdated_agents_and_forged_reports(example: Synthesized) -> None:
+    alarms = alarms_by_metric(example)
+    topic = ref(example, example.stack.monitoring.topic)
+
+    assert agent_clusters(example.settings) == ["llm-train"]
+    for metric in (Metric.AGENT_OUTDATED, Metric.FORGED_REPORTS):
+        assert (metric, "cfd-pcluster") not in alarms  # an SSM cluster has no agent
+        alarm = alarms[(metric, "llm-train")]
+        assert (alarm["Namespace"], alarm["Statistic"]) == (METRICS_NAMESPACE, "Sum")
+        assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("GreaterThanOrEqualToThreshold", 1)
+        assert alarm["AlarmActions"] == [topic]
 
 
 def test_the_alarm_topic_is_encrypted_and_mails_the_operator(example: Synthesized) -> None:
@@ -317,16 +333,20 @@ def test_the_dashboard_has_a_row_per_cluster(example: Synthesized) -> None:
     for cluster in example.settings.clusters:
         assert f"## {cluster.name}" in text
         for metric in Metric:
-            if metric is not Metric.APPLY_FAILURES:
+            if metric not in (Metric.APPLY_FAILURES, Metric.AGENT_OUTDATED, Metric.FORGED_REPORTS):  # alarms only
                 assert f'"{METRICS_NAMESPACE}","{metric}","{METRICS_DIMENSION}","{cluster.name}"' in text, metric
 
 
-def test_send_command_only_with_run_shell_script_and_only_on_tagged_head_nodes(example: Synthesized) -> None:
+def test_send_command_only_with_run_shell_script_and_only_on_the_configured_tagged_head_nodes(
+    example: Synthesized,
+) -> None:
     def partition_arn(*parts: Any) -> dict[str, Any]:
         return {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, *parts]]}
 
     document = partition_arn(":ssm:", {"Ref": "AWS::Region"}, "::document/AWS-RunShellScript")
-    instances = partition_arn(":ec2:", {"Ref": "AWS::Region"}, ":", {"Ref": "AWS::AccountId"}, ":instance/*")
+    instances = partition_arn(
+        ":ec2:", {"Ref": "AWS::Region"}, ":", {"Ref": "AWS::AccountId"}, ":instance/i-0a1b2c3d4e5f60718"
+    )
     tagged = {"StringEquals": {"ssm:resourceTag/topokeeper:head-node": "true"}}
     expected = [
         {"Action": "ssm:SendCommand", "Effect": "Allow", "Resource": document},
@@ -394,13 +414,16 @@ def test_events_are_put_only_on_the_default_bus_with_our_own_sources(example: Sy
         if "events:PutEvents" in listed(s["Action"])
     ]
 
-    assert sorted(s["Condition"]["StringEquals"]["events:source"] for s in put) == sorted([AGENT_SOURCE, AUDIT_SOURCE])
+    assert sorted(json.dumps(s["Condition"]["StringEquals"]["events:source"]) for s in put) == sorted(
+        [json.dumps([agent_source("llm-train"), AGENT_SOURCE]), json.dumps(AUDIT_SOURCE)]
+    )
     for statement in put:
         assert statement["Resource"]["Fn::Join"][1][-1] == ":event-bus/default"
 
 
 def test_the_agent_policy_reads_only_its_clusters_bundles(example: Synthesized) -> None:
     (policy,) = of_type(example, "AWS::IAM::ManagedPolicy").values()
+    assert policy == example.resource(example.stack.agent.policies["llm-train"])
     by_sid = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
 
     bucket = arn(example, example.stack.plans.bucket)
@@ -408,7 +431,8 @@ def test_the_agent_policy_reads_only_its_clusters_bundles(example: Synthesized) 
     assert by_sid["FetchBundles"]["Resource"] == [
         {"Fn::Join": ["", [bucket, f"/clusters/llm-train/{name}"]]} for name in ("bundle.json", "verify.json")
     ]
-    assert by_sid["ReportResults"]["Condition"] == {"StringEquals": {"events:source": AGENT_SOURCE}}
+    sources = [agent_source("llm-train"), AGENT_SOURCE]
+    assert by_sid["ReportResults"]["Condition"] == {"StringEquals": {"events:source": sources}}
 
 
 def test_outputs_for_operators_and_the_cli(example: Synthesized) -> None:
@@ -420,4 +444,4 @@ def test_outputs_for_operators_and_the_cli(example: Synthesized) -> None:
     assert outputs[OUTPUT_QUEUE]["Value"] == ref(example, stack.queues.work)
     assert outputs[OUTPUT_DEAD_LETTER_QUEUE]["Value"] == ref(example, stack.queues.work_dlq)
     assert outputs[OUTPUT_RECONCILE_FUNCTION]["Value"] == ref(example, stack.functions.reconcile)
-    assert outputs["AgentPolicyArn"]["Value"]["Ref"] in of_type(example, "AWS::IAM::ManagedPolicy")
+    assert outputs[agent_policy_output("llm-train")]["Value"] == ref(example, stack.agent.policies["llm-train"])

@@ -9,6 +9,7 @@ import pytest
 
 from tests.agent_support import CLUSTER, FakeApplier, bundle_body, bundle_document, events_named, write_config
 from topokeeper.agent import agent
+from topokeeper.ports import Outcome
 
 
 def test_config_defaults_and_key(tmp_path: Path) -> None:
@@ -56,7 +57,9 @@ def _tampered(name: str) -> bytes:
     elif name == "cluster":
         document["cluster_name"] = "another-cluster"
     elif name == "schema":
-        document["schema"] = "topokeeper.bundle/2"
+        document["schema"] = "topokeeper.bundle/01"
+    elif name == "foreign schema":
+        document["schema"] = "someone.bundle/1"
     elif name == "plan":
         document["plan_sha256"] = "$(reboot)"
     return bundle_body(document)
@@ -67,15 +70,34 @@ def _tampered(name: str) -> bytes:
     [
         (_tampered("content"), r"files\[topology.yaml\].sha256 does not match its content"),
         (_tampered("cluster"), "cluster_name: 'another-cluster' is not this cluster"),
-        (_tampered("schema"), "schema: expected topokeeper.bundle/1"),
+        (_tampered("schema"), "schema: expected topokeeper.bundle/1, got 'topokeeper.bundle/01'"),
+        (_tampered("foreign schema"), "schema: expected topokeeper.bundle/1, got 'someone.bundle/1'"),
         (_tampered("plan"), "plan_sha256: not a sha256"),
         (b"\xff\xfe", "bundle is not JSON"),
         (b"[1]", "not a JSON object"),
     ],
 )
 def test_a_bad_bundle_is_refused_with_the_reason(body: bytes, message: str) -> None:
-    with pytest.raises(agent.BundleRefused, match=message):
+    with pytest.raises(agent.BundleRefused, match=message) as refused:
         agent.check_bundle(body, CLUSTER)
+    assert refused.value.outcome == "refused"
+
+
+def test_a_newer_bundle_schema_says_the_agent_is_outdated_and_how_to_upgrade() -> None:
+    document = bundle_document()
+    document["schema"] = f"{agent.BUNDLE_SCHEMA_NAME}/{agent.BUNDLE_SCHEMA_VERSION + 1}"
+
+    with pytest.raises(agent.AgentOutdated) as outdated:
+        agent.check_bundle(bundle_body(document), CLUSTER)
+
+    assert outdated.value.outcome == agent.AGENT_OUTDATED == Outcome.AGENT_OUTDATED.value
+    assert str(outdated.value).startswith(f"agent outdated: the bundle is {document['schema']}")
+    assert "re-run the `topokeeper agent install-script` output" in str(outdated.value)
+
+
+def test_each_cluster_reports_with_its_own_source() -> None:
+    assert agent.event_source(CLUSTER) == f"topokeeper.agent.{CLUSTER}"
+    assert agent.event_source(CLUSTER) != agent.event_source("another-cluster")
 
 
 def _config(tmp_path: Path, applier: FakeApplier, **settings: object) -> agent.Config:

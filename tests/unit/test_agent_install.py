@@ -78,6 +78,9 @@ def test_snippet_installs_the_package_files_config_and_valid_units(
     assert _unit(service)["Service"]["ExecStart"] == (
         f"/usr/bin/python3 {root}/opt/topokeeper/agent.py --config {root}/etc/topokeeper/agent.json --once"
     )
+    assert _unit(service)["Service"]["Environment"] == (
+        "PATH=/opt/slurm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    )
     assert _unit(timer)["Timer"]["OnUnitActiveSec"] == "30s"
 
 

@@ -73,7 +73,11 @@ def test_eventbridge_put_events_is_signed_as_botocore_signs_it() -> None:
     url = "https://events.us-west-2.amazonaws.com/"
     headers = {"Content-Type": "application/x-amz-json-1.1", "X-Amz-Target": "AWSEvents.PutEvents"}
     body = json.dumps(
-        {"Entries": [{"Source": agent.SOURCE, "DetailType": agent.APPLY_RESULT, "Detail": "{}"}]}
+        {
+            "Entries": [
+                {"Source": agent.event_source("llm-train-slurm"), "DetailType": agent.APPLY_RESULT, "Detail": "{}"}
+            ]
+        }
     ).encode()
 
     ours = agent.sign(

@@ -166,7 +166,7 @@ def test_an_unreadable_version_fails() -> None:
 
 
 def test_the_outcomes_are_the_ports_outcomes() -> None:
-    channel = {Outcome.PENDING, Outcome.TIMED_OUT, Outcome.CANCELLED, Outcome.UNDELIVERABLE}
+    channel = {Outcome.PENDING, Outcome.TIMED_OUT, Outcome.CANCELLED, Outcome.UNDELIVERABLE, Outcome.AGENT_OUTDATED}
     assert set(applier.EXIT_CODES) == {outcome.value for outcome in Outcome if outcome not in channel}
 
 

@@ -327,12 +327,50 @@ def test_bad_arguments_still_print_one_json_document(
     assert document["error"].startswith(message)
 
 
-def test_without_scontrol_the_outcome_is_failed(head_node: FakeHeadNode) -> None:
+def test_scontrol_is_found_without_path_next_to_the_config_directory(head_node: FakeHeadNode) -> None:
+    """/opt/slurm/etc/slurm.conf -> /opt/slurm/bin/scontrol: the fake head node is laid out the same way."""
     bundle = _bundle(_cluster())
     head_node.serve(bundle)
     head_node.environ["PATH"] = "/nonexistent"
     code, document, _ = head_node.run("apply", bundle)
-    assert (code, document["outcome"], document["error"]) == (1, "failed", "scontrol is not on PATH")
+    assert (code, document["outcome"]) == (0, "applied")
+    assert document["scontrol"] == str(head_node.root / "bin" / "scontrol")
+
+
+def test_scontrol_from_path_and_from_the_command_line(head_node: FakeHeadNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    monkeypatch.setattr(applier, "OPT_SLURM_SCONTROL", str(head_node.root / "opt" / "scontrol"))
+    elsewhere = head_node.root / "elsewhere"
+    elsewhere.mkdir()
+    (head_node.root / "bin" / "scontrol").rename(elsewhere / "scontrol")
+    head_node.environ["PATH"] = f"/nonexistent:{elsewhere}"
+    code, document, _ = head_node.run("dry-run", bundle)
+    assert (code, document["outcome"], document["scontrol"]) == (0, "would_apply", str(elsewhere / "scontrol"))
+
+    head_node.environ["PATH"] = "/nonexistent"
+    code, document, _ = head_node.run("dry-run", bundle, "--scontrol", str(elsewhere / "scontrol"))
+    assert (code, document["outcome"], document["scontrol"]) == (0, "would_apply", str(elsewhere / "scontrol"))
+
+    code, document, _ = head_node.run("dry-run", bundle, "--scontrol", str(head_node.conf))
+    assert (code, document["outcome"], document["scontrol"]) == (1, "failed", None)
+    assert document["error"] == f"--scontrol {head_node.conf}: not an executable file"
+
+
+def test_without_scontrol_the_outcome_is_failed_and_names_where_it_looked(
+    head_node: FakeHeadNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    monkeypatch.setattr(applier, "OPT_SLURM_SCONTROL", str(head_node.root / "opt" / "scontrol"))
+    (head_node.root / "bin" / "scontrol").chmod(0o644)  # there, but not executable: as good as absent
+    head_node.environ["PATH"] = "/nonexistent"
+    code, document, _ = head_node.run("apply", bundle)
+    assert (code, document["outcome"], document["scontrol"]) == (1, "failed", None)
+    assert document["error"] == (
+        f"scontrol not found: not {head_node.root}/bin/scontrol or {head_node.root}/opt/scontrol,"
+        " nor on PATH (/nonexistent); give it with --scontrol"
+    )
 
 
 def test_slurm_conf_is_found_through_scontrol_without_slurm_conf(

@@ -54,6 +54,7 @@ SLURM_CONF = (
 
 
 def _write(path: Path, content: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     return path
 
@@ -119,6 +120,41 @@ def test_a_partition_in_an_included_file_of_the_same_directory_is_edited_there(t
     edited = conf.edited_texts({"gpu": "tree-gpu"}, None)
 
     assert edited == {str(included): "PartitionName=gpu Nodes=a Topology=tree-gpu  # included\nTopologyPlugin=x/y\n"}
+
+
+def test_parallelcluster_includes_into_a_subdirectory_are_followed_in_reading_order(tmp_path: Path) -> None:
+    """ParallelCluster 3: slurm.conf -> slurm_parallelcluster.conf -> pcluster/<queue>_partition.conf files."""
+    etc = tmp_path / "etc"
+    main = _write(etc / "slurm.conf", b"ClusterName=pc\ninclude slurm_parallelcluster.conf\n")
+    _write(
+        etc / "slurm_parallelcluster.conf",
+        f"include {etc}/pcluster/slurm_parallelcluster_q1_partition.conf\ninclude pcluster/q2/*.conf\n".encode(),
+    )
+    q1 = _write(etc / "pcluster" / "slurm_parallelcluster_q1_partition.conf", b"PartitionName=q1 Nodes=q1_nodes\n")
+    q2b = _write(etc / "pcluster" / "q2" / "b.conf", b"PartitionName=q2 Nodes=x State=DOWN\n")
+    q2a = _write(etc / "pcluster" / "q2" / "a.conf", b"PartitionName=q2 Nodes=x Topology=old\n")
+    conf = SlurmConf(str(main))
+    assert conf.partition_names() == {"q1", "q2"}
+    assert conf.not_followed == []
+    assert [line.path for line in conf.partition_lines("q2")] == [str(q2a), str(q2b)]  # a glob reads sorted
+
+    edited = conf.edited_texts({"q1": "tree-q1", "q2": "tree-q2"}, None)
+
+    assert edited == {
+        str(q1): "PartitionName=q1 Nodes=q1_nodes Topology=tree-q1\n",
+        str(q2a): "PartitionName=q2 Nodes=x Topology=tree-q2\n",
+        str(q2b): "PartitionName=q2 Nodes=x State=DOWN Topology=tree-q2\n",
+    }
+
+
+def test_a_glob_or_a_symlink_that_leaves_the_config_directory_is_not_followed(tmp_path: Path) -> None:
+    etc = tmp_path / "etc"
+    _write(tmp_path / "outside" / "x.conf", b"PartitionName=out Nodes=a\n")
+    _write(etc / "inside" / "y.conf", b"PartitionName=in Nodes=a\n")
+    (etc / "inside" / "z.conf").symlink_to(tmp_path / "outside" / "x.conf")
+    conf = SlurmConf(str(_write(etc / "slurm.conf", b"Include inside/*.conf\nInclude ../outside/*.conf\n")))
+    assert conf.partition_names() == {"in"}
+    assert conf.not_followed == ["inside/*.conf", "../outside/*.conf"]
 
 
 def test_an_include_outside_the_config_directory_is_not_followed(tmp_path: Path) -> None:

@@ -19,6 +19,23 @@ def test_plan_writes_the_files_and_prints_the_table(tmp_path: Path, capsys: pyte
     assert table[3].split() == ["preprocess", "flat", "4", "-", "0"]
 
 
+def test_plan_names_parallelcluster_nodes_from_the_slurm_node_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unbound instance is a warning, not a refusal; powered-down dynamic nodes are written under no-topology."""
+    assert main(["plan", "--snapshot", str(EXAMPLES / "pcluster-p5-cluster.json"), "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    table = captured.out.splitlines()
+    assert table[1].split() == ["cpu", "flat", "2", "-", "0"]
+    assert table[2].split() == ["q1", "tree", "8", "6", "switches", "1"]
+    printed = captured.out + captured.err
+    assert "instance i-05c1a000000000007 (10.0.1.30) is no Slurm node's NodeAddr; left out" in printed
+    topology = (tmp_path / "topology.yaml").read_text()
+    assert "      - switch: no-topology\n        nodes: q1-dy-p5-[3-4]\n" in topology
+    bundle = json.loads((tmp_path / "bundle.json").read_text())
+    assert "q1-st-p5-1" in bundle["nodes"] and not any(name.startswith("ip-") for name in bundle["nodes"])
+
+
 def test_plan_for_old_slurm_writes_topology_conf(tmp_path: Path) -> None:
     assert (
         main(

@@ -20,9 +20,8 @@ from topokeeper.domain.models import BlockTopology, SlurmVersion, Topology, Tree
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim.file_head_node import FileHeadNode
-from topokeeper.sim.head_node import APPLIER_SOURCE
+from topokeeper.sim.head_node import APPLIER_SOURCE, HEAD_NODE_VARIABLE, choose_head_node
 from topokeeper.sim.slurm_chroot import HarnessError
-from topokeeper.sim.world import HEAD_NODE_VARIABLE, choose_head_node
 
 HeadNodes = Callable[[RenderedPlan], FileHeadNode]
 
@@ -199,11 +198,11 @@ def test_the_world_runs_the_real_head_node_where_it_can_else_the_file_only_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(HEAD_NODE_VARIABLE, raising=False)
-    monkeypatch.setattr("topokeeper.sim.world.can_run", lambda: (True, ""))
+    monkeypatch.setattr("topokeeper.sim.head_node.can_run", lambda: (True, ""))
     assert choose_head_node() == ("chroot", "")
     assert choose_head_node("file").kind == "file"
 
-    monkeypatch.setattr("topokeeper.sim.world.can_run", lambda: (False, "needs root"))
+    monkeypatch.setattr("topokeeper.sim.head_node.can_run", lambda: (False, "needs root"))
     assert choose_head_node() == (
         "file",
         "the real head node cannot run here: needs root; using a file-only head node (no slurmctld)",
@@ -212,7 +211,7 @@ def test_the_world_runs_the_real_head_node_where_it_can_else_the_file_only_one(
         choose_head_node("chroot")
 
     monkeypatch.setenv(HEAD_NODE_VARIABLE, "file")
-    monkeypatch.setattr("topokeeper.sim.world.can_run", lambda: (True, ""))
+    monkeypatch.setattr("topokeeper.sim.head_node.can_run", lambda: (True, ""))
     assert choose_head_node().kind == "file"
     monkeypatch.setenv(HEAD_NODE_VARIABLE, "docker")
     with pytest.raises(HarnessError, match="TOPOKEEPER_HEAD_NODE is chroot or file, not 'docker'"):

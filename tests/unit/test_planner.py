@@ -10,6 +10,7 @@ from topokeeper.domain.models import (
     NO_ULTRASERVER_BLOCK,
     ROOT_SWITCH,
     BlockTopology,
+    Node,
     Partition,
     PartitionSettings,
     SlurmFormat,
@@ -152,6 +153,23 @@ def test_block_per_ultraserver_sized_by_instance_type() -> None:
     assert [b.name for b in blocks.blocks] == ["us-0000", "us-0001"]
     assert all(len(b.nodes) == 18 for b in blocks.blocks)
     assert result.assignment == "block-gpu"
+
+
+def test_slurm_nodes_without_an_instance_are_written_without_topology() -> None:
+    """Powered-down ParallelCluster dynamic nodes: under no-topology (tree) or in the trailing block."""
+    asleep = [Node(name=f"q1-dy-{i}", partition="gpu", status="NoInstance") for i in (1, 2)]
+    tree = plan_partition(Partition(name="gpu", nodes=(*p5_nodes(4), *asleep), instance_types=("p5.48xlarge",)))
+    assert (tree.kind, tree.nodes_without_topology) == (TopologyKind.TREE, ("q1-dy-1", "q1-dy-2"))
+    only_asleep = plan_partition(Partition(name="gpu", nodes=tuple(asleep), instance_types=("p5.48xlarge",)))
+    assert (only_asleep.kind, only_asleep.nodes_without_topology) == (TopologyKind.TREE, ("q1-dy-1", "q1-dy-2"))
+    blocks = plan_partition(
+        Partition(name="gpu", nodes=(*gb200_nodes(1), *asleep), instance_types=("p6e-gb200.36xlarge",))
+    )
+    assert isinstance(blocks.topology, BlockTopology)
+    assert (blocks.topology.blocks[-1].name, blocks.topology.blocks[-1].nodes) == (
+        NO_ULTRASERVER_BLOCK,
+        ("q1-dy-1", "q1-dy-2"),
+    )
 
 
 def test_block_sizes_do_not_follow_live_counts() -> None:

@@ -23,6 +23,11 @@ def test_shipped_scenarios_load(name: str) -> None:
     assert load_scenario(SCENARIOS / name).steps
 
 
+def test_the_head_node_style_is_debian_unless_the_scenario_says() -> None:
+    assert load_scenario(SCENARIOS / "demo.yaml").cluster.head_node_style == "debian"
+    assert load_scenario(SCENARIOS / "full-story.yaml").cluster.head_node_style == "hyperpod"
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
@@ -32,6 +37,7 @@ def test_shipped_scenarios_load(name: str) -> None:
         (("  - scale: {group: p5, to: 8}", "  - {scale: {group: p5, to: 8}, wait: {seconds: 3}}"), "scenario.steps[0]"),
         (("count: 4, partition: ml-p5", "count: 4"), "scenario.cluster.instance_groups[1]"),
         (("  name: demo", "  name: demo\n  mode: fight"), "scenario.cluster.mode"),
+        (("  name: demo", "  name: demo\n  head_node_style: centos"), "scenario.cluster.head_node_style"),
     ],
 )
 def test_unknown_or_bad_keys_are_errors_naming_them(tmp_path: Path, change: tuple[str, str], field: str) -> None:

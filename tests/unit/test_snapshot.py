@@ -125,3 +125,46 @@ def test_version_flag_overrides_snapshot() -> None:
     with pytest.raises(InputError) as error:
         _build(_document(), version="nonsense")
     assert error.value.field == "slurm.version"
+
+
+def test_parallelcluster_nodes_are_named_from_the_slurm_node_table() -> None:
+    """NodeAddr = private IP names each instance; powered-down dynamic nodes stay, an unbound instance does not."""
+    snapshot = _build(_document("pcluster-p5-cluster.json"))
+    q1 = next(p for p in snapshot.partitions if p.name == "q1")
+    by_name = {n.name: n for n in q1.nodes}
+    assert sorted(by_name) == [f"q1-dy-p5-{i}" for i in range(1, 5)] + [f"q1-st-p5-{i}" for i in range(1, 5)]
+    assert by_name["q1-st-p5-1"].instance_id == "i-05c1a000000000001"
+    assert by_name["q1-dy-p5-2"].network_nodes[-1] == "nn-0a1b2c3d4e5f60102"
+    for powered_down in ("q1-dy-p5-3", "q1-dy-p5-4"):
+        assert (by_name[powered_down].instance_id, by_name[powered_down].network_nodes) == (None, ())
+    cpu = next(p for p in snapshot.partitions if p.name == "cpu")
+    assert [n.name for n in cpu.nodes] == ["cpu-st-c5-1", "cpu-st-c5-2"]
+    assert snapshot.warnings == (
+        "instance i-05c1a000000000007 (10.0.1.30) is no Slurm node's NodeAddr; left out",
+        "partition q1: 2 Slurm node(s) with no instance (powered down?) planned without topology: q1-dy-p5-[3-4]",
+    )
+
+
+def test_without_the_slurm_node_table_nodes_keep_their_host_names() -> None:
+    document = _document("pcluster-p5-cluster.json")
+    del document["slurm"]["nodes"]
+    q1 = next(p for p in _build(document).partitions if p.name == "q1")
+    assert [n.name for n in q1.nodes][:2] == ["ip-10-0-1-10", "ip-10-0-1-11"]
+    assert len(q1.nodes) == 7  # every instance; no Slurm-only nodes
+
+
+def test_hyperpod_host_names_match_the_slurm_node_table_by_name_too() -> None:
+    """On HyperPod the Slurm name is the host name: the table changes nothing, even without NodeAddr."""
+    document = _document()
+    plain = _build(copy.deepcopy(document))
+    names = [n.name for p in plain.partitions for n in p.nodes]
+    document["slurm"] = {**document.get("slurm", {}), "nodes": [{"name": name} for name in names]}
+    assert _build(document).partitions == plain.partitions
+
+
+def test_a_bad_name_in_the_slurm_node_table_names_the_field() -> None:
+    document = _document("pcluster-p5-cluster.json")
+    document["slurm"]["nodes"].append({"name": "q1 dy;rm", "address": "q1 dy;rm", "partitions": ["q1"]})
+    with pytest.raises(InputError) as error:
+        _build(document)
+    assert error.value.field == "slurm.nodes[10].name"

@@ -34,9 +34,16 @@ from tests.agent_support import (
     bundle_document,
     events_named,
     log_records,
+    released_agent,
     write_config,
 )
+from tests.helpers import RecordingMetrics
 from topokeeper.agent import agent
+from topokeeper.config import ClusterConfig, Settings
+from topokeeper.events import TopokeeperEvent, result_patterns
+from topokeeper.service.result import ResultDeps, ResultReport, record_result
+from topokeeper.service.state import ClusterState
+from topokeeper.sim.aws import moto_patches
 
 REGION = "us-east-1"
 BUCKET = "topo-bundles"
@@ -47,6 +54,7 @@ FAKE_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # keep stderr for the agent's own log
+    moto_patches.apply()  # delivered events carry "account", as EventBridge's do
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
@@ -54,6 +62,7 @@ def moto_url() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+        moto_patches.restore()
 
 
 class Cloud:
@@ -76,11 +85,10 @@ class Cloud:
         self.capture("default")
 
     def capture(self, bus: str) -> None:
-        """Route the agent's events on ``bus`` to the queue."""
+        """Route the agent's events on ``bus`` to the queue, with the stack's own rule pattern."""
         queue_arn = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])
-        self.events.put_rule(
-            Name=f"capture-{bus}", EventBusName=bus, EventPattern=json.dumps({"source": [agent.SOURCE]})
-        )
+        pattern = result_patterns([])["AgentResults"]
+        self.events.put_rule(Name=f"capture-{bus}", EventBusName=bus, EventPattern=json.dumps(pattern))
         self.events.put_targets(
             Rule=f"capture-{bus}",
             EventBusName=bus,
@@ -128,10 +136,10 @@ class Node:
         self.now += after_seconds
         agent.Agent(agent.load_config(str(self.config_path)), clock=lambda: self.now).cycle()
 
-    def run_agent_file(self, *arguments: str, **options: Any) -> subprocess.Popen[str]:
-        """The shipped agent.py as its own process, as systemd starts it."""
+    def run_agent_file(self, *arguments: str, agent_file: Path = AGENT_FILE, **options: Any) -> subprocess.Popen[str]:
+        """The shipped agent.py (or another release of it) as its own process, as systemd starts it."""
         return subprocess.Popen(
-            [sys.executable, str(AGENT_FILE), "--config", str(self.config_path), *arguments],
+            [sys.executable, str(agent_file), "--config", str(self.config_path), *arguments],
             env={**os.environ, **FAKE_KEYS},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -159,6 +167,7 @@ def _applier_document(outcome: str, mode: str, plan_sha256: str, **changes: Any)
         "reconfigured": False,
         "error": None,
         "drift": [],
+        "applier_version": "fake",
         **changes,
     }
 
@@ -174,7 +183,11 @@ def test_first_poll_applies_and_reports_then_an_unchanged_bundle_costs_one_304(
     plan = document["plan_sha256"]
     assert node.applier.calls() == [{"mode": "apply", "plan_sha256": plan, "aws_variables": []}]
     [event] = cloud.delivered()
-    assert (event["source"], event["detail-type"], event["region"]) == (agent.SOURCE, agent.APPLY_RESULT, REGION)
+    assert (event["source"], event["detail-type"], event["region"]) == (
+        f"topokeeper.agent.{CLUSTER}",
+        agent.APPLY_RESULT,
+        REGION,
+    )
     assert event["detail"] == {
         "cluster": CLUSTER,
         "plan_sha256": plan,
@@ -416,3 +429,98 @@ def test_verify_mode_only_ever_verifies_against_verify_json(cloud: Cloud, node: 
     events = cloud.delivered()
     assert [e["detail-type"] for e in events] == [agent.VERIFY_RESULT, agent.VERIFY_RESULT]
     assert events[0]["detail"]["result"]["outcome"] == "drift"
+
+
+# --- old and new agents against a newer bundle schema --------------------------------------------
+
+
+class _NothingInFlight:
+    def get(self, cluster: str) -> ClusterState:
+        return ClusterState(cluster=cluster)
+
+
+def _result_function(event: dict[str, Any], metrics: RecordingMetrics) -> ResultReport:
+    """The result service on a delivered event; with no delivery in flight it reads only state and metrics."""
+    deps = ResultDeps(
+        settings=Settings(clusters=[ClusterConfig(name=CLUSTER, mode="enforce")]),
+        state=_NothingInFlight(),  # type: ignore[arg-type]
+        plans=None,  # type: ignore[arg-type]
+        audit=None,  # type: ignore[arg-type]
+        queue=None,  # type: ignore[arg-type]
+        metrics=metrics,
+        clock=None,  # type: ignore[arg-type]
+        ssm_result=None,  # type: ignore[arg-type]
+    )
+    return record_result(TopokeeperEvent.model_validate(event), deps)
+
+
+def _newer_schema_bundle() -> dict[str, Any]:
+    document = bundle_document()
+    document["schema"] = f"{agent.BUNDLE_SCHEMA_NAME}/{agent.BUNDLE_SCHEMA_VERSION + 1}"
+    return document
+
+
+def test_a_newer_bundle_schema_is_reported_agent_outdated_and_raises_the_metric(cloud: Cloud, node: Node) -> None:
+    document = _newer_schema_bundle()
+    cloud.put_bundle(bundle_body(document))
+
+    node.cycle()
+    node.cycle()  # reported once, not at every poll
+
+    assert node.applier.calls() == []
+    [event] = cloud.delivered()
+    assert (event["source"], event["detail-type"]) == (agent.event_source(CLUSTER), agent.APPLY_RESULT)
+    result = event["detail"]["result"]
+    assert (result["outcome"], result["plan_sha256"]) == ("agent_outdated", document["plan_sha256"])
+    assert "re-run the `topokeeper agent install-script` output" in result["error"]
+
+    metrics = RecordingMetrics()
+    report = _result_function(event, metrics)
+    assert (report.cluster, report.status) == (CLUSTER, "ignored")  # no delivery in flight to finish
+    assert metrics.points == [(CLUSTER, "AgentOutdated", 1)]
+
+
+def _released_agent_cycle(node: Node, tmp_path: Path) -> list[str]:
+    """One cycle of the released agent.py as its own process; the names of what it logged."""
+    process = node.run_agent_file("--once", agent_file=released_agent(tmp_path))
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    return [record["event"] for record in log_records(stderr)]
+
+
+def _outdated_and_counted(event: dict[str, Any]) -> ResultReport:
+    metrics = RecordingMetrics()
+    report = _result_function(event, metrics)
+    assert (report.status, report.cluster) == ("outdated", CLUSTER)
+    assert metrics.points == [(CLUSTER, "AgentOutdated", 1)]
+    return report
+
+
+def test_an_agent_released_before_schema_versions_refuses_a_newer_bundle_and_counts_as_outdated(
+    cloud: Cloud, node: Node, tmp_path: Path
+) -> None:
+    """What a head node that never re-ran the install script does with a bundle of a newer schema."""
+    cloud.put_bundle(bundle_body(_newer_schema_bundle()))
+
+    assert _released_agent_cycle(node, tmp_path) == ["poll.changed", "bundle.refused", "report.sent"]
+
+    assert node.applier.calls() == []
+    [event] = cloud.delivered()  # the stack's rule still takes the shared source it sends
+    assert (event["source"], event["detail"]["cluster"]) == ("topokeeper.agent", CLUSTER)
+    assert event["detail"]["result"]["outcome"] == "refused"
+    assert event["detail"]["result"]["error"].startswith("schema: expected topokeeper.bundle/1")
+    assert "re-run the install script" in _outdated_and_counted(event).reason
+
+
+def test_an_agent_released_before_per_cluster_sources_is_counted_outdated_and_never_recorded(
+    cloud: Cloud, node: Node, tmp_path: Path
+) -> None:
+    """Until it is upgraded, an old agent still applies a bundle it knows, but its report proves nothing."""
+    cloud.put_bundle(bundle_body(bundle_document()))
+
+    assert _released_agent_cycle(node, tmp_path) == ["poll.changed", "apply.result", "report.sent"]
+
+    assert [call["mode"] for call in node.applier.calls()] == ["apply"]
+    [event] = cloud.delivered()
+    assert (event["source"], event["detail"]["result"]["outcome"]) == ("topokeeper.agent", "applied")
+    _outdated_and_counted(event)

@@ -11,42 +11,51 @@ import copy
 import gzip
 import json
 import logging
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from botocore.config import Config
-from botocore.exceptions import ClientError
 
 from tests.helpers import gb200_nodes, p5_nodes, snapshot
 from tests.integration.aws.support import cluster_request, drain, group, subscribe
-from topokeeper.adapters.agent_channel import AgentChannel, bundle_key, verify_key
-from topokeeper.adapters.audit_trail import AuditTrail
+from topokeeper.adapters import ssm_channel
+from topokeeper.adapters.agent_channel import AgentChannel
+from topokeeper.adapters.audit_trail import PUT_EVENTS_MAX_BYTES, AuditTrail, put_events_entry_size
+from topokeeper.adapters.aws import client, presigning_s3
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
 from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter
 from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.adapters.ssm_channel import SsmChannel
+from topokeeper.constants import agent_bundle_key, agent_verify_key
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TopologyKind
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
-from topokeeper.events import RUN_SHELL_DOCUMENT, ReconcileRequest
-from topokeeper.ports import ApplyResult, Channel, Outcome
-from topokeeper.render.bundle import Bundle, RenderedPlan, render
-from topokeeper.service.audit import AuditRecord, build_records
-from topokeeper.service.state import (
+from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, Retryable
+from topokeeper.events import RUN_SHELL_DOCUMENT
+from topokeeper.ports import (
     MAX_TRIGGERS,
+    ApplyResult,
+    AuditRecord,
+    Channel,
     ClusterState,
-    ConcurrentUpdate,
+    Outcome,
     PendingDelivery,
+    ReconcileRequest,
     Trigger,
-    save_fields,
 )
+from topokeeper.render.bundle import Bundle, RenderedPlan, render
+from topokeeper.service.audit import build_records
+from topokeeper.service.state import save_fields
+from topokeeper.sim.aws.s3 import KMS_DEFAULT_ENCRYPTION
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome, ManualClock
-from topokeeper.sim.world import create_state_table
+from topokeeper.sim.stack import create_state_table
 
 TABLE = "topokeeper-state"
 BUCKET = "topokeeper-plans"
@@ -96,6 +105,11 @@ def _requests(client: Any, operation: str) -> list[dict[str, Any]]:
 
     client.meta.events.register(_event("provide-client-params", client, operation), keep)
     return seen
+
+
+def _questions(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first page of each DescribeInstanceTopology question (later pages repeat it with a NextToken)."""
+    return [request for request in requests if "NextToken" not in request]
 
 
 def _rewrite_responses(client: Any, operation: str, rewrite: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
@@ -165,12 +179,14 @@ def test_hyperpod_facts_read_a_250_node_cluster_with_the_fewest_calls(
     assert (aws.calls["DescribeCluster"], aws.calls["ListClusterNodes"]) == (1, 3)
     assert aws.calls["DescribeClusterNode"] == 0
     assert aws.calls["GetObject"] == 0  # every group has SlurmConfig: no legacy mapping to read
-    # DescribeInstanceTopology: batches of at most 100 ids, never MaxResults, one per second, only capable nodes
-    assert aws.calls["DescribeInstanceTopology"] == len(topology_requests) == 3
-    assert [len(r["InstanceIds"]) for r in topology_requests] == [100, 100, 25]
+    # DescribeInstanceTopology: batches of at most 100 ids, never MaxResults, answered in pages of 20 that
+    # each take a second of the 1/s bucket; only capable nodes
+    assert aws.calls["DescribeInstanceTopology"] == len(topology_requests) == 5 + 5 + 2
+    batches = [r["InstanceIds"] for r in _questions(topology_requests)]
+    assert [len(batch) for batch in batches] == [100, 100, 25]
     assert all("MaxResults" not in r for r in topology_requests)
-    assert {i for r in topology_requests for i in r["InstanceIds"]} == asked_for
-    assert clock.monotonic() - started == 2.0
+    assert {i for batch in batches for i in batch} == asked_for
+    assert clock.monotonic() - started == 11.0
     assert {t.InstanceId for t in raw.instance_topology} == asked_for
     assert all(len(t.NetworkNodes or []) == 3 for t in raw.instance_topology)
 
@@ -281,6 +297,48 @@ def test_hyperpod_facts_read_the_legacy_partition_mapping_from_the_lifecycle_buc
     assert (len(planned["ml-p5"].nodes), len(planned["ml-p6e"].nodes)) == (4, 18)
 
 
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        (b'{"worker_groups": [{"instance_group_name": "p5",', "", "not valid JSON"),
+        (b'["p5", "ml-p5"]', "", "must be a JSON object"),
+        (b'{"worker_groups": {"p5": "ml-p5"}}', ":worker_groups", "must be a list"),
+        (b'{"worker_groups": ["p5"]}', ":worker_groups[0]", "must be an object"),
+        (
+            b'{"worker_groups": [{"instance_group_name": "p5", "partition_name": 5}]}',
+            ":worker_groups[0].partition_name",
+            "must be a string",
+        ),
+        (b" " * (1024 * 1024) + b"{}", "", "larger than 1048576 bytes"),
+    ],
+    ids=["truncated", "not-an-object", "groups-not-a-list", "group-not-an-object", "name-not-a-string", "over-1mb"],
+)
+def test_a_malformed_legacy_mapping_is_one_error_naming_the_s3_object(
+    aws: AwsEmulator, clock: ManualClock, table: str, body: bytes, field: str, message: str
+) -> None:
+    request = cluster_request("legacy", group("p5", "ml.p5.48xlarge", 2, partition="ml-p5"))
+    del request["Orchestrator"]
+    for spec in request["InstanceGroups"]:
+        del spec["SlurmConfig"]
+        spec["LifeCycleConfig"] = {"SourceS3Uri": "s3://lifecycle-scripts/hyperpod/", "OnCreate": "on_create.sh"}
+    aws.client("sagemaker").create_cluster(**request)
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="lifecycle-scripts")
+    s3.put_object(Bucket="lifecycle-scripts", Key="hyperpod/provisioning_parameters.json", Body=body)
+    ec2 = aws.client("ec2", config=NO_RETRIES)
+    sizes: list[int] = []
+    _rewrite_responses(s3, "GetObject", lambda parsed: sizes.append(parsed["ContentLength"]))
+    facts = HyperPodFacts(aws.client("sagemaker"), s3, _reader(aws, clock, table, ec2))
+
+    with pytest.raises(InputError) as raised:
+        facts.read("legacy")
+
+    assert raised.value.field == f"s3://lifecycle-scripts/hyperpod/provisioning_parameters.json{field}"
+    assert message in raised.value.message
+    assert isinstance(raised.value, Permanent)  # the reconcile dead-letters it with this reason, no retries
+    assert max(sizes) <= 1024 * 1024 + 1  # never more than 1 MB (and a byte) is read
+
+
 # ---------------------------------------------------------------- InstanceTopologyReader
 
 
@@ -290,14 +348,14 @@ def test_topology_reader_serves_a_second_read_from_the_table(aws: AwsEmulator, c
     ids = _capable_ids(aws, "llm-train")
     reader = _reader(aws, clock, table)
     first = reader.read("llm-train", ids)
-    assert aws.calls["DescribeInstanceTopology"] == 1
+    assert aws.calls["DescribeInstanceTopology"] == 2  # 22 ids: a page of 20 and one of 2
 
     # When the same reader, and another one on the same table (another invocation), read again
     again = reader.read("llm-train", ids)
     elsewhere = _reader(aws, clock, table).read("llm-train", list(reversed(ids)))
 
     # Then both are served from the cache without a new call
-    assert aws.calls["DescribeInstanceTopology"] == 1
+    assert aws.calls["DescribeInstanceTopology"] == 2
     assert len(first) == 22
     assert again == elsewhere == first
 
@@ -310,11 +368,11 @@ def test_a_cached_answer_is_for_one_launch_of_the_instance(aws: AwsEmulator, clo
     first_launch = dict.fromkeys(ids, "2026-01-05T09:00:00")
     reader.read("llm-train", ids, first_launch)
     reader.read("llm-train", ids, first_launch)
-    assert aws.calls["DescribeInstanceTopology"] == 1
+    assert aws.calls["DescribeInstanceTopology"] == 2  # two pages
 
     restarted = {**first_launch, ids[0]: "2026-01-05T10:00:00"}
     items = reader.read("llm-train", ids, restarted)
-    assert aws.calls["DescribeInstanceTopology"] == 2
+    assert aws.calls["DescribeInstanceTopology"] == 3
     assert all("topokeeper:launched" not in item for item in items)
 
 
@@ -335,14 +393,14 @@ def test_topology_not_yet_reported_is_asked_again(aws: AwsEmulator, clock: Manua
 
     # Then the next read asks again, for that node only
     reader.read("llm-train", ids)
-    assert [r["InstanceIds"] for r in asked] == [sorted(ids), [late]]
+    assert [r["InstanceIds"] for r in _questions(asked)] == [sorted(ids), [late]]
 
     # And once EC2 reports it, it is cached and never asked again
     clock.advance(30)
     ready = {item["InstanceId"]: item for item in reader.read("llm-train", ids)}
     assert len(ready[late]["NetworkNodes"]) == 3
     reader.read("llm-train", ids)
-    assert [r["InstanceIds"] for r in asked] == [sorted(ids), [late], [late]]
+    assert [r["InstanceIds"] for r in _questions(asked)] == [sorted(ids), [late], [late]]
 
 
 def test_ultraserver_answer_without_capacity_block_is_not_cached(
@@ -373,6 +431,57 @@ def test_ultraserver_answer_without_capacity_block_is_not_cached(
     assert aws.calls["DescribeInstanceTopology"] == 2
     assert all(item["CapacityBlockId"] for item in complete)
     assert set(cache.get_many("llm-train", gb200)) == set(gb200)
+
+
+@pytest.mark.parametrize("unknown_ids", ["error", "omit"])
+def test_topology_reader_keeps_what_the_account_owns_of_a_batch(
+    aws: AwsEmulator, clock: ManualClock, table: str, unknown_ids: str
+) -> None:
+    """HyperPod nodes in a service account next to the account's own EC2 instances, in one batch."""
+    aws.client("sagemaker").create_cluster(**cluster_request())
+    aws.network.expose_hyperpod_nodes = False
+    aws.network.unknown_ids = unknown_ids  # type: ignore[assignment]
+    hidden = _capable_ids(aws, "llm-train")
+    ec2 = aws.client("ec2", config=NO_RETRIES)
+    launched = ec2.run_instances(ImageId="ami-12345678", MinCount=3, MaxCount=3, InstanceType="p5.48xlarge")
+    owned = sorted(i["InstanceId"] for i in launched["Instances"])
+    asked = _requests(ec2, "DescribeInstanceTopology")
+    reader = _reader(aws, clock, table, ec2)
+
+    items = reader.read("mixed", hidden + owned)
+
+    assert [item["InstanceId"] for item in items] == owned
+    assert all(len(item["NetworkNodes"]) == 3 for item in items)
+    assert reader.not_visible == sorted(hidden)
+    # The error names the ids it refuses: one more question, for the rest; an omitting answer needs none
+    expected = [sorted(hidden + owned), owned] if unknown_ids == "error" else [sorted(hidden + owned)]
+    assert [r["InstanceIds"] for r in _questions(asked)] == expected
+
+
+def test_hyperpod_facts_without_ec2_topology_plan_trees_flat_and_blocks_from_ultraserver_info(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    # Given a HyperPod cluster whose nodes this account's EC2 does not know
+    aws.client("sagemaker").create_cluster(**cluster_request())
+    aws.network.expose_hyperpod_nodes = False
+    facts = HyperPodFacts(aws.client("sagemaker"), aws.client("s3"), _reader(aws, clock, table))
+
+    # When it is read and planned
+    raw = facts.read("llm-train")
+    planned = plan(build_snapshot(raw, PlannerConfig()))
+
+    # Then p5 is a tree with every node under no-topology, the UltraServer a block from UltraServerInfo
+    partitions = {p.partition: p for p in planned.partitions}
+    assert raw.instance_topology == []
+    assert partitions["ml-p5"].kind is TopologyKind.TREE
+    assert partitions["ml-p5"].nodes_without_topology == partitions["ml-p5"].nodes
+    assert partitions["ml-p6e"].kind is TopologyKind.BLOCK
+    assert partitions["ml-p6e"].nodes_without_topology == ()
+    block = partitions["ml-p6e"].topology
+    assert isinstance(block, BlockTopology) and [len(b.nodes) for b in block.blocks] == [18]
+    # And the plan says what happened, in words an operator can act on
+    (warning,) = [w for w in planned.warnings if "DescribeInstanceTopology" in w]
+    assert "does not see 22 instance(s)" in warning and "UltraServerInfo" in warning
 
 
 @pytest.mark.parametrize(
@@ -635,6 +744,66 @@ def test_audit_trail_publishes_and_stores_each_record_once(
     assert [e["detail"]["audit_id"] for e in drain(aws, inbox)] == [newer.audit_id]
 
 
+def _trail(aws: AwsEmulator, table: str, events: Any = None) -> AuditTrail:
+    return AuditTrail(
+        dynamodb=aws.client("dynamodb", config=NO_RETRIES),
+        table=table,
+        events=events or aws.client("events", config=NO_RETRIES),
+        event_bus="default",
+        retention=timedelta(days=365),
+        logger=logging.getLogger("tests.audit"),
+    )
+
+
+def _large(record: AuditRecord, index: int, names: int, name_length: int) -> AuditRecord:
+    added = [f"n{index:02d}-{i:04d}-".ljust(name_length, "x") for i in range(names)]
+    return record.model_copy(
+        update={"audit_id": f"{index:032d}", "nodes_added": added, "nodes_added_count": names, "node_count": names}
+    )
+
+
+def test_audit_trail_batches_put_events_by_size(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    # Given ten records of about 60 KB each: one PutEvents of ten would be 600 KB, which EventBridge refuses
+    inbox = subscribe(aws, "audit-inbox", {"source": ["topokeeper"]})
+    base = _records(_rendered(), "cmd-1", clock)[0]
+    records = [_large(base, index, names=200, name_length=300) for index in range(10)]
+    events = aws.client("events", config=NO_RETRIES)
+    requests = _requests(events, "PutEvents")
+    trail = _trail(aws, table, events)
+
+    # When they are published
+    assert trail.publish(records) == 10
+
+    # Then each went out whole, in requests of at most 10 entries totalling under 256 KB
+    sizes = [sum(put_events_entry_size(entry) for entry in request["Entries"]) for request in requests]
+    assert len(requests) == aws.calls["PutEvents"] >= 3
+    assert all(size < PUT_EVENTS_MAX_BYTES for size in sizes) and sum(sizes) > 600_000
+    published = {e["detail"]["audit_id"]: e["detail"] for e in drain(aws, inbox)}
+    assert published == {r.audit_id: r.document() for r in records}
+
+
+def test_an_audit_record_too_large_for_eventbridge_is_trimmed_never_dropped(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    # Given one record of about 300 KB (longer than any entry EventBridge takes)
+    inbox = subscribe(aws, "audit-inbox", {"source": ["topokeeper"]})
+    record = _large(_records(_rendered(), "cmd-1", clock)[0], 1, names=200, name_length=1500)
+    assert len(json.dumps(record.document())) > 300_000
+
+    # When it is published
+    assert _trail(aws, table).publish([record]) == 1
+
+    # Then EventBridge got it with its node list cut and everything else intact
+    (event,) = drain(aws, inbox)
+    detail = event["detail"]
+    assert 0 < len(detail["nodes_added"]) < 200
+    assert detail["nodes_added"] == record.nodes_added[: len(detail["nodes_added"])]
+    assert detail == {**record.document(), "nodes_added": detail["nodes_added"]}
+    assert (detail["nodes_added_count"], detail["after_sha256"]) == (200, record.after_sha256)
+    # And the history keeps the whole record
+    assert _trail(aws, table).history(record.cluster_name) == [record.document()]
+
+
 def test_audit_history_is_newest_first(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
     trail = AuditTrail(
         dynamodb=aws.client("dynamodb"),
@@ -750,6 +919,27 @@ def test_work_queue_defer_hides_the_message(aws: AwsEmulator, queues: tuple[str,
     assert [r["VisibilityTimeout"] for r in visibility] == [120, 1]
 
 
+def test_work_queue_resume_brings_a_deferred_message_back_and_ignores_a_deleted_one(
+    aws: AwsEmulator, queues: tuple[str, str]
+) -> None:
+    work, _ = queues
+    sqs = aws.client("sqs")
+    queue = SqsWorkQueue(sqs, work)
+    queue.send(ReconcileRequest(cluster="llm-train", generation=1))
+    (message,) = _receive(aws, work, VisibilityTimeout=0)
+    queue.defer(message["ReceiptHandle"], 1500)
+    assert _receive(aws, work) == []
+
+    queue.resume(message["ReceiptHandle"])
+    (again,) = _receive(aws, work, VisibilityTimeout=600)
+    assert again["MessageId"] == message["MessageId"]
+
+    sqs.delete_message(QueueUrl=work, ReceiptHandle=again["ReceiptHandle"])
+    queue.resume(again["ReceiptHandle"])  # its delivery's result came after the message was done: no error
+    with pytest.raises(Retryable):  # any other refusal is still an error
+        SqsWorkQueue(sqs, work + "-missing").resume(again["ReceiptHandle"])
+
+
 def test_work_queue_dead_letters_with_the_reason(aws: AwsEmulator, queues: tuple[str, str]) -> None:
     work, dead_letters = queues
     queue = SqsWorkQueue(aws.client("sqs"), work, dead_letters)
@@ -768,7 +958,7 @@ def test_work_queue_dead_letters_with_the_reason(aws: AwsEmulator, queues: tuple
     assert len(reasons[1]["StringValue"]) == 1000
     assert {m["Attributes"]["MessageGroupId"] for m in parked} == {"malformed"}
     assert _receive(aws, work) == []
-    with pytest.raises(RuntimeError, match="no dead-letter queue configured for: broken"):
+    with pytest.raises(Permanent, match="no dead-letter queue configured for: broken"):
         SqsWorkQueue(aws.client("sqs"), work).dead_letter(body, "broken")
 
 
@@ -791,7 +981,7 @@ def test_agent_channel_delivers_a_versioned_bundle(
 
     handle = channel.deliver(bundle)
 
-    key = bundle_key("test-cluster")
+    key = agent_bundle_key("test-cluster")
     assert key == "clusters/test-cluster/bundle.json"
     head = s3.head_object(Bucket=bucket, Key=key)
     assert handle.reference == head["VersionId"]
@@ -810,7 +1000,7 @@ def test_agent_channel_verify_writes_once_and_waits_for_a_fresh_report(
     state = DynamoStateStore(aws.client("dynamodb"), table)
     bundle = _rendered().bundle
     s3 = aws.client("s3")
-    key = verify_key("test-cluster")
+    key = agent_verify_key("test-cluster")
 
     # Given no report yet: the plan is written for the agent, and the answer is PENDING
     first = channel.verify(bundle)
@@ -824,12 +1014,18 @@ def test_agent_channel_verify_writes_once_and_waits_for_a_fresh_report(
     assert [v["VersionId"] for v in versions] == [written["VersionId"]]
 
     # A report about another plan does not count
-    other = ApplyResult(outcome=Outcome.IN_SYNC, mode="verify", plan_sha256="0" * 64)
+    other = ApplyResult(outcome=Outcome.IN_SYNC, applier_version="1.0.0", mode="verify", plan_sha256="0" * 64)
     save_fields(state, "test-cluster", {"last_verify": other, "last_verify_at": clock.now()})
     assert channel.verify(bundle).error == "the agent's last verify was for another plan"
 
     # Then a fresh report for this plan is the answer
-    report = ApplyResult(outcome=Outcome.DRIFT, mode="verify", plan_sha256=bundle.plan_sha256, drift=[{"kind": "x"}])
+    report = ApplyResult(
+        outcome=Outcome.DRIFT,
+        applier_version="1.0.0",
+        mode="verify",
+        plan_sha256=bundle.plan_sha256,
+        drift=[{"kind": "x"}],
+    )
     save_fields(state, "test-cluster", {"last_verify": report, "last_verify_at": clock.now()})
     assert channel.verify(bundle) == report
 
@@ -851,7 +1047,10 @@ def test_agent_channel_verify_writes_once_and_waits_for_a_fresh_report(
 
 
 def _payload(invocation: CommandInvocationRequest) -> dict[str, Any]:
-    commands = invocation.commands
+    return _decode_commands(invocation.commands)
+
+
+def _decode_commands(commands: list[str]) -> dict[str, Any]:
     start = commands.index("cat > \"$work/payload\" <<'TOPOKEEPER_PAYLOAD_END'") + 1
     end = commands.index("TOPOKEEPER_PAYLOAD_END")
     document: dict[str, Any] = json.loads(gzip.decompress(base64.b64decode("".join(commands[start:end]))))
@@ -872,6 +1071,7 @@ def test_ssm_channel_delivers_to_the_head_node_and_reads_the_applier_document(
     seen: list[CommandInvocationRequest] = []
     applied = {
         "outcome": "applied",
+        "applier_version": "1.0.0",
         "mode": "apply",
         "plan_sha256": bundle.plan_sha256,
         "partitions_changed": ["gb", "p5"],
@@ -907,6 +1107,34 @@ def test_ssm_channel_delivers_to_the_head_node_and_reads_the_applier_document(
     )
 
 
+@pytest.mark.parametrize("sigv4", [True, False], ids=["presigning_s3", "default-client"])
+def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
+    aws: AwsEmulator, clock: ManualClock, bucket: str, monkeypatch: pytest.MonkeyPatch, sigv4: bool
+) -> None:
+    """A bundle too large to ride inline is fetched by presigned URL; S3 serves a KMS object only to SigV4."""
+    aws.client("s3").put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration=KMS_DEFAULT_ENCRYPTION)
+    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", 31_500)
+    for key, value in aws.env().items():
+        monkeypatch.setenv(key, value)
+    client.cache_clear()
+    s3 = presigning_s3() if sigv4 else client("s3")
+    channel = SsmChannel(aws.client("ssm"), s3, bucket, HEAD_NODE, now=clock.now)
+    bundle = _rendered(p5_count=40).bundle
+    try:
+        if not sigv4:
+            with pytest.raises(ValueError, match="not SigV4"):
+                channel.payload(bundle, "apply")
+            return
+        payloads = [_decode_commands(channel.payload(bundle, mode)) for mode in ("apply", "verify")]
+    finally:
+        client.cache_clear()
+    for payload in payloads:
+        url = payload["bundle_url"]
+        assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in urllib.parse.urlsplit(url).query
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - the emulator's http URL
+            assert response.read().decode() == json.dumps(bundle.document(), sort_keys=True)
+
+
 def test_ssm_channel_maps_failures_and_statuses_without_a_document(
     aws: AwsEmulator, clock: ManualClock, bucket: str
 ) -> None:
@@ -933,7 +1161,7 @@ def test_ssm_channel_maps_failures_and_statuses_without_a_document(
 
 def test_ssm_channel_verify_polls_until_the_document_arrives(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
     bundle = _rendered().bundle
-    in_sync = {"outcome": "in_sync", "mode": "verify", "plan_sha256": bundle.plan_sha256}
+    in_sync = {"outcome": "in_sync", "applier_version": "1.0.0", "mode": "verify", "plan_sha256": bundle.plan_sha256}
     waits: list[float] = []
 
     def sleep(seconds: float) -> None:  # the head node finishes while the channel waits
@@ -955,9 +1183,9 @@ def test_ssm_channel_verify_polls_until_the_document_arrives(aws: AwsEmulator, c
 def test_ssm_channel_cannot_reach_an_unregistered_node(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
     aws.ssm.strict_targets = True
     channel = SsmChannel(aws.client("ssm"), aws.client("s3"), bucket, "mi-0fedcba9876543210", now=clock.now)
-    with pytest.raises(ClientError) as info:
+    with pytest.raises(Retryable) as info:  # AWS answered: no command was created
         channel.deliver(_rendered().bundle)
-    assert info.value.response["Error"]["Code"] == "InvalidInstanceId"
+    assert info.value.code == "InvalidInstanceId"
 
 
 def test_cluster_state_defaults_for_an_unknown_cluster(aws: AwsEmulator, table: str) -> None:

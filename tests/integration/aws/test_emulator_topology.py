@@ -32,14 +32,31 @@ def _cluster(aws: AwsEmulator, *groups: dict[str, Any]) -> list[dict[str, Any]]:
     return all_nodes(sagemaker, "topo")
 
 
-def test_100_ids_answer_and_101_are_refused(aws: AwsEmulator, clock: ManualClock) -> None:
+def _pages(ec2: Any, clock: ManualClock | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    """Every page of one DescribeInstanceTopology question (a second of the clock between pages)."""
+    pages = [ec2.describe_instance_topology(**kwargs)]
+    while token := pages[-1].get("NextToken"):
+        if clock is not None:
+            clock.advance(1)
+        pages.append(ec2.describe_instance_topology(**kwargs, NextToken=token))
+    return pages
+
+
+def _items(ec2: Any, clock: ManualClock | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    return [item for page in _pages(ec2, clock, **kwargs) for item in page["Instances"]]
+
+
+def test_100_ids_answer_in_pages_of_20_and_101_are_refused(aws: AwsEmulator, clock: ManualClock) -> None:
     nodes = _cluster(aws, group("p5", "ml.p5.48xlarge", 100))
     ids = [n["InstanceId"] for n in nodes]
     ec2 = _ec2(aws)
 
-    answer = ec2.describe_instance_topology(InstanceIds=ids[1:101])
-    assert {i["InstanceId"] for i in answer["Instances"]} == set(ids[1:101])
-    assert "NextToken" not in answer
+    pages = _pages(ec2, clock, InstanceIds=ids[1:101])
+    assert [len(page["Instances"]) for page in pages] == [20] * 5
+    assert "NextToken" not in pages[-1]
+    assert aws.calls["DescribeInstanceTopology"] == 5  # every page is a call against the 1/s bucket
+    answer = {"Instances": [item for page in pages for item in page["Instances"]]}
+    assert [i["InstanceId"] for i in answer["Instances"]] == sorted(ids[1:101])
     for item in answer["Instances"]:
         assert item["InstanceType"] == "p5.48xlarge"
         assert len(item["NetworkNodes"]) == 3
@@ -133,7 +150,7 @@ def test_layouts_layers_and_ultraservers() -> None:
             group("gb200", "ml.p6e-gb200.36xlarge", 20, partition="ml-p6e"),
         )
         ids = [n["InstanceId"] for n in nodes]
-        items = {i["InstanceId"]: i for i in _ec2(aws).describe_instance_topology(InstanceIds=ids)["Instances"]}
+        items = {i["InstanceId"]: i for i in _items(_ec2(aws), InstanceIds=ids)}
         by_group: dict[str, list[dict[str, Any]]] = {}
         for node in nodes:
             by_group.setdefault(node["InstanceGroupName"], []).append(items[node["InstanceId"]])
@@ -153,11 +170,29 @@ def test_layouts_layers_and_ultraservers() -> None:
         assert len(us_ids) == 2
 
 
-def test_hyperpod_nodes_can_be_hidden_from_ec2(aws: AwsEmulator) -> None:
+def test_hyperpod_nodes_can_be_hidden_from_ec2(aws: AwsEmulator, clock: ManualClock) -> None:
+    """As if the nodes lived in SageMaker's service account: EC2 does not know their ids."""
     nodes = _cluster(aws)
     aws.network.expose_hyperpod_nodes = False
-    answer = _ec2(aws).describe_instance_topology(InstanceIds=[n["InstanceId"] for n in nodes[:5]])
-    assert answer["Instances"] == []
+    ids = sorted(n["InstanceId"] for n in nodes[:3])
+    with pytest.raises(ClientError) as info:
+        _ec2(aws).describe_instance_topology(InstanceIds=ids)
+    assert _code(info) == "InvalidInstanceID.NotFound"
+    assert info.value.response["Error"]["Message"] == f"The instance IDs '{', '.join(ids)}' do not exist"
+
+    # ... or, the other answer AWS might give, leaves them out silently
+    aws.network.unknown_ids = "omit"
+    clock.advance(1)
+    assert _ec2(aws).describe_instance_topology(InstanceIds=ids)["Instances"] == []
+
+
+def test_an_unknown_id_fails_the_whole_request(aws: AwsEmulator) -> None:
+    nodes = _cluster(aws)
+    known = nodes[1]["InstanceId"]
+    with pytest.raises(ClientError) as info:
+        _ec2(aws).describe_instance_topology(InstanceIds=[known, "i-0000000000000dead"])
+    assert _code(info) == "InvalidInstanceID.NotFound"
+    assert info.value.response["Error"]["Message"] == "The instance ID 'i-0000000000000dead' does not exist"
 
 
 def test_the_planner_reads_what_the_emulator_answers(aws: AwsEmulator, clock: ManualClock) -> None:
@@ -174,7 +209,7 @@ def test_the_planner_reads_what_the_emulator_answers(aws: AwsEmulator, clock: Ma
     topology = []
     for start in range(0, len(ids), 100):
         clock.advance(1)
-        topology += ec2.describe_instance_topology(InstanceIds=ids[start : start + 100])["Instances"]
+        topology += _items(ec2, clock, InstanceIds=ids[start : start + 100])
     described = sagemaker.describe_cluster(ClusterName="topo")
     described.pop("ResponseMetadata")
     document = {"describe_cluster": described, "nodes": nodes, "instance_topology": topology}

@@ -14,36 +14,37 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import p5_nodes, snapshot
+from tests.helpers import RecordingMetrics, p5_nodes, snapshot
 from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Settings
+from topokeeper.constants import agent_source
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot
-from topokeeper.errors import InputError
-from topokeeper.events import HYPERPOD_DETAIL_TYPES, ReconcileRequest, TopokeeperEvent
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Metric, Outcome
+from topokeeper.errors import InputError, Retryable
+from topokeeper.events import HYPERPOD_DETAIL_TYPES, TopokeeperEvent
+from topokeeper.ports import (
+    ApplyResult,
+    Channel,
+    DeliveryHandle,
+    Outcome,
+    PendingDelivery,
+    ReconcileRequest,
+    Trigger,
+)
 from topokeeper.render.bundle import Bundle, render
 from topokeeper.service.drift import check_drift
 from topokeeper.service.ingest import IngestDeps, ingest
-from topokeeper.service.reconcile import ControllerDeps, Deferred, process_message, reconcile
-from topokeeper.service.result import ResultDeps, ResultNotReady, finish_delivery, record_result
-from topokeeper.service.state import PendingDelivery, Trigger, save_fields
+from topokeeper.service.reconcile import DELIVERY_TIMEOUT, ControllerDeps, process_message, reconcile
+from topokeeper.service.result import ResultDeps, finish_delivery, record_result
+from topokeeper.service.state import save_fields
 from topokeeper.sim.aws_emulator import AwsEmulator, ManualClock
-from topokeeper.sim.world import create_state_table
+from topokeeper.sim.stack import create_state_table
 
 CLUSTER = "topo-test"
 HEAD_NODE = "mi-0123456789abcdef0"
 RENDERED = render(plan(snapshot({"p5": p5_nodes(8, partition="p5")})))
-
-
-class Metrics:
-    def __init__(self) -> None:
-        self.points: list[tuple[str, str, float]] = []
-
-    def emit(self, cluster: str, metric: Metric, value: float) -> None:
-        self.points.append((cluster, metric.value, value))
 
 
 class Facts:
@@ -57,7 +58,7 @@ class Channel_:
     def __init__(self, verify_result: ApplyResult | None = None) -> None:
         self.delivered: list[str] = []
         self.verified = 0
-        self.verify_result = verify_result or ApplyResult(outcome=Outcome.IN_SYNC)
+        self.verify_result = verify_result or ApplyResult(outcome=Outcome.IN_SYNC, applier_version="1.0.0")
 
     def deliver(self, bundle: Bundle) -> DeliveryHandle:
         self.delivered.append(bundle.plan_sha256)
@@ -87,7 +88,7 @@ class Stack:
         self.state = DynamoStateStore(dynamodb, "t")
         self.queue = SqsWorkQueue(sqs, self.url, self.dlq_url)
         self.plans = S3PlanStore(s3, "plans")
-        self.metrics = Metrics()
+        self.metrics = RecordingMetrics()
         self.channel = Channel_()
         self.clock = clock
         self.settings = Settings(
@@ -213,8 +214,7 @@ def test_a_delivery_is_claimed_before_it_is_sent(stack: Stack) -> None:
     stack.state.save(stale)  # someone else saved in between
     from topokeeper.service import reconcile as module
 
-    with pytest.raises(Deferred, match="changed while planning"):
-        module._claim_delivery(stack.controller(), stack.settings.clusters[0], stale, RENDERED, now)
+    assert module._claim_delivery(stack.controller(), stack.settings.clusters[0], stale, RENDERED, now) is None
     assert stack.channel.delivered == []
 
 
@@ -247,8 +247,8 @@ def test_an_ssm_result_not_readable_yet_is_retried_not_forgotten(stack: Stack) -
             },
         }
     )
-    with pytest.raises(ResultNotReady):
-        record_result(event, stack.results(ApplyResult(outcome=Outcome.PENDING)))
+    with pytest.raises(Retryable, match="still reads pending"):
+        record_result(event, stack.results(ApplyResult.from_channel(Outcome.PENDING)))
     assert stack.state.get(CLUSTER).pending is not None
 
 
@@ -269,7 +269,7 @@ def test_a_late_result_never_undoes_a_newer_delivery(stack: Stack) -> None:
 
     old, new = delivery("cmd-old"), delivery("cmd-new")
     save_fields(stack.state, CLUSTER, {"pending": new})
-    applied = ApplyResult.model_validate({"outcome": "applied", "slurm_version": "26.05.5"})
+    applied = ApplyResult.model_validate({"outcome": "applied", "applier_version": "1.0.0", "slurm_version": "26.05.5"})
     finish_delivery(stack.settings.clusters[0], stack.state.get(CLUSTER), old, applied, stack.results(applied))
     state = stack.state.get(CLUSTER)
     assert state.pending == new and state.applied_sha256 is None
@@ -288,7 +288,9 @@ def test_a_version_string_that_is_not_a_version_is_ignored(stack: Stack) -> None
     )
     pending = PendingDelivery(handle=handle, generation=1)
     save_fields(stack.state, CLUSTER, {"pending": pending})
-    result = ApplyResult.model_validate({"outcome": "applied", "slurm_version": "26.05'; reboot"})
+    result = ApplyResult.model_validate(
+        {"outcome": "applied", "applier_version": "1.0.0", "slurm_version": "26.05'; reboot"}
+    )
     finish_delivery(stack.settings.clusters[0], stack.state.get(CLUSTER), pending, result, stack.results(result))
     state = stack.state.get(CLUSTER)
     assert state.slurm_version is None and state.applied_sha256 == RENDERED.sha256
@@ -375,7 +377,7 @@ def test_agent_results_are_matched_by_the_object_version_they_applied(stack: Sta
                 "version": "0",
                 "id": f"a-{version}",
                 "detail-type": "Topology Apply Result",
-                "source": "topokeeper.agent",
+                "source": agent_source(CLUSTER),
                 "account": "111122223333",
                 "time": "2026-01-05T09:00:00Z",
                 "region": "us-east-1",
@@ -385,12 +387,42 @@ def test_agent_results_are_matched_by_the_object_version_they_applied(stack: Sta
                     "plan_sha256": RENDERED.sha256,
                     "version_id": version,
                     "etag": '"x"',
-                    "result": {"outcome": "applied"},
+                    "result": {"outcome": "applied", "applier_version": "1.0.0"},
                 },
             }
         )
 
-    deps = stack.results(ApplyResult(outcome=Outcome.PENDING))
+    deps = stack.results(ApplyResult.from_channel(Outcome.PENDING))
     assert record_result(report("v-1"), deps).status == "ignored"  # same plan, an older object version
     assert record_result(report("v-2"), deps).status == "recorded"
     assert stack.state.get(CLUSTER).applied_sha256 == RENDERED.sha256
+
+
+def test_a_message_behind_a_delivery_hides_once_and_returns_with_the_result(stack: Stack) -> None:
+    """Real SQS FIFO: one ChangeMessageVisibility for the delivery's remaining time (not a receive every
+    30 s into the dead-letter queue), and the delivery's result makes the message visible at once."""
+    now = stack.clock.now()
+    stack.state.record_change(CLUSTER, Trigger(source="s", detail_type="d", event_id="x", time=now), now)
+    assert reconcile(ReconcileRequest(cluster=CLUSTER, generation=1), stack.controller()).action == "delivered"
+    sent = stack.state.get(CLUSTER).pending
+    assert sent is not None
+    just_now = sent.model_copy(update={"handle": sent.handle.model_copy(update={"sent_at": now})})
+    save_fields(stack.state, CLUSTER, {"pending": just_now})  # the stand-in channel's clock is not the stack's
+    stack.sqs.purge_queue(QueueUrl=stack.url)
+    second = stack.state.record_change(CLUSTER, Trigger(source="s", detail_type="d", event_id="y", time=now), now)
+    request = ReconcileRequest(cluster=CLUSTER, generation=second.generation, since=second.reconciled_generation)
+    stack.queue.send(request)
+    (message,) = stack.sqs.receive_message(QueueUrl=stack.url, VisibilityTimeout=5, AttributeNames=["All"])["Messages"]
+
+    report = process_message(request.model_dump_json(), message["ReceiptHandle"], stack.controller(), {})
+    assert report is not None and report.defer_seconds == DELIVERY_TIMEOUT.total_seconds()
+    assert stack.messages() == []  # hidden for the delivery's remaining time, not for 30 s
+
+    pending = stack.state.get(CLUSTER).pending
+    assert pending is not None and pending.waiting_receipt == message["ReceiptHandle"]
+    stack.plans.put(CLUSTER, RENDERED.bundle, RENDERED.files()["plan.json"])
+    applied = ApplyResult(outcome=Outcome.APPLIED, applier_version="1.0.0")
+    finish_delivery(stack.settings.clusters[0], stack.state.get(CLUSTER), pending, applied, stack.results(applied))
+    (again,) = stack.messages()
+    assert again["MessageId"] == message["MessageId"]
+    stack.queue.resume(message["ReceiptHandle"])  # a stale handle (received again since) is no error

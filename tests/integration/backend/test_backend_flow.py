@@ -12,8 +12,9 @@ from topokeeper.adapters.aws import client
 from topokeeper.errors import InputError
 from topokeeper.events import HYPERPOD_DETAIL_TYPES, WORK_QUEUE_MAX_RECEIVES
 from topokeeper.ports import Metric
+from topokeeper.sim.lambda_host import LambdaContext
 from topokeeper.sim.simulator import Story
-from topokeeper.sim.world import LambdaContext, World
+from topokeeper.sim.world import World
 
 pytestmark = pytest.mark.slurm
 
@@ -127,7 +128,7 @@ def test_a_burst_of_1000_events_makes_a_handful_of_writes(world_factory) -> None
 def test_duplicate_and_out_of_order_events_converge_with_one_write(world_factory) -> None:
     world = world_factory()
     world.settle()
-    ingest = world.handlers["ingest"]
+    ingest = world.functions.handlers["ingest"]
     event = {
         "version": "0",
         "id": "11111111-2222-3333-4444-555555555555",
@@ -153,7 +154,7 @@ def test_duplicate_and_out_of_order_events_converge_with_one_write(world_factory
 def test_an_event_for_an_unknown_cluster_is_ignored(world_factory) -> None:
     world = world_factory()
     world.settle()
-    result = world.handlers["ingest"](
+    result = world.functions.handlers["ingest"](
         {
             "version": "0",
             "id": "e-unknown",
@@ -170,6 +171,7 @@ def test_an_event_for_an_unknown_cluster_is_ignored(world_factory) -> None:
     assert result == {
         "status": "ignored",
         "cluster": None,
+        "clusters": [],
         "generation": None,
         "reason": "unmanaged cluster someone-elses",
     }
@@ -192,21 +194,21 @@ def test_malformed_input_fails_loudly_with_the_field_or_goes_to_the_dead_letter_
     }
     # An async invocation that raises: Lambda retries it, then dead-letters it with this message.
     with pytest.raises(InputError, match="detail.ClusterName"):
-        world.handlers["ingest"](event, LambdaContext("ingest"))
+        world.functions.handlers["ingest"](event, LambdaContext("ingest"))
 
     sqs = client("sqs")
     sqs.send_message(
-        QueueUrl=world.queue_url,
+        QueueUrl=world.stack.queue_url,
         MessageBody='{"cluster": "topo-test", "generation": 0}',
         MessageGroupId="topo-test",
         MessageDeduplicationId="bad-1",
     )
     world.settle()
-    parked = sqs.receive_message(QueueUrl=world.dead_letter_url, MessageAttributeNames=["All"])["Messages"]
+    parked = sqs.receive_message(QueueUrl=world.stack.dead_letter_url, MessageAttributeNames=["All"])["Messages"]
     assert len(parked) == 1
     assert parked[0]["MessageAttributes"]["reason"]["StringValue"].startswith("message.generation:")
     redrive = json.loads(
-        sqs.get_queue_attributes(QueueUrl=world.queue_url, AttributeNames=["RedrivePolicy"])["Attributes"][
+        sqs.get_queue_attributes(QueueUrl=world.stack.queue_url, AttributeNames=["RedrivePolicy"])["Attributes"][
             "RedrivePolicy"
         ]
     )
@@ -248,6 +250,24 @@ def test_the_agent_channel_applies_and_reports(world_factory) -> None:
     assert _in_sync(world)
 
 
+@pytest.mark.parametrize("channel", ["ssm", "agent"])
+def test_a_hyperpod_style_head_node_without_scontrol_on_path(world_factory, channel: str) -> None:
+    """Slurm under /opt/slurm, partitions in an Included file: both channels apply, then a scale-up follows."""
+    world = world_factory(small_scenario(head_node_style="hyperpod", channel=channel))
+    assert world.head.description.endswith("laid out as a hyperpod head node")
+    world.settle()
+    assert {(r["channel"], r["outcome"]) for r in _records(world)} == {(channel, "applied")}
+    assert _in_sync(world)
+    included = (world.head.controller.etc / "partitions.conf").read_text()
+    assert "Topology=tree-ml-p5" in included and "Topology=" not in world.head.slurm_conf.read_text()
+    story = Story(world, lambda _: None)
+    from topokeeper.sim.scenario import Step
+
+    up = story.play(1, Step.model_validate({"scale": {"group": "p5", "to": 12, "over_seconds": 20}}))
+    assert up is not None and up.converged and up.head_node_writes == 1
+    assert world.head.controller.partition_topologies()["ml-p5"] == "tree-ml-p5"
+
+
 def test_slurm_24_11_gets_topology_conf_and_the_plugin(world_factory) -> None:
     world = world_factory(small_scenario(slurm_version="24.11"))
     world.settle()
@@ -280,8 +300,25 @@ def test_a_large_bundle_travels_through_s3_and_is_hash_checked_on_the_head_node(
     world = world_factory()
     world.settle()
     state = world.runtime.state.get(world.cluster.name)
-    stored = world.emulator.client("s3").list_objects_v2(Bucket=world.deployment.bucket, Prefix="payloads/")
+    stored = world.emulator.client("s3").list_objects_v2(Bucket=world.stack.deployment.bucket, Prefix="payloads/")
     assert [o["Key"] for o in stored.get("Contents", [])] == [
         f"payloads/{world.cluster.name}/{state.applied_sha256}.json"
     ]
     assert world.head.verify(world.desired().bundle)["outcome"] == "in_sync"
+
+
+def test_a_cluster_whose_nodes_ec2_does_not_see_is_planned_and_says_so(world_factory) -> None:
+    """HyperPod nodes in SageMaker's service account: no EC2 topology, UltraServer blocks from UltraServerInfo."""
+    world = world_factory(small_scenario().model_copy(update={"expose_hyperpod_nodes": False}))
+    world.settle()
+
+    assert _in_sync(world)
+    assert world.head.controller.partition_topologies()["ml-p5"] == "tree-ml-p5"
+    assert world.head.controller.partition_topologies()["ml-p6e"] == "block-ml-p6e"
+    partitions = {p.partition: p for p in world.desired().plan.partitions}
+    assert len(partitions["ml-p5"].nodes_without_topology) == 8  # all under no-topology
+    assert partitions["ml-p6e"].nodes_without_topology == ()  # one block of 18 from UltraServerInfo
+    records = {r["partition"]: r for r in _records(world)}
+    for partition in ("ml-p5", "ml-p6e"):
+        (warning,) = [w for w in records[partition]["warnings"] if "DescribeInstanceTopology" in w]
+        assert "does not see 26 instance(s)" in warning and "UltraServerInfo" in warning

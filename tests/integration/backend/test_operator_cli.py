@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.backend.conftest import small_scenario
+from topokeeper.adapters.ec2 import LocalRateLimiter
 from topokeeper.cli import main
 from topokeeper.sim.world import World
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.slurm
 
 def _deployment(world: World, tmp_path: Path) -> str:
     path = tmp_path / "deployment.json"
-    path.write_text(world.deployment.model_dump_json())
+    path.write_text(world.stack.deployment.model_dump_json())
     world.ssm_synchronous = True  # the CLI waits in real time, outside the world's simulated time
     return str(path)
 
@@ -25,9 +26,17 @@ def _json(capsys: pytest.CaptureFixture[str]) -> object:
     return json.loads(capsys.readouterr().out)
 
 
-def test_snapshot_then_plan_gives_the_plan_the_backend_applied(world_factory, tmp_path: Path, capsys) -> None:
+def test_snapshot_then_plan_gives_the_plan_the_backend_applied(
+    world_factory, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     world = world_factory()
     world.settle()
+    # The CLI paces DescribeInstanceTopology pages one second apart; here the emulator's bucket refills in the
+    # world's simulated time, so the CLI waits on that clock.
+    monkeypatch.setattr(
+        "topokeeper.operator_commands.LocalRateLimiter",
+        lambda: LocalRateLimiter(now=world.clock.monotonic, sleep=world.clock.advance),
+    )
     snapshot = tmp_path / "snapshot.json"
     assert main(["snapshot", "--cluster", world.cluster.name, "--out", str(snapshot)]) == 0
     assert main(["plan", "--snapshot", str(snapshot), "--out", str(tmp_path / "out")]) == 0

@@ -7,6 +7,7 @@ These tests never skip: a machine that cannot run them fails them, with the reas
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,14 +35,18 @@ def trixie_root() -> Iterator[Path]:
 
 
 @pytest.fixture
-def controllers(request: pytest.FixtureRequest) -> Iterator[Callable[[Path], SlurmController]]:
+def controllers(request: pytest.FixtureRequest) -> Iterator[Callable[..., SlurmController]]:
     """Make controllers for a test; every one is stopped (by pid) when the test ends."""
     started: list[SlurmController] = []
 
-    def make(root: Path) -> SlurmController:
+    def make(root: Path, style: str = "debian") -> SlurmController:
         controller = SlurmController(
             root=root,
-            name=f"t{next(_counter)}-{request.node.name[:40]}".replace("[", "-").replace("]", "").replace("/", "-"),
+            # The chroots are shared by every session on this machine: the pid keeps their controllers apart.
+            name=f"t{next(_counter)}-{os.getpid()}-{request.node.name[:40]}".replace("[", "-")
+            .replace("]", "")
+            .replace("/", "-"),
+            style=style,
         )
         started.append(controller)
         return controller
@@ -49,3 +54,4 @@ def controllers(request: pytest.FixtureRequest) -> Iterator[Callable[[Path], Slu
     yield make
     for controller in started:
         controller.stop()
+        controller.remove()

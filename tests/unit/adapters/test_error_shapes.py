@@ -21,17 +21,16 @@ from botocore.stub import ANY, Stubber
 from tests.helpers import gb200_nodes, p5_nodes, snapshot
 from topokeeper import runtime as runtime_module
 from topokeeper.adapters.agent_channel import AgentChannel
-from topokeeper.adapters.audit_trail import AuditPublishError, AuditTrail
+from topokeeper.adapters.audit_trail import AuditTrail
 from topokeeper.adapters.dynamodb import DynamoStateStore, cluster_key
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import Settings
 from topokeeper.engine.planner import plan
-from topokeeper.errors import ConcurrentUpdate
-from topokeeper.ports import Channel, Outcome
+from topokeeper.errors import ConcurrentUpdate, Permanent, Retryable, TopokeeperError
+from topokeeper.ports import AuditRecord, Channel, ClusterState, Outcome, PendingDelivery
 from topokeeper.render.bundle import Bundle, render
 from topokeeper.runtime import LambdaEnvironment, Runtime
-from topokeeper.service.audit import AuditRecord, build_records
-from topokeeper.service.state import ClusterState, PendingDelivery
+from topokeeper.service.audit import build_records
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 TABLE = "topokeeper-state"
@@ -98,10 +97,10 @@ def test_other_invocation_errors_propagate(stubbed: Any, code: str) -> None:
     stubber.add_client_error("get_command_invocation", service_error_code=code, http_status_code=400)
     channel = SsmChannel(ssm, None, "bucket", HEAD_NODE, now=lambda: NOW)
 
-    with pytest.raises(ClientError) as info:
+    with pytest.raises(TopokeeperError) as info:
         channel.result(COMMAND_ID)
 
-    assert info.value.response["Error"]["Code"] == code
+    assert info.value.code == code and isinstance(info.value.__cause__, ClientError)
 
 
 def _send_command_params() -> dict[str, Any]:
@@ -114,7 +113,7 @@ def test_run_keeps_polling_through_invocation_does_not_exist(stubbed: Any) -> No
         "send_command", {"Command": {"CommandId": COMMAND_ID}}, {"InstanceIds": [HEAD_NODE], **_send_command_params()}
     )
     stubber.add_client_error("get_command_invocation", service_error_code="InvocationDoesNotExist")
-    document = {"outcome": "in_sync", "mode": "verify", "plan_sha256": "a" * 64}
+    document = {"outcome": "in_sync", "applier_version": "1.0.0", "mode": "verify", "plan_sha256": "a" * 64}
     stubber.add_response(
         "get_command_invocation",
         {
@@ -193,7 +192,7 @@ def test_put_events_with_failed_entries_raises_and_stores_nothing(stubbed: Any) 
     )
 
     # When they are published, the error names the failure; no TransactWriteItems was stubbed, so none was made
-    with pytest.raises(AuditPublishError, match=r"PutEvents failed for 1 record\(s\): \['InternalFailure'\]"):
+    with pytest.raises(Retryable, match=r"PutEvents failed for 1 record\(s\): \['InternalFailure'\]"):
         _trail(dynamodb, events).publish(records)
 
 
@@ -264,10 +263,10 @@ def test_other_describe_cluster_errors_propagate(stubbed: Any, runtime_with: Any
     sagemaker, stubber = stubbed("sagemaker")
     stubber.add_client_error("describe_cluster", service_error_code="AccessDeniedException", http_status_code=403)
 
-    with pytest.raises(ClientError) as info:
+    with pytest.raises(Permanent) as info:
         runtime_with(sagemaker).cluster_name_of_arn(CLUSTER_ARN)
 
-    assert info.value.response["Error"]["Code"] == "AccessDeniedException"
+    assert info.value.code == "AccessDeniedException"
 
 
 def _described(name: str) -> dict[str, Any]:
@@ -307,11 +306,10 @@ def test_other_save_errors_propagate(stubbed: Any, code: str) -> None:
     dynamodb, stubber = stubbed("dynamodb")
     stubber.add_client_error("update_item", service_error_code=code, expected_params=_save_params(0))
 
-    with pytest.raises(ClientError) as info:
+    with pytest.raises(Permanent) as info:
         DynamoStateStore(dynamodb, TABLE).save(ClusterState(cluster="llm-train"))
 
-    assert not isinstance(info.value, ConcurrentUpdate)
-    assert info.value.response["Error"]["Code"] == code
+    assert info.value.code == code
 
 
 def test_consume_triggers_ignores_only_a_conditional_failure(stubbed: Any) -> None:
@@ -321,7 +319,7 @@ def test_consume_triggers_ignores_only_a_conditional_failure(stubbed: Any) -> No
     store = DynamoStateStore(dynamodb, TABLE)
 
     store.consume_triggers("llm-train", 3)  # newer changes arrived: nothing to do
-    with pytest.raises(ClientError, match="ResourceNotFoundException"):
+    with pytest.raises(Permanent, match="ResourceNotFoundException"):
         store.consume_triggers("llm-train", 3)
 
 
@@ -330,7 +328,7 @@ def test_marking_an_event_seen_propagates_errors(stubbed: Any) -> None:
     stubber.add_client_error("put_item", service_error_code="ProvisionedThroughputExceededException")
     store = DynamoStateStore(dynamodb, TABLE)
 
-    with pytest.raises(ClientError, match="ProvisionedThroughputExceededException"):
+    with pytest.raises(Retryable, match="ProvisionedThroughputExceededException"):
         store.mark_seen("event-1", NOW)
 
 
@@ -343,7 +341,7 @@ def test_agent_verify_does_not_overwrite_when_the_bucket_refuses_to_answer(stubb
     stubber.add_client_error("head_object", service_error_code="403", http_status_code=403)
     channel = AgentChannel(s3, "bucket", None, now=lambda: NOW, max_report_age=timedelta(minutes=30), verify_only=True)  # type: ignore[arg-type]
 
-    with pytest.raises(ClientError) as info:
+    with pytest.raises(TopokeeperError) as info:
         channel.verify(_bundle())
 
-    assert info.value.response["Error"]["Code"] == "403"
+    assert info.value.code == "403"

@@ -3,11 +3,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
+from topokeeper.adapters.audit_trail import cloudtrail_lake_event
 from topokeeper.engine.planner import plan
-from topokeeper.ports import Channel, DeliveryHandle, Outcome
+from topokeeper.ports import AuditRecord, Channel, DeliveryHandle, Outcome, PendingDelivery, Trigger
 from topokeeper.render.bundle import render
-from topokeeper.service.audit import MAX_LISTED_NODES, AuditRecord, build_records, cloudtrail_lake_event
-from topokeeper.service.state import PendingDelivery, Trigger
+from topokeeper.service.audit import MAX_LISTED_NODES, build_records
 
 SCHEMA = Path(__file__).resolve().parents[2] / "fixtures" / "audit-record.schema.json"
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -3,10 +3,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from topokeeper.config import ClusterConfig, Settings
-from topokeeper.events import ReconcileRequest
-from topokeeper.ports import Channel, DeliveryHandle
-from topokeeper.service.reconcile import Decision, Deferred, decide
-from topokeeper.service.state import ClusterState, PendingDelivery
+from topokeeper.ports import Channel, ClusterState, DeliveryHandle, PendingDelivery, ReconcileRequest
+from topokeeper.service.reconcile import DELIVERY_TIMEOUT, Decision, decide
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SETTINGS = Settings(
@@ -27,36 +25,36 @@ def _request(generation: int = 5) -> ReconcileRequest:
 
 
 def test_generation_already_covered_is_dropped() -> None:
-    assert decide(_state(reconciled_generation=5), _request(5), NOW, SETTINGS) is Decision.COVERED
+    assert decide(_state(reconciled_generation=5), _request(5), NOW, SETTINGS).decision is Decision.COVERED
 
 
 def test_an_older_message_of_the_open_cycle_still_reconciles() -> None:
     """Later changes of the cycle were deduplicated into this message: it must not be dropped."""
-    assert decide(_state(generation=7), _request(5), NOW, SETTINGS) is Decision.PROCEED
+    assert decide(_state(generation=7), _request(5), NOW, SETTINGS).decision is Decision.PROCEED
 
 
 def test_quiet_cluster_proceeds() -> None:
     state = _state(last_event_at=NOW - timedelta(seconds=11), first_pending_at=NOW - timedelta(seconds=30))
-    assert decide(state, _request(), NOW, SETTINGS) is Decision.PROCEED
+    assert decide(state, _request(), NOW, SETTINGS).decision is Decision.PROCEED
 
 
 def test_trailing_debounce_waits_for_quiet() -> None:
     state = _state(last_event_at=NOW - timedelta(seconds=3), first_pending_at=NOW - timedelta(seconds=30))
-    with pytest.raises(Deferred) as deferred:
-        decide(state, _request(), NOW, SETTINGS)
-    assert deferred.value.seconds == pytest.approx(7)
+    verdict = decide(state, _request(), NOW, SETTINGS)
+    assert verdict.decision is Decision.DEFERRED
+    assert verdict.defer_seconds == pytest.approx(7)
 
 
 def test_debounce_is_bounded_by_max_wait() -> None:
     state = _state(last_event_at=NOW - timedelta(seconds=1), first_pending_at=NOW - timedelta(seconds=301))
-    assert decide(state, _request(), NOW, SETTINGS) is Decision.PROCEED
+    assert decide(state, _request(), NOW, SETTINGS).decision is Decision.PROCEED
 
 
 def test_minimum_interval_between_writes() -> None:
     state = _state(last_write_at=NOW - timedelta(seconds=45))
-    with pytest.raises(Deferred) as deferred:
-        decide(state, _request(), NOW, SETTINGS)
-    assert deferred.value.seconds == pytest.approx(15)
+    verdict = decide(state, _request(), NOW, SETTINGS)
+    assert verdict.decision is Decision.DEFERRED
+    assert verdict.defer_seconds == pytest.approx(15)
 
 
 def test_delivery_in_flight_blocks_until_timeout() -> None:
@@ -69,13 +67,16 @@ def test_delivery_in_flight_blocks_until_timeout() -> None:
         sent_at=NOW - timedelta(minutes=2),
     )
     state = _state(pending=PendingDelivery(handle=handle, generation=4))
-    with pytest.raises(Deferred, match="in flight"):
-        decide(state, _request(), NOW, SETTINGS)
-    stale = handle.model_copy(update={"sent_at": NOW - timedelta(minutes=26)})
-    assert (
-        decide(_state(pending=PendingDelivery(handle=stale, generation=4)), _request(), NOW, SETTINGS)
-        is Decision.PROCEED
+    verdict = decide(state, _request(), NOW, SETTINGS)
+    assert (verdict.decision, verdict.reason, verdict.behind_delivery) == (
+        Decision.DEFERRED,
+        "a delivery is in flight",
+        True,
     )
+    assert verdict.defer_seconds == (DELIVERY_TIMEOUT - timedelta(minutes=2)).total_seconds()
+    stale = handle.model_copy(update={"sent_at": NOW - timedelta(minutes=26)})
+    verdict = decide(_state(pending=PendingDelivery(handle=stale, generation=4)), _request(), NOW, SETTINGS)
+    assert verdict.decision is Decision.PROCEED
 
 
 def test_messages_of_one_cycle_share_their_deduplication_id() -> None:

@@ -14,7 +14,7 @@ def _bundle(version: str = "26.05"):
 
 
 def _drift(*items: dict) -> ApplyResult:
-    return ApplyResult(outcome=Outcome.DRIFT, mode="verify", drift=list(items))
+    return ApplyResult(outcome=Outcome.DRIFT, applier_version="1.0.0", mode="verify", drift=list(items))
 
 
 def test_topology_and_partition_drift_name_their_partitions() -> None:

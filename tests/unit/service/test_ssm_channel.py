@@ -32,7 +32,7 @@ class RecordingS3:
         return {"ETag": '"x"'}
 
     def generate_presigned_url(self, operation: str, Params: dict, ExpiresIn: int) -> str:
-        return f"https://example.invalid/{Params['Key']}?expires={ExpiresIn}"
+        return f"https://example.invalid/{Params['Key']}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Expires={ExpiresIn}"
 
 
 def _channel(s3: RecordingS3) -> SsmChannel:
@@ -124,7 +124,11 @@ def test_bootstrap_refuses_a_tampered_payload(tmp_path: Path) -> None:
         [sys.executable, "-", str(tmp_path)], input=BOOTSTRAP, capture_output=True, text=True, check=False
     )
     assert result.returncode == 2
-    assert json.loads(result.stdout) == {"outcome": "refused", "error": "applier sha256 mismatch"}
+    assert json.loads(result.stdout) == {
+        "outcome": "refused",
+        "applier_version": None,
+        "error": "applier sha256 mismatch",
+    }
 
 
 def test_script_runs_under_sh_and_execs_the_applier(tmp_path: Path) -> None:
@@ -158,7 +162,11 @@ def test_script_runs_under_sh_and_execs_the_applier(tmp_path: Path) -> None:
     ("invocation", "outcome"),
     [
         (
-            {"Status": "Success", "StatusDetails": "Success", "StandardOutputContent": '{"outcome": "applied"}'},
+            {
+                "Status": "Success",
+                "StatusDetails": "Success",
+                "StandardOutputContent": '{"outcome": "applied", "applier_version": "1.0.0"}',
+            },
             Outcome.APPLIED,
         ),
         (
@@ -166,7 +174,8 @@ def test_script_runs_under_sh_and_execs_the_applier(tmp_path: Path) -> None:
                 "Status": "Failed",
                 "StatusDetails": "Failed",
                 "ResponseCode": 1,
-                "StandardOutputContent": 'motd\n{"outcome": "rolled_back", "error": "fatal"}',
+                "StandardOutputContent": "motd\n"
+                + json.dumps({"outcome": "rolled_back", "applier_version": "1.0.0", "error": "fatal"}),
             },
             Outcome.ROLLED_BACK,
         ),
@@ -175,7 +184,7 @@ def test_script_runs_under_sh_and_execs_the_applier(tmp_path: Path) -> None:
                 "Status": "Failed",
                 "StatusDetails": "Failed",
                 "ResponseCode": 2,
-                "StandardOutputContent": '{"outcome": "refused", "error": "unknown nodes"}',
+                "StandardOutputContent": '{"outcome": "refused", "applier_version": "1.0.0", "error": "unknown nodes"}',
             },
             Outcome.REFUSED,
         ),

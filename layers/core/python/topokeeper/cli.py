@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from topokeeper import operator_commands
+from topokeeper import kueue_commands, operator_commands
 from topokeeper.agent.install import add_agent_commands
 from topokeeper.applier import applier
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator_commands.add_endpoint_option(parser)
     add_agent_commands(commands)
     sim_commands.register(commands)
+    kueue_commands.register(commands)
     return parser
 
 

@@ -12,15 +12,16 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from topokeeper.constants import INSTANCE_ID_PATTERN
 from topokeeper.domain.models import ClusterName, PartitionSettings, PlannerConfig, SlurmVersion
 from topokeeper.domain.names import SlurmName
 from topokeeper.ports import Channel
 
 # SSM SendCommand accepts only these ids (its InstanceId shape); botocore does not check the pattern.
-SSM_TARGET = re.compile(r"i-[0-9a-f]{8}|i-[0-9a-f]{17}|mi-[0-9a-f]{17}")
+SSM_TARGET = re.compile(rf"{INSTANCE_ID_PATTERN}|mi-[0-9a-f]{{17}}")
 _CLUSTER_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:cluster/[a-z0-9]{12}")
 _TAG_KEY = re.compile(r"[\w.:/=+@ -]{1,128}")
-CONFIG_ENV = "TOPOKEEPER_CONFIG"
+_ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::[0-9]{12}:role/[A-Za-z0-9_+=,.@/-]{1,512}")
 # Lambda allows 4 KB of environment variables in all; leave room for the others.
 MAX_CONFIG_BYTES = 3072
 
@@ -34,6 +35,12 @@ def _ssm_target(value: str) -> str:
 def _cluster_arn(value: str) -> str:
     if not _CLUSTER_ARN.fullmatch(value):
         raise ValueError(f"not a HyperPod cluster ARN: {value!r}")
+    return value
+
+
+def _role_arn(value: str) -> str:
+    if not _ROLE_ARN.fullmatch(value):
+        raise ValueError(f"not an IAM role ARN: {value!r}")
     return value
 
 
@@ -136,6 +143,8 @@ class Settings(BaseModel):
     log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653] = 30
     audit_retention_days: int = Field(365, ge=1, le=3650)
     agent_verify_max_age_seconds: int = Field(1800, ge=60)
+    # Besides the reconcile and drift functions, the only principal the bucket lets write (topokeeper apply).
+    operator_role_arn: Annotated[str, AfterValidator(_role_arn)] | None = None
 
     @model_validator(mode="after")
     def _unique_clusters(self) -> Settings:

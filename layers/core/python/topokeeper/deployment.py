@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from topokeeper.config import CONFIG_ENV, Settings
+from topokeeper.config import Settings
+from topokeeper.constants import ENV_BUCKET, ENV_CONFIG, ENV_DEAD_LETTER_QUEUE, ENV_EVENT_BUS, ENV_QUEUE, ENV_TABLE
 from topokeeper.errors import InputError
 
 # CloudFormation output keys the stack exports (infra/ uses the same names).
@@ -37,14 +38,14 @@ class Deployment(BaseModel):
     def environment(self) -> dict[str, str]:
         """The environment a Lambda of this deployment sees."""
         env = {
-            CONFIG_ENV: self.settings.to_env(),
-            "TABLE_NAME": self.table,
-            "BUCKET_NAME": self.bucket,
-            "QUEUE_URL": self.queue_url,
-            "EVENT_BUS_NAME": self.event_bus,
+            ENV_CONFIG: self.settings.to_env(),
+            ENV_TABLE: self.table,
+            ENV_BUCKET: self.bucket,
+            ENV_QUEUE: self.queue_url,
+            ENV_EVENT_BUS: self.event_bus,
         }
         if self.dead_letter_queue_url:
-            env["DEAD_LETTER_QUEUE_URL"] = self.dead_letter_queue_url
+            env[ENV_DEAD_LETTER_QUEUE] = self.dead_letter_queue_url
         return env
 
     @classmethod
@@ -72,6 +73,6 @@ class Deployment(BaseModel):
             bucket=outputs[OUTPUT_BUCKET],
             queue_url=outputs[OUTPUT_QUEUE],
             dead_letter_queue_url=outputs.get(OUTPUT_DEAD_LETTER_QUEUE),
-            event_bus=variables.get("EVENT_BUS_NAME", "default"),
-            settings=Settings.model_validate(json.loads(variables[CONFIG_ENV])),
+            event_bus=variables.get(ENV_EVENT_BUS, "default"),
+            settings=Settings.model_validate(json.loads(variables[ENV_CONFIG])),
         )

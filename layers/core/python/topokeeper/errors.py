@@ -17,7 +17,14 @@ from pydantic import ValidationError
 
 
 class TopokeeperError(Exception):
-    """Base of every error the package raises on purpose."""
+    """Base of every error the package raises on purpose.
+
+    Adapters raise these for what AWS answered (a ``ClientError``: the call had no effect) or for what
+    they refused before calling. A timeout or a lost connection is left as botocore raised it: the call
+    may have taken effect, and the service layer must not assume otherwise (a delivery keeps its claim).
+    """
+
+    code: str | None = None  # the AWS error code, when AWS answered
 
 
 class Retryable(TopokeeperError):

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from topokeeper.constants import (
+    AGENT_APPLY_DETAIL_TYPE,
+    AGENT_SOURCE,
+    AGENT_VERIFY_DETAIL_TYPE,
+    INSTANCE_ID,
+)
 from topokeeper.ports import ApplyResult
 
 HYPERPOD_SOURCE = "aws.sagemaker"
@@ -30,14 +36,14 @@ CLOUDTRAIL_EVENT_NAMES = (
     "BatchReplaceClusterNodes",
     "BatchRebootClusterNodes",
     "UpdateClusterSoftware",
+    "BatchAddClusterNodes",
+    "MoveClusterNodes",  # names a source and a target cluster: both change
 )
+MOVE_CLUSTER_NODES = "MoveClusterNodes"
 EC2_STATE_DETAIL_TYPE = "EC2 Instance State-change Notification"
 EC2_STATES = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
 SSM_INVOCATION_DETAIL_TYPE = "EC2 Command Invocation Status-change Notification"
 SSM_TERMINAL_STATUSES = ("Success", "Failed", "TimedOut", "Cancelled", "Undeliverable", "Terminated")
-AGENT_SOURCE = "topokeeper.agent"
-AGENT_APPLY_DETAIL_TYPE = "Topology Apply Result"
-AGENT_VERIFY_DETAIL_TYPE = "Topology Verify Result"
 AUDIT_SOURCE = "topokeeper"
 AUDIT_DETAIL_TYPE = "UpdatePartitionTopology"
 RUN_SHELL_DOCUMENT = "AWS-RunShellScript"
@@ -67,7 +73,11 @@ def change_patterns() -> dict[str, dict[str, Any]]:
 def result_patterns(head_nodes: list[str]) -> dict[str, dict[str, Any]]:
     """Rules whose events carry a delivery outcome -> the result function."""
     patterns: dict[str, dict[str, Any]] = {
-        "AgentResults": {"source": [AGENT_SOURCE], "detail-type": [AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE]}
+        # Every cluster's source and the legacy one; the result function sorts them out.
+        "AgentResults": {
+            "source": [{"prefix": AGENT_SOURCE}],
+            "detail-type": [AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE],
+        }
     }
     if head_nodes:
         patterns["SsmCommandResults"] = {
@@ -89,12 +99,11 @@ def _epoch_millis(value: Any) -> Any:
 
 
 EpochMillis = Annotated[datetime, BeforeValidator(_epoch_millis)]
-_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?")
 _COMMAND_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def _instance_id(value: str) -> str:
-    if not _INSTANCE_ID.fullmatch(value):
+    if not INSTANCE_ID.fullmatch(value):
         raise ValueError(f"not an EC2 instance id: {value!r}")
     return value
 
@@ -178,22 +187,3 @@ class TopokeeperEvent(EventBridgeModel):
 # A deferred reconcile (debounce, write interval, delivery in flight) returns its message to the queue,
 # which SQS counts as a receive: allow many before the dead-letter queue, which is for poison messages.
 WORK_QUEUE_MAX_RECEIVES = 50
-
-
-class ReconcileRequest(BaseModel):
-    """The SQS FIFO message from ingest to reconcile: only *that* a cluster changed, never what.
-
-    ``since`` is the cluster's reconciled generation when the message was sent. It is the message's
-    deduplication id (with the cluster), so SQS keeps one message per reconcile cycle: every change until
-    the next reconcile is already covered by the message waiting in the queue.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    cluster: str
-    generation: int = Field(ge=1)
-    since: int = Field(0, ge=0)
-    reason: Literal["event", "drift", "retry", "operator"] = "event"
-
-    @property
-    def deduplication_id(self) -> str:
-        return f"{self.cluster}:after:{self.since}"

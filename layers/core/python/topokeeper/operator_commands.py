@@ -24,13 +24,11 @@ from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import ClusterConfig, Ec2Discovery, Mode, Orchestrator
 from topokeeper.deployment import Deployment
 from topokeeper.errors import InputError
-from topokeeper.events import ReconcileRequest
-from topokeeper.ports import Outcome
+from topokeeper.ports import Outcome, ReconcileRequest, Trigger
 from topokeeper.render.bundle import Bundle
 from topokeeper.runtime import Runtime
 from topokeeper.service.drift import check_drift
-from topokeeper.service.reconcile import Deferred, plan_cluster, reconcile
-from topokeeper.service.state import Trigger
+from topokeeper.service.reconcile import plan_cluster, reconcile
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DRIFT = 0, 1, 2, 3
 
@@ -173,7 +171,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
             raise InputError("--dry-run", "the head-node agent runs dry-runs only locally: use diff instead")
         with progress("dry-run on the head node"):
             result = channel.run(desired.bundle, "dry-run")
-        _emit(args, result.model_dump(mode="json"), lambda: str(getattr(result, "diff", None) or result.outcome.value))
+        _emit(args, result.model_dump(mode="json"), lambda: str(result.diff or result.outcome.value))
         return EXIT_OK if result.outcome in (Outcome.WOULD_APPLY, Outcome.UNCHANGED) else EXIT_FAILED
     now = runtime.clock.now()
     trigger = Trigger(
@@ -187,11 +185,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
     deps = runtime.reconcile_deps()
     # An operator asked now: no debounce, but never overlap a delivery in flight.
     deps.settings = deps.settings.model_copy(update={"debounce_seconds": 0, "min_write_interval_seconds": 0})
-    try:
-        with progress("reconciling"):
-            report = reconcile(ReconcileRequest(cluster=cluster.name, generation=generation, reason="operator"), deps)
-    except Deferred as deferred:
-        print(f"not now: {deferred.reason}; try again in {deferred.seconds:.0f}s", file=sys.stderr)
+    with progress("reconciling"):
+        report = reconcile(ReconcileRequest(cluster=cluster.name, generation=generation, reason="operator"), deps)
+    if report.defer_seconds is not None:
+        print(f"not now: {report.reason}; try again in {report.defer_seconds:.0f}s", file=sys.stderr)
         return EXIT_FAILED
     _emit(
         args,

@@ -1,13 +1,19 @@
-"""The ports between the pure core and the outside world. Adapters implement them with boto3;
-the simulator and tests implement them in memory."""
+"""The contract between the use cases (``topokeeper.service``) and the outside world: every port
+(a ``Protocol``) and every value that crosses one. Adapters implement the ports with boto3
+(``topokeeper.adapters``); ``tests/fakes.py`` implements each in memory.
+
+Nothing here talks to AWS: this module imports only the pure core and pydantic.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.render.bundle import Bundle
@@ -29,6 +35,10 @@ class Outcome(StrEnum):
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
     UNDELIVERABLE = "undeliverable"
+    AGENT_OUTDATED = "agent_outdated"  # the agent refused a bundle schema newer than it knows: upgrade it
+
+
+log = logging.getLogger("topokeeper")
 
 
 class Channel(StrEnum):
@@ -37,19 +47,52 @@ class Channel(StrEnum):
 
 
 class ApplyResult(BaseModel):
-    """The applier's JSON document (printed on stdout), or the channel's account of why there is none."""
+    """The applier's JSON document (printed on stdout), or the channel's account of why there is none.
 
-    model_config = ConfigDict(extra="allow")
+    Every field the applier (``applier/applier.py``, ``new_result``) and the agent (``agent_result``,
+    ``bounded_result``) write is declared here. A field this version does not know (from a newer or
+    older applier) is ignored and logged, never refused. ``applier_version`` must be present: it is
+    null only in a document the channel or the agent wrote because the applier's own never came.
+    """
+
+    model_config = ConfigDict(extra="ignore")
 
     outcome: Outcome
-    mode: Literal["apply", "dry-run", "verify"] = "apply"
+    applier_version: str | None
+    mode: Literal["apply", "dry-run", "verify"] | None = "apply"
     plan_sha256: str | None = None
     before_sha256: str | None = None
     after_sha256: str | None = None
     partitions_changed: list[str] = Field(default_factory=list)
     reconfigured: bool = False
-    error: str | None = None
+    reconfigure_exit_code: int | None = None
+    readback: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per topology: units, matches, mismatches
+    partition_topologies: dict[str, Any] = Field(default_factory=dict)  # slurmctld's live assignment
     drift: list[dict[str, Any]] = Field(default_factory=list)
+    grouping_drift: bool | None = None  # verify: nodes grouped differently, not just named so (None: not said)
+    diff: str | None = None  # dry-run and verify: unified diff of the files
+    slurm_version: str | None = None  # as the head node's slurmctld reports it
+    slurm_format: str | None = None
+    config_dir: str | None = None
+    backup_dir: str | None = None
+    duration_seconds: float = 0.0
+    error: str | None = None
+    dropped: dict[str, int] = Field(default_factory=dict)  # entries cut to fit SSM's stdout cap
+    truncated: bool = False  # the agent sent only a summary to fit one event
+
+    @model_validator(mode="before")
+    @classmethod
+    def _log_unknown_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                log.warning("ignoring result fields this version does not know: %s", ", ".join(map(str, unknown)))
+        return data
+
+    @classmethod
+    def from_channel(cls, outcome: Outcome, error: str | None = None) -> ApplyResult:
+        """The channel's own account, when the applier's document did not (or not yet) arrive."""
+        return cls(outcome=outcome, applier_version=None, error=error)
 
 
 class DeliveryHandle(BaseModel):
@@ -92,7 +135,199 @@ class Metric(StrEnum):
     APPLY_FAILURES = "ApplyFailures"
     RECONCILE_SECONDS = "ReconcileSeconds"
     EVENTS_COALESCED = "EventsCoalesced"  # changes that did not need a reconcile of their own
+    AGENT_OUTDATED = "AgentOutdated"  # an agent report says the head node's agent must be upgraded
+    FORGED_REPORTS = "ForgedReports"  # agent reports refused: about another cluster than their source's
 
 
 class Metrics(Protocol):
     def emit(self, cluster: str, metric: Metric, value: float) -> None: ...
+
+
+class RateLimiter(Protocol):
+    def acquire(self) -> None:
+        """Block until this caller may make one more DescribeInstanceTopology call."""
+        ...
+
+
+class ReconcileRequest(BaseModel):
+    """The SQS FIFO message from ingest to reconcile: only *that* a cluster changed, never what.
+
+    ``since`` is the cluster's reconciled generation when the message was sent. It is the message's
+    deduplication id (with the cluster), so SQS keeps one message per reconcile cycle: every change until
+    the next reconcile is already covered by the message waiting in the queue.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    cluster: str
+    generation: int = Field(ge=1)
+    since: int = Field(0, ge=0)
+    reason: Literal["event", "drift", "retry", "operator"] = "event"
+
+    @property
+    def deduplication_id(self) -> str:
+        return f"{self.cluster}:after:{self.since}"
+
+
+class WorkQueue(Protocol):
+    def send(self, request: ReconcileRequest) -> None: ...
+
+    def defer(self, receipt_handle: str, seconds: float) -> None:
+        """Hide a received message for ``seconds`` (one call; the queue caps it at what SQS allows)."""
+        ...
+
+    def resume(self, receipt_handle: str) -> None:
+        """Make a deferred message visible now; a handle that is no longer in flight is ignored."""
+        ...
+
+    def dead_letter(self, body: str, reason: str) -> None: ...
+
+
+MAX_TRIGGERS = 20  # the events kept to explain a change; a 1,000-event burst keeps a count beyond that
+
+
+class Trigger(BaseModel):
+    """An event that caused (part of) a reconcile, as the audit record names it."""
+
+    model_config = ConfigDict(frozen=True)
+    source: str
+    detail_type: str
+    event_id: str
+    time: datetime
+    summary: str = ""
+
+
+class PendingDelivery(BaseModel):
+    """A delivery claimed (``handle.reference`` empty until the channel accepts it) or in flight."""
+
+    handle: DeliveryHandle
+    generation: int
+    triggers: list[Trigger] = Field(default_factory=list)
+    trigger_count: int = 0
+    previous_plan_sha256: str | None = None
+    repair: list[str] = Field(default_factory=list)  # partitions rewritten because the live topology drifted
+    waiting_receipt: str | None = None  # the reconcile message deferred behind this delivery, resumed by its result
+
+
+class ClusterState(BaseModel):
+    """What the controller knows about one cluster between invocations."""
+
+    cluster: str
+    generation: int = 0  # bumped by every change event
+    reconciled_generation: int = 0  # the newest generation a reconcile has fully handled
+    last_event_at: datetime | None = None
+    first_pending_at: datetime | None = None  # oldest change not yet reconciled (bounds the debounce)
+    triggers: list[Trigger] = Field(default_factory=list)
+    trigger_count: int = 0
+    desired_sha256: str | None = None
+    applied_sha256: str | None = None
+    last_write_at: datetime | None = None
+    pending: PendingDelivery | None = None
+    slurm_version: str | None = None  # as the head node reported it
+    topology_retries: int = 0
+    repair_partitions: list[str] = Field(default_factory=list)  # live drift to repair on the next write
+    last_verify: ApplyResult | None = None
+    last_verify_at: datetime | None = None
+    version: int = 0  # optimistic concurrency
+
+    @field_validator("last_verify", mode="before")
+    @classmethod
+    def _stored_before_applier_version(cls, value: Any) -> Any:
+        # State saved before ``applier_version`` was required: read it as "not said", never refuse the state.
+        if isinstance(value, dict) and "applier_version" not in value:
+            return {**value, "applier_version": None}
+        return value
+
+    @property
+    def has_unreconciled_changes(self) -> bool:
+        return self.generation > self.reconciled_generation
+
+
+# The fields ``StateStore.record_change`` owns (ingest's atomic counter); ``save`` writes all the others,
+# the controller's, guarded by ``version``: the two writers never clobber each other.
+CHANGE_FIELDS = frozenset(
+    {"cluster", "generation", "last_event_at", "first_pending_at", "triggers", "trigger_count", "version"}
+)
+
+
+class StateStore(Protocol):
+    def get(self, cluster: str) -> ClusterState: ...
+
+    def save(self, state: ClusterState) -> ClusterState:
+        """Write ``state`` if nobody else wrote since it was read (raises ``ConcurrentUpdate``)."""
+        ...
+
+    def record_change(self, cluster: str, trigger: Trigger, now: datetime) -> ClusterState:
+        """Atomically bump the generation and remember the trigger (the first ``MAX_TRIGGERS`` of a cycle)."""
+        ...
+
+    def consume_triggers(self, cluster: str, generation: int) -> None:
+        """Forget the triggers a reconcile took, unless newer changes arrived meanwhile."""
+        ...
+
+    def seen(self, event_id: str) -> bool:
+        """Whether an event was already ingested (EventBridge may deliver an event more than once)."""
+        ...
+
+    def mark_seen(self, event_id: str, now: datetime) -> None: ...
+
+
+class PlanStore(Protocol):
+    def put(self, cluster: str, bundle: Bundle, plan_document: str) -> str: ...
+
+    def bundle(self, cluster: str, sha256: str) -> Bundle: ...
+
+    def plan_document(self, cluster: str, sha256: str) -> dict[str, Any]: ...
+
+
+class NodeFactsCache(Protocol):
+    def get_many(self, cluster: str, instance_ids: Iterable[str]) -> dict[str, dict[str, object]]: ...
+
+    def put_many(self, cluster: str, items: dict[str, dict[str, object]], now: datetime) -> None: ...
+
+
+# The ``UpdatePartitionTopology`` record, schema ``topokeeper.audit/1`` (tests pin its JSON schema).
+class AuditRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_: Literal["topokeeper.audit/1"] = Field("topokeeper.audit/1", alias="schema")
+    event_name: Literal["UpdatePartitionTopology"] = "UpdatePartitionTopology"
+    audit_id: str
+    cluster_name: str
+    cluster_arn: str | None
+    partition: str
+    reason: Literal["plan-change", "drift-repair"]
+    kind: Literal["tree", "block", "flat"]
+    topology: str | None
+    before_sha256: str | None
+    after_sha256: str
+    plan_sha256: str
+    previous_plan_sha256: str | None
+    nodes_added: list[str]
+    nodes_removed: list[str]
+    nodes_added_count: int
+    nodes_removed_count: int
+    node_count: int
+    switch_count: int
+    block_count: int
+    triggers: list[Trigger]
+    trigger_count: int
+    channel: str
+    delivery_reference: str
+    target: str
+    outcome: Outcome
+    error: str | None
+    # What the planner could not do as asked (the plan's and this partition's warnings), e.g. instances
+    # DescribeInstanceTopology does not see, planned without network topology.
+    warnings: list[str] = Field(default_factory=list)
+    generation: int
+    requested_at: datetime
+    completed_at: datetime
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class AuditSink(Protocol):
+    def publish(self, records: Sequence[AuditRecord]) -> int:
+        """Store, publish and log new records; return how many were new (retries are skipped)."""
+        ...

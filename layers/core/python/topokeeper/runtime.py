@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.audit_trail import AuditTrail
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import aws_errors, client, presigning_s3
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
 from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, instance_tags
 from topokeeper.adapters.hyperpod import HyperPodFacts
@@ -27,12 +27,21 @@ from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
+from topokeeper.constants import (
+    ENV_AUDIT_RETENTION,
+    ENV_BUCKET,
+    ENV_CLOUDTRAIL_CHANNEL,
+    ENV_CONFIG,
+    ENV_DEAD_LETTER_QUEUE,
+    ENV_EVENT_BUS,
+    ENV_QUEUE,
+    ENV_TABLE,
+)
 from topokeeper.errors import InputError
-from topokeeper.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics
+from topokeeper.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics, WorkQueue
 from topokeeper.service.ingest import IngestDeps
 from topokeeper.service.reconcile import ControllerDeps
 from topokeeper.service.result import ResultDeps
-from topokeeper.service.state import WorkQueue
 
 
 class SystemClock:
@@ -45,16 +54,16 @@ class LambdaEnvironment(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    TOPOKEEPER_CONFIG: str
-    TABLE_NAME: str = Field(min_length=3)
-    BUCKET_NAME: str = Field(min_length=3)
-    QUEUE_URL: str = Field(min_length=8)
-    DEAD_LETTER_QUEUE_URL: str | None = None
-    EVENT_BUS_NAME: str = "default"
-    CLOUDTRAIL_CHANNEL_ARN: str | None = None
-    AUDIT_RETENTION_DAYS: int = 365
-    AWS_REGION: str | None = None
-    AWS_LAMBDA_FUNCTION_NAME: str = "topokeeper"
+    config: str = Field(alias=ENV_CONFIG)
+    table: str = Field(alias=ENV_TABLE, min_length=3)
+    bucket: str = Field(alias=ENV_BUCKET, min_length=3)
+    queue_url: str = Field(alias=ENV_QUEUE, min_length=8)
+    dead_letter_queue_url: str | None = Field(None, alias=ENV_DEAD_LETTER_QUEUE)
+    event_bus: str = Field("default", alias=ENV_EVENT_BUS)
+    cloudtrail_channel_arn: str | None = Field(None, alias=ENV_CLOUDTRAIL_CHANNEL)
+    audit_retention_days: int = Field(365, alias=ENV_AUDIT_RETENTION)
+    region: str | None = Field(None, alias="AWS_REGION")  # set by Lambda itself
+    function_name: str = Field("topokeeper", alias="AWS_LAMBDA_FUNCTION_NAME")
 
 
 def load_environment(environ: dict[str, str]) -> tuple[LambdaEnvironment, Settings]:
@@ -63,9 +72,9 @@ def load_environment(environ: dict[str, str]) -> tuple[LambdaEnvironment, Settin
     except ValidationError as error:
         raise InputError.from_validation(error, prefix="environment") from error
     try:
-        settings = Settings.model_validate_json(env.TOPOKEEPER_CONFIG)
+        settings = Settings.model_validate_json(env.config)
     except ValidationError as error:
-        raise InputError.from_validation(error, prefix="TOPOKEEPER_CONFIG") from error
+        raise InputError.from_validation(error, prefix=ENV_CONFIG) from error
     return env, settings
 
 
@@ -86,24 +95,24 @@ class Runtime:
 
     @cached_property
     def state(self) -> DynamoStateStore:
-        return DynamoStateStore(client("dynamodb"), self.env.TABLE_NAME)
+        return DynamoStateStore(client("dynamodb"), self.env.table)
 
     @cached_property
     def plans(self) -> S3PlanStore:
-        return S3PlanStore(client("s3"), self.env.BUCKET_NAME)
+        return S3PlanStore(client("s3"), self.env.bucket)
 
     @cached_property
     def queue(self) -> WorkQueue:
         if self.work_queue is not None:
             return self.work_queue
-        return SqsWorkQueue(client("sqs"), self.env.QUEUE_URL, self.env.DEAD_LETTER_QUEUE_URL)
+        return SqsWorkQueue(client("sqs"), self.env.queue_url, self.env.dead_letter_queue_url)
 
     @cached_property
     def topology_reader(self) -> InstanceTopologyReader:
         limiter = DynamoRateLimiter(
-            client("dynamodb"), self.env.TABLE_NAME, now=lambda: self.clock.now().timestamp(), sleep=self.sleep
+            client("dynamodb"), self.env.table, now=lambda: self.clock.now().timestamp(), sleep=self.sleep
         )
-        cache = DynamoNodeFactsCache(client("dynamodb"), self.env.TABLE_NAME)
+        cache = DynamoNodeFactsCache(client("dynamodb"), self.env.table)
         return InstanceTopologyReader(client("ec2"), cache, limiter, self.clock.now)
 
     def facts(self, cluster: ClusterConfig) -> FactsSource:
@@ -116,7 +125,7 @@ class Runtime:
             return self.ssm_channel(cluster)
         return AgentChannel(
             client("s3"),
-            self.env.BUCKET_NAME,
+            self.env.bucket,
             self.state,
             now=self.clock.now,
             max_report_age=timedelta(seconds=self.settings.agent_verify_max_age_seconds),
@@ -127,7 +136,7 @@ class Runtime:
         if cluster.head_node is None:
             raise InputError(f"clusters.{cluster.name}.head_node", "required for channel ssm")
         return SsmChannel(
-            client("ssm"), client("s3"), self.env.BUCKET_NAME, cluster.head_node, now=self.clock.now, sleep=self.sleep
+            client("ssm"), presigning_s3(), self.env.bucket, cluster.head_node, now=self.clock.now, sleep=self.sleep
         )
 
     def ssm_result(self, cluster: ClusterConfig, command_id: str) -> ApplyResult:
@@ -135,26 +144,25 @@ class Runtime:
 
     @cached_property
     def audit(self) -> AuditTrail:
-        lake = client("cloudtrail-data") if self.env.CLOUDTRAIL_CHANNEL_ARN else None
+        lake = client("cloudtrail-data") if self.env.cloudtrail_channel_arn else None
         account = client("sts").get_caller_identity()["Account"] if lake is not None else ""
         function_arn = (
-            f"arn:aws:lambda:{self.env.AWS_REGION}:{account}:function:{self.env.AWS_LAMBDA_FUNCTION_NAME}"
-            if lake is not None
-            else ""
+            f"arn:aws:lambda:{self.env.region}:{account}:function:{self.env.function_name}" if lake is not None else ""
         )
         return AuditTrail(
             dynamodb=client("dynamodb"),
-            table=self.env.TABLE_NAME,
+            table=self.env.table,
             events=client("events"),
-            event_bus=self.env.EVENT_BUS_NAME,
-            retention=timedelta(days=self.env.AUDIT_RETENTION_DAYS),
+            event_bus=self.env.event_bus,
+            retention=timedelta(days=self.env.audit_retention_days),
             logger=self.logger,
             cloudtrail_data=lake,
-            channel_arn=self.env.CLOUDTRAIL_CHANNEL_ARN,
+            channel_arn=self.env.cloudtrail_channel_arn,
             account=account,
             function_arn=function_arn,
         )
 
+    @aws_errors()
     def cluster_name_of_arn(self, arn: str) -> str | None:
         try:
             name: str = client("sagemaker").describe_cluster(ClusterName=arn)["ClusterName"]

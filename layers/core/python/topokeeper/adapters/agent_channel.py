@@ -15,18 +15,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from topokeeper.agent.agent import DEFAULT_PREFIX, object_key
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
+from topokeeper.adapters.aws import aws_errors, error_code
+from topokeeper.constants import agent_bundle_key, agent_verify_key
+from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, StateStore
 from topokeeper.render.bundle import Bundle
-from topokeeper.service.state import StateStore
-
-
-def bundle_key(cluster: str) -> str:
-    return object_key(DEFAULT_PREFIX, cluster, "enforce")
-
-
-def verify_key(cluster: str) -> str:
-    return object_key(DEFAULT_PREFIX, cluster, "verify")
 
 
 class AgentChannel:
@@ -60,36 +52,38 @@ class AgentChannel:
         reference: str = response.get("VersionId") or response["ETag"].strip('"')
         return reference
 
+    @aws_errors()
     def deliver(self, bundle: Bundle) -> DeliveryHandle:
         return DeliveryHandle(
             channel=Channel.AGENT,
             cluster=bundle.cluster_name,
             plan_sha256=bundle.plan_sha256,
-            reference=self._put(bundle_key(bundle.cluster_name), bundle),
-            target=f"s3://{self._bucket}/{bundle_key(bundle.cluster_name)}",
+            reference=self._put(agent_bundle_key(bundle.cluster_name), bundle),
+            target=f"s3://{self._bucket}/{agent_bundle_key(bundle.cluster_name)}",
             sent_at=self._now(),
         )
 
+    @aws_errors()
     def verify(self, bundle: Bundle) -> ApplyResult:
         if self._verify_only:
             self._ensure_verify_bundle(bundle)
         state = self._state.get(bundle.cluster_name)
         report, seen_at = state.last_verify, state.last_verify_at
         if report is None or seen_at is None:
-            return ApplyResult(outcome=Outcome.PENDING, error="the agent has not reported a verify result yet")
+            return ApplyResult.from_channel(Outcome.PENDING, "the agent has not reported a verify result yet")
         if report.plan_sha256 != bundle.plan_sha256:
-            return ApplyResult(outcome=Outcome.PENDING, error="the agent's last verify was for another plan")
+            return ApplyResult.from_channel(Outcome.PENDING, "the agent's last verify was for another plan")
         if self._now() - seen_at > self._max_age:
-            return ApplyResult(outcome=Outcome.PENDING, error=f"the agent's last verify is older than {self._max_age}")
+            return ApplyResult.from_channel(Outcome.PENDING, f"the agent's last verify is older than {self._max_age}")
         return report
 
     def _ensure_verify_bundle(self, bundle: Bundle) -> None:
-        key = verify_key(bundle.cluster_name)
+        key = agent_verify_key(bundle.cluster_name)
         try:
             head = self._s3.head_object(Bucket=self._bucket, Key=key)
             if head.get("Metadata", {}).get("plan-sha256") == bundle.plan_sha256:
                 return
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+            if error_code(error) not in ("404", "NoSuchKey", "NotFound"):
                 raise
         self._put(key, bundle)

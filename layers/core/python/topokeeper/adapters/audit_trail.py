@@ -5,22 +5,54 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from botocore.exceptions import ClientError
 
+from topokeeper.adapters.aws import aws_errors
 from topokeeper.adapters.dynamodb import audit_history_key
+from topokeeper.errors import Permanent, Retryable, TopokeeperError
 from topokeeper.events import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
-from topokeeper.service.audit import AuditRecord, cloudtrail_lake_event
+from topokeeper.ports import AuditRecord
 
 PUT_EVENTS_BATCH = 10
+# EventBridge refuses a PutEvents request whose entries total 256 KB or more ("Total size of the entries in
+# the request is over the limit."), entries measured as its user guide says (``put_events_entry_size``).
+PUT_EVENTS_MAX_BYTES = 256 * 1024
 PUT_AUDIT_EVENTS_BATCH = 100
+_TRIMMED_ERROR_CHARS = 1000
 
 
-class AuditPublishError(RuntimeError):
-    """Some records did not reach EventBridge or CloudTrail Lake; the invocation should be retried."""
+def put_events_entry_size(entry: Mapping[str, Any]) -> int:
+    """EventBridge's size of one PutEvents entry: 14 bytes for a Time, then the UTF-8 lengths of Source,
+    DetailType, Detail and every Resources ARN (EventBridge user guide, "Calculating PutEvents entry size")."""
+    size = 14 if entry.get("Time") is not None else 0
+    for key in ("Source", "DetailType", "Detail"):
+        size += len(str(entry.get(key) or "").encode())
+    return size + sum(len(str(resource).encode()) for resource in entry.get("Resources") or [])
+
+
+def fitted_detail(document: dict[str, Any], room: int) -> dict[str, Any]:
+    """The record's document in at most ``room`` bytes of JSON: node lists, then triggers, are cut (their
+    counts stay exact), then the error is shortened. Hashes, ids and counts are never touched."""
+    fitted = dict(document)
+
+    def size() -> int:
+        return len(json.dumps(fitted, sort_keys=True).encode())
+
+    while size() > room:
+        longest = max(("nodes_added", "nodes_removed"), key=lambda key: len(fitted[key]))
+        if fitted[longest]:
+            fitted[longest] = fitted[longest][: len(fitted[longest]) // 2]
+        elif len(fitted["triggers"]) > 1:
+            fitted["triggers"] = fitted["triggers"][: len(fitted["triggers"]) // 2]
+        elif fitted.get("error") and len(fitted["error"]) > _TRIMMED_ERROR_CHARS:
+            fitted["error"] = fitted["error"][:_TRIMMED_ERROR_CHARS] + "..."
+        else:
+            raise Permanent(f"audit record {document.get('audit_id')} cannot fit one PutEvents entry")
+    return fitted
 
 
 class AuditTrail:
@@ -49,6 +81,7 @@ class AuditTrail:
         self._account = account
         self._function_arn = function_arn
 
+    @aws_errors()
     def publish(self, records: Sequence[AuditRecord]) -> int:
         new = [record for record in records if not self._seen(record.audit_id)]
         if not new:
@@ -58,8 +91,9 @@ class AuditTrail:
         self._put_events(new)
         if self._lake is not None and self._channel:
             try:
-                self._put_audit_events(self._lake, self._channel, new)
-            except (AuditPublishError, ClientError) as error:
+                with aws_errors():
+                    self._put_audit_events(self._lake, self._channel, new)
+            except TopokeeperError as error:
                 # Optional, and closed to new customers: a Lake failure must not strand the delivery.
                 self._logger.error("CloudTrail Lake PutAuditEvents failed: %s", error)
         stored = [record for record in new if self._store(record)]
@@ -67,6 +101,7 @@ class AuditTrail:
             self._logger.info(AUDIT_DETAIL_TYPE, extra={"audit": record.document()})
         return len(stored)
 
+    @aws_errors()
     def history(self, cluster: str, limit: int = 50) -> list[dict[str, Any]]:
         """The newest audit records of a cluster first."""
         response = self._db.query(
@@ -110,22 +145,37 @@ class AuditTrail:
             raise
         return True
 
+    def _entry(self, record: AuditRecord) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "Source": AUDIT_SOURCE,
+            "DetailType": AUDIT_DETAIL_TYPE,
+            "Detail": "",
+            "EventBusName": self._bus,
+            "Resources": [record.cluster_arn] if record.cluster_arn else [],
+        }
+        room = PUT_EVENTS_MAX_BYTES - 1 - put_events_entry_size(entry)
+        entry["Detail"] = json.dumps(fitted_detail(record.document(), room), sort_keys=True)
+        return entry
+
     def _put_events(self, records: Sequence[AuditRecord]) -> None:
-        for start in range(0, len(records), PUT_EVENTS_BATCH):
-            entries = [
-                {
-                    "Source": AUDIT_SOURCE,
-                    "DetailType": AUDIT_DETAIL_TYPE,
-                    "Detail": json.dumps(record.document(), sort_keys=True),
-                    "EventBusName": self._bus,
-                    "Resources": [record.cluster_arn] if record.cluster_arn else [],
-                }
-                for record in records[start : start + PUT_EVENTS_BATCH]
-            ]
+        """Batches of at most 10 entries whose sizes total under 256 KB, in the records' order."""
+        batches: list[list[dict[str, Any]]] = [[]]
+        total = 0
+        for entry in (self._entry(record) for record in records):
+            size = put_events_entry_size(entry)
+            if batches[-1] and (len(batches[-1]) == PUT_EVENTS_BATCH or total + size >= PUT_EVENTS_MAX_BYTES):
+                batches.append([])
+                total = 0
+            batches[-1].append(entry)
+            total += size
+        for entries in batches:
             response = self._events.put_events(Entries=entries)
             if response.get("FailedEntryCount"):
                 failed = [e.get("ErrorCode") for e in response.get("Entries", []) if e.get("ErrorCode")]
-                raise AuditPublishError(f"PutEvents failed for {len(failed)} record(s): {sorted(set(failed))}")
+                raise Retryable(
+                    f"PutEvents failed for {len(failed)} record(s): {sorted(set(failed))}",
+                    code=failed[0] if failed else None,
+                )
 
     def _put_audit_events(self, lake: Any, channel_arn: str, records: Sequence[AuditRecord]) -> None:
         for start in range(0, len(records), PUT_AUDIT_EVENTS_BATCH):
@@ -142,4 +192,39 @@ class AuditTrail:
             )
             if response.get("failed"):
                 codes = sorted({f.get("errorCode") for f in response["failed"]})
-                raise AuditPublishError(f"PutAuditEvents failed for {len(response['failed'])} record(s): {codes}")
+                raise Retryable(f"PutAuditEvents failed for {len(response['failed'])} record(s): {codes}")
+
+
+def cloudtrail_lake_event(record: AuditRecord, account: str, function_arn: str) -> dict[str, Any]:
+    """The record as CloudTrail Lake's integration ``eventData`` (PutAuditEvents)."""
+    return {
+        "version": "1.0",
+        "userIdentity": {"type": "AWSLambda", "principalId": function_arn},
+        "userAgent": "topokeeper",
+        "eventSource": "topokeeper",
+        "eventName": record.event_name,
+        "eventTime": record.completed_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "UID": record.audit_id,
+        "recipientAccountId": account,
+        "requestParameters": {
+            "clusterArn": record.cluster_arn,
+            "clusterName": record.cluster_name,
+            "partitionName": record.partition,
+            "kind": record.kind,
+            "previousSha256": record.before_sha256,
+            "newSha256": record.after_sha256,
+            "nodeCount": record.node_count,
+        },
+        "responseElements": {
+            "outcome": record.outcome.value,
+            "channel": record.channel,
+            "deliveryReference": record.delivery_reference,
+        },
+        "additionalEventData": {
+            "addedNodes": record.nodes_added[:50],
+            "removedNodes": record.nodes_removed[:50],
+            "switchCount": record.switch_count,
+            "blockCount": record.block_count,
+        },
+        **({"errorMessage": record.error[:256]} if record.error else {}),
+    }

@@ -20,12 +20,22 @@ CLIENT_CONFIG = Config(
     read_timeout=30,
     user_agent_extra="topokeeper/0.1",
 )
+# S3 refuses SigV2 for SSE-KMS objects (the plan bucket is KMS-encrypted), and botocore presigns with SigV2
+# on the global endpoint unless told otherwise: SigV4 on the regional virtual-host endpoint.
+PRESIGN_CONFIG = CLIENT_CONFIG.merge(
+    Config(signature_version="s3v4", s3={"addressing_style": "virtual", "us_east_1_regional_endpoint": "regional"})
+)
 
 
 @cache
-def client(service: str, region: str | None = None) -> Any:
-    """A cached client per service and region (boto3 honours AWS_ENDPOINT_URL for emulators)."""
-    return boto3.session.Session().client(service, region_name=region, config=CLIENT_CONFIG)
+def client(service: str, region: str | None = None, config: Config = CLIENT_CONFIG) -> Any:
+    """A cached client per service, region and config (boto3 honours AWS_ENDPOINT_URL for emulators)."""
+    return boto3.session.Session().client(service, region_name=region, config=config)
+
+
+def presigning_s3(region: str | None = None) -> Any:
+    """The S3 client whose presigned URLs S3 accepts for KMS-encrypted objects."""
+    return client("s3", region, PRESIGN_CONFIG)
 
 
 # Codes that will fail the same way on every retry (AWS spells access errors several ways).
@@ -50,8 +60,17 @@ PERMANENT_CODES = frozenset(
         "KMSInvalidStateException",
         "NotFoundException",
         "InvalidKeyUsageException",
+        "OptInRequired",
+        "Blocked",
+        "SignatureDoesNotMatch",
+        "MissingAuthenticationToken",
     }
 )
+
+
+def is_permanent(code: str) -> bool:
+    """The codes above, and any other access-denied spelling (``*AccessDenied*``, ``Unauthorized*``)."""
+    return code in PERMANENT_CODES or "AccessDenied" in code or code.startswith("Unauthorized")
 
 
 def error_code(error: ClientError) -> str:
@@ -61,7 +80,7 @@ def error_code(error: ClientError) -> str:
 def translate(error: ClientError) -> TopokeeperError:
     """An AWS error as the package's hierarchy: ``Permanent`` for the codes above, else ``Retryable``."""
     code = error_code(error)
-    kind = Permanent if code in PERMANENT_CODES else Retryable
+    kind = Permanent if is_permanent(code) else Retryable
     return kind(str(error), code=code or None)
 
 

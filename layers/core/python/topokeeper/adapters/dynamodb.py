@@ -24,21 +24,14 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from topokeeper.errors import ConcurrentUpdate
-from topokeeper.service.state import MAX_TRIGGERS, ClusterState, Trigger
+from topokeeper.adapters.aws import aws_errors
+from topokeeper.errors import ConcurrentUpdate, Retryable
+from topokeeper.ports import CHANGE_FIELDS, MAX_TRIGGERS, ClusterState, Trigger
 
 STATE_SK = "STATE"
 EVENT_TTL = timedelta(days=1)
 NODE_FACTS_TTL = timedelta(days=30)
-_CONTROLLER_FIELDS = frozenset(ClusterState.model_fields) - {
-    "cluster",
-    "generation",
-    "last_event_at",
-    "first_pending_at",
-    "triggers",
-    "trigger_count",
-    "version",
-}
+_CONTROLLER_FIELDS = frozenset(ClusterState.model_fields) - CHANGE_FIELDS
 
 
 def cluster_key(cluster: str) -> dict[str, dict[str, str]]:
@@ -58,6 +51,7 @@ class DynamoStateStore:
         self._db = dynamodb
         self._table = table
 
+    @aws_errors()
     def get(self, cluster: str) -> ClusterState:
         item = self._db.get_item(TableName=self._table, Key=cluster_key(cluster), ConsistentRead=True).get("Item")
         return self._state(cluster, item or {})
@@ -78,6 +72,7 @@ class DynamoStateStore:
             }
         )
 
+    @aws_errors()
     def record_change(self, cluster: str, trigger: Trigger, now: datetime) -> ClusterState:
         response = self._db.update_item(
             TableName=self._table,
@@ -99,6 +94,7 @@ class DynamoStateStore:
             state = state.model_copy(update={"triggers": [*state.triggers, trigger]})
         return state
 
+    @aws_errors()
     def save(self, state: ClusterState) -> ClusterState:
         controller = state.model_dump_json(include=set(_CONTROLLER_FIELDS))
         try:
@@ -119,6 +115,7 @@ class DynamoStateStore:
             raise
         return state.model_copy(update={"version": state.version + 1})
 
+    @aws_errors()
     def consume_triggers(self, cluster: str, generation: int) -> None:
         """Forget the triggers a reconcile took, unless newer changes arrived meanwhile."""
         try:
@@ -133,10 +130,12 @@ class DynamoStateStore:
             if not _conditional_failed(error):
                 raise
 
+    @aws_errors()
     def seen(self, event_id: str) -> bool:
         key = {"pk": {"S": f"EVENT#{event_id}"}, "sk": {"S": "EVENT"}}
         return "Item" in self._db.get_item(TableName=self._table, Key=key, ConsistentRead=True)
 
+    @aws_errors()
     def mark_seen(self, event_id: str, now: datetime) -> None:
         self._db.put_item(
             TableName=self._table,
@@ -149,6 +148,7 @@ class DynamoNodeFactsCache:
         self._db = dynamodb
         self._table = table
 
+    @aws_errors()
     def get_many(self, cluster: str, instance_ids: Iterable[str]) -> dict[str, dict[str, object]]:
         ids = sorted(set(instance_ids))
         found: dict[str, dict[str, object]] = {}
@@ -163,6 +163,7 @@ class DynamoNodeFactsCache:
                 request = response.get("UnprocessedKeys") or {}
         return found
 
+    @aws_errors()
     def put_many(self, cluster: str, items: dict[str, dict[str, object]], now: datetime) -> None:
         expires = _epoch(now + NODE_FACTS_TTL)
         requests = [
@@ -204,6 +205,7 @@ class DynamoRateLimiter:
         self._now = now
         self._sleep = sleep
 
+    @aws_errors()
     def acquire(self) -> None:
         for _ in range(100):
             item = self._db.get_item(TableName=self._table, Key=self._key, ConsistentRead=True).get("Item", {})
@@ -224,7 +226,7 @@ class DynamoRateLimiter:
             if wait > 0:
                 self._sleep(wait)
             return
-        raise RuntimeError("could not obtain a DescribeInstanceTopology slot")
+        raise Retryable("could not obtain a DescribeInstanceTopology slot: 100 callers took the slot first")
 
 
 def audit_history_key(cluster: str, completed_at: datetime, partition: str, audit_id: str) -> dict[str, Any]:

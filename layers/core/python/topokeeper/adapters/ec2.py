@@ -1,9 +1,14 @@
 """EC2: network topology (DescribeInstanceTopology) and plain-EC2 clusters found by tags.
 
-DescribeInstanceTopology has an account-wide bucket of one call per second, takes at most 100 ids,
-and must not combine ``InstanceIds`` with ``MaxResults`` (botocore checks none of this). A running
-instance never moves, so complete answers are cached per instance id; an empty ``NetworkNodes`` or a
-null ``CapacityBlockId`` on an UltraServer type means "not yet" and is asked again next time.
+DescribeInstanceTopology has an account-wide bucket of one call per second (every page counts), takes
+at most 100 ids, answers them in pages (20 by default) and must not combine ``InstanceIds`` with
+``MaxResults`` (botocore checks none of this). A running instance never moves, so complete answers are
+cached per instance id; an empty ``NetworkNodes`` or a null ``CapacityBlockId`` on an UltraServer type
+means "not yet" and is asked again next time.
+
+Instances the account does not own (HyperPod may run its nodes in a SageMaker service account) fail a
+whole request with ``InvalidInstanceID.NotFound``, or are left out of the answer: either way they are
+``not_visible`` and planned without network topology, and the rest of the batch is kept.
 """
 
 from __future__ import annotations
@@ -12,16 +17,21 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
+from botocore.exceptions import ClientError
+
+from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.config import Ec2Discovery
+from topokeeper.constants import INSTANCE_ID
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.engine.snapshot import AwsSnapshot
-from topokeeper.service.state import NodeFactsCache
+from topokeeper.errors import InputError, TopokeeperError
+from topokeeper.ports import NodeFactsCache, RateLimiter
 
 MAX_IDS_PER_CALL = 100
 LAUNCH_KEY = "topokeeper:launched"  # kept with a cached answer: which launch of the instance it describes
-_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?")
+_NAMED_ID = re.compile(r"\bi-[0-9a-f]{17}\b|\bi-[0-9a-f]{8}\b")
 # EC2 instance state -> the HyperPod-style status the planner understands.
 EC2_STATUS = {
     "pending": "Pending",
@@ -33,18 +43,12 @@ EC2_STATUS = {
 }
 
 
-class RateLimiter(Protocol):
-    def acquire(self) -> None:
-        """Block until this caller may make one more DescribeInstanceTopology call."""
-        ...
-
-
 def checked_ids(instance_ids: Iterable[str]) -> list[str]:
     """Sorted, de-duplicated ids; a malformed one is refused before it reaches any AWS call."""
     ids = sorted(set(instance_ids))
     for instance_id in ids:
-        if not _INSTANCE_ID.fullmatch(instance_id):
-            raise ValueError(f"not an EC2 instance id: {instance_id!r}")
+        if not INSTANCE_ID.fullmatch(instance_id):
+            raise InputError("instance_ids", f"not an EC2 instance id: {instance_id!r}")
     return ids
 
 
@@ -53,6 +57,19 @@ def id_batches(instance_ids: Iterable[str]) -> Iterator[list[str]]:
     ids = checked_ids(instance_ids)
     for start in range(0, len(ids), MAX_IDS_PER_CALL):
         yield ids[start : start + MAX_IDS_PER_CALL]
+
+
+def not_visible_warning(instance_ids: list[str]) -> list[str]:
+    """What the planner did about instances DescribeInstanceTopology did not answer for (in the plan and
+    in every audit record of it)."""
+    if not instance_ids:
+        return []
+    shown = ", ".join(instance_ids[:5]) + (f" and {len(instance_ids) - 5} more" if len(instance_ids) > 5 else "")
+    return [
+        f"DescribeInstanceTopology does not see {len(instance_ids)} instance(s) of this cluster ({shown}): "
+        "not in this account's answer (HyperPod may run its nodes in a service account). They are planned "
+        "without network topology (tree: under no-topology); UltraServer blocks still come from UltraServerInfo"
+    ]
 
 
 def is_complete(item: dict[str, Any]) -> bool:
@@ -69,7 +86,9 @@ class InstanceTopologyReader:
         self._limiter = limiter
         self._now = now
         self.calls = 0
+        self.not_visible: list[str] = []  # of the last read: asked for, but not in the account's answer
 
+    @aws_errors()
     def read(
         self, cluster: str, instance_ids: Iterable[str], launched: Mapping[str, str] | None = None
     ) -> list[dict[str, Any]]:
@@ -85,8 +104,9 @@ class InstanceTopologyReader:
         missing = [instance_id for instance_id in wanted if instance_id not in known]
         fresh: dict[str, dict[str, Any]] = {}
         for batch in id_batches(missing):
-            for item in self._describe(batch):
+            for item in self._describe_owned(batch):
                 fresh[item["InstanceId"]] = item
+        self.not_visible = [instance_id for instance_id in missing if instance_id not in fresh]
         complete = {
             instance_id: {**item, LAUNCH_KEY: launched.get(instance_id, "")}
             for instance_id, item in fresh.items()
@@ -97,6 +117,23 @@ class InstanceTopologyReader:
         merged = {**fresh, **known}
         return [merged[instance_id] for instance_id in wanted if instance_id in merged]
 
+    def _describe_owned(self, batch: list[str]) -> list[dict[str, Any]]:
+        """The batch's answer without the ids an ``InvalidInstanceID.*`` error names (or, when it names none
+        of the batch, without the half that fails, down to single ids)."""
+        try:
+            return list(self._describe(batch))
+        except ClientError as error:
+            if not error_code(error).startswith("InvalidInstanceID."):
+                raise
+            message = str(error.response.get("Error", {}).get("Message", ""))
+            named = set(_NAMED_ID.findall(message)) & set(batch)
+            if len(batch) == 1 or named == set(batch):
+                return []
+            if named:
+                return self._describe_owned([i for i in batch if i not in named])
+            half = len(batch) // 2
+            return self._describe_owned(batch[:half]) + self._describe_owned(batch[half:])
+
     def _describe(self, batch: list[str]) -> Iterator[dict[str, Any]]:
         token: str | None = None
         while True:
@@ -104,8 +141,8 @@ class InstanceTopologyReader:
             kwargs: dict[str, Any] = {"InstanceIds": batch}  # never with MaxResults
             if token:
                 kwargs["NextToken"] = token
+            self.calls += 1  # refused calls spend the bucket's token too
             response = self._ec2.describe_instance_topology(**kwargs)
-            self.calls += 1
             for item in response.get("Instances", []):
                 yield {key: value for key, value in item.items() if value is not None}
             token = response.get("NextToken")
@@ -128,6 +165,7 @@ class Ec2ClusterFacts:
         self._topology = topology
         self._discovery = discovery
 
+    @aws_errors()
     def read(self, cluster: str) -> AwsSnapshot:
         discovery = self._discovery
         instances: list[dict[str, Any]] = []
@@ -169,18 +207,28 @@ class Ec2ClusterFacts:
         launched = {str(i["InstanceId"]): str(i.get("LaunchTime", "")) for i in instances}
         running = {n["InstanceId"] for n in nodes if n["InstanceStatus"]["Status"] == "Running"}
         capable = [n["InstanceId"] for n in nodes if n["InstanceId"] in running and _capable(n["InstanceType"])]
+        topology = self._topology.read(cluster, capable, launched)
         return AwsSnapshot.model_validate(
             {
                 "describe_cluster": {"ClusterName": cluster, "InstanceGroups": instance_groups},
                 "nodes": nodes,
-                "instance_topology": self._topology.read(cluster, capable, launched),
+                "instance_topology": topology,
+                "warnings": not_visible_warning(self._topology.not_visible),
             }
         )
 
 
+@aws_errors()
 def instance_tags(ec2: Any, instance_id: str) -> dict[str, str]:
-    """An instance's tags (EC2 state-change events carry only its id)."""
-    response = ec2.describe_instances(InstanceIds=[instance_id])
+    """An instance's tags (EC2 state-change events carry only its id); none for an instance DescribeInstances
+    does not know yet (eventually consistent while pending). Access errors are ``Permanent``."""
+    try:
+        with aws_errors():
+            response = ec2.describe_instances(InstanceIds=[checked_ids([instance_id])[0]])
+    except TopokeeperError as error:
+        if getattr(error, "code", None) == "InvalidInstanceID.NotFound":
+            return {}
+        raise
     for reservation in response.get("Reservations", []):
         for instance in reservation.get("Instances", []):
             return _tags(instance)

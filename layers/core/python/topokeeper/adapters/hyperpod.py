@@ -13,11 +13,14 @@ from urllib.parse import urlparse
 
 from botocore.exceptions import ClientError
 
-from topokeeper.adapters.ec2 import InstanceTopologyReader
+from topokeeper.adapters.aws import aws_errors, error_code
+from topokeeper.adapters.ec2 import InstanceTopologyReader, not_visible_warning
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.engine.snapshot import AwsSnapshot
+from topokeeper.errors import InputError
 
 LEGACY_MAPPING_FILE = "provisioning_parameters.json"
+LEGACY_MAPPING_MAX_BYTES = 1024 * 1024
 log = logging.getLogger("topokeeper")
 TOPOLOGY_STATUSES = frozenset({"Running", "SystemUpdating", "DeepHealthCheckInProgress"})
 
@@ -28,10 +31,13 @@ class HyperPodFacts:
         self._s3 = s3
         self._topology = topology
 
+    @aws_errors()
     def read(self, cluster: str) -> AwsSnapshot:
         described = self._sagemaker.describe_cluster(ClusterName=cluster)
         described.pop("ResponseMetadata", None)
-        nodes = [self._complete(cluster, node) for node in self._list_nodes(cluster)]
+        # Kubernetes names an EKS cluster's nodes by instance id: host names (one call per node) are a Slurm need.
+        eks = "Eks" in (described.get("Orchestrator") or {})
+        nodes = [node if eks else self._complete(cluster, node) for node in self._list_nodes(cluster)]
         # Only running instances report topology; asking for others spends the 1-per-second bucket.
         capable = [
             node["InstanceId"]
@@ -39,14 +45,16 @@ class HyperPodFacts:
             if node.get("InstanceStatus", {}).get("Status") in TOPOLOGY_STATUSES
             and lookup(node["InstanceType"]).capability is not Capability.NONE
         ]
+        topology = self._topology.read(
+            cluster, capable, {node["InstanceId"]: str(node.get("LaunchTime", "")) for node in nodes}
+        )
         return AwsSnapshot.model_validate(
             {
                 "describe_cluster": described,
                 "nodes": nodes,
-                "instance_topology": self._topology.read(
-                    cluster, capable, {node["InstanceId"]: str(node.get("LaunchTime", "")) for node in nodes}
-                ),
-                "slurm": {"partitions": self._legacy_mapping(described)},
+                "instance_topology": topology,
+                "slurm": {"partitions": {} if eks else self._legacy_mapping(described)},
+                "warnings": not_visible_warning(self._topology.not_visible),
             }
         )
 
@@ -79,19 +87,45 @@ class HyperPodFacts:
             if not key.endswith(LEGACY_MAPPING_FILE):
                 key = f"{key}/{LEGACY_MAPPING_FILE}".lstrip("/")
             try:
-                body = self._s3.get_object(Bucket=parsed.netloc, Key=key)["Body"].read()
+                # One byte over the limit tells a file that is too large from one that just fits.
+                response = self._s3.get_object(
+                    Bucket=parsed.netloc, Key=key, Range=f"bytes=0-{LEGACY_MAPPING_MAX_BYTES}"
+                )
+                body = response["Body"].read(LEGACY_MAPPING_MAX_BYTES + 1)
             except ClientError as error:
                 # No file, or (without s3:ListBucket, which the stack does not grant) 403 for a missing one:
                 # this group's lifecycle scripts carry no mapping. The planner warns of unmapped groups.
-                code = error.response.get("Error", {}).get("Code")
+                code = error_code(error)
                 if code in ("NoSuchKey", "404", "NotFound", "AccessDenied", "403"):
                     log.warning("no legacy partition mapping at s3://%s/%s: %s", parsed.netloc, key, code)
                     continue
                 raise
-            parameters = json.loads(body)
-            return {
-                str(worker["instance_group_name"]): str(worker["partition_name"])
-                for worker in parameters.get("worker_groups", [])
-                if worker.get("instance_group_name") and worker.get("partition_name")
-            }
+            return legacy_partitions(body, f"s3://{parsed.netloc}/{key}")
         return {}
+
+
+def legacy_partitions(body: bytes, source: str) -> dict[str, str]:
+    """``worker_groups[].{instance_group_name, partition_name}`` of a provisioning_parameters.json; anything
+    malformed is one ``InputError`` naming the S3 object and the field (retrying cannot fix the file)."""
+    if len(body) > LEGACY_MAPPING_MAX_BYTES:
+        raise InputError(source, f"larger than {LEGACY_MAPPING_MAX_BYTES} bytes; not a provisioning_parameters.json")
+    try:
+        parameters = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(source, f"not valid JSON: {error}") from error
+    if not isinstance(parameters, dict):
+        raise InputError(source, "must be a JSON object")
+    workers = parameters.get("worker_groups", [])
+    if not isinstance(workers, list):
+        raise InputError(f"{source}:worker_groups", "must be a list")
+    mapping: dict[str, str] = {}
+    for index, worker in enumerate(workers):
+        if not isinstance(worker, dict):
+            raise InputError(f"{source}:worker_groups[{index}]", "must be an object")
+        group, partition = worker.get("instance_group_name"), worker.get("partition_name")
+        for name, value in (("instance_group_name", group), ("partition_name", partition)):
+            if value is not None and not isinstance(value, str):
+                raise InputError(f"{source}:worker_groups[{index}].{name}", "must be a string")
+        if group and partition:
+            mapping[group] = partition
+    return mapping

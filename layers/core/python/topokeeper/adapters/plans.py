@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from topokeeper.adapters.aws import aws_errors
 from topokeeper.render.bundle import Bundle
 
 
@@ -18,6 +19,7 @@ class S3PlanStore:
         self._s3 = s3
         self._bucket = bucket
 
+    @aws_errors()
     def put(self, cluster: str, bundle: Bundle, plan_document: str) -> str:
         prefix = plan_prefix(cluster, bundle.plan_sha256)
         body = json.dumps(bundle.document(), sort_keys=True)
@@ -29,9 +31,11 @@ class S3PlanStore:
         )
         return prefix
 
+    @aws_errors()
     def bundle(self, cluster: str, sha256: str) -> Bundle:
         return Bundle.model_validate(self._read(plan_prefix(cluster, sha256) + "bundle.json"))
 
+    @aws_errors()
     def plan_document(self, cluster: str, sha256: str) -> dict[str, Any]:
         document: dict[str, Any] = self._read(plan_prefix(cluster, sha256) + "plan.json")
         return document

@@ -6,10 +6,26 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from topokeeper.events import ReconcileRequest
+from botocore.exceptions import ClientError
 
-# SQS allows 12 hours counted from the first receive and refuses more; reconcile defers for minutes at most.
-MAX_VISIBILITY_SECONDS = 3_600
+from topokeeper.adapters.aws import aws_errors, error_code
+from topokeeper.errors import Permanent
+from topokeeper.ports import ReconcileRequest
+
+# SQS refuses a visibility timeout that reaches past 12 hours from the message's first receive. A
+# reconcile defers for at most its delivery timeout (25 minutes) after a receive, so this cap leaves
+# the rest of the 12 hours to the receives before it.
+MAX_VISIBILITY_SECONDS = 6 * 3_600
+# ChangeMessageVisibility on a handle that is no longer in flight: deleted, received again, or expired
+# (SQS answers an expired handle with InvalidParameterValue).
+_STALE_HANDLE_CODES = frozenset(
+    {
+        "ReceiptHandleIsInvalid",
+        "MessageNotInflight",
+        "AWS.SimpleQueueService.MessageNotInflight",
+        "InvalidParameterValue",
+    }
+)
 
 
 class SqsWorkQueue:
@@ -18,6 +34,7 @@ class SqsWorkQueue:
         self._url = queue_url
         self._dead_letter_url = dead_letter_url
 
+    @aws_errors()
     def send(self, request: ReconcileRequest) -> None:
         self._sqs.send_message(
             QueueUrl=self._url,
@@ -26,15 +43,27 @@ class SqsWorkQueue:
             MessageDeduplicationId=request.deduplication_id,
         )
 
+    @aws_errors()
     def defer(self, receipt_handle: str, seconds: float) -> None:
-        """Hide a received message for ``seconds``; its FIFO group waits behind it."""
+        """Hide a received message for ``seconds`` (one call: FIFO queues take no per-message delay); its
+        FIFO group waits behind it."""
         timeout = min(MAX_VISIBILITY_SECONDS, max(1, round(seconds)))
         self._sqs.change_message_visibility(QueueUrl=self._url, ReceiptHandle=receipt_handle, VisibilityTimeout=timeout)
 
+    @aws_errors()
+    def resume(self, receipt_handle: str) -> None:
+        """Make a deferred message visible now; a handle no longer in flight has nothing to resume."""
+        try:
+            self._sqs.change_message_visibility(QueueUrl=self._url, ReceiptHandle=receipt_handle, VisibilityTimeout=0)
+        except ClientError as error:
+            if error_code(error) not in _STALE_HANDLE_CODES:
+                raise
+
+    @aws_errors()
     def dead_letter(self, body: str, reason: str) -> None:
         """Park a message that can never succeed, with the reason, instead of retrying it."""
         if self._dead_letter_url is None:
-            raise RuntimeError(f"no dead-letter queue configured for: {reason}")
+            raise Permanent(f"no dead-letter queue configured for: {reason}")
         self._sqs.send_message(
             QueueUrl=self._dead_letter_url,
             MessageBody=body,

@@ -3,7 +3,8 @@
 The shell text is fixed. Everything that varies (the applier, the bundle, the mode) travels as one
 base64 block in a quoted heredoc, so nothing from AWS or config is ever parsed by the shell. The
 bundle rides inline while the command fits well under SSM's 64 KB document limit; a larger one is
-put in S3 and fetched by a presigned URL on the node, then checked against its sha256.
+put in S3 and fetched by a presigned URL on the node (SigV4: S3 refuses SigV2 for the KMS-encrypted
+bucket), then checked against its sha256.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from botocore.exceptions import ClientError
 
+from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, sha256_text
 from topokeeper.config import SSM_TARGET
+from topokeeper.constants import ssm_payload_key
+from topokeeper.errors import InputError, Permanent
 from topokeeper.events import RUN_SHELL_DOCUMENT
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
 from topokeeper.render.bundle import Bundle
@@ -39,7 +44,7 @@ BOOTSTRAP = """\
 import base64, hashlib, json, os, sys, zlib
 work = sys.argv[1]
 def refuse(error):
-    print(json.dumps({"outcome": "refused", "error": error}))
+    print(json.dumps({"outcome": "refused", "applier_version": None, "error": error}))
     sys.exit(2)
 with open(os.path.join(work, "payload"), "rb") as handle:
     payload = json.loads(zlib.decompress(base64.b64decode(handle.read()), 16 + zlib.MAX_WBITS))
@@ -98,8 +103,15 @@ def command_size(commands: list[str]) -> int:
 
 def guard_target(instance_id: str) -> str:
     if not SSM_TARGET.fullmatch(instance_id):
-        raise ValueError(f"SSM SendCommand takes i-/mi- ids only, not {instance_id!r}")
+        raise InputError("head_node", f"SSM SendCommand takes i-/mi- ids only, not {instance_id!r}")
     return instance_id
+
+
+def guard_sigv4(url: str) -> str:
+    """S3 refuses a SigV2 URL for the KMS-encrypted plan bucket; refuse to send one (``presigning_s3``)."""
+    if "X-Amz-Algorithm=AWS4-HMAC-SHA256" not in urlsplit(url).query:
+        raise ValueError("the presigned URL is not SigV4; build the S3 client with adapters.aws.PRESIGN_CONFIG")
+    return url
 
 
 class SsmChannel:
@@ -133,17 +145,20 @@ class SsmChannel:
         commands = build_commands(payload)
         if command_size(commands) <= INLINE_LIMIT_BYTES:
             return commands
-        key = f"payloads/{bundle.cluster_name}/{bundle.plan_sha256}.json"
+        key = ssm_payload_key(bundle.cluster_name, bundle.plan_sha256)
         self._s3.put_object(Bucket=self._bucket, Key=key, Body=document.encode(), ContentType="application/json")
         payload["bundle"] = None
-        payload["bundle_url"] = self._s3.generate_presigned_url(
-            "get_object", Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS
+        payload["bundle_url"] = guard_sigv4(
+            self._s3.generate_presigned_url(
+                "get_object", Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS
+            )
         )
         commands = build_commands(payload)
         if command_size(commands) > INLINE_LIMIT_BYTES:
-            raise ValueError(f"SSM command is {command_size(commands)} bytes even with the bundle in S3")
+            raise Permanent(f"SSM command is {command_size(commands)} bytes even with the bundle in S3")
         return commands
 
+    @aws_errors()
     def _send(self, bundle: Bundle, mode: str) -> str:
         response = self._ssm.send_command(
             InstanceIds=[self._target],
@@ -183,12 +198,13 @@ class SsmChannel:
             self._sleep(poll)
             waited += poll
 
+    @aws_errors()
     def result(self, command_id: str) -> ApplyResult:
         try:
             invocation = self._ssm.get_command_invocation(CommandId=command_id, InstanceId=self._target)
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") == "InvocationDoesNotExist":
-                return ApplyResult(outcome=Outcome.PENDING)  # eventually consistent right after SendCommand
+            if error_code(error) == "InvocationDoesNotExist":
+                return ApplyResult.from_channel(Outcome.PENDING)  # eventually consistent right after SendCommand
             raise
         return parse_invocation(invocation)
 
@@ -212,19 +228,16 @@ def parse_invocation(invocation: dict[str, Any]) -> ApplyResult:
     for key in (details, status):
         if key in _CHANNEL_OUTCOMES:
             outcome = _CHANNEL_OUTCOMES[key]
-            return ApplyResult(
-                outcome=outcome, error=None if outcome is Outcome.PENDING else f"SSM {status}: {details}"
-            )
+            return ApplyResult.from_channel(outcome, None if outcome is Outcome.PENDING else f"SSM {status}: {details}")
     stdout = str(invocation.get("StandardOutputContent", ""))
     document = _last_json_line(stdout)
     if document is not None:
         return ApplyResult.model_validate(document)
     stderr = str(invocation.get("StandardErrorContent", "")).strip()
     truncated = " (stdout reached the 24,000-character cap)" if len(stdout) >= STDOUT_LIMIT else ""
-    return ApplyResult(
-        outcome=Outcome.FAILED,
-        error=f"SSM {status} (exit {invocation.get('ResponseCode')}) without a result document{truncated}: "
-        f"{stderr[-300:]}",
+    return ApplyResult.from_channel(
+        Outcome.FAILED,
+        f"SSM {status} (exit {invocation.get('ResponseCode')}) without a result document{truncated}: {stderr[-300:]}",
     )
 
 

@@ -9,10 +9,10 @@ topokeeper.
 
     agent.py --config /etc/topokeeper/agent.json [--once]
 
-IAM for the node's role (the HyperPod instance group's execution role):
+IAM for the node's role (the HyperPod instance group's execution role; one role per cluster):
     s3:GetObject      on arn:aws:s3:::BUCKET/PREFIX/CLUSTER/bundle.json
     events:PutEvents  on arn:aws:events:REGION:ACCOUNT:event-bus/BUS
-                      (can be narrowed with the condition events:source = topokeeper.agent)
+                      with the condition events:source = topokeeper.agent.CLUSTER (the source it sends)
     kms:Decrypt on the bucket's key, only if it uses SSE-KMS with a customer managed key.
 Without s3:ListBucket a missing bundle answers 403 instead of 404; both are logged and retried.
 """
@@ -43,10 +43,17 @@ import urllib.request
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
-SOURCE = "topokeeper.agent"
+# Each cluster's agent reports as SOURCE_PREFIX.<cluster>: the receiver takes the cluster from the source,
+# which the cluster's IAM policy pins, never from the detail.
+SOURCE_PREFIX = "topokeeper.agent"
 APPLY_RESULT = "Topology Apply Result"
 VERIFY_RESULT = "Topology Verify Result"
-BUNDLE_SCHEMA = "topokeeper.bundle/1"
+# The newest bundle schema this agent understands. A newer one is refused as "agent_outdated": the
+# install script that shipped this file must be re-run to get an agent (and applier) that knows it.
+BUNDLE_SCHEMA_NAME = "topokeeper.bundle"
+BUNDLE_SCHEMA_VERSION = 1
+BUNDLE_SCHEMA = f"{BUNDLE_SCHEMA_NAME}/{BUNDLE_SCHEMA_VERSION}"
+AGENT_OUTDATED = "agent_outdated"
 
 MAX_BUNDLE_BYTES = 256 * 1024 * 1024
 MAX_EVENTS_RESPONSE_BYTES = 1024 * 1024
@@ -70,6 +77,18 @@ class AgentError(Exception):
 
 class BundleRefused(Exception):
     """The downloaded bundle must not reach the applier."""
+
+    outcome = "refused"
+
+
+class AgentOutdated(BundleRefused):
+    """The bundle is of a newer schema than this agent knows: only an upgrade helps."""
+
+    outcome = AGENT_OUTDATED
+
+
+def event_source(cluster: str) -> str:
+    return SOURCE_PREFIX + "." + cluster
 
 
 def log(event: str, level: str = "info", **details: Any) -> None:
@@ -423,7 +442,7 @@ class Aws:
 
     def put_event(self, detail_type: str, detail: Dict[str, Any]) -> None:
         entry = {
-            "Source": SOURCE,
+            "Source": event_source(self._config.cluster),
             "DetailType": detail_type,
             "Detail": json.dumps(detail, sort_keys=True),
             "EventBusName": self._config.event_bus,
@@ -448,6 +467,22 @@ class Aws:
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
+_SCHEMA = re.compile(re.escape(BUNDLE_SCHEMA_NAME) + r"/([1-9][0-9]{0,5})")
+
+
+def check_schema(schema: Any) -> None:
+    """Only this agent's schema passes; a newer version of it means this agent is outdated."""
+    if schema == BUNDLE_SCHEMA:
+        return
+    match = _SCHEMA.fullmatch(schema) if isinstance(schema, str) else None
+    if match and int(match.group(1)) > BUNDLE_SCHEMA_VERSION:
+        raise AgentOutdated(
+            f"agent outdated: the bundle is {schema}, this agent knows {BUNDLE_SCHEMA} at most; re-run the "
+            "`topokeeper agent install-script` output on this head node"
+        )
+    raise BundleRefused(f"schema: expected {BUNDLE_SCHEMA}, got {repr(schema)[:80]}")
+
+
 def check_bundle(body: bytes, cluster: str) -> Dict[str, Any]:
     """Keep junk from the applier: the bundle parses, is this cluster's, and every file matches its sha256.
     The applier checks everything again; it never trusts this."""
@@ -457,8 +492,7 @@ def check_bundle(body: bytes, cluster: str) -> Dict[str, Any]:
         raise BundleRefused(f"bundle is not JSON: {error}") from error
     if not isinstance(document, dict):
         raise BundleRefused("bundle is not a JSON object")
-    if document.get("schema") != BUNDLE_SCHEMA:
-        raise BundleRefused(f"schema: expected {BUNDLE_SCHEMA}, got {document.get('schema')!r}")
+    check_schema(document.get("schema"))
     if document.get("cluster_name") != cluster:
         raise BundleRefused(f"cluster_name: {document.get('cluster_name')!r} is not this cluster ({cluster!r})")
     if not isinstance(document.get("plan_sha256"), str) or not _SHA256.match(document["plan_sha256"]):
@@ -489,6 +523,7 @@ def agent_result(outcome: str, mode: str, plan_sha256: Optional[str], error: str
         "error": error,
         "drift": [],
         "grouping_drift": False,
+        "applier_version": None,  # the applier's own document never came
     }
 
 
@@ -544,6 +579,7 @@ _SUMMARY_KEYS = (
     "after_sha256",
     "partitions_changed",
     "grouping_drift",
+    "applier_version",
 )
 
 
@@ -679,9 +715,9 @@ class Agent:
         try:
             bundle = check_bundle(fetched.body, self.config.cluster)
         except BundleRefused as refusal:
-            log("bundle.refused", level="error", etag=fetched.etag, error=str(refusal))
+            log("bundle.refused", level="error", etag=fetched.etag, outcome=refusal.outcome, error=str(refusal))
             plan_sha256 = _plan_sha256_of(fetched.body)
-            result = agent_result("refused", "apply", plan_sha256, str(refusal))
+            result = agent_result(refusal.outcome, "apply", plan_sha256, str(refusal))
             self._queue(state, APPLY_RESULT, BundleRef(fetched.etag, fetched.version_id, plan_sha256), result)
             return False
         write_atomically(self._bundle_path, fetched.body)

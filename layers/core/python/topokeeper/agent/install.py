@@ -95,6 +95,8 @@ After=network-online.target
 
 [Service]
 Type=oneshot
+# HyperPod and ParallelCluster install Slurm in /opt/slurm; only login shells put it on PATH.
+Environment=PATH=/opt/slurm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 ExecStart=/usr/bin/python3 ${{root}}/opt/topokeeper/agent.py --config ${{root}}/etc/topokeeper/agent.json --once
 TimeoutStartSec={CYCLE_TIMEOUT_SECONDS}"""
 

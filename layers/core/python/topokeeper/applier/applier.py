@@ -5,9 +5,12 @@ This file is copied to the Slurm head node as is and must not import anything fr
 imports only modules that Debian's python3-minimal ships too (no difflib, shutil or tempfile), so it
 also runs on minimal images.
 
-    python3 applier.py {apply|dry-run|verify} BUNDLE.json|- [--lock-timeout SECONDS]
+    python3 applier.py {apply|dry-run|verify} BUNDLE.json|- [--lock-timeout SECONDS] [--scontrol PATH]
 
-It honours ``SLURM_CONF``, needs ``scontrol`` on PATH, prints exactly one JSON document on stdout
+It honours ``SLURM_CONF`` (else ``/opt/slurm/etc/slurm.conf``, else what ``scontrol show config`` says),
+finds ``scontrol`` without relying on PATH (``--scontrol``, else ``../bin`` of slurm.conf's directory,
+else ``/opt/slurm/bin``, else PATH: HyperPod and ParallelCluster put ``/opt/slurm/bin`` on PATH only in
+login shells, which neither SSM's script nor a systemd unit runs), prints exactly one JSON document on stdout
 (always under 24,000 characters: SSM keeps no more) and exits 0 applied, unchanged, in_sync or
 would_apply; 3 drift; 2 refused; 1 rolled_back or failed. The document always has every key:
 outcome, mode, plan_sha256, before_sha256 and after_sha256 (the live content hash, measured on disk
@@ -15,15 +18,17 @@ before and after), partitions_changed, reconfigured, reconfigure_exit_code, read
 {units, matches, mismatches, mismatches_dropped}}), partition_topologies (live Topology= per
 partition), drift ([{what: grouping|file|partition|topology|plugin, name, detail, kind: grouping|naming}]),
 grouping_drift (true when some entry's kind is grouping), diff (dry-run), slurm_version, slurm_format,
-config_dir, backup_dir, duration_seconds, error, dropped ({field: how many list items or characters
-were cut to stay under the cap}), applier_version and recovery (null, or what was done with a journal a
-killed run left: {action: rolled_forward|rolled_back, phase, plan_sha256, errors}).
+config_dir, scontrol (the path of the scontrol it ran), backup_dir, duration_seconds, error, dropped
+({field: how many list items or characters were cut to stay under the cap}), applier_version and recovery
+(null, or what was done with a journal a killed run left: {action: rolled_forward|rolled_back, phase,
+plan_sha256, errors}).
 
 Choices the callers can rely on:
 
-* Config files: slurm.conf and the files it ``Include``s from its own directory (a relative path, or
-  an absolute one that resolves there) are read and edited in place, in Slurm's reading order.
-  Include lines that point elsewhere or use ``%c`` are not followed: a bundle partition defined only
+* Config files: slurm.conf and the files it ``Include``s from its own directory or a directory below
+  it (a relative path, or an absolute one that resolves there; a glob expands in sorted order, as
+  Slurm's does; ParallelCluster's ``pcluster/*.conf``) are read and edited in place, in Slurm's
+  reading order. Include lines that point elsewhere or use ``%c`` are not followed: a bundle partition defined only
   there is refused as "not in slurm.conf", and the error names those lines. Partition lines that
   continue with a trailing backslash, and ``Topology=`` on a ``PartitionName=DEFAULT`` line, are
   refused too rather than guessed at.
@@ -77,6 +82,7 @@ import bisect
 import contextlib
 import errno
 import fcntl
+import glob
 import hashlib
 import json
 import math
@@ -109,6 +115,7 @@ YAML_FORMAT = "topology.yaml"
 CONF_FORMAT = "topology.conf"
 FIRST_YAML_VERSION = (25, 5)  # topology.yaml and per-partition Topology= appeared in Slurm 25.05
 DEFAULT_SLURM_CONF = "/opt/slurm/etc/slurm.conf"  # HyperPod: /opt/slurm links to the active version
+OPT_SLURM_SCONTROL = "/opt/slurm/bin/scontrol"  # HyperPod, ParallelCluster: on PATH in login shells only
 LOCK_FILE = ".topokeeper.lock"
 BACKUP_DIR = ".topokeeper-backup"
 BACKUPS_KEPT = 5
@@ -517,6 +524,13 @@ def set_key(line: str, key: str, value: Optional[str]) -> str:
     return line[:end] + " %s=%s" % (key, value) + line[end:]
 
 
+def _include_matches(pattern: str) -> List[str]:
+    """The files an Include names: the path itself, or a glob's matches in sorted order (as glob(3) gives)."""
+    if not glob.has_magic(pattern):
+        return [pattern]
+    return sorted(glob.glob(pattern))
+
+
 class ConfLine(NamedTuple):
     path: str
     number: int  # physical line number (0-based) in that file
@@ -556,18 +570,17 @@ class SlurmConf:
 
     def _include(self, target: str, depth: int) -> None:
         # Slurm resolves a relative Include against slurm.conf's directory; %c is the cluster name.
-        path = os.path.realpath(os.path.join(self.directory, target))
-        followed = (
-            "%" not in target
-            and os.path.dirname(path) == self._real_directory
-            and os.path.isfile(path)
-            and path not in self.texts
-            and depth < _MAX_INCLUDE_DEPTH
-        )
-        if followed:
-            self._read(path, depth + 1)
-        else:
+        pattern = os.path.join(self.directory, target)
+        if "%" in target or depth >= _MAX_INCLUDE_DEPTH:
             self.not_followed.append(target)
+            return
+        for path in _include_matches(pattern):
+            real = os.path.realpath(path)
+            inside = os.path.commonpath([real, self._real_directory]) == self._real_directory
+            if inside and os.path.isfile(real) and real not in self.texts:
+                self._read(real, depth + 1)
+            elif real not in self.texts:
+                self.not_followed.append(target)
 
     def _lines_starting_with(self, key: str) -> List[ConfLine]:
         return [line for line in self.lines if line.entries and line.entries[0].key.lower() == key.lower()]
@@ -1493,14 +1506,15 @@ class Budget:
 class Scontrol:
     deadline: Optional[float] = None  # the run's Budget: no call outlives it
 
-    def __init__(self, environ: Mapping[str, str]) -> None:
+    def __init__(self, environ: Mapping[str, str], path: str) -> None:
         self.env = dict(environ)
+        self.path = path
 
     def run(self, *args: str, timeout: float = SCONTROL_TIMEOUT) -> subprocess.CompletedProcess[str]:
         timeout = _within_deadline(timeout, self.deadline, args)
         try:
             return subprocess.run(
-                ["scontrol", *args],
+                [self.path, *args],
                 capture_output=True,
                 encoding="utf-8",
                 errors="replace",
@@ -1508,8 +1522,8 @@ class Scontrol:
                 env=self.env,
                 check=False,
             )
-        except FileNotFoundError:
-            raise Failed("scontrol is not on PATH") from None
+        except OSError as error:
+            raise Failed("cannot run %s: %s" % (self.path, error.strerror)) from None
         except subprocess.TimeoutExpired:
             raise Failed("scontrol %s did not finish within %.0f s" % (" ".join(args), timeout)) from None
 
@@ -1547,12 +1561,44 @@ def format_for_version(version: Tuple[int, int, int]) -> str:
     return YAML_FORMAT if version[:2] >= FIRST_YAML_VERSION else CONF_FORMAT
 
 
-def find_slurm_conf(environ: Mapping[str, str], scontrol: Scontrol) -> str:
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def find_scontrol(explicit: Optional[str], slurm_conf: Optional[str], environ: Mapping[str, str]) -> str:
+    """``--scontrol``, else ``../bin/scontrol`` from slurm.conf's directory, else /opt/slurm/bin, else PATH."""
+    if explicit is not None:
+        if not _executable(explicit):
+            raise Failed("--scontrol %s: not an executable file" % explicit)
+        return explicit
+    candidates = []
+    if slurm_conf:
+        config_dir = os.path.dirname(os.path.abspath(slurm_conf))
+        candidates.append(os.path.normpath(os.path.join(config_dir, os.pardir, "bin", "scontrol")))
+    if OPT_SLURM_SCONTROL not in candidates:
+        candidates.append(OPT_SLURM_SCONTROL)
+    path = environ.get("PATH", os.defpath)
+    on_path = [os.path.join(directory, "scontrol") for directory in path.split(os.pathsep) if directory]
+    for candidate in candidates + on_path:
+        if _executable(candidate):
+            return candidate
+    raise Failed(
+        "scontrol not found: not %s, nor on PATH (%s); give it with --scontrol" % (" or ".join(candidates), path)
+    )
+
+
+def configured_slurm_conf(environ: Mapping[str, str]) -> Optional[str]:
+    """SLURM_CONF, else /opt/slurm/etc/slurm.conf if it exists: what is found without asking scontrol."""
     configured = environ.get("SLURM_CONF")
     if configured:
         return configured
-    if os.path.isfile(DEFAULT_SLURM_CONF):
-        return DEFAULT_SLURM_CONF
+    return DEFAULT_SLURM_CONF if os.path.isfile(DEFAULT_SLURM_CONF) else None
+
+
+def find_slurm_conf(environ: Mapping[str, str], scontrol: Scontrol) -> str:
+    configured = configured_slurm_conf(environ)
+    if configured:
+        return configured
     match = re.search(r"^SLURM_CONF\s*=\s*(\S+)", scontrol.output("show", "config"), re.MULTILINE)
     if not match:
         raise Failed(
@@ -1945,6 +1991,7 @@ def new_result(mode: Optional[str]) -> Dict[str, Any]:
         "slurm_version": None,
         "slurm_format": None,
         "config_dir": None,
+        "scontrol": None,
         "backup_dir": None,
         "duration_seconds": 0.0,
         "error": None,
@@ -2103,14 +2150,21 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
             result["after_sha256"] = disk_sha256(bundle, read_disk_state(SlurmConf(conf_path), bundle))
 
 
-def execute(mode: str, bundle_text: str, lock_timeout: float, environ: Mapping[str, str]) -> Dict[str, Any]:
+def execute(
+    mode: str,
+    bundle_text: str,
+    lock_timeout: float,
+    environ: Mapping[str, str],
+    scontrol_path: Optional[str] = None,
+) -> Dict[str, Any]:
     result = new_result(mode)
     started = time.monotonic()
     budget = Budget(APPLIER_BUDGET_SECONDS)
     try:
         bundle = parse_bundle(bundle_text)
         result["plan_sha256"] = bundle.plan_sha256
-        scontrol = Scontrol(environ)
+        scontrol = Scontrol(environ, find_scontrol(scontrol_path, configured_slurm_conf(environ), environ))
+        result["scontrol"] = scontrol.path
         scontrol.deadline = budget.deadline
         context = Context(scontrol, budget, Faults(environ), lock_timeout)
         conf_path = find_slurm_conf(environ, scontrol)
@@ -2240,6 +2294,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
     parser.add_argument("mode", choices=MODES)
     parser.add_argument("bundle", help="bundle.json, or - to read it from stdin")
     parser.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT, metavar="SECONDS")
+    parser.add_argument("--scontrol", metavar="PATH", help="the scontrol to run (default: found, see above)")
     try:
         args = parser.parse_args(argv)
         if not (math.isfinite(args.lock_timeout) and args.lock_timeout >= 0):
@@ -2260,7 +2315,8 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         result = new_result(args.mode)
         result["outcome"], result["error"] = "refused", one_line("cannot read the bundle: %s" % error)
     else:
-        result = execute(args.mode, text, args.lock_timeout, os.environ if environ is None else environ)
+        environment = os.environ if environ is None else environ
+        result = execute(args.mode, text, args.lock_timeout, environment, args.scontrol)
     print(render_result(result))
     return EXIT_CODES[result["outcome"]]
 

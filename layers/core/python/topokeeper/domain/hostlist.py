@@ -10,14 +10,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from topokeeper.errors import Permanent
+
 # Slurm keeps the numeric suffix in an unsigned long; longer digit runs stay opaque names.
 _MAX_SUFFIX_DIGITS = 18
 _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
-class HostlistError(ValueError):
-    """A hostlist expression Slurm would reject."""
+class HostlistError(Permanent, ValueError):
+    """A hostlist expression Slurm would reject (a ``ValueError`` too, for pydantic validators)."""
 
 
 def _split_top_level(expression: str) -> list[str]:

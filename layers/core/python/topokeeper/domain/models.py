@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from topokeeper.constants import INSTANCE_ID
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.domain.names import SlurmName
 
@@ -23,7 +24,6 @@ NO_ULTRASERVER_BLOCK = "no-ultraserver"
 MAX_NETWORK_LAYERS = 4
 MAX_BLOCK_LEVELS = 16  # Slurm rejects block_level > 15
 
-_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?")
 _INSTANCE_TYPE = re.compile(r"[a-z0-9-]+\.[a-z0-9-]+")
 _SLURM_VERSION = re.compile(r"(\d{2})\.(\d{2})(?:\.\d+)?")
 _CLUSTER_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
@@ -32,7 +32,7 @@ PRESENT_STATUSES = frozenset({"Running", "Pending", "SystemUpdating", "DeepHealt
 
 
 def _instance_id(value: str) -> str:
-    if not _INSTANCE_ID.fullmatch(value):
+    if not INSTANCE_ID.fullmatch(value):
         raise ValueError(f"not an EC2 instance id (i- and 8 or 17 hex digits): {value!r}")
     return value
 
@@ -90,11 +90,12 @@ class SlurmVersion(_Frozen):
 
 
 class Node(_Frozen):
-    """One cluster instance as Slurm and AWS both see it."""
+    """One cluster instance as Slurm and AWS both see it; or a Slurm node with no instance behind it (no
+    id, no type: a powered-down ParallelCluster dynamic node), which is still written, without topology."""
 
     name: SlurmName
-    instance_id: InstanceId
-    instance_type: InstanceType
+    instance_id: InstanceId | None = None
+    instance_type: InstanceType | None = None
     instance_group: str | None = None
     partition: SlurmName | None = None
     status: str = "Running"

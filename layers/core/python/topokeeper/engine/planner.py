@@ -37,7 +37,7 @@ FLAT_PLUGIN_BEFORE_25_05 = "topology/default"  # renamed topology/flat in 25.05
 def resolve_kind(partition: Partition) -> TopologyKind:
     if partition.settings.kind != "auto":
         return TopologyKind(partition.settings.kind)
-    types = {node.instance_type for node in partition.nodes} | set(partition.instance_types)
+    types = {node.instance_type for node in partition.nodes if node.instance_type} | set(partition.instance_types)
     if not types or not partition.nodes:
         return TopologyKind.FLAT
     capabilities = {lookup(instance_type).capability for instance_type in types}
@@ -51,7 +51,7 @@ def resolve_kind(partition: Partition) -> TopologyKind:
 def block_sizes_for(partition: Partition) -> tuple[int, ...]:
     if partition.settings.block_sizes:
         return partition.settings.block_sizes
-    types = {node.instance_type for node in partition.nodes} | set(partition.instance_types)
+    types = {node.instance_type for node in partition.nodes if node.instance_type} | set(partition.instance_types)
     sizes = {size for t in types if (size := lookup(t).ultraserver_size) is not None}
     if len(sizes) != 1:
         found = ", ".join(sorted(types)) or "no instance type"

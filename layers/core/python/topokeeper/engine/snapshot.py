@@ -2,9 +2,17 @@
 
 A snapshot file holds ``describe_cluster`` (DescribeCluster), ``nodes`` (ListClusterNodes summaries or
 DescribeClusterNode details), ``instance_topology`` (DescribeInstanceTopology ``Instances``) and an
-optional ``slurm`` section (``version``; legacy ``partitions`` {instance group: partition}). The AWS
-shapes are parsed leniently (unknown keys ignored); everything that reaches Slurm is validated strictly
-when the Node is built.
+optional ``slurm`` section (``version``; legacy ``partitions`` {instance group: partition}; ``nodes``,
+the ``nodes`` list of the head node's ``scontrol show nodes --json``). The AWS shapes are parsed
+leniently (unknown keys ignored); everything that reaches Slurm is validated strictly when the Node is
+built.
+
+Without ``slurm.nodes`` a node is named by its host name, as HyperPod names Slurm nodes. With it,
+an instance takes the name of the Slurm node whose NodeAddr is its private IP (else whose name is its
+host name), as slurmctld and the aws-samples generator bind them: ParallelCluster calls nodes
+``<queue>-st|dy-<compute resource>-<n>``. An instance that matches no Slurm node is left out with a
+warning; a Slurm node with no instance (a powered-down dynamic node) is still planned, without
+topology, in the first planned partition it lists.
 """
 
 from __future__ import annotations
@@ -14,7 +22,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topokeeper.domain.catalog import ec2_instance_type
+from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import (
+    PRESENT_STATUSES,
     ClusterSnapshot,
     Node,
     Partition,
@@ -82,9 +92,19 @@ class AwsInstanceTopology(_Aws):
     CapacityBlockId: str | None = None
 
 
+class SlurmNodeRecord(_Aws):
+    """One item of ``scontrol show nodes --json``'s ``nodes``: what binds a Slurm node to an instance."""
+
+    name: str
+    address: str | None = None  # NodeAddr: the private IP once bound; the node's own name while powered down
+    hostname: str | None = None
+    partitions: list[str] = Field(default_factory=list)
+
+
 class SnapshotSlurm(_Aws):
     version: str | None = None
     partitions: dict[str, str] = Field(default_factory=dict)  # legacy: instance group -> partition
+    nodes: list[SlurmNodeRecord] | None = None  # name nodes as slurmctld does (ParallelCluster)
 
 
 class AwsSnapshot(_Aws):
@@ -92,6 +112,7 @@ class AwsSnapshot(_Aws):
     nodes: list[AwsClusterNode] = Field(default_factory=list)
     instance_topology: list[AwsInstanceTopology] = Field(default_factory=list)
     slurm: SnapshotSlurm = SnapshotSlurm()
+    warnings: list[str] = Field(default_factory=list)  # what reading the facts found (plan and audit carry them)
 
 
 def parse_snapshot_document(document: Any) -> AwsSnapshot:
@@ -108,6 +129,70 @@ def slurm_node_name(node: AwsClusterNode) -> str | None:
     if node.PrivatePrimaryIp:
         return "ip-" + node.PrivatePrimaryIp.replace(".", "-")
     return None
+
+
+class SlurmNaming:
+    """Instances -> Slurm node names from the head node's node table (NodeAddr = private IP)."""
+
+    NO_INSTANCE = "NoInstance"  # the status of a Slurm node that no instance backs
+
+    def __init__(self, records: list[SlurmNodeRecord]) -> None:
+        self.records = sorted(enumerate(records), key=lambda item: item[1].name)  # index: where in slurm.nodes
+        self._by_address: dict[str, str] = {}
+        self._names = {record.name for record in records}
+        self.warnings: list[str] = []
+        for _, record in self.records:
+            if record.address and record.address != record.name:
+                previous = self._by_address.setdefault(record.address, record.name)
+                if previous != record.name:
+                    self.warnings.append(f"Slurm nodes {previous} and {record.name} share NodeAddr {record.address}")
+
+    def name_of(self, node: AwsClusterNode) -> str | None:
+        if node.PrivatePrimaryIp and node.PrivatePrimaryIp in self._by_address:
+            return self._by_address[node.PrivatePrimaryIp]
+        host_name = slurm_node_name(node)  # HyperPod: NodeName is the host name
+        return host_name if host_name in self._names else None
+
+    def unbound(self, bound: set[str], planned: set[str]) -> list[tuple[int, SlurmNodeRecord, str]]:
+        """(index, record, partition) of each Slurm node no instance took that is in a planned partition."""
+        found = []
+        for index, record in self.records:
+            partition = next((p for p in record.partitions if p in planned), None)
+            if record.name not in bound and partition is not None:
+                found.append((index, record, partition))
+        return found
+
+
+def _unbound_nodes(naming: SlurmNaming, bound: set[str], planned: set[str], warnings: list[str]) -> list[Node]:
+    nodes: list[Node] = []
+    for index, record, partition in naming.unbound(bound, planned):
+        try:
+            nodes.append(Node(name=record.name, partition=partition, status=SlurmNaming.NO_INSTANCE))
+        except ValidationError as error:
+            raise InputError(f"slurm.nodes[{index}].name", InputError.from_validation(error).message) from error
+    for partition in sorted({node.partition or "" for node in nodes}):
+        names = [node.name for node in nodes if node.partition == partition]
+        warnings.append(
+            f"partition {partition}: {len(names)} Slurm node(s) with no instance (powered down?) planned without"
+            f" topology: {compress(names)}"
+        )
+    return nodes
+
+
+def _instance_name(
+    raw_node: AwsClusterNode, naming: SlurmNaming | None, in_partition: bool, warnings: list[str]
+) -> str | None:
+    """The Slurm name of an instance's node, or None (with a warning when it matters) to leave it out."""
+    if naming is None:
+        name = slurm_node_name(raw_node)
+        if name is None:
+            warnings.append(f"node {raw_node.InstanceId} has no host name yet; left out until it has one")
+        return name
+    name = naming.name_of(raw_node)
+    if name is None and in_partition and raw_node.InstanceStatus.Status in PRESENT_STATUSES:
+        address = raw_node.PrivatePrimaryIp or "no private IP"
+        warnings.append(f"instance {raw_node.InstanceId} ({address}) is no Slurm node's NodeAddr; left out")
+    return name
 
 
 def _partition_of_groups(raw: AwsSnapshot, config: PlannerConfig) -> dict[str, str | None]:
@@ -166,7 +251,7 @@ def _build_node(
 
 def build_snapshot(raw: AwsSnapshot, config: PlannerConfig, slurm_version: str | None = None) -> ClusterSnapshot:
     """Join the three AWS responses on instance id and group the nodes into partitions."""
-    warnings: list[str] = []
+    warnings: list[str] = list(raw.warnings)
     version_text = slurm_version or raw.slurm.version or DEFAULT_SLURM_VERSION
     try:
         version = SlurmVersion.parse(version_text)
@@ -177,11 +262,12 @@ def build_snapshot(raw: AwsSnapshot, config: PlannerConfig, slurm_version: str |
     group_types = {g.InstanceGroupName: g.InstanceType for g in raw.describe_cluster.InstanceGroups}
     topology_by_id = {item.InstanceId: item for item in raw.instance_topology}
 
+    naming = SlurmNaming(raw.slurm.nodes) if raw.slurm.nodes is not None else None
+    warnings.extend(naming.warnings if naming else ())
     chosen: dict[str, Node] = {}
     for index, raw_node in enumerate(raw.nodes):
-        name = slurm_node_name(raw_node)
+        name = _instance_name(raw_node, naming, bool(group_partition.get(raw_node.InstanceGroupName)), warnings)
         if name is None:
-            warnings.append(f"node {raw_node.InstanceId} has no host name yet; left out until it has one")
             continue
         if raw_node.InstanceGroupName not in group_partition:
             warnings.append(f"node {name}: instance group {raw_node.InstanceGroupName!r} is not in DescribeCluster")
@@ -195,9 +281,12 @@ def build_snapshot(raw: AwsSnapshot, config: PlannerConfig, slurm_version: str |
             chosen[name] = node
 
     partition_names = sorted({p for p in group_partition.values() if p} | set(config.partitions))
+    planned = list(chosen.values())
+    if naming is not None:
+        planned += _unbound_nodes(naming, set(chosen), set(partition_names), warnings)
     partitions: list[Partition] = []
     for partition_name in partition_names:
-        nodes = tuple(sorted((n for n in chosen.values() if n.partition == partition_name), key=lambda n: n.name))
+        nodes = tuple(sorted((n for n in planned if n.partition == partition_name), key=lambda n: n.name))
         types = sorted(
             {ec2_instance_type(t) for g, t in group_types.items() if t and group_partition.get(g) == partition_name}
         )
@@ -230,7 +319,7 @@ def build_snapshot(raw: AwsSnapshot, config: PlannerConfig, slurm_version: str |
 
 
 def _rank(node: Node) -> tuple[bool, str]:
-    return (node.status == "Running", node.instance_id)
+    return (node.status == "Running", node.instance_id or "")
 
 
 def _is_compute(raw: AwsSnapshot, group_name: str) -> bool:
@@ -238,3 +327,18 @@ def _is_compute(raw: AwsSnapshot, group_name: str) -> bool:
         if group.InstanceGroupName == group_name:
             return not (group.SlurmConfig and group.SlurmConfig.NodeType in _NO_PARTITION_NODE_TYPES)
     return True
+
+
+def eks_node_name(instance_id: str) -> str:
+    """HyperPod names an EKS cluster's Kubernetes node after its instance (``hyperpod-i-0123...``)."""
+    return f"hyperpod-{instance_id}"
+
+
+def eks_nodes(raw: AwsSnapshot) -> tuple[Node, ...]:
+    """An EKS-orchestrated cluster's present nodes, joined with their topology; EKS has no partitions."""
+    topology_by_id = {item.InstanceId: item for item in raw.instance_topology}
+    nodes = (
+        _build_node(index, raw_node, eks_node_name(raw_node.InstanceId), None, topology_by_id.get(raw_node.InstanceId))
+        for index, raw_node in enumerate(raw.nodes)
+    )
+    return tuple(sorted((node for node in nodes if node.present), key=lambda node: node.name))

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from topokeeper.applier.applier import content_sha256, sha256_text
+from topokeeper.constants import BUNDLE_SCHEMA
 from topokeeper.domain.models import (
     PLAN_SCHEMA,
     BlockTopology,
@@ -25,8 +26,6 @@ from topokeeper.domain.models import (
 from topokeeper.render.mermaid import render_mermaid
 from topokeeper.render.slurm_conf import render_conf
 from topokeeper.render.slurm_yaml import render_entry, render_yaml
-
-BUNDLE_SCHEMA = "topokeeper.bundle/1"
 
 
 class BundleFile(BaseModel):
@@ -49,7 +48,15 @@ class Bundle(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    schema_: Literal["topokeeper.bundle/1"] = Field("topokeeper.bundle/1", alias="schema")
+    schema_: str = Field(BUNDLE_SCHEMA, alias="schema")
+
+    @field_validator("schema_")
+    @classmethod
+    def _known_schema(cls, value: str) -> str:
+        if value != BUNDLE_SCHEMA:
+            raise ValueError(f"expected {BUNDLE_SCHEMA}, got {value!r}")
+        return value
+
     cluster_name: str
     plan_sha256: str
     slurm_format: SlurmFormat

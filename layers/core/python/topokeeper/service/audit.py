@@ -9,60 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from topokeeper.ports import Outcome
-from topokeeper.service.state import PendingDelivery, Trigger
+from topokeeper.ports import AuditRecord, Outcome, PendingDelivery
 
 MAX_LISTED_NODES = 200  # keeps a record well under EventBridge's 256 KB; counts are always exact
-
-
-class AuditRecord(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    schema_: Literal["topokeeper.audit/1"] = Field("topokeeper.audit/1", alias="schema")
-    event_name: Literal["UpdatePartitionTopology"] = "UpdatePartitionTopology"
-    audit_id: str
-    cluster_name: str
-    cluster_arn: str | None
-    partition: str
-    reason: Literal["plan-change", "drift-repair"]
-    kind: Literal["tree", "block", "flat"]
-    topology: str | None
-    before_sha256: str | None
-    after_sha256: str
-    plan_sha256: str
-    previous_plan_sha256: str | None
-    nodes_added: list[str]
-    nodes_removed: list[str]
-    nodes_added_count: int
-    nodes_removed_count: int
-    node_count: int
-    switch_count: int
-    block_count: int
-    triggers: list[Trigger]
-    trigger_count: int
-    channel: str
-    delivery_reference: str
-    target: str
-    outcome: Outcome
-    error: str | None
-    generation: int
-    requested_at: datetime
-    completed_at: datetime
-
-    def document(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
-
-
-class AuditSink(Protocol):
-    def publish(self, records: Sequence[AuditRecord]) -> int:
-        """Store, publish and log new records; return how many were new (retries are skipped)."""
-        ...
+MAX_WARNINGS, MAX_WARNING_CHARS = 20, 500
 
 
 def _partitions(plan_document: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -125,44 +78,12 @@ def build_records(
                 target=delivery.handle.target,
                 outcome=outcome,
                 error=error,
+                warnings=[
+                    w[:MAX_WARNING_CHARS] for w in [*desired.get("warnings", []), *partition.get("warnings", [])]
+                ][:MAX_WARNINGS],
                 generation=delivery.generation,
                 requested_at=delivery.handle.sent_at,
                 completed_at=completed_at,
             )
         )
     return records
-
-
-def cloudtrail_lake_event(record: AuditRecord, account: str, function_arn: str) -> dict[str, Any]:
-    """The record as CloudTrail Lake's integration ``eventData`` (PutAuditEvents)."""
-    return {
-        "version": "1.0",
-        "userIdentity": {"type": "AWSLambda", "principalId": function_arn},
-        "userAgent": "topokeeper",
-        "eventSource": "topokeeper",
-        "eventName": record.event_name,
-        "eventTime": record.completed_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "UID": record.audit_id,
-        "recipientAccountId": account,
-        "requestParameters": {
-            "clusterArn": record.cluster_arn,
-            "clusterName": record.cluster_name,
-            "partitionName": record.partition,
-            "kind": record.kind,
-            "previousSha256": record.before_sha256,
-            "newSha256": record.after_sha256,
-            "nodeCount": record.node_count,
-        },
-        "responseElements": {
-            "outcome": record.outcome.value,
-            "channel": record.channel,
-            "deliveryReference": record.delivery_reference,
-        },
-        "additionalEventData": {
-            "addedNodes": record.nodes_added[:50],
-            "removedNodes": record.nodes_removed[:50],
-            "switchCount": record.switch_count,
-            "blockCount": record.block_count,
-        },
-        **({"errorMessage": record.error[:256]} if record.error else {}),
-    }

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from topokeeper.config import ClusterConfig, Mode
+from topokeeper.errors import Retryable
 from topokeeper.ports import ApplyResult, Metric, Outcome
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.reconcile import ControllerDeps, missing_topology, plan_cluster
@@ -58,7 +59,7 @@ def _live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift",
     if result.outcome is Outcome.DRIFT:
         # In verify mode another writer (HyperPod) owns the files and names things its own way: only a
         # different grouping of nodes is drift. In enforce mode the files are ours, names included.
-        if mode is Mode.VERIFY and getattr(result, "grouping_drift", True) is False:
+        if mode is Mode.VERIFY and result.grouping_drift is False:
             return "in_sync"
         return "drift"
     return "unknown"
@@ -87,7 +88,7 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps) -> DriftReport:
     )
     if writing:
         # The head node is being brought to the plan: comparing it now would report a change as drift.
-        live_result = ApplyResult(outcome=Outcome.PENDING, error="a delivery is in flight")
+        live_result = ApplyResult.from_channel(Outcome.PENDING, "a delivery is in flight")
     else:
         live_result = deps.channel(cluster).verify(bundle)
     live = _live_status(live_result, cluster.effective_mode)
@@ -142,8 +143,9 @@ class DriftRequest(BaseModel):
     cluster: str | None = None
 
 
-class DriftCheckFailed(RuntimeError):
-    """Some clusters could not be checked; the others were. Fails the invocation so the errors alarm."""
+class DriftCheckFailed(Retryable):
+    """Some clusters could not be checked; the others were. Fails the invocation so the errors alarm; the
+    next scheduled check tries again."""
 
     def __init__(self, reports: list[DriftReport], failures: list[str]) -> None:
         super().__init__("; ".join(failures))

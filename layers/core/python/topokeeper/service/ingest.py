@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from topokeeper.config import Orchestrator, Settings
 from topokeeper.errors import InputError
@@ -18,16 +18,15 @@ from topokeeper.events import (
     CLOUDTRAIL_DETAIL_TYPE,
     EC2_STATE_DETAIL_TYPE,
     HYPERPOD_DETAIL_TYPES,
+    MOVE_CLUSTER_NODES,
     CloudTrailDetail,
     ClusterEventDetail,
     ClusterStateDetail,
     Ec2StateDetail,
     NodeHealthDetail,
-    ReconcileRequest,
     TopokeeperEvent,
 )
-from topokeeper.ports import Clock, Metric, Metrics
-from topokeeper.service.state import ClusterState, StateStore, Trigger, WorkQueue
+from topokeeper.ports import Clock, ClusterState, Metric, Metrics, ReconcileRequest, StateStore, Trigger, WorkQueue
 
 
 @dataclass
@@ -44,6 +43,7 @@ class IngestDeps:
 class IngestResult(BaseModel):
     status: Literal["queued", "duplicate", "ignored"]
     cluster: str | None = None
+    clusters: list[str] = Field(default_factory=list)  # every cluster changed (MoveClusterNodes: two)
     generation: int | None = None
     reason: str = ""
 
@@ -69,42 +69,70 @@ def cluster_reference(event: TopokeeperEvent, deps: IngestDeps) -> tuple[str | N
         return details.ClusterName, (details.Description or details.ResourceType or "cluster event")[:200]
     if event.source == "aws.sagemaker" and detail_type == CLOUDTRAIL_DETAIL_TYPE:
         call = _detail(CloudTrailDetail, event)
-        name = (call.requestParameters or {}).get("clusterName")
-        if not isinstance(name, str) or not name:
-            raise InputError("detail.requestParameters.clusterName", "missing from the CloudTrail event")
-        if name.startswith("arn:") and deps.settings.cluster(name) is None:
-            name = deps.cluster_name_of_arn(name) or name
-        return name, f"{call.eventName} API call"
+        key = "sourceClusterArn" if call.eventName == MOVE_CLUSTER_NODES else "clusterName"
+        return _cloudtrail_cluster(call, key, deps), f"{call.eventName} API call"
     if event.source == "aws.ec2" and detail_type == EC2_STATE_DETAIL_TYPE:
         state_change = _detail(Ec2StateDetail, event)
-        tags = deps.instance_tags(state_change.instance_id)
-        for cluster in deps.settings.clusters:
-            if cluster.orchestrator is Orchestrator.EC2 and tags.get(cluster.ec2.cluster_tag) == cluster.name:
+        ec2_clusters = [c for c in deps.settings.clusters if c.orchestrator is Orchestrator.EC2]
+        # Every instance of the account changes state; ask EC2 only when some cluster is found by tags. An
+        # instance DescribeInstances does not know yet (pending) has no tags: its "running" event comes later.
+        tags = deps.instance_tags(state_change.instance_id) if ec2_clusters else {}
+        for cluster in ec2_clusters:
+            if tags.get(cluster.ec2.cluster_tag) == cluster.name:
                 return cluster.name, f"instance {state_change.instance_id} {state_change.state}"
-        return None, f"instance {state_change.instance_id} is not tagged as a managed cluster's"
+        return None, f"instance {state_change.instance_id} belongs to no configured cluster (or is not known yet)"
     return None, f"not a change event: {event.source} / {detail_type}"
 
 
-def ingest(event: TopokeeperEvent, deps: IngestDeps) -> IngestResult:
+def _cloudtrail_cluster(call: CloudTrailDetail, key: str, deps: IngestDeps) -> str:
+    name = (call.requestParameters or {}).get(key)
+    if not isinstance(name, str) or not name:
+        raise InputError(f"detail.requestParameters.{key}", "missing from the CloudTrail event")
+    if name.startswith("arn:") and deps.settings.cluster(name) is None:
+        name = deps.cluster_name_of_arn(name) or name
+    return name
+
+
+def cluster_references(event: TopokeeperEvent, deps: IngestDeps) -> tuple[list[str], str]:
+    """Every cluster the event is about (MoveClusterNodes changes its source and its target cluster)."""
+    if event.source == "aws.sagemaker" and event.detail_type == CLOUDTRAIL_DETAIL_TYPE:
+        call = _detail(CloudTrailDetail, event)
+        if call.eventName == MOVE_CLUSTER_NODES:
+            names = {_cloudtrail_cluster(call, key, deps) for key in ("sourceClusterArn", "targetClusterArn")}
+            return sorted(names), f"{call.eventName} API call"
     reference, summary = cluster_reference(event, deps)
-    cluster = deps.settings.cluster(reference) if reference else None
-    if cluster is None:
-        return IngestResult(status="ignored", reason=summary if reference is None else f"unmanaged cluster {reference}")
+    return ([reference] if reference else []), summary
+
+
+def ingest(event: TopokeeperEvent, deps: IngestDeps) -> IngestResult:
+    references, summary = cluster_references(event, deps)
+    clusters = [cluster for reference in references if (cluster := deps.settings.cluster(reference)) is not None]
+    if not clusters:
+        return IngestResult(
+            status="ignored", reason=f"unmanaged cluster {', '.join(references)}" if references else summary
+        )
+    names = [cluster.name for cluster in clusters]
     now = deps.clock.now()
     if deps.state.seen(event.id):
-        deps.metrics.emit(cluster.name, Metric.EVENTS_COALESCED, 1)
-        state = deps.state.get(cluster.name)
-        if state.has_unreconciled_changes:
-            _queue(deps, state)  # the first delivery may have died before queueing; SQS deduplicates
-        return IngestResult(status="duplicate", cluster=cluster.name, reason=f"event {event.id} seen before")
+        for name in names:
+            deps.metrics.emit(name, Metric.EVENTS_COALESCED, 1)
+            state = deps.state.get(name)
+            if state.has_unreconciled_changes:
+                _queue(deps, state)  # the first delivery may have died before queueing; SQS deduplicates
+        return IngestResult(
+            status="duplicate", cluster=names[0], clusters=names, reason=f"event {event.id} seen before"
+        )
     trigger = Trigger(
         source=event.source, detail_type=event.detail_type, event_id=event.id, time=event.time, summary=summary
     )
-    state = deps.state.record_change(cluster.name, trigger, now)
-    _queue(deps, state)
+    states = [deps.state.record_change(name, trigger, now) for name in names]
+    for state in states:
+        _queue(deps, state)
     # Marked last: a delivery that dies before this is retried whole, so no change is ever lost.
     deps.state.mark_seen(event.id, now)
-    return IngestResult(status="queued", cluster=cluster.name, generation=state.generation, reason=summary)
+    return IngestResult(
+        status="queued", cluster=names[0], clusters=names, generation=states[0].generation, reason=summary
+    )
 
 
 def _queue(deps: IngestDeps, state: ClusterState) -> None:

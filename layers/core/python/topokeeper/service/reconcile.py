@@ -5,8 +5,10 @@ collapses three ways: SQS deduplicates every change of a reconcile cycle into on
 ``ReconcileRequest.since``); a message whose generation an earlier reconcile already covered, or that a
 newer one in the same batch supersedes, is dropped; and the message waits for a quiet period
 (``debounce_seconds``, bounded by ``max_wait_seconds``) and for ``min_write_interval`` since the last
-write. Waiting is expressed as ``Deferred``: the handler hides the message for that long, and the FIFO
-group keeps the cluster's later messages behind it.
+write. Waiting is a report with ``defer_seconds``: the message is hidden for that long with one
+ChangeMessageVisibility (FIFO queues take no per-message delay), and the FIFO group keeps the cluster's
+later messages behind it. A message waiting behind a delivery in flight is resumed by that delivery's
+result, so it spends two receives at most, never the dead-letter queue's count.
 """
 
 from __future__ import annotations
@@ -17,71 +19,75 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from botocore.exceptions import ClientError
 from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Mode, Settings
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
-from topokeeper.errors import ConcurrentUpdate, InputError
-from topokeeper.events import ReconcileRequest
-from topokeeper.ports import Clock, DeliveryChannel, DeliveryHandle, FactsSource, Metric, Metrics
-from topokeeper.render.bundle import RenderedPlan, render
-from topokeeper.service.state import (
+from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, TopokeeperError
+from topokeeper.ports import (
+    Clock,
     ClusterState,
+    DeliveryChannel,
+    DeliveryHandle,
+    FactsSource,
+    Metric,
+    Metrics,
     PendingDelivery,
     PlanStore,
+    ReconcileRequest,
     StateStore,
     WorkQueue,
-    queue_next_cycle,
-    request_reconcile,
-    save_fields,
 )
+from topokeeper.render.bundle import RenderedPlan, render
+from topokeeper.service.state import queue_next_cycle, request_reconcile, save_fields
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
 # A delivery with no result by then no longer blocks writes: SSM may wait up to its 600 s delivery
 # timeout before running the applier, which may then run up to 600 s.
 DELIVERY_TIMEOUT = timedelta(minutes=25)
-RETRY_SECONDS = 60
-PERMANENT_ERRORS = frozenset(
-    {"ResourceNotFound", "ValidationException", "AccessDeniedException", "AccessDenied"}
-)  # a reconcile that failed is tried again this soon, not after the queue's visibility timeout
-
-
-class Deferred(Exception):
-    """Not now: try this message again in ``seconds``."""
-
-    def __init__(self, seconds: float, reason: str) -> None:
-        super().__init__(f"deferred {seconds:.0f}s: {reason}")
-        self.seconds = max(1.0, seconds)
-        self.reason = reason
+RETRY_SECONDS = 60  # a reconcile that failed for now is tried again this soon, not after the visibility timeout
+CLAIM_RACE_SECONDS = 5  # another writer saved the state while this one planned: look again shortly
 
 
 class Decision(StrEnum):
     COVERED = "covered"  # an earlier reconcile already handled this generation
     SUPERSEDED = "superseded"  # a newer message for the cluster is in the same batch
+    DEFERRED = "deferred"  # not now: try again in ``defer_seconds``
     PROCEED = "proceed"
 
 
-def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settings: Settings) -> Decision:
-    """Whether to reconcile now; raises ``Deferred`` when it should wait."""
+@dataclass(frozen=True)
+class Verdict:
+    decision: Decision
+    defer_seconds: float | None = None
+    reason: str = ""
+    behind_delivery: bool = False  # waiting for the delivery in flight, which resumes the message when done
+
+
+def _wait(seconds: float, reason: str, *, behind_delivery: bool = False) -> Verdict:
+    return Verdict(Decision.DEFERRED, max(1.0, seconds), reason, behind_delivery)
+
+
+def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settings: Settings) -> Verdict:
+    """Whether to reconcile now, or how long to wait."""
     # A message stands for every change of its cycle (later ones are deduplicated into it by SQS), so it
     # reconciles whatever the state is now; only a cycle that an earlier reconcile closed is done.
     if request.generation <= state.reconciled_generation:
-        return Decision.COVERED
+        return Verdict(Decision.COVERED)
     if state.pending is not None and now - state.pending.handle.sent_at < DELIVERY_TIMEOUT:
         remaining = DELIVERY_TIMEOUT - (now - state.pending.handle.sent_at)
-        raise Deferred(min(remaining.total_seconds(), 30), "a delivery is in flight")
+        return _wait(remaining.total_seconds(), "a delivery is in flight", behind_delivery=True)
     if state.last_event_at is not None and state.first_pending_at is not None:
         quiet = (now - state.last_event_at).total_seconds()
         waited = (now - state.first_pending_at).total_seconds()
         if quiet < settings.debounce_seconds and waited < settings.max_wait_seconds:
-            raise Deferred(settings.debounce_seconds - quiet, "debounce: changes are still arriving")
+            return _wait(settings.debounce_seconds - quiet, "debounce: changes are still arriving")
     if state.last_write_at is not None:
         since_write = (now - state.last_write_at).total_seconds()
         if since_write < settings.min_write_interval_seconds:
-            raise Deferred(settings.min_write_interval_seconds - since_write, "minimum interval between writes")
-    return Decision.PROCEED
+            return _wait(settings.min_write_interval_seconds - since_write, "minimum interval between writes")
+    return Verdict(Decision.PROCEED)
 
 
 @dataclass
@@ -101,10 +107,13 @@ class ControllerDeps:
 class ReconcileReport(BaseModel):
     cluster: str
     generation: int
-    action: str  # covered | superseded | ignored | unchanged | delivered | planned-only
+    action: str  # covered | superseded | deferred | ignored | unchanged | delivered | planned-only
     plan_sha256: str | None = None
     delivery_reference: str | None = None
     nodes_without_topology: int = 0
+    defer_seconds: float | None = None  # deferred: hide the message this long
+    reason: str = ""  # deferred: why
+    behind_delivery: bool = False  # deferred behind a delivery in flight, whose result resumes the message
 
 
 def plan_cluster(cluster: ClusterConfig, state: ClusterState, facts: FactsSource) -> RenderedPlan:
@@ -126,12 +135,14 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     started = time.monotonic()
     now = deps.clock.now()
     state = deps.state.get(cluster.name)
-    decision = decide(state, request, now, deps.settings)
-    if decision is not Decision.PROCEED:
+    verdict = decide(state, request, now, deps.settings)
+    if verdict.decision is Decision.DEFERRED:
+        return _deferred(cluster.name, request, verdict)
+    if verdict.decision is not Decision.PROCEED:
         # A covered message may be the only one of its cycle if a reconcile died after closing the cycle:
         # make sure the changes after it have a message.
         queue_next_cycle(deps.state, deps.queue, cluster.name)
-        return ReconcileReport(cluster=cluster.name, generation=request.generation, action=decision.value)
+        return ReconcileReport(cluster=cluster.name, generation=request.generation, action=verdict.decision.value)
     # Every change since the last reconcile is handled by this one: all but one needed no reconcile of its own.
     coalesced = state.generation - state.reconciled_generation - 1
     if coalesced > 0:
@@ -153,7 +164,19 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         action = "planned-only"
     elif rendered.sha256 != state.applied_sha256 or state.repair_partitions:
         delivery = _claim_delivery(deps, cluster, state, rendered, now)
-        handle = deps.channel(cluster).deliver(rendered.bundle)
+        if delivery is None:
+            return _deferred(
+                cluster.name, request, _wait(CLAIM_RACE_SECONDS, "the cluster's state changed while planning")
+            )
+        try:
+            handle = deps.channel(cluster).deliver(rendered.bundle)
+        except TopokeeperError:
+            # AWS answered with an error (or the channel refused before sending): no command exists, so
+            # nothing will ever finish this claim. Any other failure (a read timeout after SendCommand) may
+            # have delivered: the claim stays until the delivery timeout (its command id is unknown, so no
+            # result can match it), rather than risk two applies at once.
+            _release_claim(deps, cluster.name, delivery)
+            raise
         action, reference = "delivered", handle.reference
         update["pending"] = delivery.model_copy(update={"handle": handle})
         update["last_write_at"] = now
@@ -200,11 +223,22 @@ def newest_generations(bodies: Iterable[str]) -> dict[str, int]:
     return newest
 
 
+def _deferred(cluster: str, request: ReconcileRequest, verdict: Verdict) -> ReconcileReport:
+    return ReconcileReport(
+        cluster=cluster,
+        generation=request.generation,
+        action=Decision.DEFERRED.value,
+        defer_seconds=verdict.defer_seconds,
+        reason=verdict.reason,
+        behind_delivery=verdict.behind_delivery,
+    )
+
+
 def _claim_delivery(
     deps: ControllerDeps, cluster: ClusterConfig, state: ClusterState, rendered: RenderedPlan, now: datetime
-) -> PendingDelivery:
+) -> PendingDelivery | None:
     """Mark the delivery in flight before sending it, conditional on the state this reconcile read: two
-    writers (the Lambda, an operator's ``topokeeper apply``) never deliver at once."""
+    writers (the Lambda, an operator's ``topokeeper apply``) never deliver at once. None: another won."""
     claim = PendingDelivery(
         handle=DeliveryHandle(
             channel=cluster.effective_channel,
@@ -222,17 +256,44 @@ def _claim_delivery(
     )
     try:
         deps.state.save(state.model_copy(update={"pending": claim}))
-    except ConcurrentUpdate as error:
-        raise Deferred(5, "the cluster's state changed while planning") from error
+    except ConcurrentUpdate:
+        return None
     return claim
+
+
+def _release_claim(deps: ControllerDeps, cluster: str, claim: PendingDelivery) -> None:
+    """Forget a claim whose send failed, only if it is still ours (compare-and-set)."""
+    save_fields(
+        deps.state,
+        cluster,
+        lambda fresh: {"pending": None} if fresh.pending is not None and fresh.pending.handle == claim.handle else {},
+    )
+
+
+def _wait_behind_delivery(deps: ControllerDeps, cluster: str, receipt_handle: str) -> None:
+    """Leave the deferred message's receipt with the delivery in flight, whose result resumes it. If that
+    delivery finished meanwhile, nobody would: resume it now."""
+    waiting = False
+
+    def register(fresh: ClusterState) -> dict[str, object]:
+        nonlocal waiting
+        waiting = fresh.pending is not None
+        if fresh.pending is None:
+            return {}
+        return {"pending": fresh.pending.model_copy(update={"waiting_receipt": receipt_handle})}
+
+    save_fields(deps.state, cluster, register)
+    if not waiting:
+        deps.queue.resume(receipt_handle)
 
 
 def process_message(
     body: str, receipt_handle: str, deps: ControllerDeps, newest: Mapping[str, int]
 ) -> ReconcileReport | None:
-    """One SQS record. Malformed, or failing for good (bad facts, a deleted cluster) -> the dead-letter
-    queue with the reason; superseded within its batch -> dropped without reading state; deferred or
-    failing for now -> hidden for a while, then retried."""
+    """One SQS record. Malformed, or failing for good (bad facts, a deleted cluster, access denied) -> the
+    dead-letter queue with the reason; superseded within its batch -> dropped without reading state;
+    deferred -> hidden for ``defer_seconds`` (the caller must leave the message in the queue); failing for
+    now -> hidden for ``RETRY_SECONDS``, and the error is raised."""
     try:
         request = ReconcileRequest.model_validate_json(body)
     except ValidationError as error:
@@ -241,19 +302,18 @@ def process_message(
     if newest.get(request.cluster, 0) > request.generation:
         return ReconcileReport(cluster=request.cluster, generation=request.generation, action=Decision.SUPERSEDED.value)
     try:
-        return reconcile(request, deps)
-    except Deferred as deferred:
-        deps.queue.defer(receipt_handle, deferred.seconds)
-        raise
+        report = reconcile(request, deps)
     except InputError as error:
         deps.queue.dead_letter(body, f"cannot plan {request.cluster}: {error}")
         return None
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in PERMANENT_ERRORS:
-            deps.queue.dead_letter(body, f"{request.cluster}: {error}")
-            return None
-        deps.queue.defer(receipt_handle, RETRY_SECONDS)
-        raise
+    except Permanent as error:
+        deps.queue.dead_letter(body, f"{request.cluster}: {error}")
+        return None
     except Exception:
         deps.queue.defer(receipt_handle, RETRY_SECONDS)
         raise
+    if report.defer_seconds is not None:
+        deps.queue.defer(receipt_handle, report.defer_seconds)
+        if report.behind_delivery:
+            _wait_behind_delivery(deps, request.cluster, receipt_handle)
+    return report

@@ -2,6 +2,8 @@
 
 Channel-agnostic past parsing: both channels carry the applier's own JSON document. Events that do
 not belong to the delivery in flight (a verify command, a late duplicate) change no delivery state.
+Which cluster a result is about comes from who could have sent it, never from the event's detail: the
+agent's per-cluster event source, or the SSM command topokeeper itself issued.
 """
 
 from __future__ import annotations
@@ -13,28 +15,31 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Settings
+from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE, agent_source_cluster
 from topokeeper.domain.models import SlurmVersion
-from topokeeper.errors import InputError
+from topokeeper.errors import InputError, Retryable
 from topokeeper.events import (
-    AGENT_APPLY_DETAIL_TYPE,
-    AGENT_SOURCE,
-    AGENT_VERIFY_DETAIL_TYPE,
     SSM_INVOCATION_DETAIL_TYPE,
     AgentResultDetail,
     SsmInvocationDetail,
     TopokeeperEvent,
 )
-from topokeeper.ports import ApplyResult, Clock, Metric, Metrics, Outcome
-from topokeeper.service.audit import AuditSink, build_records
-from topokeeper.service.state import (
+from topokeeper.ports import (
+    ApplyResult,
+    AuditSink,
+    Channel,
+    Clock,
     ClusterState,
+    Metric,
+    Metrics,
+    Outcome,
     PendingDelivery,
     PlanStore,
     StateStore,
     WorkQueue,
-    request_reconcile,
-    save_fields,
 )
+from topokeeper.service.audit import build_records
+from topokeeper.service.state import request_reconcile, save_fields
 
 SUCCESS = frozenset({Outcome.APPLIED, Outcome.UNCHANGED})
 
@@ -52,21 +57,17 @@ class ResultDeps:
 
 
 class ResultReport(BaseModel):
-    status: Literal["recorded", "verify-recorded", "pending", "ignored"]
+    status: Literal["recorded", "verify-recorded", "pending", "ignored", "refused", "outdated"]
     cluster: str | None = None
     outcome: Outcome | None = None
     audit_records: int = 0
     reason: str = ""
 
 
-class ResultNotReady(RuntimeError):
-    """The outcome is not readable yet; the invocation fails so Lambda retries it."""
-
-
 def _slurm_version(result: ApplyResult) -> str | None:
     """The head node's own report of its Slurm version, if it is one (it decides the file format)."""
-    reported = getattr(result, "slurm_version", None)
-    if not isinstance(reported, str):
+    reported = result.slurm_version
+    if reported is None:
         return None
     try:
         SlurmVersion.parse(reported)
@@ -84,32 +85,92 @@ def _parse(model: type[BaseModel], event: TopokeeperEvent) -> Any:
 
 def record_result(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
     if event.source == "aws.ssm" and event.detail_type == SSM_INVOCATION_DETAIL_TYPE:
-        invocation = _parse(SsmInvocationDetail, event)
-        cluster = next((c for c in deps.settings.clusters if c.head_node == invocation.instance_id), None)
-        if cluster is None:
-            return ResultReport(status="ignored", reason=f"{invocation.instance_id} is not a managed head node")
-        state = deps.state.get(cluster.name)
-        if state.pending is None or state.pending.handle.reference != invocation.command_id:
-            return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
-        result = deps.ssm_result(cluster, invocation.command_id)
-        if result.outcome is Outcome.PENDING:
-            # GetCommandInvocation is eventually consistent behind the terminal event: fail, so the
-            # asynchronous invocation is retried, rather than lose the result.
-            raise ResultNotReady(f"command {invocation.command_id} still reads {result.error or 'pending'}")
-        return finish_delivery(cluster, state, state.pending, result, deps)
-    if event.source == AGENT_SOURCE and event.detail_type in (AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE):
-        report = _parse(AgentResultDetail, event)
-        cluster = deps.settings.cluster(report.cluster)
-        if cluster is None:
-            return ResultReport(status="ignored", reason=f"unmanaged cluster {report.cluster}")
-        state = deps.state.get(cluster.name)
-        if event.detail_type == AGENT_VERIFY_DETAIL_TYPE:
-            save_fields(deps.state, cluster.name, {"last_verify": report.result, "last_verify_at": deps.clock.now()})
-            return ResultReport(status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome)
-        if state.pending is None or state.pending.handle.reference not in report.references:
-            return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
-        return finish_delivery(cluster, state, state.pending, report.result, deps)
+        return _record_command_result(event, deps)
+    agent_report = event.detail_type in (AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE)
+    if agent_report and event.source.startswith(AGENT_SOURCE):
+        return _record_agent_report(event, deps)
     return ResultReport(status="ignored", reason=f"not a result event: {event.source} / {event.detail_type}")
+
+
+def _record_command_result(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
+    """The cluster is the one whose delivery in flight is this command: aws.ssm events cannot be forged, and
+    a command someone else ran on the same head node is nobody's delivery."""
+    invocation = _parse(SsmInvocationDetail, event)
+    candidates = [c for c in deps.settings.clusters if c.head_node == invocation.instance_id]
+    if not candidates:
+        return ResultReport(status="ignored", reason=f"{invocation.instance_id} is not a managed head node")
+    for cluster in candidates:
+        state = deps.state.get(cluster.name)
+        if state.pending is not None and state.pending.handle.reference == invocation.command_id:
+            break
+    else:
+        return ResultReport(
+            status="ignored",
+            cluster=candidates[0].name if len(candidates) == 1 else None,
+            reason="not the delivery in flight",
+        )
+    result = deps.ssm_result(cluster, invocation.command_id)
+    if result.outcome is Outcome.PENDING:
+        # GetCommandInvocation is eventually consistent behind the terminal event: fail, so the
+        # asynchronous invocation is retried, rather than lose the result.
+        raise Retryable(f"command {invocation.command_id} still reads {result.error or 'pending'}")
+    return finish_delivery(cluster, state, state.pending, result, deps)
+
+
+def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
+    """The source names the cluster (each agent's policy allows only its own); the detail must agree."""
+    source_cluster = agent_source_cluster(event.source)
+    if source_cluster is None:
+        return _legacy_report(event, deps)
+    report = _parse(AgentResultDetail, event)
+    cluster = _agent_cluster(deps.settings, source_cluster)
+    if cluster is None:
+        return ResultReport(status="ignored", reason=f"no agent cluster {source_cluster} (source {event.source})")
+    if report.cluster != cluster.name:
+        deps.metrics.emit(cluster.name, Metric.FORGED_REPORTS, 1)
+        return ResultReport(
+            status="refused",
+            cluster=cluster.name,
+            reason=f"forged report: source {event.source} may only report on {cluster.name}, not {report.cluster!r}",
+        )
+    if report.result.outcome is Outcome.AGENT_OUTDATED:
+        deps.metrics.emit(cluster.name, Metric.AGENT_OUTDATED, 1)
+    state = deps.state.get(cluster.name)
+    if event.detail_type == AGENT_VERIFY_DETAIL_TYPE:
+        save_fields(deps.state, cluster.name, {"last_verify": report.result, "last_verify_at": deps.clock.now()})
+        return ResultReport(status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome)
+    if state.pending is None or state.pending.handle.reference not in report.references:
+        return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
+    return finish_delivery(cluster, state, state.pending, report.result, deps)
+
+
+def _agent_cluster(settings: Settings, name: str) -> ClusterConfig | None:
+    """Only clusters served by an agent have an agent policy, hence a source that can be trusted."""
+    return next((c for c in settings.clusters if c.name == name and c.effective_channel is Channel.AGENT), None)
+
+
+class _LegacyAgentReport(BaseModel):
+    """What every agent release has sent: enough to name the agent that needs the upgrade (older results
+    lack fields today's ApplyResult requires, so the result itself is not read)."""
+
+    cluster: str
+
+
+def _legacy_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
+    """An agent from before per-cluster sources: nothing proves which cluster sent it, so it records
+    nothing and only says that the agent it claims to be needs the upgrade."""
+    if event.source != AGENT_SOURCE:
+        return ResultReport(status="ignored", reason=f"not an agent source: {event.source}")
+    report: _LegacyAgentReport = _parse(_LegacyAgentReport, event)
+    cluster = _agent_cluster(deps.settings, report.cluster)
+    if cluster is None:
+        return ResultReport(status="ignored", reason=f"no agent cluster {report.cluster} (legacy source)")
+    deps.metrics.emit(cluster.name, Metric.AGENT_OUTDATED, 1)
+    return ResultReport(
+        status="outdated",
+        cluster=cluster.name,
+        reason=f"an agent reporting as {event.source} predates per-cluster sources: re-run the install script",
+    )
 
 
 def finish_delivery(
@@ -147,13 +208,20 @@ def finish_delivery(
     else:
         deps.metrics.emit(cluster.name, Metric.APPLY_FAILURES, 1)
 
+    waiting: list[str] = []  # the reconcile message deferred behind this delivery
+
     def finished(fresh: ClusterState) -> dict[str, object]:
+        waiting.clear()
         # Only the delivery still in flight is finished: a late result of an older one must not undo a newer.
         if fresh.pending is None or fresh.pending.handle.reference != pending.handle.reference:
             return {"slurm_version": update["slurm_version"]} if "slurm_version" in update else {}
+        if fresh.pending.waiting_receipt:
+            waiting.append(fresh.pending.waiting_receipt)
         return {**update, "pending": None}
 
     save_fields(deps.state, cluster.name, finished)
+    for receipt in waiting:
+        deps.queue.resume(receipt)
 
     # A plan rendered for the other Slurm format is refused; now that the head node told us its
     # version, plan again once. Other failures wait for the next change or the drift schedule.

@@ -63,12 +63,14 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
     # The functions log JSON for CloudWatch; here the story prints the same in readable lines.
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
     # Imported here, not at the top: the simulator needs moto (the sim extra), which plan and show do not.
+    from topokeeper.sim.head_node import choose_head_node  # noqa: PLC0415
+    from topokeeper.sim.lambda_host import functions_dir  # noqa: PLC0415
     from topokeeper.sim.report import write_report  # noqa: PLC0415
     from topokeeper.sim.simulator import simulate, write_result  # noqa: PLC0415
     from topokeeper.sim.slurm_chroot import HarnessError  # noqa: PLC0415
-    from topokeeper.sim.world import choose_head_node  # noqa: PLC0415
 
     try:
+        functions_dir()
         head_node = choose_head_node()
     except HarnessError as error:
         print(f"topokeeper: {error}", file=sys.stderr)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from topokeeper.applier.applier import partition_topologies
 from topokeeper.domain.hostlist import compress, expand
@@ -28,7 +29,10 @@ from topokeeper.domain.models import SlurmFormat
 from topokeeper.render.bundle import Bundle
 from topokeeper.sim.slurm_chroot import (
     SUITE_FOR_FORMAT,
+    HarnessError,
     SlurmController,
+    can_run,
+    config_texts,
     ensure_chroot,
     installed_slurm_version,
     proc_mounted,
@@ -36,6 +40,8 @@ from topokeeper.sim.slurm_chroot import (
 
 APPLIER_SOURCE = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
 AGENT_SOURCE = Path(__file__).resolve().parents[1] / "agent" / "agent.py"
+# "chroot" or "file": which head node to run, whatever this machine could run (tests force "file").
+HEAD_NODE_VARIABLE = "TOPOKEEPER_HEAD_NODE"
 _PLUGIN_LINE = re.compile(r"^TopologyPlugin=\S+$", re.MULTILINE)
 
 
@@ -98,7 +104,7 @@ class HeadNode(ABC):
         if wanted == self.partitions:
             return
         self.partitions = wanted
-        current = self.slurm_conf.read_text()
+        current = config_texts(self.controller.etc)  # partition lines may sit in Included files
         topologies = partition_topologies(
             "\n".join(line for line in current.splitlines() if line.startswith("PartitionName="))
         )
@@ -113,7 +119,7 @@ class HeadNode(ABC):
         """Run an SSM RunShellScript command list as the SSM agent would: ``sh`` on the head node, as root."""
         script = "\n".join(commands) + "\n"
         result = subprocess.run(
-            self.controller.command("sh", "-s"),
+            self.script_command(),
             input=script,
             capture_output=True,
             text=True,
@@ -121,6 +127,10 @@ class HeadNode(ABC):
             check=False,
         )
         return result.returncode, result.stdout, result.stderr
+
+    def script_command(self) -> list[str]:
+        """How the SSM agent runs a script here: ``sh`` reading it from stdin."""
+        return self.controller.command("sh", "-s")
 
     def tamper(self) -> str:
         """A hand edit of the live topology: move one node to another leaf or block, then reconfigure."""
@@ -147,10 +157,13 @@ class HeadNode(ABC):
 class ChrootHeadNode(HeadNode):
     controller: SlurmController
 
-    def __init__(self, slurm_format: SlurmFormat, name: str) -> None:
+    def __init__(self, slurm_format: SlurmFormat, name: str, style: str = "debian") -> None:
         self.root = ensure_chroot(SUITE_FOR_FORMAT[slurm_format.value])
-        self.controller = SlurmController(root=self.root, name=name)
+        # The chroot is shared by every session on this machine: the pid keeps two runs of one world apart.
+        self.controller = SlurmController(root=self.root, name=f"{name}-{os.getpid()}", style=style)
         self.description = f"slurmctld {installed_slurm_version(self.root)} in a Debian chroot"
+        if style != "debian":
+            self.description += f", laid out as a {style} head node"
         self.partitions: dict[str, list[str]] = {}
         self._mounts = contextlib.ExitStack()
 
@@ -161,9 +174,14 @@ class ChrootHeadNode(HeadNode):
         self.controller.prepare(nodes, {name: (members, None) for name, members in self.partitions.items()})
         self.controller.start()
 
+    def script_command(self) -> list[str]:
+        """Without a login shell, as SSM's AWS-RunShellScript runs (no /opt/slurm/bin on PATH)."""
+        return self.controller.command("sh", "-s", login=False)
+
     def stop(self) -> None:
         try:
             self.controller.stop()
+            self.controller.remove()
         finally:
             self._mounts.close()
 
@@ -187,7 +205,7 @@ class ChrootHeadNode(HeadNode):
         variables = [f"{key}={value}" for key, value in sorted(environment.items())]
         result = subprocess.run(
             self.controller.command(
-                *variables, "python3", "/opt/topokeeper/agent.py", "--config", config_path, "--once"
+                *variables, "python3", "/opt/topokeeper/agent.py", "--config", config_path, "--once", login=False
             ),
             capture_output=True,
             text=True,
@@ -225,3 +243,25 @@ def _move_one_node(text: str) -> str:
         lines[second] = lines[second][: other.start(2)] + compress(grown) + lines[second][other.end(2) :]
         return "\n".join(lines) + "\n"
     raise RuntimeError("no node list to edit")
+
+
+class HeadNodeChoice(NamedTuple):
+    kind: Literal["chroot", "file"]
+    note: str  # for the operator, when it is the file-only head node
+
+
+def choose_head_node(requested: str | None = None) -> HeadNodeChoice:
+    """``requested``, else $TOPOKEEPER_HEAD_NODE, else the real slurmctld in a chroot where it can run here."""
+    requested = requested or os.environ.get(HEAD_NODE_VARIABLE) or None
+    if requested not in (None, "chroot", "file"):
+        raise HarnessError(f"{HEAD_NODE_VARIABLE} is chroot or file, not {requested!r}")
+    if requested == "file":
+        return HeadNodeChoice("file", "using a file-only head node (no slurmctld), as requested")
+    ok, reason = can_run()
+    if not ok and requested == "chroot":
+        raise HarnessError(f"the real head node cannot run here: {reason}")
+    if not ok:
+        return HeadNodeChoice(
+            "file", f"the real head node cannot run here: {reason}; using a file-only head node (no slurmctld)"
+        )
+    return HeadNodeChoice("chroot", "")

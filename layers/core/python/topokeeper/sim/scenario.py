@@ -48,6 +48,8 @@ class ClusterSpec(_Strict):
     slurm_version: str = "26.05"
     mode: Mode = Mode.ENFORCE
     channel: Channel = Channel.SSM
+    # The real head node's layout: debian (Slurm on PATH) or hyperpod (/opt/slurm, partitions Included).
+    head_node_style: Literal["debian", "hyperpod"] = "debian"
     instance_groups: list[InstanceGroup] = Field(min_length=1)
     seed: int = 7
 
@@ -120,7 +122,8 @@ class Timing(_Strict):
     api_call_seconds: float = Field(0.02, ge=0)
     ssm_delivery_seconds: float = Field(2.0, ge=0)
     agent_poll_seconds: float = Field(30.0, gt=0)
-    drift_interval_seconds: float = Field(300.0, gt=0)
+    # The stack's drift schedule runs at this rate, so it is whole minutes (EventBridge Scheduler's finest unit).
+    drift_interval_seconds: float = Field(300.0, ge=60, multiple_of=60)
     step_timeout_seconds: float = Field(1800.0, gt=0)
 
 
@@ -131,6 +134,8 @@ class Scenario(_Strict):
     debounce_seconds: int = Field(10, ge=0)
     min_write_interval_seconds: int = Field(60, ge=0)
     drift_alarm_periods: int = Field(2, ge=1)
+    # false: HyperPod nodes live in SageMaker's service account, DescribeInstanceTopology does not know them
+    expose_hyperpod_nodes: bool = True
 
     @model_validator(mode="after")
     def _groups_exist(self) -> Scenario:

@@ -161,7 +161,7 @@ class Story:
         desired = world.desired()
         converged, seconds = self._convergence(desired, started)
         records = [r for r in world.runtime.audit.history(world.cluster.name, 1000) if _after(r, world, started)]
-        alarm = client("cloudwatch").describe_alarms(AlarmNamePrefix="topokeeper-")["MetricAlarms"][0]["StateValue"]
+        alarm = world.metrics.state(world.cluster.name, Metric.TOPOLOGY_DRIFT)
         drift = world.metrics.peak(world.cluster.name, Metric.TOPOLOGY_DRIFT, started)
         return StepResult(
             step=action,
@@ -181,7 +181,7 @@ class Story:
             convergence_seconds=seconds,
             audit_records=sorted(records, key=lambda r: (r["completed_at"], r["partition"])),
             drift=None if drift is None else int(drift),
-            alarm=alarm,
+            alarm=alarm.value,
             alarm_raised=world.metrics.alarmed_since(started),
             live_topology=world.head.live_topology(),
             nodes=len(desired.plan.nodes),

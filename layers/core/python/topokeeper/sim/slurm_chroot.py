@@ -7,6 +7,16 @@ reuses it afterwards. ``SlurmController`` runs slurmctld daemonized, as on a hea
 ``ResumeProgram=/bin/true``: no slurmd and no munge are needed, and a job's allocation (chosen by the
 topology plugin) is visible while it is CONFIGURING.
 
+A controller also looks like one of three head nodes (``HEAD_NODE_STYLES``): ``debian`` (Slurm on
+PATH, ``SLURM_CONF`` set), or ``hyperpod`` and ``parallelcluster``: Slurm under ``/opt/slurm`` with
+``scontrol`` only in ``/opt/slurm/bin``, as AWS's images install it. Those two are arranged inside the
+controller's own mount namespace, never in the shared chroot: its directory is bound on ``/opt/slurm``
+and Debian's ``/usr/bin/scontrol`` is covered by a file that is not executable. Commands then run with
+a login shell's PATH (``/opt/slurm/bin`` first) or, like SSM's script and a systemd unit, without it.
+HyperPod keeps its partitions in an ``Include``d file; ParallelCluster names nodes
+``<queue>-st|dy-<compute resource>-<n>``, gives static nodes ``NodeAddr`` (their private IPs) and
+defines each queue in ``/opt/slurm/etc/pcluster/``.
+
 The harness stops only what it started, by pid, and unmounts /proc before any chroot is deleted.
 """
 
@@ -15,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -25,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from topokeeper.applier.applier import partition_topologies
-from topokeeper.domain.hostlist import compress
+from topokeeper.domain.hostlist import compress, expand
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 SUITE_FOR_FORMAT = {"topology.yaml": "sid", "topology.conf": "trixie"}
@@ -33,6 +44,12 @@ SUITE_FOR_FORMAT = {"topology.yaml": "sid", "topology.conf": "trixie"}
 # python3-minimal subset, which its own tests check).
 PACKAGES = ("slurmctld", "slurm-client", "python3")
 READY_MARKER = ".topokeeper-ready"
+HEAD_NODE_STYLES = ("debian", "hyperpod", "parallelcluster")
+OPT_SLURM = "/opt/slurm"
+# What a non-login shell (SSM's AWS-RunShellScript, a systemd unit) has; a login shell adds /opt/slurm/bin.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LOGIN_PATH = f"{OPT_SLURM}/bin:{OPT_SLURM}/sbin:{SYSTEM_PATH}"
+_CLIENT_TOOLS = ("scontrol", "sbatch", "squeue", "sinfo")
 
 
 class HarnessError(RuntimeError):
@@ -187,21 +204,40 @@ class SlurmController:
 
     root: Path
     name: str
+    style: str = "debian"  # one of HEAD_NODE_STYLES
     port: int = field(default_factory=free_port)
     pid: int | None = None
     _anchor: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.style not in HEAD_NODE_STYLES:
+            raise HarnessError(f"head-node style {self.style!r}: expected one of {', '.join(HEAD_NODE_STYLES)}")
 
     @property
     def inner_dir(self) -> str:
         return f"/topokeeper/{self.name}"
 
     @property
+    def under_opt_slurm(self) -> bool:
+        """Slurm under /opt/slurm (HyperPod, ParallelCluster), not on a non-login PATH."""
+        return self.style != "debian"
+
+    @property
+    def _base(self) -> Path:
+        return self.root / self.inner_dir.lstrip("/")
+
+    @property
     def etc(self) -> Path:
-        return self.root / self.inner_dir.lstrip("/") / "etc"
+        return self._base / "etc"
+
+    @property
+    def config_dir_inner(self) -> str:
+        """slurm.conf's directory as the head node's processes see it."""
+        return f"{OPT_SLURM}/etc" if self.under_opt_slurm else f"{self.inner_dir}/etc"
 
     @property
     def slurm_conf_inner(self) -> str:
-        return f"{self.inner_dir}/etc/slurm.conf"
+        return f"{self.config_dir_inner}/slurm.conf"
 
     @property
     def log(self) -> Path:
@@ -212,9 +248,10 @@ class SlurmController:
         nodes: Iterable[str],
         partitions: Mapping[str, tuple[Iterable[str], str | None]],
         extra: Iterable[str] = (),
+        addresses: Mapping[str, str] | None = None,
     ) -> None:
         """A fresh config directory and slurm.conf (see ``write_slurm_conf``)."""
-        base = self.root / self.inner_dir.lstrip("/")
+        base = self._base
         if base.exists():
             shutil.rmtree(base)
         for sub in ("etc", "state", "log"):
@@ -222,15 +259,37 @@ class SlurmController:
         key = self.etc / "slurm.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        self.write_slurm_conf(nodes, partitions, extra)
+        if self.under_opt_slurm:
+            self._install_opt_slurm(base)
+        self.write_slurm_conf(nodes, partitions, extra, addresses)
+
+    def _install_opt_slurm(self, base: Path) -> None:
+        """What becomes /opt/slurm/bin: client wrappers that default to /opt/slurm/etc/slurm.conf, as a
+        Slurm built with --prefix=/opt/slurm does, and the file that covers Debian's /usr/bin/scontrol."""
+        for sub in ("bin", "libexec"):
+            (base / sub).mkdir()
+        # A link to Debian's scontrol that the covering file does not hide (same filesystem: the chroot).
+        os.link(self.root / "usr/bin/scontrol", base / "libexec" / "scontrol")
+        for tool in _CLIENT_TOOLS:
+            target = f"{self.inner_dir}/libexec/scontrol" if tool == "scontrol" else f"/usr/bin/{tool}"
+            wrapper = base / "bin" / tool
+            default_conf = f'export SLURM_CONF="${{SLURM_CONF:-{OPT_SLURM}/etc/slurm.conf}}"'
+            wrapper.write_text(f'#!/bin/sh\n{default_conf}\nexec {shlex.quote(target)} "$@"\n')
+            wrapper.chmod(0o755)
+        (base / "no-scontrol").write_text("")  # mode 0644: PATH lookups skip it, as if scontrol were absent
+        (base / "no-scontrol").chmod(0o644)
 
     def write_slurm_conf(
         self,
         nodes: Iterable[str],
         partitions: Mapping[str, tuple[Iterable[str], str | None]],
         extra: Iterable[str] = (),
+        addresses: Mapping[str, str] | None = None,
     ) -> None:
-        """CLOUD nodes, one line per partition (with its Topology= if given), plus ``dev`` with all nodes."""
+        """CLOUD nodes and one line per partition (with its Topology= if given), laid out as the style's
+        head node has them. ``addresses``: NodeAddr per node (ParallelCluster's static nodes); other nodes
+        get 127.0.0.1, or on ParallelCluster no NodeAddr at all (a powered-down dynamic node's address is
+        its name). Debian and HyperPod add a partition ``dev`` with all nodes."""
         node_list = sorted(set(nodes))
         lines = [
             "ClusterName=topotest",
@@ -254,30 +313,75 @@ class SlurmController:
             "ResumeTimeout=3600",
             *extra,
         ]
+        addresses = addresses or {}
+        if self.style == "parallelcluster":
+            self._write_parallelcluster(lines, node_list, partitions, addresses)
+            return
+        lines.extend(_node_lines(node_list, addresses, default_address="127.0.0.1"))
+        partition_lines = [
+            _partition_line(name, members, topology) for name, (members, topology) in sorted(partitions.items())
+        ]
         if node_list:
-            lines.append(f"NodeName={compress(node_list)} NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 State=CLOUD")
+            partition_lines.append("PartitionName=dev Nodes=ALL Default=YES State=UP")
+        if self.style == "hyperpod":
+            self.write_file("partitions.conf", "\n".join(partition_lines) + "\n")
+            partition_lines = [f"Include {OPT_SLURM}/etc/partitions.conf"]
+        (self.etc / "slurm.conf").write_text("\n".join(lines + partition_lines) + "\n")
+
+    def _write_parallelcluster(
+        self,
+        lines: list[str],
+        node_list: list[str],
+        partitions: Mapping[str, tuple[Iterable[str], str | None]],
+        addresses: Mapping[str, str],
+    ) -> None:
+        """slurm.conf includes slurm_parallelcluster.conf, which includes one file per queue from pcluster/:
+        the queue's nodes, a NodeSet of them, and its partition line (ParallelCluster 3's layout)."""
+        pcluster = self.etc / "pcluster"
+        if pcluster.exists():
+            shutil.rmtree(pcluster)
+        pcluster.mkdir()
+        placed: set[str] = set()
+        includes = []
         for partition, (members, topology) in sorted(partitions.items()):
+            own = sorted(set(members) - placed)
+            placed.update(own)
+            queue_lines = _node_lines(own, addresses, default_address=None)
             member_list = sorted(set(members))
-            line = f"PartitionName={partition} Nodes={compress(member_list) if member_list else ''} State=UP"
-            if topology:
-                line += f" Topology={topology}"
-            lines.append(line)
-        if node_list:
-            lines.append("PartitionName=dev Nodes=ALL Default=YES State=UP")
-        (self.etc / "slurm.conf").write_text("\n".join(lines) + "\n")
+            if member_list:
+                queue_lines.append(f"NodeSet={partition}_nodes Nodes={compress(member_list)}")
+            queue_lines.append(_partition_line(partition, [f"{partition}_nodes"] if member_list else [], topology))
+            name = f"slurm_parallelcluster_{partition}_partition.conf"
+            (pcluster / name).write_text("\n".join(queue_lines) + "\n")
+            includes.append(f"include {OPT_SLURM}/etc/pcluster/{name}")
+        unplaced = [node for node in node_list if node not in placed]
+        parallelcluster = [*_node_lines(unplaced, addresses, default_address=None), *includes]
+        self.write_file("slurm_parallelcluster.conf", "\n".join(parallelcluster) + "\n")
+        (self.etc / "slurm.conf").write_text("\n".join([*lines, "include slurm_parallelcluster.conf"]) + "\n")
 
     def write_file(self, name: str, content: str) -> None:
         (self.etc / name).write_text(content)
 
-    def command(self, *argv: str) -> list[str]:
-        """argv run in the chroot, inside this controller's mount namespace once it has one (see ``start``)."""
-        inner = ["chroot", str(self.root), "env", f"SLURM_CONF={self.slurm_conf_inner}", *argv]
+    def command(self, *argv: str, login: bool = True) -> list[str]:
+        """argv run in the chroot, inside this controller's mount namespace once it has one (see ``start``).
+
+        Debian: with SLURM_CONF set. Under /opt/slurm: with a login shell's PATH, or (``login=False``)
+        the PATH of SSM's script and of a systemd unit, where no scontrol is found.
+        """
+        if self.under_opt_slurm:
+            environment = f"PATH={LOGIN_PATH if login else SYSTEM_PATH}"
+        else:
+            environment = f"SLURM_CONF={self.slurm_conf_inner}"
+        inner = ["chroot", str(self.root), "env", environment, *argv]
         if self._anchor is None or self._anchor.poll() is not None:
             return inner
         return ["nsenter", f"--target={self._anchor.pid}", "--mount", "--", *inner]
 
-    def run(self, *argv: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(self.command(*argv), capture_output=True, text=True, timeout=timeout, check=False)
+    def run(
+        self, *argv: str, check: bool = False, timeout: float = 60, login: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        command = self.command(*argv, login=login)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
         if check and result.returncode != 0:
             raise HarnessError(f"{' '.join(argv)} exited {result.returncode}: {result.stdout}{result.stderr}")
         return result
@@ -301,11 +405,28 @@ class SlurmController:
         process holds the namespace (slurmctld changes pid on every reconfigure); ``command`` enters it.
         The paths travel as arguments, never inside the shell text.
         """
-        script = (
-            'mkdir -p "$1/run/slurmctld" && mount -t tmpfs -o mode=0755 tmpfs "$1/run/slurmctld" && exec sleep infinity'
-        )
+        script = 'mkdir -p "$1/run/slurmctld" && mount -t tmpfs -o mode=0755 tmpfs "$1/run/slurmctld"'
+        if self.under_opt_slurm:
+            # This controller's directory is /opt/slurm, and Debian's scontrol is not there to be found.
+            script += (
+                f' && mkdir -p "$1{OPT_SLURM}" && mount --bind "$2" "$1{OPT_SLURM}"'
+                ' && mount --bind "$2/no-scontrol" "$1/usr/bin/scontrol"'
+            )
+        script += " && exec sleep infinity"
         self._anchor = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", str(self.root)],
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                str(self.root),
+                str(self._base),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -343,6 +464,12 @@ class SlurmController:
                 self._anchor.stderr.close()
             self._anchor = None
 
+    def remove(self) -> None:
+        """Delete this controller's directory, once it is stopped (its namespace, and with it the binds, gone)."""
+        if self._anchor is not None:
+            raise HarnessError(f"controller {self.name} is still running")
+        shutil.rmtree(self._base, ignore_errors=True)
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -378,6 +505,35 @@ class SlurmController:
                 return fields[1]
             time.sleep(0.2)
         raise HarnessError(f"job {job_id} was not placed within {timeout}s")
+
+
+def config_texts(etc: Path) -> str:
+    """slurm.conf and every file beside or below it that ends in .conf (the applier's hidden backups aside):
+    wherever Topology= may be set."""
+    others = (p for p in etc.rglob("*.conf") if not any(part.startswith(".") for part in p.relative_to(etc).parts))
+    paths = [etc / "slurm.conf", *sorted(p for p in others if p != etc / "slurm.conf")]
+    return "\n".join(path.read_text() for path in paths if path.is_file())
+
+
+def _node_lines(nodes: list[str], addresses: Mapping[str, str], default_address: str | None) -> list[str]:
+    """CLOUD node lines: those with an address first (``NodeAddr=`` in hostlist order), then the rest."""
+    addressed = [node for node in nodes if node in addresses]
+    rest = [node for node in nodes if node not in addresses]
+    lines = []
+    if addressed:
+        names = compress(addressed)
+        listed = ",".join(addresses[node] for node in expand(names))
+        lines.append(f"NodeName={names} NodeAddr={listed} CPUs=4 RealMemory=1000 State=CLOUD")
+    if rest:
+        address = f" NodeAddr={default_address}" if default_address else ""
+        lines.append(f"NodeName={compress(rest)}{address} CPUs=4 RealMemory=1000 State=CLOUD")
+    return lines
+
+
+def _partition_line(partition: str, members: Iterable[str], topology: str | None) -> str:
+    member_list = sorted(set(members))
+    line = f"PartitionName={partition} Nodes={compress(member_list) if member_list else ''} State=UP"
+    return line + (f" Topology={topology}" if topology else "")
 
 
 def _terminate(pid: int, timeout: float) -> None:

@@ -17,18 +17,19 @@ moto's state is process-wide, so one emulator runs at a time in a process; start
 from __future__ import annotations
 
 import threading
+import urllib.request
 from types import TracebackType
 from typing import Any
 
 import boto3
-from moto.moto_api._internal.models import moto_api_backend
 
 from topokeeper.sim.aws import moto_patches
 from topokeeper.sim.aws.clock import Clock, RateLimits, SystemClock
-from topokeeper.sim.aws.events import EventEmitter
-from topokeeper.sim.aws.hyperpod import HyperPodModel
+from topokeeper.sim.aws.events import EventEmitter, refuse_oversized_put_events
+from topokeeper.sim.aws.hyperpod import HyperPodApi, HyperPodModel
 from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
+from topokeeper.sim.aws.s3 import S3Refusals
 from topokeeper.sim.aws.server import CallCounter, EmulatorServer, Gateway, WsgiApp
 from topokeeper.sim.aws.ssm import SsmRunCommand
 
@@ -106,9 +107,8 @@ class AwsEmulator:
                 raise RuntimeError("an AwsEmulator is already running in this process (moto's state is global)")
             _active = self
         try:
-            _reset_moto()
             moto_patches.apply()
-            handlers = {**self.hyperpod.handlers(), **self.network.handlers(), **self.ssm.handlers()}
+            handlers = {**HyperPodApi(self.hyperpod).handlers(), **self.network.handlers(), **self.ssm.handlers()}
 
             def wrap(app: WsgiApp) -> WsgiApp:
                 return Gateway(
@@ -118,14 +118,18 @@ class AwsEmulator:
                     calls=self.calls,
                     rate_limits=self.rate_limits,
                     ids=self.ids,
+                    refusals=[S3Refusals(self.account_id).check, refuse_oversized_put_events],
                 )
 
-            server = EmulatorServer(wrap, host=self._host)
-            server.start()
-            host, port = server.get_host_and_port()
-            self._server = server
+            self._server = EmulatorServer(wrap, host=self._host)
+            self._server.start()
+            host, port = self._server.get_host_and_port()
             self._endpoint_url = f"http://{host}:{port}"
+            self._reset_moto()  # whatever an earlier user of moto in this process left
         except BaseException:
+            if self._server is not None:
+                self._server.stop()
+            self._server = self._endpoint_url = None
             self._release()
             raise
         return self
@@ -133,7 +137,10 @@ class AwsEmulator:
     def stop(self) -> None:
         """Stop the server (joins its threads, frees the port), undo the moto patches, reset moto."""
         if self._server is not None:
-            self._server.stop()
+            try:
+                self._reset_moto()  # nothing of this emulator stays in moto's process-wide state
+            finally:
+                self._server.stop()
             self._server = None
             self._endpoint_url = None
         self._release()
@@ -143,7 +150,6 @@ class AwsEmulator:
         with _active_lock:
             if _active is self:
                 moto_patches.restore()
-                _reset_moto()
                 _active = None
 
     def __enter__(self) -> AwsEmulator:
@@ -187,11 +193,13 @@ class AwsEmulator:
         options.update(kwargs)
         return boto3.client(service, **options)
 
+    def _reset_moto(self) -> None:
+        """moto's documented reset (``POST /moto-api/reset``, server mode): forget every resource."""
+        url = f"{self.endpoint_url}/moto-api/reset"  # our own server on 127.0.0.1
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=30):  # noqa: S310
+            pass
+
     def reset_counters(self) -> None:
         """Forget counted calls and refill the throttling buckets."""
         self.calls.reset()
         self.rate_limits.reset()
-
-
-def _reset_moto() -> None:
-    moto_api_backend.reset()

@@ -17,7 +17,7 @@ from moto.events.models import events_backends
 
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.ids import IdFactory
-from topokeeper.sim.aws.protocol import ApiRequest, epoch, lower_camel
+from topokeeper.sim.aws.protocol import ApiError, ApiRequest, epoch, json_params, lower_camel
 
 HYPERPOD = "hyperpod"  # SageMaker HyperPod Cluster State Change / Node Health Event
 CLOUDTRAIL = "cloudtrail"  # AWS API Call via CloudTrail, for the mutating calls the emulator serves
@@ -38,6 +38,22 @@ def camel_keys(value: Any) -> Any:
     if isinstance(value, datetime):
         return iso_z(value)
     return value
+
+
+PUT_EVENTS_TOO_LARGE = "Total size of the entries in the request is over the limit."
+
+
+def refuse_oversized_put_events(request: ApiRequest) -> None:
+    """EventBridge refuses a PutEvents request whose entries total 256 KB or more; moto accepts any size.
+    Measured on the server's side of the wire, as the user guide documents it (the client measures its own)."""
+    if request.operation != "PutEvents" or request.service != "events":
+        return
+    total = 0
+    for entry in json_params(request).get("Entries") or []:
+        texts = [entry.get("Source"), entry.get("DetailType"), entry.get("Detail"), *(entry.get("Resources") or [])]
+        total += (14 if "Time" in entry else 0) + sum(len(str(text).encode()) for text in texts if text)
+    if total >= 256 * 1024:
+        raise ApiError("ValidationException", PUT_EVENTS_TOO_LARGE)
 
 
 class EventEmitter:
@@ -87,6 +103,8 @@ class EventEmitter:
         return envelope
 
     def _deliver(self, envelope: Mapping[str, Any], timestamp: float) -> None:
+        # Straight to moto's rules, not PutEvents: an AWS service's event is no API call of the account (the
+        # emulator would count it), and its id and time must come from the emulator's seed and clock.
         backend = events_backends[self.account_id][self.region]
         bus = backend.describe_event_bus(self.bus_name)
         for rule in list(bus.rules.values()):

@@ -1,8 +1,15 @@
 """The few fixes that can only be made inside moto, applied while an emulator runs and undone after.
 
-Everything else the emulator adds is served by its own gateway in front of moto (see ``gateway``), so
+Everything else the emulator adds is served by its own gateway in front of moto (``server.Gateway``), so
 these are the only changes to moto's module state. ``apply`` is idempotent; ``restore`` puts back
 exactly what ``apply`` replaced.
+
+Besides these, the emulator reads (never replaces) moto's in-process backends where AWS itself acts
+without an API call of the account, or where a request would be counted and charged simulated time:
+``events.EventEmitter`` (services put their events on the bus), ``network`` (EC2 instances to place),
+``ssm`` (moto's command store, including its ``_commands`` list: moto lists commands only by filter) and
+``topokeeper.sim.lambda_host`` (a peek at a queue's depth). moto's internals are not a stable API, so
+pyproject.toml pins moto to the minor version these were written against.
 """
 
 from __future__ import annotations

@@ -8,8 +8,12 @@ UltraServer (18 p6e-gb200, 4 trn2u) per leaf by default, all its members sharing
 and ``CapacityBlockId``. Types that are not topology-capable get no network nodes.
 
 ``DescribeInstanceTopology`` behaves like AWS where botocore does not check: at most 100 ids,
-``InstanceIds`` and ``MaxResults`` exclusive, ``MaxResults`` 1..100 (default 20), ``NextToken`` pages
-when no ids are given; throttling is the emulator's rate limiter (1 token, 1/s).
+``InstanceIds`` and ``MaxResults`` exclusive, ``MaxResults`` 1..100 (default 20), ``NextToken`` pages of
+20 even when ids are given (as the public generator expects); throttling is the emulator's rate limiter
+(1 token, 1/s, every page counts). An id the account does not own (a HyperPod node in SageMaker's
+service account when ``expose_hyperpod_nodes`` is off, a terminated instance) fails the whole request
+with ``InvalidInstanceID.NotFound`` naming the ids, or, with ``unknown_ids = "omit"``, is left out of
+the answer silently: which of the two AWS does for DescribeInstanceTopology awaits a live account.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from moto.ec2.models import ec2_backends
 
+from topokeeper.constants import INSTANCE_ID
 from topokeeper.domain.catalog import Capability, ec2_instance_type, lookup
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.ids import IdFactory
@@ -30,7 +35,6 @@ from topokeeper.sim.aws.protocol import ApiError, ApiRequest, decode_token, ec2_
 
 MAX_IDS = 100
 DEFAULT_PAGE = 20
-_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?")
 _DIRECTIONS = {
     "north": "n",
     "south": "s",
@@ -113,6 +117,7 @@ class NetworkModel:
         self.new_instance_delay_seconds = 0.0  # topology "not yet available" after launch, in clock seconds
         self.new_instance_delay_calls = 0  # ... or for this many DescribeInstanceTopology answers
         self.expose_hyperpod_nodes = True  # False: HyperPod nodes are invisible to EC2 (another account)
+        self.unknown_ids: Literal["error", "omit"] = "error"  # how an id the account does not own is answered
         self._ids = ids
         self._clock = clock
         self._lock = lock
@@ -193,14 +198,6 @@ class NetworkModel:
             until = self._clock.monotonic() + seconds if seconds else None
             self._holds[instance_id] = _Hold(until, calls or 0)
 
-    def unhold(self, instance_id: str) -> None:
-        with self._lock:
-            self._holds.pop(instance_id, None)
-
-    def topology_available(self, instance_id: str) -> bool:
-        with self._lock:
-            return self._available(instance_id)
-
     # ------------------------------------------------------------ internals
 
     def _unit(self, ec2_type: str, slot: int) -> int:
@@ -276,7 +273,7 @@ class NetworkModel:
                 f"Value ( {max_results} ) for parameter maxResults is invalid. Expecting a value between 1 and 100.",
             )
         for instance_id in instance_ids:
-            if not _INSTANCE_ID.fullmatch(instance_id):
+            if not INSTANCE_ID.fullmatch(instance_id):
                 raise ApiError("InvalidInstanceID.Malformed", f'Invalid id: "{instance_id}"')
         if params.get("DryRun"):
             raise ApiError("DryRunOperation", "Request would have succeeded, but DryRun flag is set.", 412)
@@ -291,6 +288,9 @@ class NetworkModel:
                 or (p.source == "hyperpod" and self.expose_hyperpod_nodes and request.region == self._region)
             ]
             wanted = set(instance_ids)
+            unknown = sorted(wanted - {p.instance_id for p in candidates})
+            if unknown and self.unknown_ids == "error":
+                raise ApiError("InvalidInstanceID.NotFound", _not_found_message(unknown))
             selected = [
                 p
                 for p in candidates
@@ -299,14 +299,13 @@ class NetworkModel:
                 and matches(p)
             ]
             next_token = None
-            if not instance_ids:
-                if params.get("NextToken"):
-                    after = decode_token(params["NextToken"], "InvalidParameterValue")
-                    selected = [p for p in selected if p.instance_id > str(after)]
-                page = max_results or DEFAULT_PAGE
-                if len(selected) > page:
-                    selected = selected[:page]
-                    next_token = encode_token(selected[-1].instance_id)
+            if params.get("NextToken"):
+                after = decode_token(params["NextToken"], "InvalidParameterValue")
+                selected = [p for p in selected if p.instance_id > str(after)]
+            page = max_results or DEFAULT_PAGE
+            if len(selected) > page:
+                selected = selected[:page]
+                next_token = encode_token(selected[-1].instance_id)
             items = [self._item(p, states.get(p.instance_id, "running")) for p in selected]
         result: dict[str, Any] = {"Instances": items}
         if next_token:
@@ -330,6 +329,13 @@ class NetworkModel:
         item["AvailabilityZone"] = placement.availability_zone
         item["ZoneId"] = placement.zone_id
         return item
+
+
+def _not_found_message(instance_ids: list[str]) -> str:
+    """EC2's wording for ids it does not know (DescribeInstances answers the same way)."""
+    if len(instance_ids) == 1:
+        return f"The instance ID '{instance_ids[0]}' does not exist"
+    return f"The instance IDs '{', '.join(instance_ids)}' do not exist"
 
 
 _FILTER_FIELDS: dict[str, Callable[[Placement], str]] = {

@@ -452,6 +452,16 @@ def ec2_error(error: ApiError, request_id: str) -> Reply:
     return error.status, [("Content-Type", "text/xml;charset=UTF-8")], body.encode()
 
 
+def rest_xml_error(error: ApiError, request_id: str) -> Reply:
+    """S3's error document (REST services other than JSON ones)."""
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Error>'
+        f"<Code>{escape(error.code)}</Code><Message>{escape(error.message)}</Message>"
+        f"<RequestId>{request_id}</RequestId></Error>"
+    )
+    return error.status, [("Content-Type", "application/xml"), ("x-amz-request-id", request_id)], body.encode()
+
+
 def encode_token(value: Any) -> str:
     return base64.urlsafe_b64encode(json.dumps(value, separators=(",", ":")).encode()).decode()
 

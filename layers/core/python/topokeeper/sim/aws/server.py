@@ -1,9 +1,11 @@
-"""moto's ThreadedMotoServer with a gateway in front, and a clean stop.
+"""moto's server application (what ``moto_server`` serves) with a gateway in front, and a clean stop.
 
 The gateway counts every request by operation, throttles by the emulator's rate limits, and serves the
 operations the emulator models itself (HyperPod, DescribeInstanceTopology, SSM Run Command); all others
-go to moto. Unlike ThreadedMotoServer's own ``stop``, this one closes kept-alive client connections,
-joins every request thread and releases the port.
+go to moto. The server is our own werkzeug server around the application moto_server serves, not a
+ThreadedMotoServer (whose private ``_server_entry`` we would have to override to put the gateway in front);
+unlike ThreadedMotoServer's ``stop``, ours closes kept-alive client connections, joins every request thread
+and releases the port.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import ThreadedWSGIServer
 
@@ -32,6 +33,7 @@ from topokeeper.sim.aws.protocol import (
     json_reply,
     operation_model,
     read_request,
+    rest_xml_error,
 )
 
 log = logging.getLogger(__name__)
@@ -100,8 +102,10 @@ class Gateway:
         calls: CallCounter,
         rate_limits: RateLimits,
         ids: IdFactory,
+        refusals: Iterable[Callable[[ApiRequest], None]] = (),
     ) -> None:
         self._app = app
+        self._refusals = tuple(refusals)  # raise ApiError for what AWS refuses and moto would serve
         self._region = region
         self._handlers = handlers
         self._calls = calls
@@ -115,10 +119,13 @@ class Gateway:
         self._calls.record(request.service, request.operation)
         handler = self._handlers.get((request.service, request.operation))
         throttled = not self._rate_limits.allow(request.operation)
-        if handler is None and not throttled:
+        refusal = self._refusal(request)
+        if handler is None and not throttled and refusal is None:
             return self._app(environ, start_response)
         request_id = self._ids.uuid("request")
         try:
+            if refusal is not None:
+                raise refusal
             if throttled:
                 if request.protocol in {"ec2", "query"}:
                     raise ApiError("RequestLimitExceeded", "Request limit exceeded.", 503)
@@ -135,6 +142,14 @@ class Gateway:
         start_response(f"{status} {_STATUS_TEXT.get(status, '')}", [*headers, ("Content-Length", str(len(body)))])
         return [body]
 
+    def _refusal(self, request: ApiRequest) -> ApiError | None:
+        for refuse in self._refusals:
+            try:
+                refuse(request)
+            except ApiError as error:
+                return error
+        return None
+
     @staticmethod
     def _reply(request: ApiRequest, result: Mapping[str, Any], request_id: str) -> Reply:
         if request.protocol == "ec2":
@@ -145,6 +160,8 @@ class Gateway:
     def _error(request: ApiRequest, error: ApiError, request_id: str) -> Reply:
         if request.protocol in ("ec2", "query"):
             return ec2_error(error, request_id)
+        if request.protocol == "other":
+            return rest_xml_error(error, request_id)
         return json_error(error, request_id)
 
 
@@ -187,41 +204,37 @@ class _Server(ThreadedWSGIServer):
                 connection.shutdown(socket.SHUT_RDWR)
 
 
-class EmulatorServer(ThreadedMotoServer):
-    """ThreadedMotoServer on a free port with the gateway in front."""
+class EmulatorServer:
+    """moto's application on a free port with the gateway in front, served from a thread."""
 
     def __init__(self, wrap: Callable[[WsgiApp], WsgiApp], host: str = "127.0.0.1") -> None:
-        super().__init__(ip_address=host, port=0, verbose=False)
         self._wrap = wrap
-        self._startup_error: BaseException | None = None
-        self._tracking: _Server | None = None
-
-    def _server_entry(self) -> None:
-        try:
-            app = self._wrap(DomainDispatcherApplication(create_backend_app))
-            server = _Server(self._ip_address, self._port, app)
-        except BaseException as error:  # reported by start()
-            self._startup_error = error
-            self._server_ready_event.set()
-            return
-        self._server = self._tracking = server
-        self._server_ready_event.set()
-        server.serve_forever(poll_interval=0.05)
+        self._host = host
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        super().start()
-        if self._startup_error is not None:
-            if self._thread is not None:
-                self._thread.join()
-            raise RuntimeError(f"the emulator's server did not start: {self._startup_error!r}")
+        """Binds before returning (a bind error is raised here), then serves in a daemon thread."""
+        server = _Server(self._host, 0, self._wrap(DomainDispatcherApplication(create_backend_app)))
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="aws-emulator", daemon=True
+        )
+        self._thread.start()
+
+    def get_host_and_port(self) -> tuple[str, int]:
+        if self._server is None:
+            raise RuntimeError("the emulator's server is not running")
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
 
     def stop(self) -> None:
-        server = self._tracking
+        server = self._server
         if server is not None:
             server.shutdown()
             server.close_connections()
             server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self._server = self._tracking = None
+        self._server = None
         self._thread = None

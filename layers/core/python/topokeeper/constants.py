@@ -1,0 +1,68 @@
+"""Contract values shared by the package, the stack (``infra/``) and the head-node files.
+
+Each value is written once here. The stdlib-only files that run on the head node (``applier/applier.py``,
+``agent/agent.py``) cannot import the package and keep literal copies; ``tests/unit/test_constants.py``
+asserts that they carry the same values.
+"""
+
+from __future__ import annotations
+
+import re
+
+# An EC2 instance id: the old 8-digit form or the current 17-digit one.
+INSTANCE_ID_PATTERN = r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?"
+INSTANCE_ID = re.compile(INSTANCE_ID_PATTERN)
+
+# The bundle document the applier and the agent accept (``render/bundle.py`` writes it).
+BUNDLE_SCHEMA = "topokeeper.bundle/1"
+
+# The head-node agent's result events (EventBridge source and detail types). Each agent cluster reports
+# with its own source, AGENT_SOURCE.<cluster>, which its IAM policy enforces (events:source): the source,
+# not the detail, says which cluster a report is about. The bare AGENT_SOURCE is what agents before
+# per-cluster sources sent; it only ever counts as an outdated agent.
+AGENT_SOURCE = "topokeeper.agent"
+AGENT_APPLY_DETAIL_TYPE = "Topology Apply Result"
+AGENT_VERIFY_DETAIL_TYPE = "Topology Verify Result"
+
+
+def agent_source(cluster: str) -> str:
+    """The event source only ``cluster``'s agent may send (its IAM policy's events:source condition)."""
+    return f"{AGENT_SOURCE}.{cluster}"
+
+
+def agent_source_cluster(source: str) -> str | None:
+    """The cluster an agent source belongs to; None for the legacy shared source and for other sources."""
+    prefix = AGENT_SOURCE + "."
+    if not source.startswith(prefix):
+        return None
+    return source[len(prefix) :] or None
+
+
+# Where the agent channel puts a cluster's desired bundle in the plans bucket (the agent's default
+# ``--prefix``): ``bundle.json`` to apply, ``verify.json`` to verify against only.
+AGENT_KEY_PREFIX = "clusters"
+
+
+def agent_bundle_key(cluster: str) -> str:
+    return f"{AGENT_KEY_PREFIX}/{cluster}/bundle.json"
+
+
+def agent_verify_key(cluster: str) -> str:
+    return f"{AGENT_KEY_PREFIX}/{cluster}/verify.json"
+
+
+def ssm_payload_key(cluster: str, plan_sha256: str) -> str:
+    """Where the SSM channel puts a bundle too large for the command itself, for the head node to fetch."""
+    return f"payloads/{cluster}/{plan_sha256}.json"
+
+
+# The Lambdas' environment: the stack sets these (``infra/functions.py``), ``runtime.LambdaEnvironment``
+# reads them, and ``deployment.Deployment`` rebuilds them for the operator CLI.
+ENV_CONFIG = "TOPOKEEPER_CONFIG"
+ENV_TABLE = "TABLE_NAME"
+ENV_BUCKET = "BUCKET_NAME"
+ENV_QUEUE = "QUEUE_URL"
+ENV_DEAD_LETTER_QUEUE = "DEAD_LETTER_QUEUE_URL"
+ENV_EVENT_BUS = "EVENT_BUS_NAME"
+ENV_CLOUDTRAIL_CHANNEL = "CLOUDTRAIL_CHANNEL_ARN"
+ENV_AUDIT_RETENTION = "AUDIT_RETENTION_DAYS"

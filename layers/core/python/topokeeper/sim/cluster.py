@@ -1,0 +1,55 @@
+"""The scenario's cluster in the emulator: a HyperPod (Slurm) cluster created through the SageMaker API, and the
+partitions HyperPod writes into the head node's slurm.conf."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from topokeeper.adapters.aws import client
+from topokeeper.domain.catalog import ec2_instance_type
+from topokeeper.sim.aws.emulator import AwsEmulator
+from topokeeper.sim.aws.network import NetworkLayout
+from topokeeper.sim.scenario import ClusterSpec
+
+_NODE_TYPES = {"controller": "Controller", "login": "Login", "compute": "Compute"}
+# Node statuses whose nodes HyperPod keeps in slurm.conf.
+_LISTED_STATUSES = ("Running", "Pending", "SystemUpdating", "DeepHealthCheckInProgress")
+
+
+def create_hyperpod_cluster(emulator: AwsEmulator, spec: ClusterSpec) -> None:
+    """CreateCluster with the scenario's instance groups; each group's EC2 topology follows its network layout."""
+    groups = []
+    for group in spec.instance_groups:
+        slurm: dict[str, Any] = {"NodeType": _NODE_TYPES[group.role]}
+        if group.partition:
+            slurm["PartitionNames"] = [group.partition]
+        groups.append(
+            {
+                "InstanceGroupName": group.name,
+                "InstanceType": group.type,
+                "InstanceCount": group.count,
+                "ExecutionRole": f"arn:aws:iam::{emulator.account_id}:role/HyperPodExecution",
+                "LifeCycleConfig": {"SourceS3Uri": f"s3://sagemaker-{spec.name}-lcs/src/", "OnCreate": "on_create.sh"},
+                "SlurmConfig": slurm,
+            }
+        )
+        layout = group.network
+        emulator.network.layouts[ec2_instance_type(group.type)] = NetworkLayout(
+            nodes_per_leaf=layout.nodes_per_leaf,
+            leaves_per_spine=layout.leaves_per_spine,
+            ultraserver_size=layout.ultraserver_size,
+        )
+    client("sagemaker").create_cluster(
+        ClusterName=spec.name, InstanceGroups=groups, Orchestrator={"Slurm": {"SlurmConfigStrategy": "Merge"}}
+    )
+
+
+def slurm_partitions(emulator: AwsEmulator, spec: ClusterSpec) -> dict[str, list[str]]:
+    """Partition -> Slurm node names of the cluster's present nodes (what HyperPod puts in slurm.conf)."""
+    by_group = {g.name: g.partition for g in spec.instance_groups if g.partition}
+    partitions: dict[str, list[str]] = {p: [] for p in by_group.values() if p}
+    for node in emulator.hyperpod.nodes(spec.name):
+        partition = by_group.get(node.group)
+        if partition and node.status in _LISTED_STATUSES:
+            partitions[partition].append(node.slurm_name)
+    return partitions

@@ -1,0 +1,168 @@
+"""The stack's own definitions, shared by ``infra/`` (which deploys them) and the simulator (which builds the same
+stack in the emulator): the state table's keys, the queues' settings, every alarm's evaluation settings, the rule
+patterns and the drift schedule's period.
+
+Plain values only (no CDK, no boto3), so the simulator never needs Node or a synth;
+``tests/infra/test_stack_spec.py`` checks them against the synthesized template.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from topokeeper.config import ClusterConfig, Settings
+from topokeeper.errors import InputError
+from topokeeper.events import WORK_QUEUE_MAX_RECEIVES, change_patterns, result_patterns
+from topokeeper.ports import Channel, Metric
+
+# ---------------------------------------------------------------- the functions (each one's code is functions/<name>/)
+
+INGEST = "ingest"
+RECONCILE = "reconcile"
+RESULT = "result"
+DRIFT = "drift"
+FUNCTION_NAMES = (INGEST, RECONCILE, RESULT, DRIFT)
+
+# ---------------------------------------------------------------- the state table (single-table design)
+
+PARTITION_KEY = "pk"
+SORT_KEY = "sk"
+KEY_TYPE = "S"  # both keys are strings
+TTL_ATTRIBUTE = "expires_at"
+BILLING_MODE = "PAY_PER_REQUEST"
+
+# ---------------------------------------------------------------- the queues
+
+# The reconcile function's timeout; the work queue's visibility timeout derives from it.
+RECONCILE_TIMEOUT_SECONDS = 180
+# Six times the consumer's timeout, as Lambda recommends for SQS event sources.
+VISIBILITY_TIMEOUT_FACTOR = 6
+WORK_VISIBILITY_TIMEOUT_SECONDS = VISIBILITY_TIMEOUT_FACTOR * RECONCILE_TIMEOUT_SECONDS
+# A deferred reconcile returns its message to the queue, which counts as a receive (see topokeeper.events).
+WORK_MAX_RECEIVE_COUNT = WORK_QUEUE_MAX_RECEIVES
+# One message group per cluster; senders set MessageDeduplicationId themselves (cluster, generation, reason).
+WORK_CONTENT_BASED_DEDUPLICATION = False
+DEAD_LETTER_RETENTION_SECONDS = 14 * 24 * 3600
+# The work queue dead-letters into a FIFO queue; EventBridge and Scheduler only into a standard one.
+WORK_DLQ = "WorkDlq"
+EVENT_DLQ = "EventDlq"
+DEAD_LETTER_QUEUES_FIFO = {WORK_DLQ: True, EVENT_DLQ: False}
+
+# ---------------------------------------------------------------- the rules and the drift schedule
+
+
+def rule_patterns(head_nodes: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Function -> its EventBridge rules (name -> pattern), from ``topokeeper.events``."""
+    return {INGEST: change_patterns(), RESULT: result_patterns(head_nodes)}
+
+
+_RATE = re.compile(r"rate\((?P<value>[1-9]\d*) (?P<unit>minutes?|hours?|days?)\)")
+_CRON = re.compile(r"cron\([^()]+\)")
+_UNIT_SECONDS = {"minute": 60, "hour": 3600, "day": 86_400}
+# A cron schedule has no single interval; its alarm counts drift checks per hour.
+CRON_ALARM_PERIOD_SECONDS = 3600
+# CloudWatch evaluates at most one day of periods shorter than an hour, and at most seven days otherwise.
+_ONE_DAY = 86_400
+
+
+def schedule_rate_seconds(schedule: str) -> int | None:
+    """The interval of a ``rate(...)`` schedule; None for ``cron(...)``. Anything else is an InputError."""
+    if rate := _RATE.fullmatch(schedule):
+        return int(rate["value"]) * _UNIT_SECONDS[rate["unit"].rstrip("s")]
+    if _CRON.fullmatch(schedule):
+        return None
+    raise InputError("drift_schedule", f"expected rate(N minutes|hours|days) or cron(...): {schedule!r}")
+
+
+def rate_expression(seconds: float) -> str:
+    """The ``rate(...)`` schedule of an interval of whole minutes (the schedule's finest unit)."""
+    minutes, rest = divmod(seconds, 60)
+    if rest or minutes < 1:
+        raise InputError("drift_schedule", f"a rate is a whole number of minutes, not {seconds} s")
+    return f"rate({int(minutes)} minute{'s' if minutes > 1 else ''})"
+
+
+def drift_alarm_period_seconds(settings: Settings) -> int:
+    """One alarm period per drift check: the schedule's rate, or an hour for a cron schedule."""
+    period = schedule_rate_seconds(settings.drift_schedule) or CRON_ALARM_PERIOD_SECONDS
+    window = settings.drift_alarm_periods * period
+    limit = _ONE_DAY if period < 3600 else 7 * _ONE_DAY
+    if window > limit:
+        raise InputError(
+            "drift_alarm_periods",
+            f"{settings.drift_alarm_periods} periods of {period} s exceed CloudWatch's {limit // _ONE_DAY}-day "
+            "evaluation window",
+        )
+    return period
+
+
+# ---------------------------------------------------------------- alarms
+
+
+class Comparison(StrEnum):
+    """CloudWatch's ComparisonOperator (member names as CDK's)."""
+
+    GREATER_THAN_OR_EQUAL_TO_THRESHOLD = "GreaterThanOrEqualToThreshold"
+    GREATER_THAN_THRESHOLD = "GreaterThanThreshold"
+    LESS_THAN_THRESHOLD = "LessThanThreshold"
+    LESS_THAN_OR_EQUAL_TO_THRESHOLD = "LessThanOrEqualToThreshold"
+
+
+class MissingData(StrEnum):
+    """CloudWatch's TreatMissingData (member names as CDK's)."""
+
+    MISSING = "missing"
+    IGNORE = "ignore"
+    BREACHING = "breaching"
+    NOT_BREACHING = "notBreaching"
+
+
+@dataclass(frozen=True)
+class AlarmSpec:
+    """How CloudWatch evaluates one alarm. ``datapoints_to_alarm`` None means all ``evaluation_periods``."""
+
+    statistic: str
+    period_seconds: int
+    evaluation_periods: int = 1
+    datapoints_to_alarm: int | None = None
+    threshold: float = 1
+    comparison: Comparison = Comparison.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+    missing: MissingData = MissingData.NOT_BREACHING
+
+    @property
+    def datapoints(self) -> int:
+        return self.datapoints_to_alarm or self.evaluation_periods
+
+
+ALARM_PERIOD_SECONDS = 300
+# Alarms on the functions' and the dead-letter queues' AWS metrics; the name is the alarm's suffix.
+DEAD_LETTER_DEPTH_ALARM = AlarmSpec(
+    "Maximum", ALARM_PERIOD_SECONDS, threshold=0, comparison=Comparison.GREATER_THAN_THRESHOLD
+)  # ApproximateNumberOfMessagesVisible of each dead-letter queue
+FUNCTION_ERRORS_ALARM = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
+FUNCTION_THROTTLES_ALARM = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
+
+
+def cluster_alarms(settings: Settings, cluster: ClusterConfig) -> dict[Metric, AlarmSpec]:
+    """The alarms on ``cluster``'s topokeeper metrics (namespace ``METRICS_NAMESPACE``)."""
+    alarms = {
+        Metric.TOPOLOGY_DRIFT: AlarmSpec(
+            "Maximum",
+            drift_alarm_period_seconds(settings),
+            evaluation_periods=settings.drift_alarm_periods,
+            # No data means no check ran (the Errors alarm reports that); keep the last verdict.
+            missing=MissingData.MISSING,
+        ),
+        Metric.APPLY_FAILURES: AlarmSpec("Sum", ALARM_PERIOD_SECONDS),
+    }
+    if cluster.effective_channel is Channel.AGENT:
+        alarms[Metric.AGENT_OUTDATED] = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
+        alarms[Metric.FORGED_REPORTS] = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
+    return alarms
+
+
+def cluster_alarm_name(prefix: str, cluster: str, metric: Metric) -> str:
+    return f"{prefix}-{cluster}-{metric.value}"

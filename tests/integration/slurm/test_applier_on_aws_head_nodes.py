@@ -1,0 +1,128 @@
+"""The applier on head nodes laid out as HyperPod's and ParallelCluster's, with a real slurmctld.
+
+Both install Slurm under /opt/slurm and put /opt/slurm/bin on PATH only in login shells: SSM's
+AWS-RunShellScript and a systemd unit find no scontrol on PATH (the harness covers Debian's, see
+topokeeper.sim.slurm_chroot). HyperPod keeps its partitions in an Included file; ParallelCluster defines
+each queue in /opt/slurm/etc/pcluster/ and names nodes <queue>-st|dy-<compute resource>-<n>, bound to
+instances by NodeAddr. The applier runs here as the SSM channel runs it: its fixed script, fed to sh.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, p5_nodes, snapshot
+from topokeeper.adapters.ssm_channel import build_commands
+from topokeeper.applier import applier
+from topokeeper.applier.applier import parse_show_topology, sha256_text
+from topokeeper.domain.models import PlannerConfig
+from topokeeper.engine.planner import plan
+from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
+from topokeeper.render.bundle import render
+from topokeeper.sim.slurm_chroot import SlurmController
+
+pytestmark = pytest.mark.slurm
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def _over_ssm(controller: SlurmController, mode: str, bundle: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The SSM channel's script, run by sh as root without a login shell, as the SSM agent runs it."""
+    source = Path(applier.__file__).read_text()
+    document = json.dumps(bundle, sort_keys=True)
+    payload = {
+        "mode": mode,
+        "applier": source,
+        "applier_sha256": sha256_text(source),
+        "bundle": document,
+        "bundle_sha256": sha256_text(document),
+    }
+    script = "\n".join(build_commands(payload)) + "\n"
+    result = subprocess.run(
+        controller.command("sh", "-s", login=False),
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.stderr == ""
+    output: dict[str, Any] = json.loads(result.stdout)
+    assert set(output) >= APPLIER_RESULT_KEYS
+    return result.returncode, output
+
+
+def _no_scontrol_without_a_login_shell(controller: SlurmController) -> None:
+    """The harness is what it claims: a login shell finds /opt/slurm/bin/scontrol, SSM's shell finds none."""
+    assert controller.run("sh", "-c", "command -v scontrol").stdout.strip() == "/opt/slurm/bin/scontrol"
+    assert controller.run("scontrol", "version", login=False).returncode != 0
+
+
+def test_hyperpod_head_node_partitions_in_an_included_file(
+    sid_root: Path, controllers: Callable[..., SlurmController]
+) -> None:
+    rendered = render(plan(snapshot({"gpu": p5_nodes(8), "gb": gb200_nodes(1)}, version="26.05")))
+    bundle = rendered.bundle.document()
+    controller = controllers(sid_root, style="hyperpod")
+    controller.prepare(rendered.plan.nodes, {p.partition: (p.nodes, None) for p in rendered.plan.partitions})
+    controller.start()
+    _no_scontrol_without_a_login_shell(controller)
+    conf_before = (controller.etc / "slurm.conf").read_text()
+    assert "Include /opt/slurm/etc/partitions.conf" in conf_before.splitlines()
+
+    code, document = _over_ssm(controller, "apply", bundle)
+
+    assert (code, document["outcome"], document["error"]) == (0, "applied", None)
+    assert (document["scontrol"], document["config_dir"]) == ("/opt/slurm/bin/scontrol", "/opt/slurm/etc")
+    assert (controller.etc / "slurm.conf").read_text() == conf_before
+    partitions = (controller.etc / "partitions.conf").read_text().splitlines()
+    assert "PartitionName=gpu Nodes=p5-[001-008] State=UP Topology=tree-gpu" in partitions
+    assert controller.partition_topologies() == {"gpu": "tree-gpu", "gb": "block-gb", "dev": None}
+    code, verified = _over_ssm(controller, "verify", bundle)
+    assert (code, verified["outcome"], verified["drift"]) == (0, "in_sync", [])
+
+
+def test_parallelcluster_head_node_is_planned_with_its_own_node_names(
+    sid_root: Path, controllers: Callable[..., SlurmController]
+) -> None:
+    """Names from the head node's `scontrol show nodes --json`; the plan lands in pcluster/*.conf."""
+    example = json.loads((EXAMPLES / "pcluster-p5-cluster.json").read_text())
+    table = example["slurm"]["nodes"]
+    statics = {n["name"]: n["address"] for n in table if "-st-" in n["name"]}
+    q1 = [n["name"] for n in table if n["partitions"] == ["q1"]]
+    cpu = [n["name"] for n in table if n["partitions"] == ["cpu"]]
+    controller = controllers(sid_root, style="parallelcluster")
+    controller.prepare([*q1, *cpu], {"q1": (q1, None), "cpu": (cpu, None)}, addresses=statics)
+    controller.start()
+    _no_scontrol_without_a_login_shell(controller)
+    for name, address in (("q1-dy-p5-1", "10.0.1.20"), ("q1-dy-p5-2", "10.0.1.21")):  # clustermgtd's resume
+        host = "ip-" + address.replace(".", "-")
+        controller.run(
+            "scontrol", "update", f"nodename={name}", f"nodeaddr={address}", f"nodehostname={host}", check=True
+        )
+    live_table = json.loads(controller.run("scontrol", "show", "nodes", "--json", check=True).stdout)["nodes"]
+    example["slurm"] = {"version": "26.05", "nodes": live_table}
+    rendered = render(plan(build_snapshot(parse_snapshot_document(example), PlannerConfig())))
+    assert "instance i-05c1a000000000007 (10.0.1.30) is no Slurm node's NodeAddr; left out" in rendered.plan.warnings
+    before = {path: path.read_text() for path in controller.etc.rglob("*.conf")}
+
+    code, document = _over_ssm(controller, "apply", rendered.bundle.document())
+
+    assert (code, document["outcome"], document["error"]) == (0, "applied", None)
+    assert document["scontrol"] == "/opt/slurm/bin/scontrol"
+    queue_file = controller.etc / "pcluster" / "slurm_parallelcluster_q1_partition.conf"
+    changed = {path for path, text in before.items() if path.read_text() != text}
+    assert changed == {queue_file}
+    assert queue_file.read_text().splitlines()[-1] == "PartitionName=q1 Nodes=q1_nodes State=UP Topology=tree-q1"
+    live = parse_show_topology(controller.show_topology("tree-q1"))
+    assert live["no-topology"]["nodes"] == ["q1-dy-p5-3", "q1-dy-p5-4"]  # powered down: still under a switch
+    assert live["nn-0a1b2c3d4e5f60101"]["nodes"] == ["q1-st-p5-1", "q1-st-p5-2"]
+    assert live["nn-0a1b2c3d4e5f60102"]["nodes"] == ["q1-dy-p5-1", "q1-dy-p5-2", "q1-st-p5-3", "q1-st-p5-4"]
+    code, verified = _over_ssm(controller, "verify", rendered.bundle.document())
+    assert (code, verified["outcome"], verified["drift"]) == (0, "in_sync", [])

@@ -1,0 +1,103 @@
+"""check_drift() on the in-memory ports: each verdict, and what it asks for in enforce and verify mode."""
+
+from __future__ import annotations
+
+from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper.ports import ApplyResult, Metric, Outcome
+from topokeeper.service.drift import check_drift
+from topokeeper.service.reconcile import reconcile
+
+
+def _applied(controller: Controller) -> None:
+    """The plan is desired and applied, nothing in flight."""
+    reconcile(controller.change(), controller.deps())
+    state = controller.now_state()
+    controller.state.save(state.model_copy(update={"pending": None, "applied_sha256": state.desired_sha256}))
+    controller.queue.sent.clear()
+
+
+def _verify(controller: Controller, outcome: Outcome, **fields: object) -> None:
+    controller.channel.verify_result = ApplyResult.model_validate(
+        {"outcome": outcome.value, "applier_version": "1.0.0", "mode": "verify", **fields}
+    )
+
+
+def test_in_sync_reports_zero_drift_and_asks_nothing() -> None:
+    controller = Controller()
+    _applied(controller)
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.live, report.aws, report.drift, report.action) == ("in_sync", "current", 0, "none")
+    assert controller.metrics.values(Metric.TOPOLOGY_DRIFT) == [0]
+    assert controller.queue.sent == []
+
+
+def test_live_drift_in_enforce_mode_repairs_the_drifted_partition() -> None:
+    controller = Controller()
+    _applied(controller)
+    _verify(controller, Outcome.DRIFT, drift=[{"what": "partition", "name": "gpu", "detail": "edited"}])
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.live, report.drift, report.action) == ("drift", 1, "reconcile-requested")
+    assert controller.now_state().repair_partitions == ["gpu"]
+    (request,) = controller.queue.sent
+    assert request.reason == "drift"
+
+
+def test_live_drift_in_verify_mode_is_only_reported() -> None:
+    controller = Controller(mode="verify")
+    reconcile(controller.change(), controller.deps())
+    controller.queue.sent.clear()
+    _verify(controller, Outcome.DRIFT, grouping_drift=True, drift=[{"what": "grouping", "name": "gpu"}])
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.live, report.drift, report.action) == ("drift", 1, "reported")
+    assert controller.now_state().repair_partitions == []
+    assert controller.queue.sent == []
+
+
+def test_naming_only_drift_in_verify_mode_is_in_sync() -> None:
+    controller = Controller(mode="verify")
+    reconcile(controller.change(), controller.deps())
+    _verify(controller, Outcome.DRIFT, grouping_drift=False, drift=[{"what": "topology", "name": "x"}])
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.live, report.drift, report.action) == ("in_sync", 0, "none")
+
+
+def test_a_lost_event_is_found_by_planning_again() -> None:
+    controller = Controller()
+    _applied(controller)
+    controller.facts.move(0, 1)  # AWS changed; no event told us
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.aws, report.drift, report.action) == ("changed", 1, "reconcile-requested")
+    assert len(controller.queue.sent) == 1
+
+
+def test_a_delivery_in_flight_is_not_judged() -> None:
+    controller = Controller()
+    reconcile(controller.change(), controller.deps())
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.live, report.drift, report.action) == ("unknown", None, "none")
+    assert controller.channel.verified == 0
+
+
+def test_a_write_that_did_not_land_is_tried_again() -> None:
+    controller = Controller()
+    reconcile(controller.change(), controller.deps())
+    state = controller.now_state()
+    controller.state.save(state.model_copy(update={"pending": None}))  # refused or rolled back: not applied
+    report = check_drift(controller.cluster, controller.deps())
+    assert report.action == "reconcile-requested"
+
+
+def test_an_unreachable_head_node_is_unknown_not_in_sync() -> None:
+    controller = Controller()
+    _applied(controller)
+    controller.channel.verify_result = ApplyResult.from_channel(Outcome.TIMED_OUT, "SSM TimedOut")
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.live, report.drift, report.error) == ("unknown", None, "SSM TimedOut")
+    assert controller.metrics.values(Metric.TOPOLOGY_DRIFT) == []
+
+
+def test_no_plan_yet_asks_for_a_reconcile() -> None:
+    controller = Controller()
+    report = check_drift(controller.cluster, controller.deps())
+    assert report.action == "reconcile-requested"
+    assert controller.queue.sent[0].cluster == CLUSTER
