@@ -13,7 +13,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-system lint typecheck test unit slurm bench clean synth demo
+.PHONY: install install-system lint typecheck test unit slurm reliability bench clean synth demo
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -58,6 +58,15 @@ unit: install
 
 slurm: install install-system
 	$(BIN)/pytest tests/integration/slurm
+
+# The crash and fault matrix on both Slurm versions (26.05 and 24.11), every crash point and fault; its
+# records become docs/reliability.md (generated, never edited by hand).
+RELIABILITY_RECORDS := $(CURDIR)/out/reliability.jsonl
+reliability: install install-system
+	rm -f $(RELIABILITY_RECORDS)
+	TOPOKEEPER_RELIABILITY_FULL=1 TOPOKEEPER_RELIABILITY_OUT=$(RELIABILITY_RECORDS) \
+	  $(BIN)/pytest tests/integration/slurm/test_applier_crash_matrix.py
+	$(BIN)/python -m tests.integration.slurm.reliability_report $(RELIABILITY_RECORDS) docs/reliability.md
 
 # The whole system on this machine: emulated AWS, the real functions and applier, a real slurmctld.
 demo: install

@@ -54,6 +54,8 @@ elif args[:2] == ["show", "topology"]:
         sys.stdout.write(text)
 elif args == ["reconfigure"]:
     code = state["reconfigure"].pop(0) if len(state["reconfigure"]) > 1 else state["reconfigure"][0]
+    if code == 0 and state.get("loads"):  # what slurmctld serves once it loads the files on disk
+        state.update(state.pop("loads"))
     with open(state_path, "w") as handle:
         json.dump(state, handle)
     if code:

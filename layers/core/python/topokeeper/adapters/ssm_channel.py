@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors, error_code
-from topokeeper.applier.applier import sha256_text
+from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, sha256_text
 from topokeeper.config import SSM_TARGET
 from topokeeper.constants import ssm_payload_key
 from topokeeper.errors import InputError, Permanent
@@ -33,7 +33,7 @@ from topokeeper.render.bundle import Bundle
 APPLIER_PATH = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
 INLINE_LIMIT_BYTES = 48_000  # of the JSON-encoded commands; SSM rejects documents over 64 KB
 PRESIGNED_URL_SECONDS = 3600
-EXECUTION_TIMEOUT_SECONDS = 600
+EXECUTION_TIMEOUT_SECONDS = CHANNEL_TIMEOUT_SECONDS  # the applier's budget plus margin (applier.py)
 STDOUT_LIMIT = 24_000  # GetCommandInvocation StandardOutputContent
 _PAYLOAD_END = "TOPOKEEPER_PAYLOAD_END"
 _BOOTSTRAP_END = "TOPOKEEPER_BOOTSTRAP_END"

@@ -106,6 +106,10 @@ def log(event: str, level: str = "info", **details: Any) -> None:
 
 
 DEFAULT_PREFIX = "clusters"
+# The applier's channel timeout and SIGTERM grace: mirrors of applier.CHANNEL_TIMEOUT_SECONDS and
+# TERMINATE_GRACE_SECONDS (this file imports nothing of the package; tests check that they agree).
+APPLIER_TIMEOUT_SECONDS = 600.0
+TERMINATE_GRACE_SECONDS = 15.0
 MODES = ("enforce", "verify")
 
 
@@ -129,7 +133,7 @@ class Config:
     verify_interval_seconds: float = 900.0
     applier: str = os.path.join(os.path.dirname(os.path.abspath(__file__)), "applier.py")
     state_dir: str = "/var/lib/topokeeper"
-    applier_timeout_seconds: float = 600.0
+    applier_timeout_seconds: float = APPLIER_TIMEOUT_SECONDS
     request_timeout_seconds: float = 15.0
 
     @property
@@ -523,14 +527,29 @@ def agent_result(outcome: str, mode: str, plan_sha256: Optional[str], error: str
     }
 
 
+def _run_bounded(argv: List[str], environment: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv``; past ``timeout`` send SIGTERM, wait TERMINATE_GRACE_SECONDS, then SIGKILL. The applier
+    installs no handler: a cut-off apply is repaired from its journal at the next start, not on the way out."""
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(environment)) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                process.communicate(timeout=TERMINATE_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+            raise
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
 def run_applier(config: Config, mode: str, bundle_path: str, plan_sha256: Optional[str]) -> Dict[str, Any]:
     """``python3 APPLIER MODE BUNDLE`` (an argv list, never a shell) -> its JSON document."""
     argv = [sys.executable, config.applier, mode, bundle_path]
     environment = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
     try:
-        completed = subprocess.run(
-            argv, capture_output=True, timeout=config.applier_timeout_seconds, env=environment, check=False
-        )
+        completed = _run_bounded(argv, environment, config.applier_timeout_seconds)
     except subprocess.TimeoutExpired:
         return agent_result(
             "timed_out", mode, plan_sha256, f"applier did not finish in {config.applier_timeout_seconds}s"

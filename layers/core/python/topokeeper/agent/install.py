@@ -25,14 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from topokeeper.agent.agent import DEFAULT_PREFIX, MODES, object_key
+from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
 from topokeeper.errors import InputError
 
 PACKAGE = Path(__file__).resolve().parents[1]
 SHIPPED_FILES = {"agent.py": PACKAGE / "agent" / "agent.py", "applier.py": PACKAGE / "applier" / "applier.py"}
 UNIT = "topokeeper-agent"
-APPLIER_TIMEOUT_SECONDS = 600
-# systemd stops a cycle that outlives the applier's bound plus the requests around it.
-CYCLE_TIMEOUT_SECONDS = APPLIER_TIMEOUT_SECONDS + 120
+APPLIER_TIMEOUT_SECONDS = CHANNEL_TIMEOUT_SECONDS
+# systemd stops a cycle that outlives the applier's bound, its SIGTERM grace and the requests around it.
+CYCLE_TIMEOUT_SECONDS = int(APPLIER_TIMEOUT_SECONDS + TERMINATE_GRACE_SECONDS) + 120
 HEREDOC_END = "TOPOKEEPER_EOF"
 
 # Every value baked into the snippet matches one of these, so none can carry shell syntax.

@@ -19,7 +19,9 @@ before and after), partitions_changed, reconfigured, reconfigure_exit_code, read
 partition), drift ([{what: grouping|file|partition|topology|plugin, name, detail, kind: grouping|naming}]),
 grouping_drift (true when some entry's kind is grouping), diff (dry-run), slurm_version, slurm_format,
 config_dir, scontrol (the path of the scontrol it ran), backup_dir, duration_seconds, error, dropped
-({field: how many list items or characters were cut to stay under the cap}) and applier_version.
+({field: how many list items or characters were cut to stay under the cap}), applier_version and recovery
+(null, or what was done with a journal a killed run left: {action: rolled_forward|rolled_back, phase,
+plan_sha256, errors}).
 
 Choices the callers can rely on:
 
@@ -32,8 +34,13 @@ Choices the callers can rely on:
   refused too rather than guessed at.
 * Live content hash: a topology file missing from disk counts as the empty string. Slurm refuses an
   empty topology file and so does this applier (in a bundle), so a missing file never looks current.
-* ``unchanged`` (disk already equals the plan) never writes or reconfigures, but still reads back
-  and lists any live difference in ``drift``.
+* ``unchanged``: the disk already equals the plan AND slurmctld serves it (read back). Disk equal
+  but live different (an earlier apply was cut off, or its read-back failed): reconfigure and read
+  back again, rolling back to the newest backup of this plan if slurmctld refuses the files.
+* An apply is a transaction (see the section "The transaction"): backup, journal, fsynced temp files,
+  renames in an order whose every prefix loads, reconfigure, and a rollback of only what was
+  replaced. A journal left by a killed run is rolled forward or back before anything else (apply, and
+  verify when one is there). No link is followed and nothing outside the config directory written.
 * One apply at a time: an ``flock`` on ``CONFIG_DIR/.topokeeper.lock``, waited for up to
   ``--lock-timeout`` seconds. dry-run and verify only read and take no lock.
 * Drift is judged twice where the live state is read (verify, and apply's read-back): by name as
@@ -81,6 +88,7 @@ import json
 import math
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -111,10 +119,22 @@ OPT_SLURM_SCONTROL = "/opt/slurm/bin/scontrol"  # HyperPod, ParallelCluster: on 
 LOCK_FILE = ".topokeeper.lock"
 BACKUP_DIR = ".topokeeper-backup"
 BACKUPS_KEPT = 5
-DEFAULT_LOCK_TIMEOUT = 60.0
 MAX_STDOUT_CHARS = 24000
-SCONTROL_TIMEOUT = 120.0
-RECONFIGURE_TIMEOUT = 600.0
+# The time budget. A run never outlives APPLIER_BUDGET_SECONDS: every wait is cut to what is left, and
+# the forward reconfigure leaves a whole RECONFIGURE_TIMEOUT for the rollback. The channels derive their
+# timeouts from CHANNEL_TIMEOUT_SECONDS (adapters/ssm_channel.py imports it; agent/agent.py and
+# agent/install.py mirror it, checked by tests): the budget, then SIGTERM and TERMINATE_GRACE_SECONDS
+# before SIGKILL, then a margin for the interpreter, the bundle fetch and the document.
+LOCK_WAIT_SECONDS = 60.0
+SCONTROL_TIMEOUT = 60.0  # one query
+READ_SECONDS = 180.0  # all queries of a run together (version, nodes, partitions, topologies, read-back)
+RECONFIGURE_TIMEOUT = 120.0  # one reconfigure; an apply may need two (forward, rollback)
+MIN_RECONFIGURE_SECONDS = 30.0  # less than this left for the forward reconfigure: nothing is written
+APPLIER_BUDGET_SECONDS = LOCK_WAIT_SECONDS + READ_SECONDS + 2 * RECONFIGURE_TIMEOUT
+TERMINATE_GRACE_SECONDS = 15.0
+CHANNEL_MARGIN_SECONDS = 105.0
+CHANNEL_TIMEOUT_SECONDS = int(APPLIER_BUDGET_SECONDS + TERMINATE_GRACE_SECONDS + CHANNEL_MARGIN_SECONDS)
+DEFAULT_LOCK_TIMEOUT = LOCK_WAIT_SECONDS
 MODES = ("apply", "dry-run", "verify")
 EXIT_CODES = {
     "applied": 0,
@@ -623,8 +643,8 @@ class DiskState(NamedTuple):
 
 
 def _topology_path(conf: SlurmConf, name: str) -> str:
-    # Write through a symlinked file, never replace the link itself.
-    return os.path.realpath(os.path.join(conf.directory, name))
+    # Never resolved: a link there is refused before an apply writes (refuse_links).
+    return os.path.join(os.path.realpath(conf.directory), name)
 
 
 def read_disk_state(conf: SlurmConf, bundle: Bundle) -> DiskState:
@@ -666,7 +686,7 @@ def planned_changes(conf: SlurmConf, bundle: Bundle, state: DiskState) -> Tuple[
     for name, content in sorted(bundle.files.items()):
         if state.files[name] != content:
             path = _topology_path(conf, name)
-            original = os.stat(path) if state.files[name] is not None else None
+            original = os.stat(path, follow_symlinks=False) if state.files[name] is not None else None
             # HyperPod writes topology files slurm:slurm 0600; slurm.conf's owner and mode carry that.
             changes.append(Change(path, state.files[name], content, slurm_conf_stat, original))
     plugin = bundle.topology_plugin if bundle.slurm_format == CONF_FORMAT else None
@@ -803,86 +823,653 @@ def disk_drift(conf: SlurmConf, bundle: Bundle, state: DiskState) -> List[Dict[s
 
 
 # --------------------------------------------------------------------------------------------------
-# Atomic writes, backups, the lock
+# The transaction: backup, journal, new files, renames, reconfigure, and the recovery of a cut-off one
+#
+# Nothing outside the config directory is written, and no link is followed: every file is reached from
+# the directory's fd, component by component, with O_NOFOLLOW. The backup root holds the backups and
+# the journal and must be a real directory owned by this user (root on a head node) with mode 0700.
+
+JOURNAL = "journal.json"
+MANIFEST = "manifest.json"
+CRASH_ENV = "TOPOKEEPER_APPLIER_CRASH_AT"  # a step name: the applier SIGKILLs itself there (tests)
+FAULT_ENV = "TOPOKEEPER_APPLIER_FAULT_AT"  # "point=ERRNO": that write fails with that errno (tests)
+_BACKUP_NAME = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}\Z")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_LINK_UNSUPPORTED = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
 
 
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+class Faults:
+    """Deterministic crash points and injected write errors, named by the environment (tests only)."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.crash_at = environ.get(CRASH_ENV, "")
+        point, _, name = environ.get(FAULT_ENV, "").partition("=")
+        self.fault_at, self.fault_errno = point, getattr(errno, name, 0) if name.isupper() else 0
+
+    def crash(self, step: str) -> None:
+        if step == self.crash_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def crash_during(self, step: str, action: Any) -> Any:
+        """Run ``action``; at this crash point, in a forked child while this process dies: a SIGKILL mid-way."""
+        if step != self.crash_at:
+            return action()
+        if os.fork() == 0:
+            try:
+                action()
+            finally:
+                os._exit(0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def check(self, point: str, path: str) -> None:
+        if point == self.fault_at and self.fault_errno:
+            raise OSError(self.fault_errno, os.strerror(self.fault_errno), path)
+
+
+def _is_link(st: Optional[os.stat_result]) -> bool:
+    return st is not None and stat.S_ISLNK(st.st_mode)
+
+
+class ConfigDir:
+    """The config directory, opened once; files are named relative to it and reached without following links."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.realpath(path)
+        self.fd = os.open(self.path, os.O_RDONLY | _DIRECTORY)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def relative(self, path: str) -> str:
+        relative = os.path.relpath(os.path.abspath(path), self.path)
+        if relative == os.curdir or relative.split(os.sep)[0] == os.pardir or os.path.isabs(relative):
+            raise Refused("%s is outside the config directory %s: topokeeper writes only there" % (path, self.path))
+        return relative
+
+    def parent(self, relative: str) -> Tuple[int, str]:
+        """An fd of ``relative``'s directory (the caller closes it) and its base name; no link is followed."""
+        parts = relative.split(os.sep)
+        if any(part in ("", os.curdir, os.pardir) for part in parts):
+            raise Refused("%s: not a plain path inside the config directory" % relative)
+        fd = os.dup(self.fd)
+        try:
+            for part in parts[:-1]:
+                child = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, parts[-1]
+
+    def lstat(self, relative: str) -> Optional[os.stat_result]:
+        fd, name = self.parent(relative)
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(fd)
+
+    def sha256(self, relative: str) -> Optional[str]:
+        """The content hash of a regular file, None when it is missing; a link is refused, never read."""
+        fd, name = self.parent(relative)
+        try:
+            try:
+                handle = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                return None
+            with os.fdopen(handle, "rb") as reader:
+                return hashlib.sha256(reader.read()).hexdigest()
+        finally:
+            os.close(fd)
+
+
+def refuse_links(config: ConfigDir, paths: Iterable[str]) -> None:
+    """A symlinked topology file or slurm.conf is refused, not followed (a root applier would re-own its target)."""
+    for path in paths:
+        found = config.lstat(config.relative(path))
+        if _is_link(found):
+            raise Refused(
+                "%s is a symbolic link: topokeeper does not write through links; replace it with a regular file" % path
+            )
+        if found is not None and not stat.S_ISREG(found.st_mode):
+            raise Refused("%s is not a regular file" % path)
+
+
+def _write_file(dir_fd: int, name: str, data: bytes, like: Optional[os.stat_result]) -> None:
+    """A new file (never an existing one, never through a link), fsynced, with ``like``'s owner and mode."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=dir_fd)
     try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if like is not None:
+            if (like.st_uid, like.st_gid) != (os.geteuid(), os.getegid()):
+                os.fchown(fd, like.st_uid, like.st_gid)
+            os.fchmod(fd, stat.S_IMODE(like.st_mode))
         os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str, text: str, like: os.stat_result) -> None:
-    """Temp file in the same directory, fsync, owner and mode of ``like``, rename over ``path``."""
-    directory = os.path.dirname(path)
-    temporary = os.path.join(directory, ".%s.%s.tmp" % (os.path.basename(path), os.urandom(6).hex()))
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        current = os.stat(temporary)
-        if (current.st_uid, current.st_gid) != (like.st_uid, like.st_gid):
-            os.chown(temporary, like.st_uid, like.st_gid)
-        os.chmod(temporary, stat.S_IMODE(like.st_mode))
-        os.replace(temporary, path)
     except BaseException:
+        os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(temporary)
+            os.unlink(name, dir_fd=dir_fd)
         raise
-    _fsync_directory(directory)
+    os.close(fd)
 
 
-def restore(changes: Sequence[Change]) -> None:
-    for change in reversed(changes):
-        if change.old is None or change.original is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(change.path)
-            _fsync_directory(os.path.dirname(change.path))
+def _write_json(dir_fd: int, name: str, document: Mapping[str, Any], faults: Faults, point: str) -> None:
+    """Replace ``name`` atomically: a fsynced temp file renamed over it, then the directory fsynced."""
+    temporary = ".%s.%s.tmp" % (name, os.urandom(4).hex())
+    faults.check(point, name)
+    _write_file(dir_fd, temporary, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode(), None)
+    os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.fsync(dir_fd)
+
+
+def _read_json(dir_fd: int, name: str) -> Optional[Dict[str, Any]]:
+    try:
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as reader:
+        document = json.loads(reader.read().decode("utf-8"))
+    if not isinstance(document, dict):
+        raise Failed("%s: not a JSON object" % name)
+    return document
+
+
+def open_backup_root(config: ConfigDir) -> int:
+    """The backup root's fd; it must be a real directory owned by this user (root) with mode 0700."""
+    where = os.path.join(config.path, BACKUP_DIR)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(BACKUP_DIR, 0o700, dir_fd=config.fd)
+    found = os.stat(BACKUP_DIR, dir_fd=config.fd, follow_symlinks=False)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or stat.S_IMODE(found.st_mode) != 0o700:
+        kind = "a symbolic link" if _is_link(found) else "not a directory" if not stat.S_ISDIR(found.st_mode) else None
+        detail = kind or "owner uid %d, mode %04o" % (found.st_uid, stat.S_IMODE(found.st_mode))
+        raise Refused(
+            "backup root %s must be a directory owned by uid %d with mode 0700 (found %s); nothing written:"
+            " fix or remove it" % (where, os.geteuid(), detail)
+        )
+    fd = os.open(BACKUP_DIR, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=config.fd)
+    opened = os.fstat(fd)
+    if (opened.st_dev, opened.st_ino) != (found.st_dev, found.st_ino):  # swapped between the check and the open
+        os.close(fd)
+        raise Refused("backup root %s changed while it was opened; nothing written" % where)
+    return fd
+
+
+def prune_backups(backup_fd: int, keep: Iterable[str]) -> None:
+    """Keep the newest few backups (and any in use). Only real directories named like a backup are
+    removed, and only the files directly in them: a planted link is skipped, never followed."""
+    names = sorted(name for name in os.listdir(backup_fd) if _BACKUP_NAME.match(name))
+    for old in names[:-BACKUPS_KEPT]:
+        if old in keep:
+            continue
+        try:
+            fd = os.open(old, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=backup_fd)
+        except OSError:
+            continue  # a link or a file under a backup's name: not ours, left alone
+        try:
+            for name in os.listdir(fd):
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=fd)  # unlink removes a link itself, never its target
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(old, dir_fd=backup_fd)
+
+
+class Step(NamedTuple):
+    """One file of the transaction: written to ``temp`` first, then renamed over ``path`` in order."""
+
+    label: str  # names its crash points: after-temp:<label>, after-rename:<label>
+    path: str  # relative to the config directory
+    temp: str
+    text: str
+    like: os.stat_result
+
+
+def _union_yaml(old: str, new: str) -> Optional[str]:
+    """``new`` plus the topologies of ``old`` that ``new`` lacks (after it, so ``new``'s cluster default stays
+    first), or None when a file is not a block-style list of ``- topology: NAME`` entries."""
+    old_entries, new_entries = _yaml_entries(old), _yaml_entries(new)
+    if old_entries is None or new_entries is None:
+        return None
+    kept = [text for name, text in old_entries if name not in {name for name, _ in new_entries}]
+    return new + ("" if new.endswith("\n") else "\n") + "".join(kept) if kept else None
+
+
+_YAML_ITEM_NAME = re.compile(r"(?:- |  )topology:\s*(\S+)\s*$")
+
+
+def _yaml_entries(text: str) -> Optional[List[Tuple[str, str]]]:
+    entries: List[Tuple[Optional[str], List[str]]] = []
+    for line in text.splitlines(True):
+        if line.startswith("- "):
+            entries.append((None, []))
+        elif not entries:
+            if line.strip() and line.strip() != "---" and not line.lstrip().startswith("#"):
+                return None
+            continue
+        elif line.strip() and not line[0].isspace() and not line.startswith("#"):
+            return None
+        name, lines = entries[-1]
+        found = _YAML_ITEM_NAME.match(line) if name is None else None
+        entries[-1] = (found.group(1) if found else name, [*lines, line])
+    if any(name is None for name, _ in entries):
+        return None
+    return [(str(name), "".join(lines)) for name, lines in entries]
+
+
+def yaml_topology_names(text: Optional[str]) -> Optional[Set[str]]:
+    entries = _yaml_entries(text or "")
+    return None if entries is None else {name for name, _ in entries}
+
+
+def ordered_steps(conf: SlurmConf, bundle: Bundle, changes: Sequence[Change], config: ConfigDir) -> List[Step]:
+    """The renames in an order whose every prefix slurmctld can load.
+
+    topology.yaml first when it defines every name slurm.conf uses now; else a union of the old and new
+    topologies first, slurm.conf second, the new file last. topology.conf: the file first (the old plugin
+    ignores or reads it), slurm.conf second; switching the plugin between tree and block has no loadable
+    order (each file is fatal with the other's plugin), and the journal recovery closes that window.
+    """
+    topology = [change for change in changes if os.path.basename(change.path) == bundle.slurm_format]
+    confs = [change for change in changes if change not in topology]
+
+    def step(change: Change, text: str, label: str) -> Step:
+        relative = config.relative(change.path)
+        directory, name = os.path.split(relative)
+        temp = os.path.join(directory, ".%s.%s.topokeeper-new" % (name, os.urandom(4).hex()))
+        return Step(label, relative, temp, text, change.written_like)
+
+    conf_steps = [step(change, change.new, os.path.basename(change.path)) for change in confs]
+    if not topology:
+        return conf_steps
+    change = topology[0]
+    final = step(change, change.new, bundle.slurm_format)
+    if bundle.slurm_format == YAML_FORMAT and confs:
+        names = conf.partition_names()
+        used_now = {conf.partition_topology(name) for name in names} - {None}
+        used_next = {bundle.partitions.get(name, conf.partition_topology(name)) for name in names} - {None}
+        if not used_now <= (yaml_topology_names(change.new) or set()):
+            union = _union_yaml(change.old or "", change.new)
+            if union is not None:
+                return [step(change, union, bundle.slurm_format + "+union"), *conf_steps, final]
+            if used_next <= (yaml_topology_names(change.old) or set()):
+                return [
+                    *conf_steps,
+                    final,
+                ]  # a file we cannot merge: the old one defines every name slurm.conf will use
+    return [final, *conf_steps]
+
+
+class Context(NamedTuple):
+    """What an apply or a recovery needs besides the bundle."""
+
+    scontrol: "Scontrol"
+    budget: "Budget"
+    faults: Faults
+    lock_timeout: float
+
+
+class Transaction:
+    """Backup, journal, new files, renames, reconfigure; roll back what was replaced when slurmctld refuses."""
+
+    def __init__(self, config: ConfigDir, backup_fd: int, context: Context, log_path: Optional[str]) -> None:
+        self.config, self.backup_fd, self.log_path = config, backup_fd, log_path
+        self.scontrol, self.budget, self.faults = context.scontrol, context.budget, context.faults
+
+    # -- the journal ------------------------------------------------------------------------------
+
+    def journal(self) -> Optional[Dict[str, Any]]:
+        return _read_json(self.backup_fd, JOURNAL)
+
+    def _set_phase(self, journal: Dict[str, Any], phase: str) -> None:
+        journal["phase"] = phase
+        _write_json(self.backup_fd, JOURNAL, journal, self.faults, "journal")
+
+    def _mark_rolling_back(self, journal: Dict[str, Any]) -> None:
+        # Best effort (a full disk refuses it): recovery also sees from the files that a roll-forward is impossible.
+        with contextlib.suppress(OSError):
+            self._set_phase(journal, "rolling_back")
+
+    def _end(self, journal: Dict[str, Any]) -> None:
+        # A journal that cannot be removed only makes the next run roll forward what is already in place.
+        with contextlib.suppress(OSError):
+            os.unlink(JOURNAL, dir_fd=self.backup_fd)
+            os.fsync(self.backup_fd)
+            prune_backups(self.backup_fd, keep=[journal["backup"]])
+
+    # -- backup -----------------------------------------------------------------------------------
+
+    def _backup(self, steps: Sequence[Step], plan_sha256: str) -> Tuple[str, List[Dict[str, Any]]]:
+        """Keep each file about to be replaced in a new backup directory: a hard link (no space needed, and
+        restoring it needs none), or a copy where links are impossible."""
+        name = time.strftime("%Y%m%dT%H%M%SZ-", time.gmtime()) + os.urandom(4).hex()
+        os.mkdir(name, 0o700, dir_fd=self.backup_fd)
+        target = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=self.backup_fd)
+        files: List[Dict[str, Any]] = []
+        try:
+            for path in dict.fromkeys(step.path for step in steps):
+                new_sha256 = [
+                    hashlib.sha256(s.text.encode("utf-8", "surrogateescape")).hexdigest()
+                    for s in steps
+                    if s.path == path
+                ]
+                entry: Dict[str, Any] = {
+                    "path": path,
+                    "existed": False,
+                    "copy": None,
+                    "sha256": None,
+                    "new_sha256": new_sha256,
+                }
+                parent, base = self.config.parent(path)
+                try:
+                    found = os.stat(base, dir_fd=parent, follow_symlinks=False) if _exists_at(parent, base) else None
+                    if found is not None:
+                        taken = {entry["copy"] for entry in files}
+                        copy = base if base not in taken else "%03d-%s" % (len(files), base)
+                        self.faults.check("backup", path)
+                        _link_or_copy(parent, base, target, copy)
+                        entry.update(existed=True, copy=copy, sha256=self.config.sha256(path))
+                finally:
+                    os.close(parent)
+                files.append(entry)
+            os.fsync(target)
+            manifest = {
+                "applier_version": APPLIER_VERSION,
+                "plan_sha256": plan_sha256,
+                "config_dir": self.config.path,
+                "files": files,
+            }
+            _write_json(target, MANIFEST, manifest, self.faults, "backup")
+        finally:
+            os.close(target)
+        os.fsync(self.backup_fd)
+        return name, files
+
+    # -- forward ----------------------------------------------------------------------------------
+
+    def run(self, steps: Sequence[Step], plan_sha256: str, result: Dict[str, Any]) -> bool:
+        """Write ``steps`` and have slurmctld load them (True); on refusal, put back what was replaced (False)."""
+        if self.budget.left() - RECONFIGURE_TIMEOUT < MIN_RECONFIGURE_SECONDS:
+            raise Failed(
+                "only %.0f s of the applier's %.0f s budget left, too little to reconfigure and roll back;"
+                " nothing written" % (self.budget.left(), APPLIER_BUDGET_SECONDS)
+            )
+        try:
+            backup, files = self._backup(steps, plan_sha256)
+        except OSError as error:
+            raise Failed("could not back up the current files (%s); nothing was changed" % _os_error(error)) from None
+        result["backup_dir"] = os.path.join(self.config.path, BACKUP_DIR, backup)
+        journal: Dict[str, Any] = {
+            "applier_version": APPLIER_VERSION,
+            "plan_sha256": plan_sha256,
+            "backup": backup,
+            "files": files,
+            "steps": [
+                {
+                    "label": s.label,
+                    "path": s.path,
+                    "temp": s.temp,
+                    "sha256": hashlib.sha256(s.text.encode("utf-8", "surrogateescape")).hexdigest(),
+                }
+                for s in steps
+            ],
+        }
+        try:
+            self._set_phase(journal, "prepared")
+        except OSError as error:
+            raise Failed("could not write the journal (%s); nothing was changed" % _os_error(error)) from None
+        self.faults.crash("after-journal")
+        try:
+            for step in steps:
+                parent, name = self.config.parent(step.temp)
+                try:
+                    self.faults.check("temp:" + step.label, step.temp)
+                    _write_file(parent, name, step.text.encode("utf-8", "surrogateescape"), step.like)
+                    os.fsync(parent)
+                finally:
+                    os.close(parent)
+                self.faults.crash("after-temp:" + step.label)
+            self._set_phase(journal, "renaming")
+        except (OSError, Failed) as error:
+            errors = self._discard(journal)
+            raise Failed(
+                "could not write the new files (%s); nothing was replaced%s" % (_os_error(error), _listed(errors))
+            ) from None
+        renamed = self._rename(journal)
+        if renamed:
+            self._mark_rolling_back(journal)
+            errors = self._restore(journal)
+            raise Failed("could not replace %s; %s" % (renamed, _restored(errors)))
+        code, message = self.faults.crash_during(
+            "during-reconfigure",
+            lambda: reconfigure(self.scontrol, self.log_path, self.budget.left() - RECONFIGURE_TIMEOUT),
+        )
+        self.faults.crash("after-reconfigure")
+        result["reconfigured"], result["reconfigure_exit_code"] = True, code
+        if code == 0:
+            self._end(journal)
+            return True
+        # A daemonized slurmctld keeps the old config, but the bad files would break
+        # `scontrol show topology` and the next restart: put the old ones back and reload them.
+        errors, again, again_message = self.roll_back(journal)
+        result["outcome"] = "failed" if again or errors else "rolled_back"
+        if errors:
+            result["error"] = "slurmctld rejected the new config (%s); %s" % (message, _restored(errors))
+        elif again:
+            result["error"] = "slurmctld rejected the new config (%s); the previous files are restored but %s" % (
+                message,
+                again_message,
+            )
         else:
-            write_atomic(change.path, change.old, change.original)
+            result["error"] = "slurmctld rejected the new config; the previous one is restored and live: %s" % message
+        return False
+
+    def _rename(self, journal: Dict[str, Any]) -> str:
+        """Rename the remaining temp files over their targets in order: "" when all are in place, else what failed."""
+        for entry in journal["steps"]:
+            parent, temp = self.config.parent(entry["temp"])
+            try:
+                if not _exists_at(parent, temp):
+                    continue  # renamed before a crash
+                self.faults.check("rename:" + entry["label"], entry["path"])
+                os.rename(temp, os.path.basename(entry["path"]), src_dir_fd=parent, dst_dir_fd=parent)
+                os.fsync(parent)
+            except OSError as error:
+                return "%s (%s)" % (entry["path"], _os_error(error))
+            finally:
+                os.close(parent)
+            self.faults.crash("after-rename:" + entry["label"])
+        return ""
+
+    # -- backward ---------------------------------------------------------------------------------
+
+    def roll_back(self, journal: Dict[str, Any]) -> Tuple[List[str], int, str]:
+        """Restore what was replaced, then reload it: (restore errors, reconfigure exit code, its message)."""
+        self._mark_rolling_back(journal)
+        errors = self._restore(journal)
+        again, again_message = self.faults.crash_during(
+            "during-rollback-reconfigure",
+            lambda: reconfigure(self.scontrol, self.log_path, self.budget.left()),
+        )
+        return errors, again, again_message
+
+    def _restore(self, journal: Dict[str, Any]) -> List[str]:
+        """Put back each file this transaction replaced, continuing past errors; the journal stays while one is left."""
+        errors = self._discard_temps(journal)
+        ours: Dict[str, Set[str]] = {entry["path"]: set(entry["new_sha256"]) for entry in journal["files"]}
+        backup: Optional[int] = None
+        try:
+            backup = os.open(journal["backup"], os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=self.backup_fd)
+        except OSError as error:
+            errors.append("backup %s: %s" % (journal["backup"], _os_error(error)))
+        restored = 0
+        for entry in journal["files"]:
+            path = entry["path"]
+            try:
+                current = self.config.sha256(path)
+                if current == entry["sha256"] or (current is None and not entry["existed"]):
+                    continue  # never replaced
+                if current not in ours[path] and current is not None:
+                    errors.append("%s: changed by someone else since; left as it is" % path)
+                    continue
+                self.faults.check("restore:" + os.path.basename(path), path)
+                parent, name = self.config.parent(path)
+                try:
+                    if entry["existed"]:
+                        if backup is None:
+                            raise OSError(errno.ENOENT, "no backup to restore from", path)
+                        temp = ".%s.%s.topokeeper-old" % (name, os.urandom(4).hex())
+                        _link_or_copy(backup, entry["copy"], parent, temp)
+                        try:
+                            os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+                        except OSError:
+                            with contextlib.suppress(OSError):
+                                os.unlink(temp, dir_fd=parent)
+                            raise
+                    else:
+                        os.unlink(name, dir_fd=parent)
+                    os.fsync(parent)
+                finally:
+                    os.close(parent)
+                restored += 1
+                if restored == 1:
+                    self.faults.crash("during-rollback")
+            except (OSError, Failed) as error:
+                errors.append("%s: %s" % (path, _os_error(error)))
+        if backup is not None:
+            os.close(backup)
+        if not errors:
+            self._end(journal)
+        return errors
+
+    def _discard_temps(self, journal: Dict[str, Any]) -> List[str]:
+        errors = []
+        for entry in journal["steps"]:
+            try:
+                parent, temp = self.config.parent(entry["temp"])
+                try:
+                    os.unlink(temp, dir_fd=parent)
+                except FileNotFoundError:
+                    pass
+                finally:
+                    os.close(parent)
+            except OSError as error:
+                errors.append("%s: %s" % (entry["temp"], _os_error(error)))
+        return errors
+
+    def _discard(self, journal: Dict[str, Any]) -> List[str]:
+        """Nothing was renamed yet: drop the temp files and the journal."""
+        errors = self._discard_temps(journal)
+        if not errors:
+            self._end(journal)
+        return errors
+
+    # -- recovery ---------------------------------------------------------------------------------
+
+    def recover(self, result: Dict[str, Any]) -> None:
+        """Finish or undo a transaction that a kill cut off, before anything else runs.
+
+        Before every new file was written and fsynced (phase prepared): undo, nothing was replaced. After
+        (renaming, reconfiguring): roll forward, rename the rest and reconfigure, rolling back if slurmctld
+        refuses. A cut-off rollback is finished.
+        """
+        journal = self.journal()
+        if journal is None:
+            return
+        phase = journal.get("phase")
+        record: Dict[str, Any] = {"phase": phase, "plan_sha256": journal.get("plan_sha256"), "errors": []}
+        result["recovery"] = record
+        if phase == "prepared":
+            record["action"] = "rolled_back"
+            record["errors"] = _short(self._discard(journal))
+            return
+        if phase == "renaming" and self._can_finish(journal):
+            failed = self._rename(journal)
+            if not failed:
+                self._set_phase(journal, "reconfiguring")
+                code, message = reconfigure(self.scontrol, self.log_path, self.budget.left() - RECONFIGURE_TIMEOUT)
+                result["reconfigured"], result["reconfigure_exit_code"] = True, code
+                if code == 0:
+                    record["action"] = "rolled_forward"
+                    self._end(journal)
+                    return
+                record["refused"] = one_line(message)[:300]
+        errors, again, again_message = self.roll_back(journal)
+        record["action"] = "rolled_back"
+        record["errors"] = _short(errors + ([again_message] if again else []))
+        result["reconfigured"], result["reconfigure_exit_code"] = True, again
+        if errors:
+            raise Failed("a previous apply was cut off and could not be rolled back: %s" % "; ".join(errors))
+
+    def _can_finish(self, journal: Dict[str, Any]) -> bool:
+        """Whether renaming the temp files still there yields exactly the planned files: every temp file
+        left is complete, and each file whose last temp is gone holds its planned content already."""
+        last: Dict[str, Dict[str, Any]] = {}
+        for entry in journal["steps"]:
+            found = self.config.sha256(entry["temp"])
+            if found is not None and found != entry["sha256"]:
+                return False
+            last[entry["path"]] = entry
+        for path, entry in last.items():
+            if self.config.sha256(entry["temp"]) is None and self.config.sha256(path) != entry["sha256"]:
+                return False
+        return True
 
 
-def _write_private(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="") as handle:
-        handle.write(text)
+def _exists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
-def write_backup(directory: str, changes: Sequence[Change]) -> str:
-    """Copy the files about to change into ``.topokeeper-backup/<UTC time>-<random>/``; keep the newest few."""
-    root = os.path.join(directory, BACKUP_DIR)
-    if not os.path.isdir(root):
-        os.mkdir(root, 0o700)
-    target = os.path.join(root, time.strftime("%Y%m%dT%H%M%SZ-", time.gmtime()) + os.urandom(4).hex())
-    os.mkdir(target, 0o700)
-    manifest = []
-    for change in changes:
-        entry: Dict[str, Any] = {"path": change.path, "existed": change.old is not None}
-        if change.old is not None:
-            entry["copy"] = os.path.basename(change.path)
-            _write_private(os.path.join(target, entry["copy"]), change.old)
-        manifest.append(entry)
-    _write_private(
-        os.path.join(target, "manifest.json"),
-        json.dumps({"applier_version": APPLIER_VERSION, "files": manifest}, indent=2) + "\n",
+def _link_or_copy(src_fd: int, name: str, dst_fd: int, new_name: str) -> None:
+    """``name`` as ``new_name``: a hard link (the same owner, mode and bytes, and no free space needed), or a
+    copy with the same owner and mode where the filesystem has no links."""
+    try:
+        os.link(name, new_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd, follow_symlinks=False)
+        return
+    except OSError as error:
+        if error.errno not in _LINK_UNSUPPORTED:
+            raise
+    fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=src_fd)
+    with os.fdopen(fd, "rb") as reader:
+        _write_file(dst_fd, new_name, reader.read(), os.fstat(reader.fileno()))
+
+
+def _os_error(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return "%s: %s" % (error.filename, error.strerror) if error.filename else error.strerror
+    return str(error)
+
+
+def _short(errors: Sequence[str], limit: int = 10) -> List[str]:
+    return [one_line(error)[:300] for error in errors[:limit]]
+
+
+def _listed(errors: Sequence[str]) -> str:
+    return "" if not errors else " (cleanup errors: %s)" % "; ".join(errors)
+
+
+def _restored(errors: Sequence[str]) -> str:
+    if not errors:
+        return "the previous files are restored"
+    return "the previous files could NOT all be restored (%s); the journal stays and the next run retries" % "; ".join(
+        errors
     )
-    backups = sorted(name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name)))
-    for old in backups[:-BACKUPS_KEPT]:
-        old_dir = os.path.join(root, old)
-        for name in os.listdir(old_dir):  # a backup holds files only
-            os.unlink(os.path.join(old_dir, name))
-        os.rmdir(old_dir)
-    return target
 
 
 @contextlib.contextmanager
 def exclusive_lock(directory: str, timeout: float) -> Iterator[None]:
     path = os.path.join(directory, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -902,16 +1489,29 @@ def exclusive_lock(directory: str, timeout: float) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+class Budget:
+    """The applier's whole time budget, as a deadline every wait is cut to."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(self.deadline - time.monotonic(), 0.0)
+
+
 # --------------------------------------------------------------------------------------------------
 # scontrol
 
 
 class Scontrol:
+    deadline: Optional[float] = None  # the run's Budget: no call outlives it
+
     def __init__(self, environ: Mapping[str, str], path: str) -> None:
         self.env = dict(environ)
         self.path = path
 
     def run(self, *args: str, timeout: float = SCONTROL_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        timeout = _within_deadline(timeout, self.deadline, args)
         try:
             return subprocess.run(
                 [self.path, *args],
@@ -933,6 +1533,17 @@ class Scontrol:
             message = one_line(result.stderr or result.stdout) or "no output"
             raise Failed("scontrol %s exited %d: %s" % (" ".join(args), result.returncode, message))
         return result.stdout
+
+
+def _within_deadline(timeout: float, deadline: Optional[float], args: Sequence[str]) -> float:
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise Failed(
+            "the applier's %.0f s time budget is spent (before scontrol %s)" % (APPLIER_BUDGET_SECONDS, " ".join(args))
+        )
+    return min(timeout, left)
 
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
@@ -1341,13 +1952,16 @@ def _log_errors_since(log_path: Optional[str], offset: int) -> str:
     return " | ".join(lines[-4:])
 
 
-def reconfigure(scontrol: Scontrol, log_path: Optional[str]) -> Tuple[int, str]:
-    """Run ``scontrol reconfigure``: (exit code, why it failed)."""
+def reconfigure(scontrol: Scontrol, log_path: Optional[str], timeout: float = RECONFIGURE_TIMEOUT) -> Tuple[int, str]:
+    """Run ``scontrol reconfigure`` for at most ``timeout`` s: (exit code, -1 when it did not finish; why it failed)."""
     try:
         offset = os.path.getsize(log_path) if log_path else 0
     except OSError:
         offset = 0
-    result = scontrol.run("reconfigure", timeout=RECONFIGURE_TIMEOUT)
+    try:
+        result = scontrol.run("reconfigure", timeout=min(max(timeout, 1.0), RECONFIGURE_TIMEOUT))
+    except Failed as error:
+        return -1, str(error)
     if result.returncode == 0:
         return 0, ""
     message = "scontrol reconfigure exited %d: %s" % (result.returncode, one_line(result.stderr + result.stdout))
@@ -1383,6 +1997,7 @@ def new_result(mode: Optional[str]) -> Dict[str, Any]:
         "error": None,
         "dropped": {},
         "applier_version": APPLIER_VERSION,
+        "recovery": None,
     }
 
 
@@ -1419,54 +2034,120 @@ def verify(result: Dict[str, Any], conf: SlurmConf, bundle: Bundle, scontrol: Sc
     result["outcome"] = "drift" if result["drift"] else "in_sync"
 
 
-def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, scontrol: Scontrol) -> None:
-    conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
-    state = read_disk_state(conf, bundle)
-    result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, state)
-    if result["before_sha256"] == bundle.plan_sha256:
-        result["outcome"] = "unchanged"
-        _record_drift(result, scontrol, bundle)  # reported, not acted on
+@contextlib.contextmanager
+def transaction_for(conf: SlurmConf, context: Context) -> Iterator[Transaction]:
+    config = ConfigDir(conf.directory)
+    try:
+        backup_fd = open_backup_root(config)
+        try:
+            log_path = conf.last_value("SlurmctldLogFile")
+            yield Transaction(config, backup_fd, context, log_path)
+        finally:
+            os.close(backup_fd)
+    finally:
+        config.close()
+
+
+def recover_leftover(result: Dict[str, Any], conf_path: str, context: Context) -> None:
+    """Before a verify: finish or undo an apply a kill cut off (only when its journal is there)."""
+    conf = SlurmConf(conf_path)
+    if not os.path.lexists(os.path.join(os.path.realpath(conf.directory), BACKUP_DIR, JOURNAL)):
         return
-    changes, result["partitions_changed"] = planned_changes(conf, bundle, state)
-    log_path = conf.last_value("SlurmctldLogFile")
-    result["backup_dir"] = write_backup(conf.directory, changes)
-    written: List[Change] = []
-    try:
-        for change in changes:
-            written.append(change)
-            write_atomic(change.path, change.new, change.written_like)
-        code, message = reconfigure(scontrol, log_path)
-    except Failed as error:
-        restore(written)
-        raise Failed("%s; the previous files are restored" % error) from None
-    except BaseException:
-        restore(written)
-        raise
+    lock = exclusive_lock(conf.directory, min(context.lock_timeout, context.budget.left()))
+    with lock, transaction_for(conf, context) as transaction:
+        transaction.recover(result)
+
+
+def _judge_read_back(result: Dict[str, Any]) -> None:
+    result["outcome"] = "failed" if result["drift"] else "applied"
+    if result["drift"]:
+        result["error"] = (
+            "slurmctld loaded the new config but the read-back differs from the plan (%d differences, see"
+            " drift and readback); not rolled back, the previous files are in %s"
+            % (len(result["drift"]), result["backup_dir"])
+        )
+
+
+def _newest_backup_of(transaction: Transaction, plan_sha256: str) -> Optional[Dict[str, Any]]:
+    """A journal that undoes the apply that wrote this plan's files: its backup, newest first."""
+    names = sorted((n for n in os.listdir(transaction.backup_fd) if _BACKUP_NAME.match(n)), reverse=True)
+    for name in names:
+        try:
+            fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=transaction.backup_fd)
+        except OSError:
+            continue
+        try:
+            manifest = _read_json(fd, MANIFEST)
+        except (OSError, ValueError, Failed):
+            manifest = None
+        finally:
+            os.close(fd)
+        if manifest and manifest.get("plan_sha256") == plan_sha256 and isinstance(manifest.get("files"), list):
+            return {"plan_sha256": plan_sha256, "backup": name, "files": manifest["files"], "steps": []}
+    return None
+
+
+def _reload_disk(transaction: Transaction, result: Dict[str, Any], bundle: Bundle) -> None:
+    """The files equal the plan but slurmctld serves something else (a cut-off apply, an earlier failed
+    read-back): load them, and put back the files before them if slurmctld refuses."""
+    code, message = reconfigure(
+        transaction.scontrol, transaction.log_path, transaction.budget.left() - RECONFIGURE_TIMEOUT
+    )
     result["reconfigured"], result["reconfigure_exit_code"] = True, code
+    if code == 0:
+        _record_drift(result, transaction.scontrol, bundle)
+        _judge_read_back(result)
+        return
+    journal = _newest_backup_of(transaction, bundle.plan_sha256)
+    if journal is None:
+        result["outcome"] = "failed"
+        result["error"] = (
+            "the files on disk equal the plan but slurmctld refuses them (%s) and no backup of the files before"
+            " them is left; slurmctld keeps its running config" % message
+        )
+        return
+    result["backup_dir"] = os.path.join(transaction.config.path, BACKUP_DIR, journal["backup"])
+    errors, again, again_message = transaction.roll_back(journal)
+    result["outcome"] = "failed" if errors or again else "rolled_back"
+    result["error"] = "the files on disk equal the plan but slurmctld refuses them (%s); %s%s" % (
+        message,
+        _restored(errors),
+        " but %s" % again_message if again else " and live",
+    )
+
+
+def _write_targets(config: ConfigDir, conf_path: str, conf: SlurmConf, bundle: Bundle) -> List[str]:
+    """slurm.conf as named (not resolved) and the topology file: an apply refuses either as a link."""
+    return [os.path.join(config.path, os.path.basename(conf_path)), _topology_path(conf, bundle.slurm_format)]
+
+
+def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Context) -> None:
+    conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
     try:
-        if code != 0:
-            # A daemonized slurmctld keeps the old config, but the bad files would break
-            # `scontrol show topology` and the next restart: put the old ones back and reload them.
-            restore(written)
-            again, again_message = reconfigure(scontrol, log_path)
-            result["outcome"] = "failed" if again else "rolled_back"
-            result["error"] = (
-                "slurmctld rejected the new config (%s); the previous files are restored but %s"
-                % (message, again_message)
-                if again
-                else "slurmctld rejected the new config; the previous one is restored and live: %s" % message
-            )
-            return
-        _record_drift(result, scontrol, bundle)
-        result["outcome"] = "failed" if result["drift"] else "applied"
-        if result["drift"]:
-            result["error"] = (
-                "slurmctld loaded the new config but the read-back differs from the plan (%d differences, see"
-                " drift and readback); not rolled back, the previous files are in %s"
-                % (len(result["drift"]), result["backup_dir"])
-            )
+        with transaction_for(conf, context) as transaction:
+            transaction.recover(result)  # before anything else
+            conf = SlurmConf(conf_path)
+            refuse_links(transaction.config, _write_targets(transaction.config, conf_path, conf, bundle))
+            state = read_disk_state(conf, bundle)
+            result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, state)
+            if result["before_sha256"] == bundle.plan_sha256:
+                # Unchanged only when slurmctld serves the plan too; else load the files (with rollback).
+                _record_drift(result, context.scontrol, bundle)
+                if not result["drift"]:
+                    result["outcome"] = "applied" if result["reconfigured"] else "unchanged"
+                elif result["reconfigured"]:
+                    _judge_read_back(result)  # the recovery just loaded them
+                else:
+                    _reload_disk(transaction, result, bundle)
+                return
+            changes, result["partitions_changed"] = planned_changes(conf, bundle, state)
+            steps = ordered_steps(conf, bundle, changes, transaction.config)
+            if transaction.run(steps, bundle.plan_sha256, result):
+                _record_drift(result, context.scontrol, bundle)
+                _judge_read_back(result)
     finally:  # measured, never assumed: also when the read-back itself fails
-        result["after_sha256"] = disk_sha256(bundle, read_disk_state(SlurmConf(conf_path), bundle))
+        with contextlib.suppress(Failed, OSError):
+            result["after_sha256"] = disk_sha256(bundle, read_disk_state(SlurmConf(conf_path), bundle))
 
 
 def execute(
@@ -1478,11 +2159,14 @@ def execute(
 ) -> Dict[str, Any]:
     result = new_result(mode)
     started = time.monotonic()
+    budget = Budget(APPLIER_BUDGET_SECONDS)
     try:
         bundle = parse_bundle(bundle_text)
         result["plan_sha256"] = bundle.plan_sha256
         scontrol = Scontrol(environ, find_scontrol(scontrol_path, configured_slurm_conf(environ), environ))
         result["scontrol"] = scontrol.path
+        scontrol.deadline = budget.deadline
+        context = Context(scontrol, budget, Faults(environ), lock_timeout)
         conf_path = find_slurm_conf(environ, scontrol)
         scontrol.env["SLURM_CONF"] = conf_path  # scontrol reads the very file this edits
         result["config_dir"] = os.path.dirname(os.path.abspath(conf_path))
@@ -1494,6 +2178,8 @@ def execute(
                 "the bundle is rendered as %s, but Slurm %s reads %s"
                 % (bundle.slurm_format, result["slurm_version"], result["slurm_format"])
             )
+        if mode == "verify":
+            recover_leftover(result, conf_path, context)  # an apply cut off by a kill: finished or undone first
         conf = SlurmConf(conf_path)
         result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, read_disk_state(conf, bundle))
         result["partition_topologies"] = live_partitions(scontrol)
@@ -1502,10 +2188,15 @@ def execute(
         else:
             check_cluster_knows(conf, bundle, scontrol)
             if mode == "dry-run":
+                config = ConfigDir(conf.directory)
+                try:  # what apply would refuse, dry-run refuses too
+                    refuse_links(config, _write_targets(config, conf_path, conf, bundle))
+                finally:
+                    config.close()
                 dry_run(result, conf, bundle)
             else:
-                with exclusive_lock(conf.directory, lock_timeout):
-                    apply(result, conf_path, bundle, scontrol)
+                with exclusive_lock(conf.directory, min(lock_timeout, budget.left())):
+                    apply(result, conf_path, bundle, context)
     except Refused as error:
         result["outcome"], result["error"] = "refused", one_line(str(error))
     except Failed as error:

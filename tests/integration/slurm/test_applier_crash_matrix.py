@@ -1,0 +1,408 @@
+"""The crash and fault matrix: the applier killed (SIGKILL) at every step of an apply on a real slurmctld.
+
+The applier kills itself at a named step (``TOPOKEEPER_APPLIER_CRASH_AT``), so the cut is the same on
+every run however slow the machine. After each kill: slurmctld serves the old or the new topology, never
+a mix; after a kill between renames, the files on disk load in a restarted slurmctld (except the one
+window no order can close: tree <-> block on 24.11, which the journal repairs); the next verify recovers
+from the journal, the next apply converges, and a verify finds nothing. Write errors are injected at each
+write (``TOPOKEEPER_APPLIER_FAULT_AT``); slurmctld is stopped during one apply; two applies race.
+
+``make test`` runs every crash point on 26.05 and a representative fault set. ``make reliability``
+(TOPOKEEPER_RELIABILITY_FULL=1) adds 24.11 and every fault, and records each case
+(TOPOKEEPER_RELIABILITY_OUT) for docs/reliability.md (tests/integration/slurm/reliability_report.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import gb200_nodes
+from tests.integration.slurm.test_applier_on_slurmctld import (
+    _applier_command,
+    _bundle,
+    _cluster,
+    _document,
+    _plan,
+    _run,
+    _start,
+    _with_content,
+)
+from tests.unit.test_applier_transaction import FAULT_POINTS
+from topokeeper.applier import applier
+from topokeeper.domain.models import PartitionSettings
+from topokeeper.render.bundle import RenderedPlan
+from topokeeper.sim.slurm_chroot import HarnessError, SlurmController, installed_slurm_version
+
+pytestmark = pytest.mark.slurm
+
+FULL = os.environ.get("TOPOKEEPER_RELIABILITY_FULL") == "1"
+RECORDS = os.environ.get("TOPOKEEPER_RELIABILITY_OUT")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """An apply from ``old`` to ``new`` on one Slurm version; ``window``: the crash points whose files no order
+    can make loadable (tree <-> block on 24.11; half-way through putting back files slurmctld refused)."""
+
+    name: str
+    suite: str  # sid: 26.05, trixie: 24.11
+    old: Callable[[], RenderedPlan]
+    new: Callable[[], RenderedPlan]
+    steps: tuple[str, ...]
+    window: tuple[str, ...] = ()
+    broken: bool = False  # slurmctld refuses ``new``: the rollback's crash points
+
+
+def _gb_only(version: str, **settings: PartitionSettings) -> RenderedPlan:
+    return _plan({"gb": gb200_nodes(2)}, version, **settings)
+
+
+# 26.05: gb turns from a block into a tree, so slurm.conf names block-gb until its own rename: three renames.
+YAML_CHANGE = Scenario(
+    "yaml-block-to-tree",
+    "sid",
+    lambda: _plan(_cluster()),
+    lambda: _plan(_cluster(), gb=PartitionSettings(kind="tree")),
+    (
+        "after-journal",
+        "after-temp:topology.yaml+union",
+        "after-temp:slurm.conf",
+        "after-temp:topology.yaml",
+        "after-rename:topology.yaml+union",
+        "after-rename:slurm.conf",
+        "after-rename:topology.yaml",
+        "during-reconfigure",
+        "after-reconfigure",
+    ),
+)
+YAML_REJECTED = Scenario(
+    "yaml-rejected-rolled-back",
+    "sid",
+    lambda: _plan(_cluster()),
+    lambda: _plan(_cluster(), gb=PartitionSettings(kind="tree")),
+    ("during-rollback", "during-rollback-reconfigure"),
+    window=("during-rollback",),
+    broken=True,
+)
+# 24.11: one cluster-wide plugin; tree -> block has no loadable order (each file is fatal under the other's plugin).
+CONF_PLUGIN_SWITCH = Scenario(
+    "conf-tree-to-block",
+    "trixie",
+    lambda: _gb_only("24.11", gb=PartitionSettings(kind="tree")),
+    lambda: _gb_only("24.11"),
+    (
+        "after-journal",
+        "after-temp:topology.conf",
+        "after-temp:slurm.conf",
+        "after-rename:topology.conf",
+        "after-rename:slurm.conf",
+        "during-reconfigure",
+        "after-reconfigure",
+    ),
+    window=("after-rename:topology.conf",),
+)
+CONF_REJECTED = Scenario(
+    "conf-rejected-rolled-back",
+    "trixie",
+    lambda: _gb_only("24.11", gb=PartitionSettings(kind="tree")),
+    lambda: _gb_only("24.11"),
+    ("during-rollback", "during-rollback-reconfigure"),
+    window=("during-rollback",),
+    broken=True,
+)
+SCENARIOS = [YAML_CHANGE, YAML_REJECTED] + ([CONF_PLUGIN_SWITCH, CONF_REJECTED] if FULL else [])
+CASES = [pytest.param(s, step, id=f"{s.suite}-{s.name}-{step}") for s in SCENARIOS for step in s.steps]
+
+
+_DUPLICATE_SWITCH = "      - switch: nn-leaf000\n        nodes: p5-001\n"  # the file ends in tree-gpu's switches
+
+
+def _record(kind: str, **fields: Any) -> None:
+    if RECORDS:
+        Path(RECORDS).parent.mkdir(parents=True, exist_ok=True)
+        with open(RECORDS, "a") as handle:
+            handle.write(json.dumps({"kind": kind, **fields}, sort_keys=True) + "\n")
+
+
+def _root(request: pytest.FixtureRequest, suite: str) -> Path:
+    root: Path = request.getfixturevalue("sid_root" if suite == "sid" else "trixie_root")
+    return root
+
+
+class _ChrootScontrol:
+    """The applier's read-back, run from the test against the chroot's scontrol with a config of its own."""
+
+    def __init__(self, controller: SlurmController, slurm_conf: str) -> None:
+        self.controller, self.slurm_conf = controller, slurm_conf
+
+    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return self.controller.run("env", f"SLURM_CONF={self.slurm_conf}", "scontrol", *args, timeout=timeout)
+
+
+def _client_config(controller: SlurmController, bundle: dict[str, Any]) -> str:
+    """A client config dir holding the bundle's own topology file: ``scontrol show topology`` unpacks
+    slurmctld's answer with the plugins of the topology file on the client's disk, which in a crash window
+    is not the one slurmctld serves. Partition lines lose Topology= (the client does not need it)."""
+    inner = f"{controller.inner_dir}/client-{bundle['plan_sha256'][:12]}"
+    side = controller.root / inner.lstrip("/")
+    side.mkdir(exist_ok=True)
+    conf = re.sub(r" Topology=\S+", "", (controller.etc / "slurm.conf").read_text())
+    plugin = bundle["topology_plugin"]
+    (side / "slurm.conf").write_text(conf + (f"\nTopologyPlugin={plugin}\n" if plugin else ""))
+    for name, entry in bundle["files"].items():
+        (side / name).write_text(entry["content"])
+    shutil.copy(controller.etc / "slurm.key", side / "slurm.key")
+    return f"{inner}/slurm.conf"
+
+
+def _serves(controller: SlurmController, bundle: dict[str, Any]) -> bool:
+    """Whether slurmctld serves exactly this bundle's topologies and Topology= for its partitions."""
+    scontrol = _ChrootScontrol(controller, _client_config(controller, bundle))
+    listing = scontrol.run("-a", "-o", "show", "partition").stdout
+    parsed = applier.parse_bundle(json.dumps(bundle))
+    _, drift = applier.read_back(
+        parsed,
+        applier.LiveTopologies(scontrol),  # type: ignore[arg-type]
+        applier.partition_topologies(listing),
+    )
+    return not drift
+
+
+def _served(controller: SlurmController, old: dict[str, Any], new: dict[str, Any]) -> str:
+    if "is UP" not in controller.run("scontrol", "ping").stdout:
+        return "down"
+    serves_old, serves_new = _serves(controller, old), _serves(controller, new)
+    return "old" if serves_old and not serves_new else "new" if serves_new and not serves_old else "mix"
+
+
+def _leftovers(controller: SlurmController) -> list[str]:
+    """Temp files of a transaction, and the journal: none may outlive the next run."""
+    names = [p.name for p in controller.etc.iterdir() if p.name.endswith((".topokeeper-new", ".topokeeper-old"))]
+    journal = controller.etc / applier.BACKUP_DIR / applier.JOURNAL
+    return names + ([applier.JOURNAL] if journal.exists() else [])
+
+
+def _crash(controller: SlurmController, bundle: dict[str, Any], step: str) -> subprocess.CompletedProcess[str]:
+    command = _applier_command(controller, "apply", bundle)
+    environment = {**os.environ, applier.CRASH_ENV: step}
+    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, check=False)
+
+
+def _restarts(controller: SlurmController) -> bool:
+    """Whether slurmctld comes back up from the files on disk (a reboot in the crash window)."""
+    controller.stop()
+    try:
+        controller.start(timeout=20)
+    except HarnessError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("scenario", "step"), CASES)
+def test_a_kill_at_every_step_ends_old_or_new_and_the_next_runs_converge(
+    request: pytest.FixtureRequest, controllers, scenario: Scenario, step: str
+) -> None:
+    old_plan, new_plan = scenario.old(), scenario.new()
+    old, new = _bundle(old_plan), _bundle(new_plan)
+    if scenario.broken:  # a block or switch defined twice: valid by hash, fatal for slurmctld
+        duplicate = "BlockName=us-0000 Nodes=gb-001\n" if scenario.suite == "trixie" else _DUPLICATE_SWITCH
+        new = _with_content(new, new_plan.topology_text + duplicate)
+    root = _root(request, scenario.suite)
+    controller = controllers(root)
+    _start(controller, old_plan)
+    assert _run(controller, "apply", old)[1]["outcome"] == "applied"
+
+    killed = _crash(controller, new, step)
+    assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, ""), killed.stderr
+    after_kill = _served(controller, old, new)
+    assert after_kill in ("old", "new")
+
+    loads = None
+    if FULL or step.startswith("after-rename:"):
+        loads = _restarts(controller)
+        assert loads == (step not in scenario.window)
+
+    code, verified = _run(controller, "verify", new)
+    recovery = verified["recovery"] or {}
+    if not loads and loads is not None:  # the documented window: slurmctld is down until the files are repaired
+        assert recovery.get("action") == "rolled_back"
+        controller.start()
+    assert not _leftovers(controller)
+    after_verify = _served(controller, old, new)
+    assert after_verify in ("old", "new")
+
+    code, applied = _run(controller, "apply", new)
+    if scenario.broken:
+        assert (code, applied["outcome"]) == (1, "rolled_back")
+        end = _served(controller, old, new)
+        assert end == "old"
+        assert _run(controller, "verify", old)[1]["outcome"] == "in_sync"
+    else:
+        assert (code, applied["outcome"]) in ((0, "applied"), (0, "unchanged"))
+        end = _served(controller, old, new)
+        assert end == "new"
+        assert _run(controller, "verify", new)[1]["outcome"] == "in_sync"
+    assert not _leftovers(controller)
+    _record(
+        "crash",
+        slurm=installed_slurm_version(root),
+        scenario=scenario.name,
+        step=step,
+        order=scenario.steps.index(step),
+        served_after_kill=after_kill,
+        loads_after_restart=loads,
+        recovery=recovery.get("action", "none"),
+        next_verify=verified["outcome"],
+        next_apply=applied["outcome"],
+        end=end,
+    )
+
+
+def _old_applied(
+    controller: SlurmController, edit_conf: Callable[[str], str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """slurmctld started on YAML_CHANGE's old plan, applied by the applier: (the old bundle, the new one)."""
+    old_plan = YAML_CHANGE.old()
+    _start(controller, old_plan, edit_conf=edit_conf)
+    old = _bundle(old_plan)
+    assert _run(controller, "apply", old)[1]["outcome"] == "applied"
+    return old, _bundle(YAML_CHANGE.new())
+
+
+def _config_files(controller: SlurmController, but: Path | None = None) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in controller.etc.iterdir() if p.is_file() and p != but}
+
+
+FAULT_CASES = [(point, error) for point in FAULT_POINTS for error in ("ENOSPC", "EACCES")]
+if not FULL:
+    FAULT_CASES = [("temp:slurm.conf", "ENOSPC"), ("rename:topology.yaml", "EACCES")]
+
+
+@pytest.mark.parametrize(("point", "error"), FAULT_CASES, ids=[f"{p}={e}" for p, e in FAULT_CASES])
+def test_a_write_error_at_each_write_keeps_the_last_good_config_live(
+    sid_root: Path, controllers, point: str, error: str
+) -> None:
+    controller = controllers(sid_root)
+    old, new = _old_applied(controller)
+    files = _config_files(controller)
+
+    command = _applier_command(controller, "apply", new)
+    environment = {**os.environ, applier.FAULT_ENV: f"{point}={error}"}
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, check=False)
+    document = _document(result.stdout)
+
+    assert (result.returncode, document["outcome"], document["reconfigured"]) == (1, "failed", False)
+    assert os.strerror(getattr(errno, error)) in document["error"]
+    assert _config_files(controller) == files
+    assert _served(controller, old, new) == "old"
+    assert not _leftovers(controller)
+    code, applied = _run(controller, "apply", new)
+    assert (code, applied["outcome"], _served(controller, old, new)) == (0, "applied", "new")
+    _record("fault", fault=f"{error} at {point}", outcome=document["outcome"], live="old", next_apply="applied")
+
+
+def test_slurmctld_down_during_an_apply_changes_nothing_and_the_next_apply_converges(
+    sid_root: Path, controllers
+) -> None:
+    controller = controllers(sid_root)
+    old, new = _old_applied(controller)
+    files = _config_files(controller)
+    controller.stop()
+
+    code, document = _run(controller, "apply", new)
+
+    assert (code, document["outcome"], document["reconfigured"]) == (1, "failed", False)
+    assert "Unable to contact slurm controller" in document["error"]
+    assert _config_files(controller) == files
+    controller.start()
+    assert _served(controller, old, new) == "old"
+    code, applied = _run(controller, "apply", new)
+    assert (code, applied["outcome"], _served(controller, old, new)) == (0, "applied", "new")
+    _record("fault", fault="slurmctld down", outcome=document["outcome"], live="old", next_apply="applied")
+
+
+def test_two_applies_at_once_serialize_on_the_lock(sid_root: Path, controllers) -> None:
+    controller = controllers(sid_root)
+    old, new = _old_applied(controller)
+
+    commands = [_applier_command(controller, "apply", new) for _ in range(2)]
+    processes = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
+    documents = [_document(process.communicate(timeout=300)[0]) for process in processes]
+
+    assert sorted(d["outcome"] for d in documents) == ["applied", "unchanged"]
+    assert _served(controller, old, new) == "new"
+    assert not _leftovers(controller)
+    _record("fault", fault="two applies at once", outcome="applied + unchanged", live="new", next_apply="unchanged")
+
+
+PAGE = 4096
+FULL_DISK_PAGES = list(range(5)) if FULL else [2]
+
+
+@contextlib.contextmanager
+def _tiny_config_disk(controller: SlurmController) -> Iterator[Callable[[str], str]]:
+    """A 256 KiB tmpfs as the config dir (mounted before slurmctld starts, so its namespace sees it too):
+    a real full disk, not a simulated one."""
+
+    def mount(conf: str) -> str:
+        key = (controller.etc / "slurm.key").read_bytes()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs", str(controller.etc)], check=True)
+        (controller.etc / "slurm.key").write_bytes(key)
+        (controller.etc / "slurm.key").chmod(0o600)
+        return conf
+
+    try:
+        yield mount
+    finally:
+        controller.stop()
+        subprocess.run(["umount", str(controller.etc)], check=False)
+
+
+def _fill(directory: Path, pages_left: int) -> Path:
+    """Leave exactly ``pages_left`` free pages on the filesystem of ``directory``."""
+    filler = directory / "filler"
+    free = os.statvfs(directory)
+    filler.write_bytes(b"\0" * ((free.f_bavail - pages_left) * free.f_frsize))
+    return filler
+
+
+@pytest.mark.parametrize("pages_left", FULL_DISK_PAGES)
+def test_a_really_full_config_disk_keeps_the_last_good_config_live(
+    sid_root: Path, controllers, pages_left: int
+) -> None:
+    controller = controllers(sid_root)
+    with _tiny_config_disk(controller) as mount:
+        old, new = _old_applied(controller, edit_conf=mount)
+        filler = _fill(controller.etc, pages_left)
+        files = _config_files(controller, but=filler)
+
+        code, document = _run(controller, "apply", new)
+
+        assert (code, document["outcome"], document["reconfigured"]) == (1, "failed", False)
+        assert "No space left on device" in document["error"]
+        assert _config_files(controller, but=filler) == files
+        assert _served(controller, old, new) == "old"
+        assert not _leftovers(controller)
+        filler.unlink()
+        code, applied = _run(controller, "apply", new)
+        assert (code, applied["outcome"], _served(controller, old, new)) == (0, "applied", "new")
+    _record(
+        "fault",
+        fault=f"a full config disk (tmpfs, {pages_left} pages free): {document['error'][:90]}",
+        outcome=document["outcome"],
+        live="old",
+        next_apply="applied",
+    )
