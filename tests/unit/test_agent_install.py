@@ -95,7 +95,23 @@ def test_snippet_refuses_an_embedded_file_that_does_not_match_its_sha256(
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--cluster", "llm;reboot"), ("--bucket", "Topo_Bundles"), ("--region", "us-west-2$(id)"), ("--event-bus", "a b")],
+    [
+        ("--cluster", "llm;reboot"),
+        ("--bucket", "Topo_Bundles"),
+        ("--region", "us-west-2$(id)"),
+        ("--event-bus", "a b"),
+        # A trailing newline ends the comment line that names the value: what follows would run.
+        ("--cluster", "llm-train-slurm\n"),
+        ("--bucket", "topo-bundles\n"),
+        ("--region", "us-west-2\n"),
+        ("--event-bus", "default\n"),
+        ("--prefix", "topokeeper\n"),
+        # A prefix names keys under itself; dot segments would name others.
+        ("--prefix", "../.."),
+        ("--prefix", "topokeeper/../other"),
+        ("--prefix", "./topokeeper"),
+        ("--prefix", ".."),
+    ],
 )
 def test_values_that_could_carry_shell_syntax_are_refused(
     flag: str, value: str, capsys: pytest.CaptureFixture[str]
