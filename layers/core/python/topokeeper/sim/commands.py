@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from topokeeper.operator_files import prepare_out_dir
 from topokeeper.sim.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
@@ -68,6 +69,9 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
     from topokeeper.sim.slurm_chroot import HarnessError  # noqa: PLC0415
     from topokeeper.sim.world import choose_head_node  # noqa: PLC0415
 
+    # Bad input is refused before anything starts (choosing the head node may start a chroot).
+    scenario = load_scenario(scenario_path)
+    prepare_out_dir(out)
     try:
         head_node = choose_head_node()
     except HarnessError as error:
@@ -75,7 +79,6 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
         return 1
     if head_node.note:
         print(f"topokeeper: {head_node.note}", file=sys.stderr)
-    scenario = load_scenario(scenario_path)
     _quiet_libraries()
     handler = _Story()
     handler.setFormatter(logging.Formatter("%(message)s"))
