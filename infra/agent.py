@@ -9,8 +9,8 @@ from constructs import Construct
 from infra.constants import EVENT_BUS_NAME
 from infra.encryption import DataKey
 from infra.storage import PlanBucket
-from topokeeper.adapters.agent_channel import bundle_key, verify_key
 from topokeeper.config import Settings
+from topokeeper.constants import bundle_key, verify_key
 from topokeeper.events import AGENT_SOURCE
 from topokeeper.ports import Channel
 

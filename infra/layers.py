@@ -28,20 +28,35 @@ from infra.constants import (
 
 PACKAGE = "topokeeper"
 _PLATFORM = "manylinux2014_aarch64"
-_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc")
+# What only an operator's machine runs (the CLI, its file handling, the install-script generator, the
+# simulator, the deployment view the CLI and the stack share), relative to the package; the layer ships the
+# rest. The applier and the agent stay: the SSM channel sends the applier and the agent is its peer.
+OPERATOR_ONLY = frozenset(
+    {"cli.py", "operator_commands.py", "operator_files.py", "deployment.py", "agent/install.py", "sim", "py.typed"}
+)
 
 
-def _package_files(source: Path) -> list[Path]:
+def _ships(relative: Path) -> bool:
+    return not {relative.as_posix(), relative.parts[0]} & OPERATOR_ONLY
+
+
+def layer_package_files(source: Path = CORE_LAYER_SOURCE) -> list[Path]:
+    """The package files the layer ships, relative to the package directory."""
+    package = source / "python" / PACKAGE
     return sorted(
-        path
-        for path in (source / "python" / PACKAGE).rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+        path.relative_to(package)
+        for path in package.rglob("*")
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and path.suffix != ".pyc"
+        and _ships(path.relative_to(package))
     )
 
 
 def _inputs_digest(source: Path) -> str:
     digest = hashlib.sha256(f"{_PLATFORM} {PYTHON_VERSION}\n".encode())
-    for path in [source / "requirements.txt", *_package_files(source)]:
+    package = source / "python" / PACKAGE
+    for path in [source / "requirements.txt", *(package / relative for relative in layer_package_files(source))]:
         digest.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -65,7 +80,9 @@ def build_core_layer(source: Path = CORE_LAYER_SOURCE, out: Path = BUILD_DIR / "
         check=True,
     )  # fmt: skip
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts are of no use in a layer
-    shutil.copytree(source / "python" / PACKAGE, target / PACKAGE, ignore=_SKIP)
+    for relative in layer_package_files(source):
+        (target / PACKAGE / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / "python" / PACKAGE / relative, target / PACKAGE / relative)
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     stamp.write_text(digest)

@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 
 from tests.helpers import gb200_nodes, p5_nodes, snapshot
 from tests.integration.aws.support import cluster_request, drain, group, subscribe
-from topokeeper.adapters.agent_channel import AgentChannel, bundle_key, verify_key
+from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.audit_trail import AuditTrail
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
 from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter
@@ -29,6 +29,7 @@ from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.adapters.ssm_channel import SsmChannel
+from topokeeper.constants import bundle_key, verify_key
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TopologyKind
 from topokeeper.engine.planner import plan

@@ -15,18 +15,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from topokeeper.agent.agent import DEFAULT_PREFIX, object_key
+from topokeeper.constants import bundle_key, verify_key
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.state import StateStore
-
-
-def bundle_key(cluster: str) -> str:
-    return object_key(DEFAULT_PREFIX, cluster, "enforce")
-
-
-def verify_key(cluster: str) -> str:
-    return object_key(DEFAULT_PREFIX, cluster, "verify")
 
 
 class AgentChannel:
