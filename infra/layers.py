@@ -3,6 +3,11 @@
 The core layer is built without Docker: ``python/topokeeper/`` copied from layers/core, plus the pinned
 pure-Python wheels of layers/core/requirements.txt installed for the Lambda platform. The build is
 content-stamped, so a synth with unchanged inputs reuses ``.build/layers/core`` and needs no network.
+
+botocore's data keeps only the services the functions call (``LAMBDA_SERVICES``), not its 400-odd others.
+The layer ships no bytecode: Lambda's ``/opt`` is read-only, so each cold start compiles what it imports. Bytecode
+would have to come from the runtime's own Python (3.14, ``UNCHECKED_HASH``: CDK zips files with a fixed mtime);
+this machine has no 3.14 outside a root-only chroot, and a synth must not need root.
 """
 
 from __future__ import annotations
@@ -36,6 +41,12 @@ OPERATOR_ONLY = frozenset(
 )
 
 
+# The AWS services the functions call (topokeeper.runtime and the adapters); botocore's and boto3's data for
+# every other service is dropped. tests/infra/test_layer_contents.py checks the layer's client() calls
+# against it and the handler-asset test builds each function's clients from the trimmed layer.
+LAMBDA_SERVICES = frozenset({"cloudtrail-data", "dynamodb", "ec2", "events", "s3", "sagemaker", "sqs", "ssm", "sts"})
+
+
 def _ships(relative: Path) -> bool:
     return not {relative.as_posix(), relative.parts[0]} & OPERATOR_ONLY
 
@@ -54,7 +65,7 @@ def layer_package_files(source: Path = CORE_LAYER_SOURCE) -> list[Path]:
 
 
 def _inputs_digest(source: Path) -> str:
-    digest = hashlib.sha256(f"{_PLATFORM} {PYTHON_VERSION}\n".encode())
+    digest = hashlib.sha256(f"{_PLATFORM} {PYTHON_VERSION} {sorted(LAMBDA_SERVICES)}\n".encode())
     package = source / "python" / PACKAGE
     for path in [source / "requirements.txt", *(package / relative for relative in layer_package_files(source))]:
         digest.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
@@ -80,6 +91,10 @@ def build_core_layer(source: Path = CORE_LAYER_SOURCE, out: Path = BUILD_DIR / "
         check=True,
     )  # fmt: skip
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts are of no use in a layer
+    for data in (target / "botocore" / "data", target / "boto3" / "data"):
+        for service in data.iterdir():
+            if service.is_dir() and service.name not in LAMBDA_SERVICES:
+                shutil.rmtree(service)
     for relative in layer_package_files(source):
         (target / PACKAGE / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source / "python" / PACKAGE / relative, target / PACKAGE / relative)

@@ -6,11 +6,13 @@ so an operator-only module (or a new package) cannot slip into every function un
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
 
-from infra.layers import PACKAGE, build_core_layer, layer_package_files
+from infra.constants import CORE_LAYER_SOURCE
+from infra.layers import LAMBDA_SERVICES, PACKAGE, build_core_layer, layer_package_files
 
 pytestmark = pytest.mark.infra
 
@@ -82,3 +84,26 @@ def test_the_built_layer_holds_those_modules_and_the_pinned_wheels_only() -> Non
     assert files_under(python / PACKAGE) == LAMBDA_MODULES
     assert {entry.name for entry in python.iterdir()} == {PACKAGE, *THIRD_PARTY}
     assert not list(python.rglob("__pycache__"))
+    assert {service.name for service in (python / "botocore" / "data").iterdir() if service.is_dir()} == LAMBDA_SERVICES
+
+
+def _clients_created(source: str) -> set[str]:
+    """The services named in ``client("...")`` calls (topokeeper.adapters.aws.client, one per service)."""
+    return {
+        call.args[0].value
+        for call in ast.walk(ast.parse(source))
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "client"
+        and call.args
+        and isinstance(call.args[0], ast.Constant)
+        and isinstance(call.args[0].value, str)
+    }
+
+
+def test_the_trimmed_botocore_knows_every_service_the_layer_calls() -> None:
+    package = CORE_LAYER_SOURCE / "python" / PACKAGE
+    called = set().union(
+        *(_clients_created((package / path).read_text()) for path in layer_package_files() if path.suffix == ".py")
+    )
+    assert called == LAMBDA_SERVICES  # none missing, none kept for nothing
