@@ -52,8 +52,9 @@ typecheck: install
 test: install install-system lint typecheck
 	$(BIN)/pytest
 
+# The fast tier: in process (the applier, agent and head-node processes run in tests/integration); a worker per core.
 unit: install
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest -n 2 tests/unit
 
 slurm: install install-system
 	$(BIN)/pytest tests/integration/slurm

@@ -158,15 +158,27 @@ def test_snapshot_out_that_cannot_be_written_is_refused_before_reading_aws(
     ("content", "message"),
     [(NOT_UTF8, "is not UTF-8"), (b"[]\n", "must hold a mapping"), (b"0\n", "must hold a mapping")],
 )
-def test_simulate_refuses_a_bad_scenario_file_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, message: str
+@pytest.mark.parametrize(
+    ("flag", "name", "command"),
+    [
+        ("--scenario", "scenario.yaml", ["simulate", "--out", "{tmp}/out"]),
+        ("--deployment", "deployment.json", ["diff", "--cluster", "c1"]),
+    ],
+)
+def test_a_bad_scenario_or_deployment_file_is_one_line_naming_it(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flag: str,
+    name: str,
+    command: list[str],
+    content: bytes,
+    message: str,
 ) -> None:
-    scenario = tmp_path / "scenario.yaml"
-    scenario.write_bytes(content)
-    out = tmp_path / "out"
-    assert main(["simulate", "--scenario", str(scenario), "--out", str(out)]) == 2
-    assert _one_error_line(capsys).startswith(f"topokeeper: error: --scenario: {scenario} {message}")
-    assert not out.exists()
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert main([*(argument.format(tmp=tmp_path) for argument in command), flag, str(path)]) == 2
+    assert _one_error_line(capsys).startswith(f"topokeeper: error: {flag}: {path} {message}")
+    assert not (tmp_path / "out").exists()  # refused before anything starts
 
 
 def test_simulate_refuses_an_out_that_is_a_file_before_simulating(
@@ -177,16 +189,3 @@ def test_simulate_refuses_an_out_that_is_a_file_before_simulating(
     scenario = Path(__file__).resolve().parents[2] / "layers/core/python/topokeeper/sim/scenarios/demo.yaml"
     assert main(["simulate", "--scenario", str(scenario), "--out", str(a_file)]) == 2
     assert _one_error_line(capsys).startswith(f"topokeeper: error: --out: {a_file} is a file")
-
-
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [(NOT_UTF8, "is not UTF-8"), (b"[]", "must hold a mapping"), (b"0", "must hold a mapping")],
-)
-def test_a_bad_deployment_file_is_one_line_naming_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, message: str
-) -> None:
-    deployment = tmp_path / "deployment.json"
-    deployment.write_bytes(content)
-    assert main(["diff", "--cluster", "c1", "--deployment", str(deployment)]) == 2
-    assert _one_error_line(capsys).startswith(f"topokeeper: error: --deployment: {deployment} {message}")
