@@ -52,9 +52,9 @@ typecheck: install
 test: install install-system lint typecheck
 	$(BIN)/pytest
 
-# The fast tier: in process (the applier, agent and head-node processes run in tests/integration); a worker per core.
+# The fast tier, in process: the applier, agent and head-node processes run in tests/integration.
 unit: install
-	$(BIN)/pytest -n 2 tests/unit
+	$(BIN)/pytest tests/unit
 
 slurm: install install-system
 	$(BIN)/pytest tests/integration/slurm

@@ -61,6 +61,9 @@ def _print_step(step: Any, show: bool) -> None:
 
 
 def run(scenario_path: Path, out: Path, *, show: bool) -> int:
+    # Bad input is refused before anything loads or starts (choosing the head node may start a chroot).
+    scenario = load_scenario(scenario_path)
+    prepare_out_dir(out)
     # The functions log JSON for CloudWatch; here the story prints the same in readable lines.
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
     # Imported here, not at the top: the simulator needs moto (the sim extra), which plan and show do not.
@@ -69,9 +72,6 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
     from topokeeper.sim.slurm_chroot import HarnessError  # noqa: PLC0415
     from topokeeper.sim.world import choose_head_node  # noqa: PLC0415
 
-    # Bad input is refused before anything starts (choosing the head node may start a chroot).
-    scenario = load_scenario(scenario_path)
-    prepare_out_dir(out)
     try:
         head_node = choose_head_node()
     except HarnessError as error:
