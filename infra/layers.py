@@ -34,11 +34,15 @@ from infra.constants import (
 PACKAGE = "topokeeper"
 _PLATFORM = "manylinux2014_aarch64"
 # What only an operator's machine runs (the CLI, its file handling, the install-script generator, the
-# simulator, the deployment view the CLI and the stack share), relative to the package; the layer ships the
-# rest. The applier and the agent stay: the SSM channel sends the applier and the agent is its peer.
+# simulator, the Kueue commands, the deployment view and stack spec the CLI, the stack and the simulator share),
+# relative to the package; the layer ships the rest. The applier and the agent stay: the SSM channel sends the
+# applier and the agent is its peer.
 OPERATOR_ONLY = frozenset(
-    {"cli.py", "operator_commands.py", "operator_files.py", "deployment.py", "agent/install.py", "sim", "py.typed"}
-)
+    {
+        "cli.py", "operator_commands.py", "operator_files.py", "kueue_commands.py", "kueue", "sim",
+        "deployment.py", "stack_spec.py", "agent/install.py", "py.typed",
+    }
+)  # fmt: skip
 
 
 # The AWS services the functions call (topokeeper.runtime and the adapters); botocore's and boto3's data for
