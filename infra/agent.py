@@ -10,7 +10,7 @@ from infra.constants import EVENT_BUS_NAME
 from infra.encryption import DataKey
 from infra.storage import PlanBucket
 from topokeeper.config import Settings
-from topokeeper.constants import bundle_key, verify_key
+from topokeeper.constants import agent_bundle_key, agent_verify_key
 from topokeeper.events import AGENT_SOURCE
 from topokeeper.ports import Channel
 
@@ -37,7 +37,7 @@ class AgentPolicy(Construct):
                     resources=[
                         plans.bucket.arn_for_objects(key(cluster))
                         for cluster in clusters
-                        for key in (bundle_key, verify_key)
+                        for key in (agent_bundle_key, agent_verify_key)
                     ],
                 ),
                 iam.PolicyStatement(

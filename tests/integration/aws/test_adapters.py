@@ -29,7 +29,7 @@ from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.adapters.ssm_channel import SsmChannel
-from topokeeper.constants import bundle_key, verify_key
+from topokeeper.constants import agent_bundle_key, agent_verify_key
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TopologyKind
 from topokeeper.engine.planner import plan
@@ -792,7 +792,7 @@ def test_agent_channel_delivers_a_versioned_bundle(
 
     handle = channel.deliver(bundle)
 
-    key = bundle_key("test-cluster")
+    key = agent_bundle_key("test-cluster")
     assert key == "clusters/test-cluster/bundle.json"
     head = s3.head_object(Bucket=bucket, Key=key)
     assert handle.reference == head["VersionId"]
@@ -811,7 +811,7 @@ def test_agent_channel_verify_writes_once_and_waits_for_a_fresh_report(
     state = DynamoStateStore(aws.client("dynamodb"), table)
     bundle = _rendered().bundle
     s3 = aws.client("s3")
-    key = verify_key("test-cluster")
+    key = agent_verify_key("test-cluster")
 
     # Given no report yet: the plan is written for the agent, and the answer is PENDING
     first = channel.verify(bundle)

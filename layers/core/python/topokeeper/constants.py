@@ -7,21 +7,14 @@ asserts that they carry the same values.
 
 from __future__ import annotations
 
-# --- The agent channel's object keys (branch tiers) ---------------------------------------------------
-# The reconcile function writes them, the agent policy (infra/agent.py) grants them, and the stdlib agent
-# (agent/agent.py: DEFAULT_PREFIX, object_key) reads them; tests/unit/test_agent_object_keys.py holds the
-# agent to these values.
+# Where the agent channel puts a cluster's desired bundle in the plans bucket (the agent's default
+# ``--prefix``): ``bundle.json`` to apply, ``verify.json`` to verify against only.
 AGENT_KEY_PREFIX = "clusters"
-AGENT_BUNDLE_OBJECT = "bundle.json"  # enforce: the agent applies it
-AGENT_VERIFY_OBJECT = "verify.json"  # verify: the agent only ever verifies against it
 
 
-def bundle_key(cluster: str) -> str:
-    return f"{AGENT_KEY_PREFIX}/{cluster}/{AGENT_BUNDLE_OBJECT}"
+def agent_bundle_key(cluster: str) -> str:
+    return f"{AGENT_KEY_PREFIX}/{cluster}/bundle.json"
 
 
-def verify_key(cluster: str) -> str:
-    return f"{AGENT_KEY_PREFIX}/{cluster}/{AGENT_VERIFY_OBJECT}"
-
-
-# --- end of the agent channel's object keys -----------------------------------------------------------
+def agent_verify_key(cluster: str) -> str:
+    return f"{AGENT_KEY_PREFIX}/{cluster}/verify.json"

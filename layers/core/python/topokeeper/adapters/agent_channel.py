@@ -15,7 +15,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from topokeeper.constants import bundle_key, verify_key
+from topokeeper.constants import agent_bundle_key, agent_verify_key
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.state import StateStore
@@ -57,8 +57,8 @@ class AgentChannel:
             channel=Channel.AGENT,
             cluster=bundle.cluster_name,
             plan_sha256=bundle.plan_sha256,
-            reference=self._put(bundle_key(bundle.cluster_name), bundle),
-            target=f"s3://{self._bucket}/{bundle_key(bundle.cluster_name)}",
+            reference=self._put(agent_bundle_key(bundle.cluster_name), bundle),
+            target=f"s3://{self._bucket}/{agent_bundle_key(bundle.cluster_name)}",
             sent_at=self._now(),
         )
 
@@ -76,7 +76,7 @@ class AgentChannel:
         return report
 
     def _ensure_verify_bundle(self, bundle: Bundle) -> None:
-        key = verify_key(bundle.cluster_name)
+        key = agent_verify_key(bundle.cluster_name)
         try:
             head = self._s3.head_object(Bucket=self._bucket, Key=key)
             if head.get("Metadata", {}).get("plan-sha256") == bundle.plan_sha256:
