@@ -53,6 +53,7 @@ typecheck: install
 test: install install-system lint typecheck
 	$(BIN)/pytest
 
+# The fast tier, in process: the applier, agent and head-node processes run in tests/integration.
 unit: install
 	$(BIN)/pytest tests/unit
 

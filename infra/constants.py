@@ -7,7 +7,7 @@ from pathlib import Path
 from aws_cdk import aws_lambda as lambda_
 
 # The handler contract (environment variable names), for the constructs: ``c.ENV_TABLE`` and so on.
-from topokeeper.constants import (  # noqa: F401
+from topokeeper.constants import (
     ENV_AUDIT_RETENTION,
     ENV_BUCKET,
     ENV_CLOUDTRAIL_CHANNEL,
@@ -38,7 +38,21 @@ HANDLER = "handler.lambda_handler"
 
 # The four functions are topokeeper.stack_spec's (the simulator runs the same); each one's code asset is
 # functions/<name>/. Re-exported: the constructs and the infra tests name them as constants.INGEST, ...
-__all__ = ["DRIFT", "FUNCTION_NAMES", "INGEST", "RECONCILE", "RESULT"]
+__all__ = [
+    "DRIFT",
+    "ENV_AUDIT_RETENTION",
+    "ENV_BUCKET",
+    "ENV_CLOUDTRAIL_CHANNEL",
+    "ENV_CONFIG",
+    "ENV_DEAD_LETTER_QUEUE",
+    "ENV_EVENT_BUS",
+    "ENV_QUEUE",
+    "ENV_TABLE",
+    "FUNCTION_NAMES",
+    "INGEST",
+    "RECONCILE",
+    "RESULT",
+]
 
 SERVICE_NAME = "topokeeper"
 EVENT_BUS_NAME = "default"

@@ -3,6 +3,11 @@
 The core layer is built without Docker: ``python/topokeeper/`` copied from layers/core, plus the pinned
 pure-Python wheels of layers/core/requirements.txt installed for the Lambda platform. The build is
 content-stamped, so a synth with unchanged inputs reuses ``.build/layers/core`` and needs no network.
+
+botocore's data keeps only the services the functions call (``LAMBDA_SERVICES``), not its 400-odd others.
+The layer ships no bytecode: Lambda's ``/opt`` is read-only, so each cold start compiles what it imports. Bytecode
+would have to come from the runtime's own Python (3.14, ``UNCHECKED_HASH``: CDK zips files with a fixed mtime);
+this machine has no 3.14 outside a root-only chroot, and a synth must not need root.
 """
 
 from __future__ import annotations
@@ -28,20 +33,45 @@ from infra.constants import (
 
 PACKAGE = "topokeeper"
 _PLATFORM = "manylinux2014_aarch64"
-_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc")
+# What only an operator's machine runs (the CLI, its file handling, the install-script generator, the
+# simulator, the Kueue commands, the deployment view and stack spec the CLI, the stack and the simulator share),
+# relative to the package; the layer ships the rest. The applier and the agent stay: the SSM channel sends the
+# applier and the agent is its peer.
+OPERATOR_ONLY = frozenset(
+    {
+        "cli.py", "operator_commands.py", "operator_files.py", "kueue_commands.py", "kueue", "sim",
+        "deployment.py", "stack_spec.py", "agent/install.py", "py.typed",
+    }
+)  # fmt: skip
 
 
-def _package_files(source: Path) -> list[Path]:
+# The AWS services the functions call (topokeeper.runtime and the adapters); botocore's and boto3's data for
+# every other service is dropped. tests/infra/test_layer_contents.py checks the layer's client() calls
+# against it and the handler-asset test builds each function's clients from the trimmed layer.
+LAMBDA_SERVICES = frozenset({"cloudtrail-data", "dynamodb", "ec2", "events", "s3", "sagemaker", "sqs", "ssm", "sts"})
+
+
+def _ships(relative: Path) -> bool:
+    return not {relative.as_posix(), relative.parts[0]} & OPERATOR_ONLY
+
+
+def layer_package_files(source: Path = CORE_LAYER_SOURCE) -> list[Path]:
+    """The package files the layer ships, relative to the package directory."""
+    package = source / "python" / PACKAGE
     return sorted(
-        path
-        for path in (source / "python" / PACKAGE).rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+        path.relative_to(package)
+        for path in package.rglob("*")
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and path.suffix != ".pyc"
+        and _ships(path.relative_to(package))
     )
 
 
 def _inputs_digest(source: Path) -> str:
-    digest = hashlib.sha256(f"{_PLATFORM} {PYTHON_VERSION}\n".encode())
-    for path in [source / "requirements.txt", *_package_files(source)]:
+    digest = hashlib.sha256(f"{_PLATFORM} {PYTHON_VERSION} {sorted(LAMBDA_SERVICES)}\n".encode())
+    package = source / "python" / PACKAGE
+    for path in [source / "requirements.txt", *(package / relative for relative in layer_package_files(source))]:
         digest.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -65,7 +95,13 @@ def build_core_layer(source: Path = CORE_LAYER_SOURCE, out: Path = BUILD_DIR / "
         check=True,
     )  # fmt: skip
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts are of no use in a layer
-    shutil.copytree(source / "python" / PACKAGE, target / PACKAGE, ignore=_SKIP)
+    for data in (target / "botocore" / "data", target / "boto3" / "data"):
+        for service in data.iterdir():
+            if service.is_dir() and service.name not in LAMBDA_SERVICES:
+                shutil.rmtree(service)
+    for relative in layer_package_files(source):
+        (target / PACKAGE / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / "python" / PACKAGE / relative, target / PACKAGE / relative)
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     stamp.write_text(digest)

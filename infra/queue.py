@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
@@ -18,7 +21,11 @@ class Queues(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, key: DataKey) -> None:
         super().__init__(scope, construct_id)
         self._key = key
-        encryption = {"encryption": sqs.QueueEncryption.KMS, "encryption_master_key": key.key, "enforce_ssl": True}
+        encryption: QueueEncryption = {
+            "encryption": sqs.QueueEncryption.KMS,
+            "encryption_master_key": key.key,
+            "enforce_ssl": True,
+        }
         self.work_dlq = sqs.Queue(
             self,
             spec.WORK_DLQ,
@@ -78,3 +85,11 @@ class Queues(Construct):
     def _grant_send(self, role: iam.IRole, queue: sqs.Queue) -> None:
         role.add_to_principal_policy(iam.PolicyStatement(actions=["sqs:SendMessage"], resources=[queue.queue_arn]))
         self._key.grant_use(role, "sqs", write=True)
+
+
+class QueueEncryption(TypedDict):
+    """The settings every queue shares, typed so that ``**`` keeps each one's type."""
+
+    encryption: sqs.QueueEncryption
+    encryption_master_key: kms.IKey
+    enforce_ssl: bool

@@ -87,3 +87,9 @@ def log_records(stderr: str) -> list[dict[str, Any]]:
 
 def events_named(stderr: str, name: str) -> list[dict[str, Any]]:
     return [record for record in log_records(stderr) if record["event"] == name]
+
+
+# ``topokeeper agent install-script`` with every required value.
+INSTALL_SCRIPT_ARGS = [
+    "agent", "install-script", "--cluster", "llm-train-slurm", "--bucket", "topo-bundles", "--region", "us-west-2",
+]  # fmt: skip

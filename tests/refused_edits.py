@@ -2,8 +2,8 @@
 
 Each applies to ``mixed_cluster``'s plan (tree-gpu, block-gb, flat cpu) loaded by ``load_plan``. The
 reasons are those of the real slurmctld 26.05 and 24.11: tests/integration/slurm/test_standin_scontrol.py
-checks that it and the file-only stand-in both give them; tests/unit/test_file_head_node.py uses them on
-the stand-in alone.
+checks that it and the file-only stand-in both give them; tests/integration/head_node/test_file_head_node.py
+uses them on the stand-in alone.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import SqsFifoPartialProcessor, process_partial_response
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -19,7 +20,7 @@ processor.raise_on_entire_batch_failure = False
 
 
 @logger.inject_lambda_context
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
     deps = lambda_runtime().reconcile_deps()
     newest = newest_generations(record.get("body", "") for record in event.get("Records", []))
 

@@ -97,3 +97,112 @@ def test_hostile_snapshot_is_refused_and_nothing_is_written(tmp_path: Path, caps
     assert main(["plan", "--snapshot", str(snapshot), "--out", str(out)]) == 2
     assert "nodes[4].PrivateDnsHostname" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1, captured.err  # one line, no traceback
+    assert captured.err.startswith("topokeeper: error: ")
+    return captured.err
+
+
+NOT_UTF8 = b"partitions: {}\n# caf\xe9\n"
+
+
+@pytest.mark.parametrize("flag", ["--snapshot", "--config"])
+def test_a_file_that_is_not_utf8_is_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(NOT_UTF8)
+    inputs = {"--snapshot": str(EXAMPLES / "mixed-cluster.json"), flag: str(bad)}
+    out = tmp_path / "out"
+    assert main(["plan", *[x for pair in inputs.items() for x in pair], "--out", str(out)]) == 2
+    error = _one_error_line(capsys)
+    assert error.startswith(f"topokeeper: error: {flag}: {bad} is not UTF-8")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--snapshot", "--config"])
+@pytest.mark.parametrize(
+    ("name", "document"), [("doc.json", "[]"), ("doc.json", "0"), ("doc.yaml", "[]\n"), ("doc.yaml", "0\n")]
+)
+def test_a_document_that_is_not_a_mapping_is_refused_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, name: str, document: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(document)
+    inputs = {"--snapshot": str(EXAMPLES / "mixed-cluster.json"), flag: str(path)}
+    assert main(["show", *[x for pair in inputs.items() for x in pair]]) == 2
+    assert _one_error_line(capsys).startswith(f"topokeeper: error: {flag}: {path} must hold a mapping")
+
+
+def test_an_empty_yaml_config_means_the_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("# nothing overridden\n")
+    assert main(["show", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--config", str(config)]) == 0
+    assert "ml-p5" in capsys.readouterr().out
+
+
+def test_plan_out_that_is_a_file_or_cannot_be_created_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "taken"
+    a_file.write_text("mine\n")
+    for out, reason in ((a_file, "is a file"), (a_file / "sub", "cannot create")):
+        assert main(["plan", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--out", str(out)]) == 2
+        error = _one_error_line(capsys)
+        assert error.startswith(f"topokeeper: error: --out: {out}") and reason in error, error
+    assert a_file.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("where", ["directory", "under a file"])
+def test_snapshot_out_that_cannot_be_written_is_refused_before_reading_aws(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    # No AWS endpoint answers here: the refusal must come before the first call.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    a_file = tmp_path / "taken"
+    a_file.write_text("mine\n")
+    out = tmp_path if where == "directory" else a_file / "snapshot.json"
+    assert main(["--region", "us-east-1", "snapshot", "--cluster", "c1", "--out", str(out)]) == 2
+    assert _one_error_line(capsys).startswith(f"topokeeper: error: --out: {out}")
+    assert a_file.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(NOT_UTF8, "is not UTF-8"), (b"[]\n", "must hold a mapping"), (b"0\n", "must hold a mapping")],
+)
+@pytest.mark.parametrize(
+    ("flag", "name", "command"),
+    [
+        ("--scenario", "scenario.yaml", ["simulate", "--out", "{tmp}/out"]),
+        ("--deployment", "deployment.json", ["diff", "--cluster", "c1"]),
+    ],
+)
+def test_a_bad_scenario_or_deployment_file_is_one_line_naming_it(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flag: str,
+    name: str,
+    command: list[str],
+    content: bytes,
+    message: str,
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert main([*(argument.format(tmp=tmp_path) for argument in command), flag, str(path)]) == 2
+    assert _one_error_line(capsys).startswith(f"topokeeper: error: {flag}: {path} {message}")
+    assert not (tmp_path / "out").exists()  # refused before anything starts
+
+
+def test_simulate_refuses_an_out_that_is_a_file_before_simulating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "taken"
+    a_file.write_text("mine\n")
+    scenario = Path(__file__).resolve().parents[2] / "layers/core/python/topokeeper/sim/scenarios/demo.yaml"
+    assert main(["simulate", "--scenario", str(scenario), "--out", str(a_file)]) == 2
+    assert _one_error_line(capsys).startswith(f"topokeeper: error: --out: {a_file} is a file")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,14 +20,15 @@ TYPES = ["p5.48xlarge", "p6-b200.48xlarge", "p6e-gb200.36xlarge", "c7i.4xlarge"]
 @st.composite
 def clusters(draw: st.DrawFn) -> dict[str, list[Node]]:
     partitions: dict[str, list[Node]] = {}
-    used = set()
-    for p in range(draw(st.integers(1, 3))):
+    sizes = draw(st.lists(st.integers(0, 25), min_size=1, max_size=3))
+    # Distinct host numbers for the whole cluster, drawn at once: a .filter() lambda per node costs hypothesis
+    # a parse of this source each time.
+    numbers = iter(draw(st.lists(st.integers(1, 400), min_size=sum(sizes), max_size=sum(sizes), unique=True)))
+    for p, size in enumerate(sizes):
         name = f"part{p}"
         types = draw(st.lists(st.sampled_from(TYPES), min_size=1, max_size=2, unique=True))
         nodes = []
-        for _ in range(draw(st.integers(0, 25))):
-            number = draw(st.integers(1, 400).filter(lambda n: n not in used))
-            used.add(number)
+        for number in itertools.islice(numbers, size):
             instance_type = draw(st.sampled_from(types))
             layers = 4 if instance_type.startswith("p6-") else 3
             has_path = draw(st.booleans()) or draw(st.booleans())

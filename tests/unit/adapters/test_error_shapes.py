@@ -40,8 +40,12 @@ CHANNEL_ARN = "arn:aws:cloudtrail:us-east-1:123456789012:channel/01234567-89ab-c
 CLUSTER_ARN = "arn:aws:sagemaker:us-east-1:123456789012:cluster/a1b2c3d4e5f6"
 
 
+# One session for every client: it caches the service models it loads (seconds for ec2 if loaded per test).
+_SESSION = botocore.session.get_session()
+
+
 def _client(service: str) -> Any:
-    return botocore.session.get_session().create_client(
+    return _SESSION.create_client(
         service,
         region_name="us-east-1",
         aws_access_key_id="testing",

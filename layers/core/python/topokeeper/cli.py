@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from topokeeper import kueue_commands, operator_commands
@@ -19,6 +16,7 @@ from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
 from topokeeper.errors import InputError
+from topokeeper.operator_files import read_mapping, write_files
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim import commands as sim_commands
 
@@ -26,33 +24,18 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 
 
-def _read_structured(path: Path, field: str) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise InputError(field, f"cannot read {path}: {error.strerror}") from error
-    try:
-        return yaml.safe_load(text) if path.suffix in {".yaml", ".yml"} else json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as error:
-        raise InputError(
-            field,
-            f"{path} is not valid {'YAML' if path.suffix in {'.yaml', '.yml'} else 'JSON'}: "
-            f"{str(error).splitlines()[0]}",
-        ) from error
-
-
 def load_config(path: Path | None) -> PlannerConfig:
     if path is None:
         return PlannerConfig()
-    document = _read_structured(path, "--config")
+    document = read_mapping(path, "--config")
     try:
-        return PlannerConfig.model_validate(document or {})
+        return PlannerConfig.model_validate(document)
     except ValidationError as error:
         raise InputError.from_validation(error, prefix="config") from error
 
 
 def plan_from_files(snapshot_path: Path, config_path: Path | None, slurm_version: str | None) -> RenderedPlan:
-    raw = parse_snapshot_document(_read_structured(snapshot_path, "--snapshot"))
+    raw = parse_snapshot_document(read_mapping(snapshot_path, "--snapshot"))
     snapshot = build_snapshot(raw, load_config(config_path), slurm_version)
     return render(plan(snapshot))
 
@@ -82,14 +65,6 @@ def plan_table(rendered: RenderedPlan) -> str:
     for partition in sorted(plan_.partitions, key=lambda p: p.partition):
         lines += [f"warning: {partition.partition}: {warning}" for warning in partition.warnings]
     return "\n".join(lines)
-
-
-def write_files(out: Path, files: dict[str, str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for name, content in files.items():
-        temporary = out / f".{name}.tmp"
-        temporary.write_text(content)
-        temporary.replace(out / name)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

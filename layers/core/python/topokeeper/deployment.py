@@ -8,10 +8,9 @@ Either way the CLI then builds the very ``Runtime`` the Lambdas use.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from topokeeper.config import Settings
 from topokeeper.constants import ENV_BUCKET, ENV_CONFIG, ENV_DEAD_LETTER_QUEUE, ENV_EVENT_BUS, ENV_QUEUE, ENV_TABLE
@@ -47,15 +46,6 @@ class Deployment(BaseModel):
         if self.dead_letter_queue_url:
             env[ENV_DEAD_LETTER_QUEUE] = self.dead_letter_queue_url
         return env
-
-    @classmethod
-    def from_file(cls, path: Path) -> Deployment:
-        try:
-            return cls.model_validate_json(path.read_text())
-        except OSError as error:
-            raise InputError("--deployment", f"cannot read {path}: {error.strerror}") from error
-        except ValidationError as error:
-            raise InputError.from_validation(error, prefix="deployment") from error
 
     @classmethod
     def from_stack(cls, cloudformation: Any, lambda_client: Any, stack_name: str) -> Deployment:

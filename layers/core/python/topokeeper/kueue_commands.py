@@ -24,6 +24,7 @@ from topokeeper.kueue.node_list import (
     parse_node_list,
 )
 from topokeeper.kueue.objects import KueuePlan, plan_kueue, render_kueue
+from topokeeper.operator_files import read_mapping, write_files
 
 EXIT_OK = 0
 
@@ -63,17 +64,15 @@ def read_cluster(cluster: str) -> AwsSnapshot:
 
 
 def load_inputs(snapshot: Path | None, nodes: Path | None, cluster: str | None = None) -> EksInputs:
-    from topokeeper.cli import _read_structured  # noqa: PLC0415 (cli imports this module)
-
     if snapshot is None and nodes is None and cluster is None:
         raise InputError("--snapshot", "give --snapshot FILE or --cluster NAME, --nodes NODES.json, or both")
     if snapshot is not None and cluster is not None:
         raise InputError("--cluster", "give --snapshot FILE or --cluster NAME, not both")
-    kube_nodes = parse_node_list(_read_structured(nodes, "--nodes")) if nodes else None
+    kube_nodes = parse_node_list(read_mapping(nodes, "--nodes")) if nodes else None
     if cluster is not None:
         raw: AwsSnapshot | None = read_cluster(cluster)
     elif snapshot is not None:
-        raw = parse_snapshot_document(_read_structured(snapshot, "--snapshot"))
+        raw = parse_snapshot_document(read_mapping(snapshot, "--snapshot"))
     else:
         raw = None
     if raw is None:
@@ -119,8 +118,6 @@ def _cmd_labels(args: argparse.Namespace) -> int:
 
 
 def _cmd_kueue(args: argparse.Namespace) -> int:
-    from topokeeper.cli import write_files  # noqa: PLC0415 (cli imports this module)
-
     inputs = load_inputs(args.snapshot, args.nodes, args.cluster)
     plan = inputs.plan()
     findings = inputs.drift(plan)

@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, LocalRateLimiter, MemoryNodeFactsCache
 from topokeeper.adapters.hyperpod import HyperPodFacts
@@ -24,6 +26,7 @@ from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import ClusterConfig, Ec2Discovery, Mode, Orchestrator
 from topokeeper.deployment import Deployment
 from topokeeper.errors import InputError
+from topokeeper.operator_files import check_out_file, read_mapping, write_text_file
 from topokeeper.ports import Outcome, ReconcileRequest, Trigger
 from topokeeper.render.bundle import Bundle
 from topokeeper.runtime import Runtime
@@ -63,7 +66,11 @@ def _color(text: str, code: str, enabled: bool) -> str:
 
 def _deployment(args: argparse.Namespace) -> Deployment:
     if args.deployment:
-        return Deployment.from_file(args.deployment)
+        document = read_mapping(args.deployment, "--deployment")
+        try:
+            return Deployment.model_validate(document)
+        except ValidationError as error:
+            raise InputError.from_validation(error, prefix="deployment") from error
     if args.stack_name:
         return Deployment.from_stack(client("cloudformation"), client("lambda"), args.stack_name)
     raise InputError("--deployment", "give --deployment FILE or --stack-name NAME")
@@ -82,6 +89,8 @@ def _emit(args: argparse.Namespace, document: Any, human: Callable[[], str]) -> 
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    if args.out:
+        check_out_file(args.out)
     if args.deployment or args.stack_name:
         runtime, cluster = _runtime_and_cluster(args)
         facts = runtime.facts(cluster)
@@ -97,7 +106,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         snapshot = facts.read(args.cluster)
     text = json.dumps(snapshot.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True) + "\n"
     if args.out:
-        args.out.write_text(text)
+        write_text_file(args.out, text)
         print(f"wrote {args.out}: {len(snapshot.nodes)} nodes, {len(snapshot.instance_topology)} with topology")
     else:
         sys.stdout.write(text)

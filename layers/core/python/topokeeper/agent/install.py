@@ -36,13 +36,15 @@ APPLIER_TIMEOUT_SECONDS = CHANNEL_TIMEOUT_SECONDS
 CYCLE_TIMEOUT_SECONDS = int(APPLIER_TIMEOUT_SECONDS + TERMINATE_GRACE_SECONDS) + 120
 HEREDOC_END = "TOPOKEEPER_EOF"
 
-# Every value baked into the snippet matches one of these, so none can carry shell syntax.
+# Every value baked into the snippet matches one of these in full (fullmatch: ``$`` would let a trailing
+# newline through, which ends a comment line), so none can carry shell syntax or a line break.
+_SEGMENT = r"(?!\.\.?(?:/|$))[A-Za-z0-9._-]+"  # no "." or "..": a prefix names keys under itself only
 _VALID = {
-    "cluster": (re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"), "HyperPod cluster name"),
-    "bucket": (re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"), "S3 bucket name"),
-    "region": (re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"), "AWS region"),
-    "prefix": (re.compile(r"^([A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*)?$"), "S3 key prefix"),
-    "event_bus": (re.compile(r"^[A-Za-z0-9._/:-]{1,1600}$"), "event bus name or ARN"),
+    "cluster": (re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}"), "HyperPod cluster name"),
+    "bucket": (re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"), "S3 bucket name"),
+    "region": (re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]+"), "AWS region"),
+    "prefix": (re.compile(rf"({_SEGMENT}(/{_SEGMENT})*)?"), "S3 key prefix"),
+    "event_bus": (re.compile(r"[A-Za-z0-9._/:-]{1,1600}"), "event bus name or ARN"),
 }
 
 
@@ -60,7 +62,7 @@ class AgentSettings:
     def __post_init__(self) -> None:
         for name, (pattern, what) in _VALID.items():
             value = getattr(self, name)
-            if not pattern.match(value):
+            if not pattern.fullmatch(value):
                 raise InputError(f"--{name.replace('_', '-')}", f"not a valid {what}: {value!r}")
         for name in ("poll_seconds", "verify_seconds"):
             if getattr(self, name) < 1:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from topokeeper.operator_files import prepare_out_dir
 from topokeeper.sim.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
@@ -60,6 +61,9 @@ def _print_step(step: Any, show: bool) -> None:
 
 
 def run(scenario_path: Path, out: Path, *, show: bool) -> int:
+    # Bad input is refused before anything loads or starts (choosing the head node may start a chroot).
+    scenario = load_scenario(scenario_path)
+    prepare_out_dir(out)
     # The functions log JSON for CloudWatch; here the story prints the same in readable lines.
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
     # Imported here, not at the top: the simulator needs moto (the sim extra), which plan and show do not.
@@ -77,7 +81,6 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
         return 1
     if head_node.note:
         print(f"topokeeper: {head_node.note}", file=sys.stderr)
-    scenario = load_scenario(scenario_path)
     _quiet_libraries()
     handler = _Story()
     handler.setFormatter(logging.Formatter("%(message)s"))

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from topokeeper.config import Mode
 from topokeeper.domain.models import ClusterName, SlurmVersion
 from topokeeper.domain.names import SlurmName
 from topokeeper.errors import InputError
+from topokeeper.operator_files import read_mapping
 from topokeeper.ports import Channel
 
 
@@ -149,13 +149,8 @@ class Scenario(_Strict):
 
 
 def load_scenario(path: Path) -> Scenario:
+    document = read_mapping(path, "--scenario", always_yaml=True)
     try:
-        document = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise InputError("--scenario", f"cannot read {path}: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise InputError("--scenario", f"{path} is not valid YAML: {str(error).splitlines()[0]}") from error
-    try:
-        return Scenario.model_validate(document or {})
+        return Scenario.model_validate(document)
     except ValidationError as error:
         raise InputError.from_validation(error, prefix="scenario") from error

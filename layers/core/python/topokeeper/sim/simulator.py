@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
@@ -23,7 +23,9 @@ from topokeeper.ports import Metric, Outcome
 from topokeeper.render.bundle import RenderedPlan
 from topokeeper.render.mermaid import render_partition_mermaid
 from topokeeper.sim.scenario import Scenario, Step
-from topokeeper.sim.world import Counters, World, running
+
+if TYPE_CHECKING:
+    from topokeeper.sim.world import World
 
 
 class StepResult(BaseModel):
@@ -78,6 +80,8 @@ class Story:
         world.event_filter = self._pending_filter or (lambda event: [event])
         self._pending_filter = None
         started = world.clock.monotonic()
+        from topokeeper.sim.world import Counters  # noqa: PLC0415 (see simulate)
+
         world.counters = Counters()
         world.emulator.calls.reset()
         timeline_start = len(world.timeline)
@@ -214,6 +218,9 @@ def simulate(
     scenario: Scenario, *, progress: Callable[[str], None] = lambda _: None, head_node: str | None = None
 ) -> SimulationResult:
     """Play ``scenario``; ``head_node`` "chroot" or "file" as ``world.choose_head_node`` takes it."""
+    # Imported here: the world loads moto (seconds of CPU), which the result models and the report do not need.
+    from topokeeper.sim.world import running  # noqa: PLC0415
+
     with running(scenario, head_node=head_node) as world:
         return play(world, scenario, progress)
 

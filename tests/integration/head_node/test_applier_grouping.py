@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
-from tests.unit.test_applier_run import FakeHeadNode
+from tests.integration.head_node.test_applier_run import FakeHeadNode
 from topokeeper.applier import applier
 from topokeeper.domain.models import Node, PartitionSettings
 from topokeeper.engine.planner import plan

@@ -1,0 +1,82 @@
+"""The files the operator commands read and write: every failure is one ``InputError`` naming the flag and
+the file, never a traceback. Operator-only (it needs PyYAML): the Lambda layer does not ship it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from topokeeper.errors import InputError
+
+YAML_SUFFIXES = frozenset({".yaml", ".yml"})
+
+
+def _kind(document: Any) -> str:
+    return {list: "a list", str: "a string", bool: "a boolean"}.get(type(document), f"the value {document!r}")
+
+
+def read_mapping(path: Path, flag: str, *, always_yaml: bool = False) -> dict[str, Any]:
+    """The mapping in ``path``: YAML for a ``.yaml``/``.yml`` name (or ``always_yaml``), else JSON.
+
+    An empty YAML file (or one of comments only) is an empty mapping; any other non-mapping, such as ``[]``
+    or ``0``, is refused rather than read as empty."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise InputError(flag, f"cannot read {path}: {error.strerror}") from error
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(flag, f"{path} is not UTF-8 text (byte {error.start} is {raw[error.start]:#04x})") from error
+    is_yaml = always_yaml or path.suffix in YAML_SUFFIXES
+    try:
+        document = yaml.safe_load(text) if is_yaml else json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as error:
+        syntax = "YAML" if is_yaml else "JSON"
+        raise InputError(flag, f"{path} is not valid {syntax}: {str(error).splitlines()[0]}") from error
+    if document is None and is_yaml:
+        return {}
+    if not isinstance(document, dict):
+        raise InputError(flag, f"{path} must hold a mapping, not {_kind(document)}")
+    return document
+
+
+def prepare_out_dir(out: Path, flag: str = "--out") -> None:
+    """Create the output directory (and its parents), or refuse it in one line."""
+    if out.exists() and not out.is_dir():
+        raise InputError(flag, f"{out} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(flag, f"{out}: cannot create the directory: {error.strerror}") from error
+
+
+def check_out_file(path: Path, flag: str = "--out") -> None:
+    """Refuse, before any work is done, an output file that cannot be written where it is named."""
+    if path.is_dir():
+        raise InputError(flag, f"{path} is a directory, not a file")
+    if not path.parent.is_dir():
+        raise InputError(flag, f"{path}: cannot create the file: {path.parent} is not a directory")
+
+
+def write_text_file(path: Path, text: str, flag: str = "--out") -> None:
+    """Write ``path`` whole or not at all (a temporary file next to it, then a rename)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        temporary.write_text(text)
+        temporary.replace(path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise InputError(flag, f"{path}: cannot write: {error.strerror}") from error
+
+
+def write_files(out: Path, files: dict[str, str], flag: str = "--out") -> None:
+    """Write each named file into ``out``, creating it first."""
+    prepare_out_dir(out, flag)
+    for name, content in files.items():
+        write_text_file(out / name, content, flag)

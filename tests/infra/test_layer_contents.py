@@ -1,0 +1,109 @@
+"""The core layer carries only what runs in Lambda: no simulator, CLI or operator commands.
+
+The list is written out in full on purpose: a new module lands in the layer only when someone adds it here,
+so an operator-only module (or a new package) cannot slip into every function unnoticed.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from infra.constants import CORE_LAYER_SOURCE
+from infra.layers import LAMBDA_SERVICES, PACKAGE, build_core_layer, layer_package_files
+
+pytestmark = pytest.mark.infra
+
+LAMBDA_MODULES = [
+    "__init__.py",
+    "adapters/__init__.py",
+    "adapters/agent_channel.py",
+    "adapters/audit_trail.py",
+    "adapters/aws.py",
+    "adapters/dynamodb.py",
+    "adapters/ec2.py",
+    "adapters/hyperpod.py",
+    "adapters/metrics.py",
+    "adapters/plans.py",
+    "adapters/queue.py",
+    "adapters/ssm_channel.py",
+    "agent/__init__.py",
+    "agent/agent.py",
+    "applier/__init__.py",
+    "applier/applier.py",
+    "config.py",
+    "constants.py",
+    "domain/__init__.py",
+    "domain/catalog.py",
+    "domain/hostlist.py",
+    "domain/models.py",
+    "domain/names.py",
+    "engine/__init__.py",
+    "engine/block.py",
+    "engine/planner.py",
+    "engine/snapshot.py",
+    "engine/tree.py",
+    "errors.py",
+    "events.py",
+    "ports.py",
+    "render/__init__.py",
+    "render/bundle.py",
+    "render/mermaid.py",
+    "render/slurm_conf.py",
+    "render/slurm_yaml.py",
+    "runtime.py",
+    "service/__init__.py",
+    "service/audit.py",
+    "service/drift.py",
+    "service/ingest.py",
+    "service/reconcile.py",
+    "service/result.py",
+    "service/state.py",
+]
+# The pinned wheels of layers/core/requirements.txt, each with its metadata.
+THIRD_PARTY = {
+    "boto3", "boto3-1.44.8.dist-info", "botocore", "botocore-1.44.8.dist-info", "dateutil",
+    "python_dateutil-2.9.0.post0.dist-info", "jmespath", "jmespath-1.1.0.dist-info", "s3transfer",
+    "s3transfer-0.19.3.dist-info", "six.py", "six-1.17.0.dist-info", "urllib3", "urllib3-2.8.0.dist-info",
+}  # fmt: skip
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
+
+
+def test_the_layer_selects_exactly_the_modules_lambda_runs() -> None:
+    assert [path.as_posix() for path in layer_package_files()] == LAMBDA_MODULES
+
+
+def test_the_built_layer_holds_those_modules_and_the_pinned_wheels_only() -> None:
+    python = build_core_layer() / "python"
+
+    assert files_under(python / PACKAGE) == LAMBDA_MODULES
+    assert {entry.name for entry in python.iterdir()} == {PACKAGE, *THIRD_PARTY}
+    assert not list(python.rglob("__pycache__"))
+    assert {service.name for service in (python / "botocore" / "data").iterdir() if service.is_dir()} == LAMBDA_SERVICES
+
+
+def _clients_created(source: str) -> set[str]:
+    """The services named in ``client("...")`` calls (topokeeper.adapters.aws.client, one per service)."""
+    return {
+        call.args[0].value
+        for call in ast.walk(ast.parse(source))
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "client"
+        and call.args
+        and isinstance(call.args[0], ast.Constant)
+        and isinstance(call.args[0].value, str)
+    }
+
+
+def test_the_trimmed_botocore_knows_every_service_the_layer_calls() -> None:
+    package = CORE_LAYER_SOURCE / "python" / PACKAGE
+    called = set().union(
+        *(_clients_created((package / path).read_text()) for path in layer_package_files() if path.suffix == ".py")
+    )
+    assert called == LAMBDA_SERVICES  # none missing, none kept for nothing
