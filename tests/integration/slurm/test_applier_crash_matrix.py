@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import gb200_nodes
+from tests.integration.head_node.test_applier_transaction import FAULT_POINTS
 from tests.integration.slurm.test_applier_on_slurmctld import (
     _applier_command,
     _bundle,
@@ -40,7 +41,6 @@ from tests.integration.slurm.test_applier_on_slurmctld import (
     _start,
     _with_content,
 )
-from tests.unit.test_applier_transaction import FAULT_POINTS
 from topokeeper.applier import applier
 from topokeeper.domain.models import PartitionSettings
 from topokeeper.render.bundle import RenderedPlan

@@ -76,6 +76,8 @@ class ApplyResult(BaseModel):
     config_dir: str | None = None
     scontrol: str | None = None  # the scontrol the applier used (head nodes keep Slurm under /opt/slurm)
     backup_dir: str | None = None
+    # A cut-off apply the applier found and finished or undid first: phase, action, plan_sha256, errors.
+    recovery: dict[str, Any] | None = None
     duration_seconds: float = 0.0
     error: str | None = None
     dropped: dict[str, int] = Field(default_factory=dict)  # entries cut to fit SSM's stdout cap

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import snapshot
-from tests.unit.test_applier_run import FakeHeadNode, _bundle, _cluster, live_topologies
+from tests.integration.head_node.test_applier_run import FakeHeadNode, _bundle, _cluster, live_topologies
 from topokeeper.applier import applier
 from topokeeper.domain.models import Node, PartitionSettings
 from topokeeper.engine.planner import plan
