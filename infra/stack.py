@@ -14,6 +14,7 @@ from infra.encryption import DataKey
 from infra.events import Triggers
 from infra.functions import Functions
 from infra.layers import Layers
+from infra.login_endpoint import LoginEndpoint, login_clusters
 from infra.queue import Queues
 from infra.state import StateTable
 from infra.storage import PlanBucket
@@ -71,6 +72,21 @@ class TopokeeperStack(Stack):
             outputs["AgentPolicyArn"] = (
                 agent.policy.managed_policy_arn,
                 "Attach to the ExecutionRole of the HyperPod instance group that runs slurmctld",
+            )
+        self.login_endpoints = {
+            cluster.name: LoginEndpoint(
+                self,
+                f"Login-{cluster.name}",
+                cluster=cluster,
+                topic=self.monitoring.topic,
+                log_retention_days=settings.log_retention_days,
+            )
+            for cluster in login_clusters(settings.clusters)
+        }
+        for cluster_name, endpoint in self.login_endpoints.items():
+            outputs["LoginEndpoint" + "".join(ch for ch in cluster_name if ch.isalnum())] = (
+                endpoint.load_balancer.attr_dns_name,
+                f"SSH endpoint of {cluster_name}'s login nodes",
             )
         for name, (value, description) in outputs.items():
             CfnOutput(self, name, value=value, description=description)
