@@ -92,6 +92,8 @@ class Metric(StrEnum):
     APPLY_FAILURES = "ApplyFailures"
     RECONCILE_SECONDS = "ReconcileSeconds"
     EVENTS_COALESCED = "EventsCoalesced"  # changes that did not need a reconcile of their own
+    LOGIN_TARGETS_HEALTHY = "LoginTargetsHealthy"  # running login nodes the balancer finds healthy
+    LOGIN_TARGETS_DRIFT = "LoginTargetsDrift"  # targets one login sync had to register or deregister
 
 
 class Metrics(Protocol):

@@ -1,0 +1,167 @@
+"""Login target sync on the emulator: moto's ELBv2 (IP targets), the emulated HyperPod, DynamoDB, EventBridge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.integration.aws.support import cluster_request, drain, group, subscribe
+from topokeeper.adapters.elbv2 import ElbTargetGroup
+from topokeeper.adapters.login_nodes import DynamoLoginLedger, HyperPodLoginNodes, LoginAuditEvents
+from topokeeper.ports import Metric
+from topokeeper.service.login import LoginSync, sync_login_targets
+from topokeeper.sim.aws_emulator import AwsEmulator
+from topokeeper.sim.world import create_state_table
+
+CLUSTER = "llm-train"
+TABLE = "topokeeper-state"
+
+
+@dataclass
+class RecordedMetrics:
+    values: list[tuple[str, Metric, float]] = field(default_factory=list)
+
+    def emit(self, cluster: str, metric: Metric, value: float) -> None:
+        self.values.append((cluster, metric, value))
+
+    def last(self, metric: Metric) -> float:
+        return [value for _, m, value in self.values if m is metric][-1]
+
+
+@dataclass
+class Endpoint:
+    aws: AwsEmulator
+    target_group: str
+    metrics: RecordedMetrics
+    audit_queue: str
+
+    def sync(self, cluster: str = CLUSTER) -> LoginSync:
+        return sync_login_targets(
+            cluster=cluster,
+            target_group_arn=self.target_group,
+            nodes=HyperPodLoginNodes(self.aws.client("sagemaker"), self.aws.client("s3")),
+            targets=ElbTargetGroup(self.aws.client("elbv2")),
+            ledger=DynamoLoginLedger(self.aws.client("dynamodb"), TABLE),
+            audit=LoginAuditEvents(self.aws.client("events"), "default"),
+            metrics=self.metrics,
+            clock=self.aws.clock,
+        )
+
+    def targets(self) -> dict[str, str]:
+        return ElbTargetGroup(self.aws.client("elbv2")).states(self.target_group)
+
+    def login_ips(self, cluster: str = CLUSTER) -> set[str]:
+        return {node.private_ip for node in self.aws.hyperpod.nodes(cluster, "login")}
+
+
+def login_cluster(name: str = CLUSTER, login_count: int = 2) -> dict[str, Any]:
+    return cluster_request(
+        name,
+        group("p5-train", "ml.p5.48xlarge", 2, partition="ml-p5"),
+        group("login", "ml.m5.4xlarge", login_count, node_type="Login"),
+    )
+
+
+@pytest.fixture
+def endpoint(aws: AwsEmulator) -> Endpoint:
+    ec2 = aws.client("ec2")
+    vpc = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
+    target_group = aws.client("elbv2").create_target_group(
+        Name="llm-train-login", Protocol="TCP", Port=22, VpcId=vpc, TargetType="ip", HealthCheckProtocol="TCP"
+    )["TargetGroups"][0]["TargetGroupArn"]
+    create_state_table(aws.client("dynamodb"), TABLE)
+    queue = subscribe(aws, "login-audit", {"source": ["topokeeper"], "detail-type": ["UpdateLoginTargets"]})
+    aws.client("sagemaker").create_cluster(**login_cluster())
+    return Endpoint(aws, target_group, RecordedMetrics(), queue)
+
+
+def test_running_login_nodes_are_registered_and_audited_then_nothing_changes(endpoint: Endpoint) -> None:
+    first = endpoint.sync()
+
+    assert set(first.registered) == endpoint.login_ips() and len(first.registered) == 2
+    assert set(endpoint.targets()) == endpoint.login_ips()
+    assert endpoint.metrics.last(Metric.LOGIN_TARGETS_DRIFT) == 2
+    (event,) = drain(endpoint.aws, endpoint.audit_queue)
+    assert event["detail"]["event_name"] == "UpdateLoginTargets"
+    assert set(event["detail"]["registered"]) == endpoint.login_ips()
+    assert event["detail"]["deregistered"] == []
+
+    second = endpoint.sync()
+    assert (second.registered, second.deregistered, second.audit) == ((), (), None)
+    assert endpoint.metrics.last(Metric.LOGIN_TARGETS_HEALTHY) == 2
+    assert endpoint.metrics.last(Metric.LOGIN_TARGETS_DRIFT) == 0
+    assert drain(endpoint.aws, endpoint.audit_queue) == []
+
+
+def test_a_replaced_node_with_a_new_ip_swaps_its_target(endpoint: Endpoint) -> None:
+    endpoint.sync()
+    old = endpoint.aws.hyperpod.nodes(CLUSTER, "login")[0]
+    endpoint.aws.hyperpod.replace(old.instance_id, new_ip=True)
+
+    result = endpoint.sync()
+
+    assert result.deregistered == (old.private_ip,)
+    assert len(result.registered) == 1 and result.registered[0] != old.private_ip
+    assert set(endpoint.targets()) == endpoint.login_ips()
+
+
+def test_a_removed_node_and_a_failed_node_are_deregistered(endpoint: Endpoint) -> None:
+    endpoint.aws.hyperpod.scale(CLUSTER, "login", 3)
+    endpoint.sync()
+    nodes = endpoint.aws.hyperpod.nodes(CLUSTER, "login")
+    endpoint.aws.hyperpod.delete_nodes(CLUSTER, [nodes[0].instance_id])
+    endpoint.aws.hyperpod.set_status(nodes[1].instance_id, "Failure")
+
+    result = endpoint.sync()
+
+    assert set(result.deregistered) == {nodes[0].private_ip, nodes[1].private_ip}
+    assert set(endpoint.targets()) == {nodes[2].private_ip}
+
+
+def test_an_unhealthy_login_node_stays_registered_and_the_healthy_count_drops(endpoint: Endpoint) -> None:
+    endpoint.sync()
+    sick = sorted(endpoint.login_ips())[0]
+    endpoint.aws.target_health.set(endpoint.target_group, sick, "unhealthy")
+
+    result = endpoint.sync()
+
+    assert (result.registered, result.deregistered, result.healthy) == ((), (), 1)
+    assert endpoint.targets()[sick] == "unhealthy"
+    endpoint.aws.target_health.set(endpoint.target_group, sorted(endpoint.login_ips())[1], "unhealthy")
+    endpoint.sync()
+    assert endpoint.metrics.last(Metric.LOGIN_TARGETS_HEALTHY) == 0  # what the no-healthy-target alarm sees
+
+
+def test_missed_events_are_healed_by_one_resync_and_foreign_targets_stay(endpoint: Endpoint) -> None:
+    endpoint.sync()
+    foreign = "10.1.200.9"
+    ElbTargetGroup(endpoint.aws.client("elbv2")).register(endpoint.target_group, [foreign])
+    # Several changes with no sync in between: the events were lost.
+    endpoint.aws.hyperpod.scale(CLUSTER, "login", 4)
+    first = endpoint.aws.hyperpod.nodes(CLUSTER, "login")[0]
+    endpoint.aws.hyperpod.replace(first.instance_id, new_ip=True)
+
+    endpoint.sync()
+
+    assert set(endpoint.targets()) == endpoint.login_ips() | {foreign}
+    assert first.private_ip not in endpoint.targets()
+
+
+def test_a_cluster_without_login_nodes_creates_nothing_and_does_not_fail(endpoint: Endpoint) -> None:
+    endpoint.aws.client("sagemaker").create_cluster(**cluster_request("no-login"))
+    endpoint.aws.reset_counters()
+
+    result = endpoint.sync("no-login")
+
+    assert (result.has_login_group, result.registered, result.audit) == (False, (), None)
+    assert endpoint.targets() == {}
+    assert endpoint.aws.calls["RegisterTargets"] == 0
+    assert endpoint.aws.calls["ListClusterNodes"] == 0
+    assert drain(endpoint.aws, endpoint.audit_queue) == []
+
+
+def test_the_emulator_refuses_an_unknown_health_state(aws: AwsEmulator) -> None:
+    with pytest.raises(ValueError, match="target state must be one of"):
+        aws.target_health.set("arn", "10.0.0.1", "sleepy")
