@@ -22,7 +22,7 @@ from topokeeper.sim.slurm_chroot import free_port
 pytestmark = pytest.mark.slurm
 
 ENDPOINT = "login.llm-train.internal"
-SECRET_ARN = "arn:aws:secretsmanager:us-west-2:111122223333:secret:topokeeper/llm-train/login-host-identity-AbCdEf"
+BUNDLE_ARN = "arn:aws:secretsmanager:us-west-2:111122223333:secret:topokeeper/llm-train/login-host-identity-AbCdEf"
 SITE_CONFIG = (
     "# site policy, kept byte for byte\n"
     "Include /etc/ssh/sshd_config.d/*.conf\n"
@@ -109,7 +109,7 @@ def nodes(base: Path, tmp_path: Path, user_key: Path) -> Iterator[Callable[[str]
 
 
 def install(node: LoginNode, identity: HostIdentity) -> subprocess.CompletedProcess[str]:
-    (node.root / "tmp/install.sh").write_text(install_script(SECRET_ARN, "us-west-2"))
+    (node.root / "tmp/install.sh").write_text(install_script(BUNDLE_ARN, "us-west-2"))
     (node.root / "tmp/bundle").write_text(identity.bundle)
     return node.chroot("sh", "/tmp/install.sh", "--bundle-file", "/tmp/bundle", check=False)
 
