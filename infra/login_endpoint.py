@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as actions
 from aws_cdk import aws_ec2 as ec2
@@ -20,8 +20,10 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
+from infra.encryption import DataKey
 from infra.nag import acknowledge
 from topokeeper.config import ClusterConfig, LoginEndpointConfig
+from topokeeper.login.host_keys import secret_names
 
 SSH_PORT = 22
 # NLB TCP health checks: the fastest interval and the fewest probes ELBv2 accepts for a TCP check.
@@ -45,6 +47,7 @@ class LoginEndpoint(Construct):
         *,
         cluster: ClusterConfig,
         topic: sns.ITopic,
+        key: DataKey,
         log_retention_days: int,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -155,6 +158,26 @@ class LoginEndpoint(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
         )
         self.alarm.add_alarm_action(actions.SnsAction(topic))
+
+        bundle, _ = secret_names(cluster.name)
+        # Secrets Manager appends six random characters to a secret's name in its ARN.
+        bundle_arn = f"arn:{Aws.PARTITION}:secretsmanager:{Aws.REGION}:{Aws.ACCOUNT_ID}:secret:{bundle}-??????"
+        self.host_identity_policy = iam.ManagedPolicy(
+            self,
+            "HostIdentityPolicy",
+            description=f"topokeeper: attach to the ExecutionRole of {cluster.name}'s login group only",
+            statements=[
+                iam.PolicyStatement(
+                    sid="ReadHostIdentity", actions=["secretsmanager:GetSecretValue"], resources=[bundle_arn]
+                ),
+                iam.PolicyStatement(
+                    sid="DecryptHostIdentity",
+                    actions=["kms:Decrypt"],
+                    resources=[key.key.key_arn],
+                    conditions={"StringEquals": {"kms:ViaService": f"secretsmanager.{Aws.REGION}.amazonaws.com"}},
+                ),
+            ],
+        )
 
     @staticmethod
     def _ingress(login: LoginEndpointConfig) -> list[ec2.CfnSecurityGroup.IngressProperty]:

@@ -79,14 +79,22 @@ class TopokeeperStack(Stack):
                 f"Login-{cluster.name}",
                 cluster=cluster,
                 topic=self.monitoring.topic,
+                key=self.key,
                 log_retention_days=settings.log_retention_days,
             )
             for cluster in login_clusters(settings.clusters)
         }
         for cluster_name, endpoint in self.login_endpoints.items():
-            outputs["LoginEndpoint" + "".join(ch for ch in cluster_name if ch.isalnum())] = (
+            suffix = "".join(ch for ch in cluster_name if ch.isalnum())
+            outputs[f"LoginEndpoint{suffix}"] = (
                 endpoint.load_balancer.attr_dns_name,
                 f"SSH endpoint of {cluster_name}'s login nodes",
             )
+            outputs[f"LoginHostIdentityPolicy{suffix}"] = (
+                endpoint.host_identity_policy.managed_policy_arn,
+                f"Attach to the ExecutionRole of {cluster_name}'s login group only",
+            )
+        if self.login_endpoints:
+            outputs["DataKeyArn"] = (self.key.key.key_arn, "topokeeper login rotate-host-keys --kms-key-id")
         for name, (value, description) in outputs.items():
             CfnOutput(self, name, value=value, description=description)

@@ -170,3 +170,16 @@ def test_a_login_endpoint_needs_a_hyperpod_cluster() -> None:
 def test_disabled_settings_need_nothing_else() -> None:
     settings = load_settings(with_login({"enabled": False}))
     assert not settings.clusters[0].login.enabled
+
+
+def test_the_login_role_policy_reads_only_the_host_identity_through_secrets_manager(login: Synthesized) -> None:
+    endpoint = login.stack.login_endpoints["llm-train"]
+    document = login.resource(endpoint.host_identity_policy)["Properties"]["PolicyDocument"]
+    read, decrypt = document["Statement"]
+    assert read["Action"] == "secretsmanager:GetSecretValue"
+    assert "secret:topokeeper/llm-train/login-host-identity-??????" in json.dumps(read["Resource"])
+    assert decrypt["Action"] == "kms:Decrypt"
+    assert decrypt["Resource"] == {"Fn::GetAtt": [login.logical_id(login.stack.key.key), "Arn"]}
+    assert "secretsmanager." in json.dumps(decrypt["Condition"])
+    outputs = login.template.to_json()["Outputs"]
+    assert {"LoginEndpointllmtrain", "LoginHostIdentityPolicyllmtrain", "DataKeyArn"} <= set(outputs)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from topokeeper.cli import main
-from topokeeper.login.commands import secret_names
+from topokeeper.login.host_keys import secret_names
 from topokeeper.sim.aws_emulator import AwsEmulator
 
 ROLE = "arn:aws:iam::123456789012:role/llm-train-login"

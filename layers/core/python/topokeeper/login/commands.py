@@ -10,16 +10,11 @@ import boto3
 
 from topokeeper.adapters.secrets import SecretStore, deny_readers_policy, readers_only_policy
 from topokeeper.errors import InputError
-from topokeeper.login.host_keys import check_names, generate
+from topokeeper.login.host_keys import check_names, generate, secret_names
 from topokeeper.login.install import install_script
 
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
 _KMS_KEY = re.compile(r"arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]{1,256}")
-
-
-def secret_names(cluster: str) -> tuple[str, str]:
-    """(the bundle login nodes install, the CA private key only the operator reads)."""
-    return f"topokeeper/{cluster}/login-host-identity", f"topokeeper/{cluster}/login-ssh-ca"
 
 
 def _cmd_rotate(args: argparse.Namespace) -> int:

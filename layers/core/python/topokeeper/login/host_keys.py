@@ -35,6 +35,11 @@ class HostIdentity:
     ca_private_key: str | None  # kept by the operator (its own secret), never on a node
 
 
+def secret_names(cluster: str) -> tuple[str, str]:
+    """(the bundle login nodes install, the CA private key only the operator reads)."""
+    return f"topokeeper/{cluster}/login-host-identity", f"topokeeper/{cluster}/login-ssh-ca"
+
+
 def _keygen(*argv: str) -> None:
     run = subprocess.run(["ssh-keygen", "-q", *argv], capture_output=True, text=True, check=False)
     if run.returncode != 0:
