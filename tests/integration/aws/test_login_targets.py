@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,3 +166,23 @@ def test_a_cluster_without_login_nodes_creates_nothing_and_does_not_fail(endpoin
 def test_the_emulator_refuses_an_unknown_health_state(aws: AwsEmulator) -> None:
     with pytest.raises(ValueError, match="target state must be one of"):
         aws.target_health.set("arn", "10.0.0.1", "sleepy")
+
+
+def test_a_legacy_cluster_names_its_login_group_in_provisioning_parameters(endpoint: Endpoint) -> None:
+    request = login_cluster("legacy")
+    del request["Orchestrator"]
+    for spec in request["InstanceGroups"]:
+        del spec["SlurmConfig"]
+        spec["LifeCycleConfig"] = {"SourceS3Uri": "s3://sagemaker-lifecycle/hyperpod/", "OnCreate": "on_create.sh"}
+    endpoint.aws.client("sagemaker").create_cluster(**request)
+    s3 = endpoint.aws.client("s3")
+    s3.create_bucket(Bucket="sagemaker-lifecycle")
+    parameters = {"controller_group": "controller", "login_group": "login", "worker_groups": []}
+    s3.put_object(
+        Bucket="sagemaker-lifecycle", Key="hyperpod/provisioning_parameters.json", Body=json.dumps(parameters)
+    )
+
+    result = endpoint.sync("legacy")
+
+    assert result.has_login_group
+    assert set(result.registered) == endpoint.login_ips("legacy") and len(result.registered) == 2

@@ -22,6 +22,15 @@ log = logging.getLogger("topokeeper")
 TOPOLOGY_STATUSES = frozenset({"Running", "SystemUpdating", "DeepHealthCheckInProgress"})
 
 
+def provisioning_parameters_object(lifecycle_uri: str) -> tuple[str, str]:
+    """(bucket, key) of provisioning_parameters.json for a group's LifeCycleConfig.SourceS3Uri."""
+    parsed = urlparse(lifecycle_uri)
+    key = parsed.path.strip("/")
+    if not key.endswith(LEGACY_MAPPING_FILE):
+        key = f"{key}/{LEGACY_MAPPING_FILE}".lstrip("/")
+    return parsed.netloc, key
+
+
 class HyperPodFacts:
     def __init__(self, sagemaker: Any, s3: Any, topology: InstanceTopologyReader) -> None:
         self._sagemaker = sagemaker
@@ -76,18 +85,15 @@ class HyperPodFacts:
             uri = group.get("LifeCycleConfig", {}).get("SourceS3Uri")
             if not uri:
                 continue
-            parsed = urlparse(uri)
-            key = parsed.path.strip("/")
-            if not key.endswith(LEGACY_MAPPING_FILE):
-                key = f"{key}/{LEGACY_MAPPING_FILE}".lstrip("/")
+            bucket, key = provisioning_parameters_object(uri)
             try:
-                body = self._s3.get_object(Bucket=parsed.netloc, Key=key)["Body"].read()
+                body = self._s3.get_object(Bucket=bucket, Key=key)["Body"].read()
             except ClientError as error:
                 # No file, or (without s3:ListBucket, which the stack does not grant) 403 for a missing one:
                 # this group's lifecycle scripts carry no mapping. The planner warns of unmapped groups.
                 code = error.response.get("Error", {}).get("Code")
                 if code in ("NoSuchKey", "404", "NotFound", "AccessDenied", "403"):
-                    log.warning("no legacy partition mapping at s3://%s/%s: %s", parsed.netloc, key, code)
+                    log.warning("no legacy partition mapping at s3://%s/%s: %s", bucket, key, code)
                     continue
                 raise
             parameters = json.loads(body)

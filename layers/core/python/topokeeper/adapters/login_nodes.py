@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import logging
 from typing import Any
-from urllib.parse import urlparse
 
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors
-from topokeeper.adapters.hyperpod import LEGACY_MAPPING_FILE
+from topokeeper.adapters.hyperpod import provisioning_parameters_object
 from topokeeper.errors import Retryable
 from topokeeper.events import AUDIT_SOURCE
 from topokeeper.service.login import LoginAuditRecord, LoginNode
@@ -67,14 +66,11 @@ class HyperPodLoginNodes:
             uri = (group.get("LifeCycleConfig") or {}).get("SourceS3Uri")
             if not uri:
                 continue
-            parsed = urlparse(uri)
-            key = parsed.path.strip("/")
-            if not key.endswith(LEGACY_MAPPING_FILE):
-                key = f"{key}/{LEGACY_MAPPING_FILE}".lstrip("/")
+            bucket, key = provisioning_parameters_object(uri)
             try:
-                body = self._s3.get_object(Bucket=parsed.netloc, Key=key)["Body"].read()
+                body = self._s3.get_object(Bucket=bucket, Key=key)["Body"].read()
             except ClientError as error:
-                log.warning("no provisioning parameters at s3://%s/%s: %s", parsed.netloc, key, error)
+                log.warning("no provisioning parameters at s3://%s/%s: %s", bucket, key, error)
                 continue
             login_group = json.loads(body).get("login_group")
             return str(login_group) if login_group else None
