@@ -15,15 +15,19 @@ from aws_cdk import aws_cloudwatch_actions as actions
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
+from infra.constants import EVENT_BUS_NAME, PROVISIONING_PARAMETERS_OBJECTS
 from infra.encryption import DataKey
 from infra.nag import acknowledge
 from topokeeper.config import ClusterConfig, LoginEndpointConfig
+from topokeeper.events import AUDIT_SOURCE
 from topokeeper.login.host_keys import secret_names
+from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
 
 SSH_PORT = 22
 # NLB TCP health checks: the fastest interval and the fewest probes ELBv2 accepts for a TCP check.
@@ -256,6 +260,82 @@ class LoginEndpoint(Construct):
             )
             for index in range(interfaces)
         ]
+
+
+class LoginTargetSync(Construct):
+    """What the ingest and drift functions need to keep the endpoints' targets equal to the login nodes."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        endpoints: dict[str, LoginEndpoint],
+        functions: list[lambda_.Function],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        groups = {name: endpoint.target_group.ref for name, endpoint in sorted(endpoints.items())}
+
+        def arn(service: str, resource: str, region: str = Aws.REGION, account: str = Aws.ACCOUNT_ID) -> str:
+            return f"arn:{Aws.PARTITION}:{service}:{region}:{account}:{resource}"
+
+        self.policy = iam.Policy(
+            self,
+            "Policy",
+            statements=[
+                iam.PolicyStatement(
+                    sid="Targets",
+                    actions=["elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"],
+                    resources=list(groups.values()),
+                ),
+                iam.PolicyStatement(
+                    sid="TargetHealth", actions=["elasticloadbalancing:DescribeTargetHealth"], resources=["*"]
+                ),
+                iam.PolicyStatement(
+                    sid="LoginNodes",
+                    actions=[
+                        "sagemaker:DescribeCluster",
+                        "sagemaker:ListClusterNodes",
+                        "sagemaker:DescribeClusterNode",
+                    ],
+                    resources=[arn("sagemaker", "cluster/*")],
+                ),
+                iam.PolicyStatement(
+                    sid="LegacyLoginGroup",
+                    actions=["s3:GetObject"],
+                    resources=[f"arn:{Aws.PARTITION}:s3:::{PROVISIONING_PARAMETERS_OBJECTS}"],
+                ),
+                iam.PolicyStatement(
+                    sid="AuditEvents",
+                    actions=["events:PutEvents"],
+                    resources=[arn("events", f"event-bus/{EVENT_BUS_NAME}")],
+                    conditions={"StringEquals": {"events:source": AUDIT_SOURCE}},
+                ),
+            ],
+        )
+        for function in functions:
+            function.add_environment(LOGIN_TARGET_GROUPS_ENV, stack.to_json_string(groups))
+            if function.role is not None:
+                self.policy.attach_to_role(function.role)
+        acknowledge(
+            self.policy,
+            "IAM5[Resource::*]",
+            "No resource-level permissions exist for elasticloadbalancing:DescribeTargetHealth (Service "
+            "Authorization Reference); read-only",
+        )
+        acknowledge(
+            self.policy,
+            "IAM5[Resource::arn:<AWS::Partition>:sagemaker:<AWS::Region>:<AWS::AccountId>:cluster/*]",
+            "HyperPod cluster ARNs carry a generated id, not the configured name; read-only Describe/List calls "
+            "that find the login group's nodes and their IPs",
+        )
+        acknowledge(
+            self.policy,
+            "IAM5[Resource::arn:<AWS::Partition>:s3:::sagemaker-*/*provisioning_parameters.json]",
+            "Legacy HyperPod clusters name their login group in provisioning_parameters.json in a lifecycle "
+            "bucket HyperPod requires to be named sagemaker-*; read-only, and only that file name",
+        )
 
 
 def _text(value: bool | int) -> str:

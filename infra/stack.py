@@ -14,7 +14,7 @@ from infra.encryption import DataKey
 from infra.events import Triggers
 from infra.functions import Functions
 from infra.layers import Layers
-from infra.login_endpoint import LoginEndpoint, login_clusters
+from infra.login_endpoint import LoginEndpoint, LoginTargetSync, login_clusters
 from infra.queue import Queues
 from infra.state import StateTable
 from infra.storage import PlanBucket
@@ -95,6 +95,12 @@ class TopokeeperStack(Stack):
                 f"Attach to the ExecutionRole of {cluster_name}'s login group only",
             )
         if self.login_endpoints:
+            LoginTargetSync(
+                self,
+                "LoginTargetSync",
+                endpoints=self.login_endpoints,
+                functions=[self.functions.ingest, self.functions.drift],
+            )
             outputs["DataKeyArn"] = (self.key.key.key_arn, "topokeeper login rotate-host-keys --kms-key-id")
         for name, (value, description) in outputs.items():
             CfnOutput(self, name, value=value, description=description)

@@ -183,3 +183,26 @@ def test_the_login_role_policy_reads_only_the_host_identity_through_secrets_mana
     assert "secretsmanager." in json.dumps(decrypt["Condition"])
     outputs = login.template.to_json()["Outputs"]
     assert {"LoginEndpointllmtrain", "LoginHostIdentityPolicyllmtrain", "DataKeyArn"} <= set(outputs)
+
+
+def test_ingest_and_drift_get_the_target_groups_and_only_the_sync_permissions(login: Synthesized) -> None:
+    endpoint = login.stack.login_endpoints["llm-train"]
+    group_ref = {"Ref": login.stack.get_logical_id(endpoint.target_group)}
+    for function in (login.stack.functions.ingest, login.stack.functions.drift):
+        variables = login.resource(function)["Properties"]["Environment"]["Variables"]
+        assert "llm-train" in json.dumps(variables["LOGIN_TARGET_GROUPS"])
+    assert "LOGIN_TARGET_GROUPS" not in json.dumps(login.resource(login.stack.functions.result))
+    (policy,) = [
+        r["Properties"]
+        for r in login.resources.values()
+        if r["Type"] == "AWS::IAM::Policy" and "LoginTargetSync" in json.dumps(r["Properties"]["PolicyName"])
+    ]
+    roles = {json.dumps(role) for role in policy["Roles"]}
+    assert roles == {
+        json.dumps({"Ref": login.logical_id(function.role)})
+        for function in (login.stack.functions.ingest, login.stack.functions.drift)
+    }
+    statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
+    assert statements["Targets"]["Resource"] == group_ref
+    assert statements["TargetHealth"]["Resource"] == "*"
+    assert statements["AuditEvents"]["Condition"] == {"StringEquals": {"events:source": "topokeeper"}}
