@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from tests.integration.aws.support import cluster_request, drain, group, subscribe
+from topokeeper.adapters.aws import client
 from topokeeper.adapters.elbv2 import ElbTargetGroup
 from topokeeper.adapters.login_nodes import DynamoLoginLedger, HyperPodLoginNodes, LoginAuditEvents
+from topokeeper.config import Settings
+from topokeeper.errors import Retryable
+from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV, sync_login_endpoints
 from topokeeper.ports import Metric
 from topokeeper.service.login import LoginSync, sync_login_targets
 from topokeeper.sim.aws_emulator import AwsEmulator
@@ -186,3 +191,60 @@ def test_a_legacy_cluster_names_its_login_group_in_provisioning_parameters(endpo
 
     assert result.has_login_group
     assert set(result.registered) == endpoint.login_ips("legacy") and len(result.registered) == 2
+
+
+@dataclass
+class FunctionRuntime:
+    """What sync_login_endpoints takes from the Lambda runtime."""
+
+    settings: Settings
+    metrics: RecordedMetrics
+    clock: Any
+    env: Any
+
+
+@pytest.fixture
+def runtime(endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch) -> Iterator[FunctionRuntime]:
+    for name, value in endpoint.aws.env().items():
+        monkeypatch.setenv(name, value)
+    client.cache_clear()  # the function's cached clients must reach this emulator
+    login = {
+        "enabled": True,
+        "vpc_id": "vpc-0a1b2c3d4e5f60718",
+        "vpc_config": {"security_group_ids": ["sg-0a1b2c3d4e5f60001"], "subnets": ["subnet-0a1b2c3d4e5f60001"]},
+        "allowed_cidrs": ["10.0.0.0/8"],
+    }
+    settings = Settings.model_validate(
+        {
+            "clusters": [
+                {"name": CLUSTER, "arn": endpoint.aws.hyperpod.cluster_arn(CLUSTER), "login": login},
+                {"name": "other"},
+            ]
+        }
+    )
+    env = type("Env", (), {"TABLE_NAME": TABLE, "EVENT_BUS_NAME": "default"})()
+    yield FunctionRuntime(settings, endpoint.metrics, endpoint.aws.clock, env)
+    client.cache_clear()
+
+
+def test_the_functions_sync_only_clusters_with_a_login_endpoint(endpoint: Endpoint, runtime: FunctionRuntime) -> None:
+    environ = {LOGIN_TARGET_GROUPS_ENV: json.dumps({CLUSTER: endpoint.target_group})}
+
+    assert sync_login_endpoints(runtime, {}, CLUSTER).synced == {}  # no endpoint in this stack: no calls
+    assert sync_login_endpoints(runtime, environ, "other").synced == {}
+    report = sync_login_endpoints(runtime, environ, endpoint.aws.hyperpod.cluster_arn(CLUSTER))
+
+    assert set(report.synced[CLUSTER]["registered"]) == endpoint.login_ips()
+    assert set(endpoint.targets()) == endpoint.login_ips()
+    report.raise_failures()  # nothing failed
+
+
+def test_a_failing_cluster_is_reported_and_raised_after_the_rest(endpoint: Endpoint, runtime: FunctionRuntime) -> None:
+    missing = endpoint.target_group.replace("llm-train-login", "gone")
+    environ = {LOGIN_TARGET_GROUPS_ENV: json.dumps({CLUSTER: missing})}
+
+    report = sync_login_endpoints(runtime, environ)
+
+    assert report.synced == {} and len(report.failures) == 1 and report.failures[0].startswith(f"{CLUSTER}: ")
+    with pytest.raises(Retryable, match="login target sync failed"):
+        report.raise_failures()
