@@ -255,3 +255,36 @@ def test_a_bundle_with_an_unexpected_file_is_refused(nodes: Callable[[str], Logi
     assert run.returncode == 1 and "unexpected file" in run.stderr
     assert config.read_bytes() == before
     assert not (node.root / "etc/ssh/topokeeper").exists()
+
+
+def served_host_key(port: int) -> str:
+    scan = subprocess.run(
+        ["ssh-keyscan", "-t", "ed25519", "-p", str(port), "127.0.0.1"], capture_output=True, text=True, check=False
+    )
+    return " ".join(scan.stdout.split()[1:3])
+
+
+def test_rotation_on_a_running_node_reloads_sshd_and_users_keep_their_line(
+    nodes: Callable[[str], LoginNode], user_key: Path, tmp_path: Path
+) -> None:
+    first = generate("llm-train", [ENDPOINT])
+    rotated = generate("llm-train", [ENDPOINT], ca_private_key=first.ca_private_key, serial=2)
+    assert rotated.known_hosts_line == first.known_hosts_line
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(first.known_hosts_line + "\n")
+    node = nodes("rotating")
+    assert install(node, first).returncode == 0
+    node.start_sshd()
+    old_key = served_host_key(node.port)
+
+    run = install(node, rotated)
+
+    assert run.returncode == 0, run.stderr
+    new_key = (node.root / "etc/ssh/topokeeper/ssh_host_ed25519_key.pub").read_text().split()[:2]
+    assert old_key != " ".join(new_key)
+    for _ in range(100):  # sshd re-executes itself on SIGHUP; wait until it serves the new key
+        if served_host_key(node.port) == " ".join(new_key):
+            break
+    assert served_host_key(node.port) == " ".join(new_key)
+    answer = ssh(node.port, known_hosts, user_key)
+    assert answer.returncode == 0, answer.stderr

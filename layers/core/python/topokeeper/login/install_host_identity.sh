@@ -81,8 +81,11 @@ cp -p "$CONFIG" "$CONFIG.topokeeper-previous"
 mv "$CONFIG.topokeeper-new" "$CONFIG"
 
 reload() {
+  # Ubuntu and Debian name the unit ssh, Amazon Linux and RHEL sshd.
   if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet ssh 2>/dev/null; then
     systemctl reload ssh
+  elif command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet sshd 2>/dev/null; then
+    systemctl reload sshd
   elif [ -s /run/sshd.pid ] && kill -0 "$(cat /run/sshd.pid)" 2>/dev/null; then
     kill -HUP "$(cat /run/sshd.pid)"
   else
