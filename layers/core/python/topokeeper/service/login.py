@@ -144,15 +144,16 @@ def sync_login_targets(
             completed_at=completed,
         )
         audit.publish_login(record)
-    metrics.emit(cluster, Metric.LOGIN_TARGETS_HEALTHY, healthy)
-    metrics.emit(cluster, Metric.LOGIN_TARGETS_DRIFT, len(to_register) + len(to_deregister))
-    return LoginSync(
+    result = LoginSync(
         has_login_group=login_nodes is not None,
         registered=tuple(to_register),
         deregistered=tuple(to_deregister),
         healthy=healthy,
         audit=record,
     )
+    metrics.emit(cluster, Metric.LOGIN_TARGETS_HEALTHY, result.healthy)
+    metrics.emit(cluster, Metric.LOGIN_TARGETS_DRIFT, result.drift)
+    return result
 
 
 def _audit_id(cluster: str, group: str, registered: list[str], deregistered: list[str], at: datetime) -> str:
