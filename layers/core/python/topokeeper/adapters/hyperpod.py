@@ -78,28 +78,34 @@ class HyperPodFacts:
 
     def _legacy_mapping(self, described: dict[str, Any]) -> dict[str, str]:
         """Clusters configured before API-driven Slurm keep partitions in the lifecycle bucket."""
-        groups = described.get("InstanceGroups", [])
-        if any(group.get("SlurmConfig") for group in groups):
-            return {}
-        for group in groups:
-            uri = group.get("LifeCycleConfig", {}).get("SourceS3Uri")
-            if not uri:
+        parameters = legacy_provisioning_parameters(self._s3, described.get("InstanceGroups", []))
+        return {
+            str(worker["instance_group_name"]): str(worker["partition_name"])
+            for worker in (parameters or {}).get("worker_groups", [])
+            if worker.get("instance_group_name") and worker.get("partition_name")
+        }
+
+
+def legacy_provisioning_parameters(s3: Any, groups: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """provisioning_parameters.json of a cluster configured before API-driven Slurm (no SlurmConfig): the
+    first group's lifecycle bucket that has one. None for API-driven clusters and when no group has one."""
+    if any(group.get("SlurmConfig") for group in groups):
+        return None
+    for group in groups:
+        uri = (group.get("LifeCycleConfig") or {}).get("SourceS3Uri")
+        if not uri:
+            continue
+        bucket, key = provisioning_parameters_object(uri)
+        try:
+            body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as error:
+            # No file, or (without s3:ListBucket, which the stack does not grant) 403 for a missing one:
+            # this group's lifecycle scripts carry no mapping. The planner warns of unmapped groups.
+            code = error.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404", "NotFound", "AccessDenied", "403"):
+                log.warning("no legacy partition mapping at s3://%s/%s: %s", bucket, key, code)
                 continue
-            bucket, key = provisioning_parameters_object(uri)
-            try:
-                body = self._s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-            except ClientError as error:
-                # No file, or (without s3:ListBucket, which the stack does not grant) 403 for a missing one:
-                # this group's lifecycle scripts carry no mapping. The planner warns of unmapped groups.
-                code = error.response.get("Error", {}).get("Code")
-                if code in ("NoSuchKey", "404", "NotFound", "AccessDenied", "403"):
-                    log.warning("no legacy partition mapping at s3://%s/%s: %s", bucket, key, code)
-                    continue
-                raise
-            parameters = json.loads(body)
-            return {
-                str(worker["instance_group_name"]): str(worker["partition_name"])
-                for worker in parameters.get("worker_groups", [])
-                if worker.get("instance_group_name") and worker.get("partition_name")
-            }
-        return {}
+            raise
+        parameters: dict[str, Any] = json.loads(body)
+        return parameters
+    return None

@@ -7,10 +7,8 @@ import json
 import logging
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from topokeeper.adapters.aws import aws_errors
-from topokeeper.adapters.hyperpod import provisioning_parameters_object
+from topokeeper.adapters.hyperpod import legacy_provisioning_parameters
 from topokeeper.errors import Retryable
 from topokeeper.events import AUDIT_SOURCE
 from topokeeper.service.login import LoginAuditRecord, LoginNode
@@ -60,21 +58,10 @@ class HyperPodLoginNodes:
         for group in groups:
             if (group.get("SlurmConfig") or {}).get("NodeType") == LOGIN_NODE_TYPE:
                 return str(group["InstanceGroupName"])
-        if any(group.get("SlurmConfig") for group in groups):
-            return None
-        for group in groups:
-            uri = (group.get("LifeCycleConfig") or {}).get("SourceS3Uri")
-            if not uri:
-                continue
-            bucket, key = provisioning_parameters_object(uri)
-            try:
-                body = self._s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-            except ClientError as error:
-                log.warning("no provisioning parameters at s3://%s/%s: %s", bucket, key, error)
-                continue
-            login_group = json.loads(body).get("login_group")
-            return str(login_group) if login_group else None
-        return None
+        with aws_errors():
+            parameters = legacy_provisioning_parameters(self._s3, groups)
+        login_group = (parameters or {}).get("login_group")
+        return str(login_group) if login_group else None
 
 
 class DynamoLoginLedger:
