@@ -21,6 +21,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
+from infra.alarms import cluster_metric
 from infra.constants import EVENT_BUS_NAME, PROVISIONING_PARAMETERS_OBJECTS
 from infra.encryption import DataKey
 from infra.nag import acknowledge
@@ -28,6 +29,7 @@ from topokeeper.config import ClusterConfig, LoginEndpointConfig
 from topokeeper.events import AUDIT_SOURCE
 from topokeeper.login.host_keys import secret_names
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
+from topokeeper.ports import Metric
 
 SSH_PORT = 22
 # NLB TCP health checks: the fastest interval and the fewest probes ELBv2 accepts for a TCP check.
@@ -51,6 +53,7 @@ class LoginEndpoint(Construct):
         *,
         cluster: ClusterConfig,
         topic: sns.ITopic,
+        dashboard: cloudwatch.Dashboard,
         key: DataKey,
         log_retention_days: int,
     ) -> None:
@@ -162,6 +165,19 @@ class LoginEndpoint(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
         )
         self.alarm.add_alarm_action(actions.SnsAction(topic))
+        dashboard.add_widgets(
+            cloudwatch.TextWidget(markdown=f"## {cluster.name} login endpoint", width=4, height=6),
+            cloudwatch.GraphWidget(
+                title="Login targets",
+                left=[
+                    cluster_metric(Metric.LOGIN_TARGETS_HEALTHY, cluster.name, "Minimum"),
+                    cluster_metric(Metric.LOGIN_TARGETS_DRIFT, cluster.name, "Maximum"),
+                    self.alarm.metric,
+                ],
+                width=8,
+                height=6,
+            ),
+        )
 
         bundle, _ = secret_names(cluster.name)
         # Secrets Manager appends six random characters to a secret's name in its ARN.

@@ -79,6 +79,7 @@ class TopokeeperStack(Stack):
                 f"Login-{cluster.name}",
                 cluster=cluster,
                 topic=self.monitoring.topic,
+                dashboard=self.monitoring.dashboard,
                 key=self.key,
                 log_retention_days=settings.log_retention_days,
             )

@@ -206,3 +206,13 @@ def test_ingest_and_drift_get_the_target_groups_and_only_the_sync_permissions(lo
     assert statements["Targets"]["Resource"] == group_ref
     assert statements["TargetHealth"]["Resource"] == "*"
     assert statements["AuditEvents"]["Condition"] == {"StringEquals": {"events:source": "topokeeper"}}
+
+
+def test_the_dashboard_shows_the_login_targets_of_login_clusters_only(login: Synthesized) -> None:
+    (dashboard,) = of_type(login, "AWS::CloudWatch::Dashboard")
+    text = "".join(part for part in dashboard["DashboardBody"]["Fn::Join"][1] if isinstance(part, str))
+    assert "## llm-train login endpoint" in text and "cfd-pcluster login endpoint" not in text
+    for metric in ("LoginTargetsHealthy", "LoginTargetsDrift"):
+        assert f'"topokeeper","{metric}","cluster","llm-train"' in text, metric
+        assert f'"topokeeper","{metric}","cluster","cfd-pcluster"' not in text, metric
+    assert '"AWS/NetworkELB","HealthyHostCount"' in text
