@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 # Debian packages the tests and the demo need: debootstrap builds the real-Slurm chroots, systemd checks the
 # agent's units (systemd-analyze verify).
 SYSTEM_PACKAGES := debootstrap systemd
+# ssh-keygen for `topokeeper login rotate-host-keys`; ssh for the login-endpoint tests (sshd runs in a chroot).
+SYSTEM_PACKAGES += openssh-client
 # chromium renders the simulation report's Mermaid diagrams in tests/e2e.
 SYSTEM_PACKAGES += chromium
 

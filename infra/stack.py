@@ -13,6 +13,7 @@ from infra.encryption import DataKey
 from infra.events import Triggers
 from infra.functions import Functions
 from infra.layers import Layers
+from infra.login_endpoint import LoginEndpoint, LoginTargetSync, login_clusters
 from infra.queue import Queues
 from infra.state import StateTable
 from infra.storage import PlanBucket
@@ -69,5 +70,35 @@ class TopokeeperStack(Stack):
                 policy.managed_policy_arn,
                 f"Attach to the ExecutionRole of {cluster}'s controller group only (a role no other cluster uses)",
             )
+        self.login_endpoints = {
+            cluster.name: LoginEndpoint(
+                self,
+                f"Login-{cluster.name}",
+                cluster=cluster,
+                topic=self.monitoring.topic,
+                dashboard=self.monitoring.dashboard,
+                key=self.key,
+                log_retention_days=settings.log_retention_days,
+            )
+            for cluster in login_clusters(settings.clusters)
+        }
+        for cluster_name, endpoint in self.login_endpoints.items():
+            suffix = "".join(ch for ch in cluster_name if ch.isalnum())
+            outputs[f"LoginEndpoint{suffix}"] = (
+                endpoint.load_balancer.attr_dns_name,
+                f"SSH endpoint of {cluster_name}'s login nodes",
+            )
+            outputs[f"LoginHostIdentityPolicy{suffix}"] = (
+                endpoint.host_identity_policy.managed_policy_arn,
+                f"Attach to the ExecutionRole of {cluster_name}'s login group only",
+            )
+        if self.login_endpoints:
+            LoginTargetSync(
+                self,
+                "LoginTargetSync",
+                endpoints=self.login_endpoints,
+                functions=[self.functions.ingest, self.functions.drift],
+            )
+            outputs["DataKeyArn"] = (self.key.key.key_arn, "topokeeper login rotate-host-keys --kms-key-id")
         for name, (value, description) in outputs.items():
             CfnOutput(self, name, value=value, description=description)

@@ -1,11 +1,13 @@
 """Drift: on a schedule, verify every managed cluster's live topology and its plan against AWS."""
 
+import os
 from typing import Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from topokeeper.login.lambda_sync import sync_login_endpoints
 from topokeeper.runtime import lambda_runtime
 from topokeeper.service.drift import DriftRequest, check_requested
 
@@ -15,6 +17,10 @@ logger = Logger(service="topokeeper")
 @logger.inject_lambda_context
 @event_parser(model=DriftRequest)
 def lambda_handler(event: DriftRequest, context: LambdaContext) -> list[dict[str, Any]]:
+    # Login targets are synced in both modes, and before the topology check so that its failures cannot skip it.
+    login = sync_login_endpoints(lambda_runtime(), os.environ, event.cluster)
+    logger.info("login targets", extra=login.model_dump(mode="json"))
     reports = [report.model_dump(mode="json") for report in check_requested(event, lambda_runtime().drift_deps())]
     logger.info("drift", extra={"reports": reports})
+    login.raise_failures()
     return reports

@@ -1,5 +1,6 @@
 """Ingest: HyperPod, CloudTrail and EC2 events -> one reconcile request per changed cluster."""
 
+import os
 from typing import Any
 
 from aws_lambda_powertools import Logger
@@ -7,6 +8,7 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from topokeeper.events import TopokeeperEvent
+from topokeeper.login.lambda_sync import sync_login_endpoints
 from topokeeper.runtime import lambda_runtime
 from topokeeper.service.ingest import ingest
 
@@ -18,4 +20,8 @@ logger = Logger(service="topokeeper")
 def lambda_handler(event: TopokeeperEvent, context: LambdaContext) -> dict[str, Any]:
     result = ingest(event, lambda_runtime().ingest_deps())
     logger.info("ingested", extra=result.model_dump(mode="json"))
+    if result.cluster is not None:  # a node event of a cluster with a login endpoint: its targets follow now
+        login = sync_login_endpoints(lambda_runtime(), os.environ, result.cluster)
+        logger.info("login targets", extra=login.model_dump(mode="json"))
+        login.raise_failures()
     return result.model_dump(mode="json")

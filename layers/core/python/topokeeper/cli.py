@@ -16,6 +16,7 @@ from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
 from topokeeper.errors import InputError
+from topokeeper.login import commands as login_commands
 from topokeeper.operator_files import read_mapping, write_files
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim import commands as sim_commands
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_commands(commands)
     sim_commands.register(commands)
     kueue_commands.register(commands)
+    login_commands.register(commands)
     return parser
 
 

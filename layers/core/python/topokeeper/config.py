@@ -6,6 +6,7 @@ and the Lambdas (the same JSON, in the ``TOPOKEEPER_CONFIG`` environment variabl
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -50,7 +51,30 @@ def _tag_key(value: str) -> str:
     return value
 
 
+def _aws_id(prefix: str) -> AfterValidator:
+    pattern = re.compile(rf"{prefix}-(?:[0-9a-f]{{8}}|[0-9a-f]{{17}})")
+
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise ValueError(f"not a {prefix}- id: {value!r}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _ipv4_cidr(value: str) -> str:
+    try:
+        network = ipaddress.IPv4Network(value, strict=True)
+    except ValueError as error:
+        raise ValueError(f"not an IPv4 CIDR block: {value!r} ({error})") from None
+    return str(network)
+
+
 SsmTarget = Annotated[str, AfterValidator(_ssm_target)]
+VpcId = Annotated[str, _aws_id("vpc")]
+SubnetId = Annotated[str, _aws_id("subnet")]
+SecurityGroupId = Annotated[str, _aws_id("sg")]
+Ipv4Cidr = Annotated[str, AfterValidator(_ipv4_cidr)]
 TagKey = Annotated[str, AfterValidator(_tag_key)]
 
 
@@ -73,6 +97,47 @@ class Ec2Discovery(BaseModel):
     node_name_tag: TagKey | None = None  # else the short PrivateDnsName
 
 
+class ClusterVpcConfig(BaseModel):
+    """The cluster's own ``VpcConfig`` (DescribeCluster): its nodes' IPs live in these subnets."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    security_group_ids: list[SecurityGroupId] = Field(min_length=1, max_length=5)
+    subnets: list[SubnetId] = Field(min_length=1, max_length=16)
+
+
+class LoginEndpointConfig(BaseModel):
+    """An internal NLB spreading SSH across the cluster's login nodes (infra/login_endpoint.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    enabled: bool = False
+    vpc_id: VpcId | None = None
+    # Without VpcConfig a HyperPod cluster's node IPs live in a service VPC no balancer of yours can reach.
+    vpc_config: ClusterVpcConfig | None = None
+    allowed_cidrs: list[Ipv4Cidr] = Field(default_factory=list, max_length=50)
+    allowed_security_group_ids: list[SecurityGroupId] = Field(default_factory=list, max_length=50)
+    client_vpn_security_group_id: SecurityGroupId | None = None
+    deletion_protection: bool = False
+    # ELBv2's maximum: an SSH session on a departing login node gets an hour to finish.
+    deregistration_delay_seconds: int = Field(3600, ge=0, le=3600)
+
+    @model_validator(mode="after")
+    def _complete_when_enabled(self) -> LoginEndpointConfig:
+        if not self.enabled:
+            return self
+        if self.vpc_config is None:
+            raise ValueError(
+                "vpc_config is required: give the cluster's VpcConfig (security_group_ids, subnets); a cluster "
+                "created without VpcConfig has node IPs outside your VPC and cannot sit behind a login endpoint"
+            )
+        if self.vpc_id is None:
+            raise ValueError("vpc_id is required: the VPC of the cluster's VpcConfig subnets")
+        if not (self.allowed_cidrs or self.allowed_security_group_ids or self.client_vpn_security_group_id):
+            raise ValueError(
+                "name who may connect: allowed_cidrs, allowed_security_group_ids or client_vpn_security_group_id"
+            )
+        return self
+
+
 class ClusterConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -86,9 +151,12 @@ class ClusterConfig(BaseModel):
     slurm_version: str | None = None  # until the head node reports its own
     partitions: dict[SlurmName, PartitionSettings] = Field(default_factory=dict)
     ec2: Ec2Discovery = Ec2Discovery()
+    login: LoginEndpointConfig = LoginEndpointConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> ClusterConfig:
+        if self.login.enabled and self.orchestrator is not Orchestrator.HYPERPOD:
+            raise ValueError("login.enabled: the login endpoint finds login nodes by HyperPod's SlurmConfig NodeType")
         if self.slurm_version is not None:
             SlurmVersion.parse(self.slurm_version)
         if self.effective_channel is Channel.SSM and self.head_node is None:

@@ -140,6 +140,8 @@ class Metric(StrEnum):
     EVENTS_COALESCED = "EventsCoalesced"  # changes that did not need a reconcile of their own
     AGENT_OUTDATED = "AgentOutdated"  # an agent report says the head node's agent must be upgraded
     FORGED_REPORTS = "ForgedReports"  # agent reports refused: about another cluster than their source's
+    LOGIN_TARGETS_HEALTHY = "LoginTargetsHealthy"  # running login nodes the balancer finds healthy
+    LOGIN_TARGETS_DRIFT = "LoginTargetsDrift"  # targets one login sync had to register or deregister
 
 
 class Metrics(Protocol):
@@ -334,3 +336,61 @@ class AuditSink(Protocol):
     def publish(self, records: Sequence[AuditRecord]) -> int:
         """Store, publish and log new records; return how many were new (retries are skipped)."""
         ...
+
+
+# The login endpoint's ports (service/login.py): login nodes, the balancer's target group, the ledger of the
+# targets topokeeper registered, and the audit of each change.
+
+
+class LoginNode(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    node_id: str
+    private_ip: str | None
+    status: str
+
+
+class LoginNodeSource(Protocol):
+    def login_nodes(self, cluster: str) -> list[LoginNode] | None:
+        """The login group's nodes with their IPs, or None when the cluster has no login group."""
+        ...
+
+
+class LoginTargetGroup(Protocol):
+    def states(self, target_group_arn: str) -> dict[str, str]:
+        """Every registered target's IP and its ELBv2 health state (initial, healthy, unhealthy, draining, ...)."""
+        ...
+
+    def register(self, target_group_arn: str, ips: Sequence[str]) -> None: ...
+
+    def deregister(self, target_group_arn: str, ips: Sequence[str]) -> None: ...
+
+
+class LoginTargetLedger(Protocol):
+    """The IPs topokeeper registered in a target group: the only ones it may deregister."""
+
+    def managed(self, cluster: str) -> frozenset[str]: ...
+
+    def record(self, cluster: str, ips: frozenset[str]) -> None: ...
+
+
+class LoginAuditRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_: Literal["topokeeper.audit/1"] = Field("topokeeper.audit/1", alias="schema")
+    event_name: Literal["UpdateLoginTargets"] = "UpdateLoginTargets"
+    audit_id: str
+    cluster_name: str
+    target_group_arn: str
+    registered: list[str]
+    deregistered: list[str]
+    targets: list[str]
+    target_count: int
+    login_nodes: dict[str, str]  # IP -> node id of the running login nodes
+    completed_at: datetime
+
+    def document(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class LoginAudit(Protocol):
+    def publish_login(self, record: LoginAuditRecord) -> None: ...

@@ -25,6 +25,15 @@ log = logging.getLogger("topokeeper")
 TOPOLOGY_STATUSES = frozenset({"Running", "SystemUpdating", "DeepHealthCheckInProgress"})
 
 
+def provisioning_parameters_object(lifecycle_uri: str) -> tuple[str, str]:
+    """(bucket, key) of provisioning_parameters.json for a group's LifeCycleConfig.SourceS3Uri."""
+    parsed = urlparse(lifecycle_uri)
+    key = parsed.path.strip("/")
+    if not key.endswith(LEGACY_MAPPING_FILE):
+        key = f"{key}/{LEGACY_MAPPING_FILE}".lstrip("/")
+    return parsed.netloc, key
+
+
 class HyperPodFacts:
     def __init__(self, sagemaker: Any, s3: Any, topology: InstanceTopologyReader) -> None:
         self._sagemaker = sagemaker
@@ -75,46 +84,52 @@ class HyperPodFacts:
 
     def _legacy_mapping(self, described: dict[str, Any]) -> dict[str, str]:
         """Clusters configured before API-driven Slurm keep partitions in the lifecycle bucket."""
-        groups = described.get("InstanceGroups", [])
-        if any(group.get("SlurmConfig") for group in groups):
-            return {}
-        for group in groups:
-            uri = group.get("LifeCycleConfig", {}).get("SourceS3Uri")
-            if not uri:
+        found = legacy_provisioning_parameters(self._s3, described.get("InstanceGroups", []))
+        return legacy_partitions(*found) if found else {}
+
+
+def legacy_provisioning_parameters(s3: Any, groups: list[dict[str, Any]]) -> tuple[dict[str, Any], str] | None:
+    """provisioning_parameters.json of a cluster configured before API-driven Slurm (no SlurmConfig), with the
+    S3 object it came from: the first group's lifecycle bucket that has one. None for API-driven clusters and
+    when no group has one. At most 1 MB is read; a file that is not a JSON object is one ``InputError`` naming
+    the object (retrying cannot fix the file)."""
+    if any(group.get("SlurmConfig") for group in groups):
+        return None
+    for group in groups:
+        uri = (group.get("LifeCycleConfig") or {}).get("SourceS3Uri")
+        if not uri:
+            continue
+        bucket, key = provisioning_parameters_object(uri)
+        try:
+            # One byte over the limit tells a file that is too large from one that just fits.
+            response = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{LEGACY_MAPPING_MAX_BYTES}")
+            body = response["Body"].read(LEGACY_MAPPING_MAX_BYTES + 1)
+        except ClientError as error:
+            # No file, or (without s3:ListBucket, which the stack does not grant) 403 for a missing one:
+            # this group's lifecycle scripts carry no mapping. The planner warns of unmapped groups.
+            code = error_code(error)
+            if code in ("NoSuchKey", "404", "NotFound", "AccessDenied", "403"):
+                log.warning("no legacy partition mapping at s3://%s/%s: %s", bucket, key, code)
                 continue
-            parsed = urlparse(uri)
-            key = parsed.path.strip("/")
-            if not key.endswith(LEGACY_MAPPING_FILE):
-                key = f"{key}/{LEGACY_MAPPING_FILE}".lstrip("/")
-            try:
-                # One byte over the limit tells a file that is too large from one that just fits.
-                response = self._s3.get_object(
-                    Bucket=parsed.netloc, Key=key, Range=f"bytes=0-{LEGACY_MAPPING_MAX_BYTES}"
-                )
-                body = response["Body"].read(LEGACY_MAPPING_MAX_BYTES + 1)
-            except ClientError as error:
-                # No file, or (without s3:ListBucket, which the stack does not grant) 403 for a missing one:
-                # this group's lifecycle scripts carry no mapping. The planner warns of unmapped groups.
-                code = error_code(error)
-                if code in ("NoSuchKey", "404", "NotFound", "AccessDenied", "403"):
-                    log.warning("no legacy partition mapping at s3://%s/%s: %s", parsed.netloc, key, code)
-                    continue
-                raise
-            return legacy_partitions(body, f"s3://{parsed.netloc}/{key}")
-        return {}
+            raise
+        source = f"s3://{bucket}/{key}"
+        if len(body) > LEGACY_MAPPING_MAX_BYTES:
+            raise InputError(
+                source, f"larger than {LEGACY_MAPPING_MAX_BYTES} bytes; not a provisioning_parameters.json"
+            )
+        try:
+            parameters = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise InputError(source, f"not valid JSON: {error}") from error
+        if not isinstance(parameters, dict):
+            raise InputError(source, "must be a JSON object")
+        return parameters, source
+    return None
 
 
-def legacy_partitions(body: bytes, source: str) -> dict[str, str]:
+def legacy_partitions(parameters: dict[str, Any], source: str) -> dict[str, str]:
     """``worker_groups[].{instance_group_name, partition_name}`` of a provisioning_parameters.json; anything
-    malformed is one ``InputError`` naming the S3 object and the field (retrying cannot fix the file)."""
-    if len(body) > LEGACY_MAPPING_MAX_BYTES:
-        raise InputError(source, f"larger than {LEGACY_MAPPING_MAX_BYTES} bytes; not a provisioning_parameters.json")
-    try:
-        parameters = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError(source, f"not valid JSON: {error}") from error
-    if not isinstance(parameters, dict):
-        raise InputError(source, "must be a JSON object")
+    malformed is one ``InputError`` naming the S3 object and the field."""
     workers = parameters.get("worker_groups", [])
     if not isinstance(workers, list):
         raise InputError(f"{source}:worker_groups", "must be a list")

@@ -28,6 +28,7 @@ from topokeeper.sim.aws.clock import Clock, RateLimits, SystemClock
 from topokeeper.sim.aws.events import EventEmitter, refuse_oversized_put_events
 from topokeeper.sim.aws.hyperpod import HyperPodApi, HyperPodModel
 from topokeeper.sim.aws.ids import IdFactory
+from topokeeper.sim.aws.load_balancing import TargetHealth
 from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
 from topokeeper.sim.aws.s3 import S3Refusals
 from topokeeper.sim.aws.server import CallCounter, EmulatorServer, Gateway, WsgiApp
@@ -48,6 +49,7 @@ class AwsEmulator:
     - ``hyperpod``: HyperPod clusters (``HyperPodModel``: create_cluster, scale, replace, set_status, ...)
     - ``network``: EC2 topology (``NetworkModel``: layouts, hold, new_instance_delay_*)
     - ``ssm``: Run Command (``SsmRunCommand``: on_command, complete, pending)
+    - ``target_health``: ELBv2 target health, which moto never checks (``TargetHealth``: set, clear)
     - ``events``: what the services emit to EventBridge (``EventEmitter``: enabled, kinds, emitted)
     - ``calls``: requests received, by operation (``CallCounter``); ``rate_limits``: AWS throttling
     - ``clock``: the time source (``SystemClock`` by default, ``ManualClock`` for simulated time)
@@ -94,6 +96,7 @@ class AwsEmulator:
             events=self.events,
             lock=self._lock,
         )
+        self.target_health = TargetHealth()
         self._host = host
         self._server: EmulatorServer | None = None
         self._endpoint_url: str | None = None
@@ -108,6 +111,7 @@ class AwsEmulator:
             _active = self
         try:
             moto_patches.apply()
+            self.target_health.apply()
             handlers = {**HyperPodApi(self.hyperpod).handlers(), **self.network.handlers(), **self.ssm.handlers()}
 
             def wrap(app: WsgiApp) -> WsgiApp:
@@ -150,6 +154,7 @@ class AwsEmulator:
         with _active_lock:
             if _active is self:
                 moto_patches.restore()
+                self.target_health.restore()
                 _active = None
 
     def __enter__(self) -> AwsEmulator:

@@ -278,8 +278,10 @@ class HyperPodModel:
                 self._events.state_change(found)
             return successful, failed
 
-    def replace(self, node_ids: str | Iterable[str], *, move: bool | None = None) -> dict[str, str]:
-        """Replace nodes: same host name and IP, a new instance id, and with ``move`` (default
+    def replace(
+        self, node_ids: str | Iterable[str], *, move: bool | None = None, new_ip: bool = False
+    ) -> dict[str, str]:
+        """Replace nodes: same host name and IP (unless ``new_ip``), a new instance id, and with ``move`` (default
         ``replace_moves``) a slot on another leaf or UltraServer, else the same slot. Returns {old: new}."""
         ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
         with self.lock:
@@ -292,7 +294,7 @@ class HyperPodModel:
                 new = self._launch(
                     cluster,
                     old.group,
-                    ip=old.private_ip,
+                    ip=None if new_ip else old.private_ip,
                     move_from=placement if should_move else None,
                     replaces=old.instance_id,
                     release_first=not should_move,

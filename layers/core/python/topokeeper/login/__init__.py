@@ -1,0 +1,1 @@
+"""One SSH host identity for a cluster's login nodes: generation (operator CLI) and the node installer."""
