@@ -40,7 +40,8 @@ _PLATFORM = "manylinux2014_aarch64"
 OPERATOR_ONLY = frozenset(
     {
         "cli.py", "operator_commands.py", "operator_files.py", "kueue_commands.py", "kueue", "sim",
-        "deployment.py", "stack_spec.py", "agent/install.py", "py.typed",
+        "deployment.py", "stack_spec.py", "agent/install.py", "py.typed", "adapters/secrets.py",
+        "login/commands.py", "login/host_keys.py", "login/install.py", "login/install_host_identity.sh",
     }
 )  # fmt: skip
 
@@ -48,7 +49,9 @@ OPERATOR_ONLY = frozenset(
 # The AWS services the functions call (topokeeper.runtime and the adapters); botocore's and boto3's data for
 # every other service is dropped. tests/infra/test_layer_contents.py checks the layer's client() calls
 # against it and the handler-asset test builds each function's clients from the trimmed layer.
-LAMBDA_SERVICES = frozenset({"cloudtrail-data", "dynamodb", "ec2", "events", "s3", "sagemaker", "sqs", "ssm", "sts"})
+LAMBDA_SERVICES = frozenset(
+    {"cloudtrail-data", "dynamodb", "ec2", "elbv2", "events", "s3", "sagemaker", "sqs", "ssm", "sts"}
+)
 
 
 def _ships(relative: Path) -> bool:
