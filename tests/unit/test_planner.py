@@ -300,3 +300,28 @@ def test_adding_a_leaf_adds_its_switch_and_its_parent_line_only() -> None:
         "+      - switch: nn-leafnew",
         "+        nodes: p5-200",
     ]
+
+
+def test_one_node_of_an_unknown_type_turning_a_partition_flat_is_named() -> None:
+    nodes = [*p5_nodes(16), node("odd-1", "ml.p5.4xlarge", ())]
+    result = plan_partition(_partition(nodes))
+    assert result.kind is TopologyKind.FLAT
+    (warning,) = result.warnings
+    assert "odd-1" in warning and "p5.4xlarge" in warning and "flat" in warning
+
+
+def test_a_partition_flat_by_config_or_of_cpu_types_only_is_no_surprise() -> None:
+    assert plan_partition(_partition(p5_nodes(4), kind="flat")).warnings == ()
+    assert plan_partition(_partition([node("c1", "c7i.4xlarge")])).warnings == ()
+
+
+def test_a_size_of_a_topology_family_without_topology_data_is_named_even_alone() -> None:
+    (warning,) = plan_partition(_partition([node("n1", "p5.4xlarge"), node("n2", "p5.4xlarge")])).warnings
+    assert "p5.4xlarge (n1, n2)" in warning
+
+
+def test_block_sizes_above_the_ultraserver_size_are_refused_naming_the_key() -> None:
+    with pytest.raises(InputError) as error:
+        plan_partition(_partition(gb200_nodes(2), block_sizes=(20,)))
+    assert error.value.field == "partitions.gpu.block_sizes"
+    assert "18" in str(error.value)

@@ -9,7 +9,7 @@ block, any tree -> tree, else flat), selected by ``TopologyPlugin``.
 
 from __future__ import annotations
 
-from topokeeper.domain.catalog import Capability, lookup
+from topokeeper.domain.catalog import CATALOG, Capability, lookup
 from topokeeper.domain.models import (
     FLAT_DEFAULT,
     BlockTopology,
@@ -48,11 +48,35 @@ def resolve_kind(partition: Partition) -> TopologyKind:
     return TopologyKind.TREE
 
 
+def _flat_reason(partition: Partition) -> str | None:
+    """Why ``kind: auto`` made a partition flat, naming the nodes (or group types) responsible; None when
+    nothing there is a surprise (every type is one without topology data, such as CPU instances)."""
+    types = {node.instance_type for node in partition.nodes if node.instance_type} | set(partition.instance_types)
+    without = sorted(t for t in types if lookup(t).capability is Capability.NONE)
+    capable_families = {known.split(".")[0] for known in CATALOG}
+    if len(without) == len(types) and not any(t.split(".")[0] in capable_families for t in without):
+        return None
+    nodes = sorted(n.name for n in partition.nodes if n.instance_type in without)
+    named = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+    return (
+        f"flat: {', '.join(without)} ({named or 'instance group type'}) reports no network topology; "
+        "rule (HyperPod, kind auto): any such type makes the partition flat (set kind in the config to override)"
+    )
+
+
 def block_sizes_for(partition: Partition) -> tuple[int, ...]:
-    if partition.settings.block_sizes:
-        return partition.settings.block_sizes
     types = {node.instance_type for node in partition.nodes if node.instance_type} | set(partition.instance_types)
     sizes = {size for t in types if (size := lookup(t).ultraserver_size) is not None}
+    if partition.settings.block_sizes:
+        base = partition.settings.block_sizes[0]
+        if sizes and base > min(sizes):
+            # No block could ever hold a base-size job; Slurm < 25.05 refuses to start with such blocks.
+            raise InputError(
+                f"partitions.{partition.name}.block_sizes",
+                f"base {base} is larger than an UltraServer ({min(sizes)} nodes of {', '.join(sorted(types))}); "
+                f"use {min(sizes)} or less",
+            )
+        return partition.settings.block_sizes
     if len(sizes) != 1:
         found = ", ".join(sorted(types)) or "no instance type"
         raise InputError(
@@ -91,6 +115,8 @@ def plan_partition(partition: Partition) -> PartitionPlan:
         topology = FlatTopology(name=FLAT_DEFAULT)
         if not partition.nodes:
             warnings.append("no nodes present; flat until nodes join")
+        elif partition.settings.kind == "auto" and (reason := _flat_reason(partition)):
+            warnings.append(reason)
     return PartitionPlan(
         partition=partition.name,
         kind=kind,
