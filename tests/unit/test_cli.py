@@ -97,3 +97,16 @@ def test_hostile_snapshot_is_refused_and_nothing_is_written(tmp_path: Path, caps
     assert main(["plan", "--snapshot", str(snapshot), "--out", str(out)]) == 2
     assert "nodes[4].PrivateDnsHostname" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_show_and_plan_say_what_24_11_folded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = str(EXAMPLES / "mixed-cluster.json")
+    assert main(["show", "--snapshot", snapshot, "--slurm-version", "24.11"]) == 0
+    shown = capsys.readouterr().out
+    assert "block partition ml-p6e is folded into the cluster tree" in shown
+    assert "flat partition preprocess is folded into the cluster tree (ip-10-3-0-[10-13] in no-topology)" in shown
+    assert main(["plan", "--snapshot", snapshot, "--slurm-version", "24.11", "--out", str(tmp_path)]) == 0
+    warnings = json.loads((tmp_path / "plan.json").read_text())["warnings"]
+    assert [w for w in warnings if "folded" in w] == [
+        line.removeprefix("warning: ") for line in shown.splitlines() if "folded" in line
+    ]

@@ -325,3 +325,18 @@ def test_block_sizes_above_the_ultraserver_size_are_refused_naming_the_key() -> 
         plan_partition(_partition(gb200_nodes(2), block_sizes=(20,)))
     assert error.value.field == "partitions.gpu.block_sizes"
     assert "18" in str(error.value)
+
+
+def test_what_24_11_folds_into_its_one_topology_is_said() -> None:
+    cpu = [node("c1", "c7i.4xlarge", partition="cpu")]
+    result = plan(snapshot({"p5": p5_nodes(8, partition="p5"), "gb": gb200_nodes(1), "cpu": cpu}, version="24.11"))
+    folded = [w for w in result.warnings if w.startswith("Slurm 24.11")]
+    assert any("block partition gb" in w and "tree" in w for w in folded), result.warnings
+    assert any("flat partition cpu" in w and "c1" in w and "no-topology" in w for w in folded), result.warnings
+    assert not any("partition p5" in w for w in folded)
+
+
+def test_nothing_is_folded_on_25_05_or_when_the_kinds_agree() -> None:
+    partitions = {"p5": p5_nodes(8, partition="p5"), "gb": gb200_nodes(1)}
+    assert not plan(snapshot(partitions, version="26.05")).warnings
+    assert not [w for w in plan(snapshot({"gb": gb200_nodes(2)}, version="24.11")).warnings if "fold" in w]

@@ -10,8 +10,11 @@ block, any tree -> tree, else flat), selected by ``TopologyPlugin``.
 from __future__ import annotations
 
 from topokeeper.domain.catalog import CATALOG, Capability, lookup
+from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import (
     FLAT_DEFAULT,
+    NO_TOPOLOGY_SWITCH,
+    NO_ULTRASERVER_BLOCK,
     BlockTopology,
     ClusterSnapshot,
     FlatTopology,
@@ -157,6 +160,31 @@ def _cluster_topology(snapshot: ClusterSnapshot, plans: list[PartitionPlan]) -> 
     return tree, PLUGIN_NAMES[TopologyKind.TREE], warnings + list(tree_warnings)
 
 
+def _folds(version: str, topology: Topology, plans: list[PartitionPlan]) -> list[str]:
+    """What one cluster-wide topology does to the partitions whose own kind differs from it."""
+    if isinstance(topology, FlatTopology):
+        return []
+    if isinstance(topology, TreeTopology):
+        unit, where = "tree", {n for s in topology.switches if s.name == NO_TOPOLOGY_SWITCH for n in s.nodes}
+        where_name, placed = NO_TOPOLOGY_SWITCH, "under their switches"
+    else:
+        unit, where = "block topology", {n for b in topology.blocks if b.name == NO_ULTRASERVER_BLOCK for n in b.nodes}
+        where_name, placed = f"block {NO_ULTRASERVER_BLOCK}", "in their UltraServer's block"
+    folds = []
+    for partition in sorted(plans, key=lambda p: p.partition):
+        if partition.kind is topology.kind or not partition.nodes:
+            continue
+        stray = [name for name in partition.nodes if name in where]
+        parts = [f"{compress(stray)} in {where_name}"] if stray else []
+        if len(stray) < len(partition.nodes):
+            parts.append(f"{len(partition.nodes) - len(stray)} node(s) {placed}")
+        folds.append(
+            f"Slurm {version} has one cluster-wide topology: {partition.kind.value} partition {partition.partition} "
+            f"is folded into the cluster {unit} ({'; '.join(parts)}); Slurm >= 25.05 keeps it {partition.kind.value}"
+        )
+    return folds
+
+
 def plan(snapshot: ClusterSnapshot) -> Plan:
     partition_plans = [plan_partition(partition) for partition in snapshot.partitions]
     slurm_format = snapshot.slurm_version.format
@@ -166,6 +194,7 @@ def plan(snapshot: ClusterSnapshot) -> Plan:
     if slurm_format is SlurmFormat.CONF:
         cluster_topology, plugin, cluster_warnings = _cluster_topology(snapshot, partition_plans)
         warnings.extend(cluster_warnings)
+        warnings.extend(_folds(str(snapshot.slurm_version), cluster_topology, partition_plans))
         partition_plans = [p.model_copy(update={"assignment": None}) for p in partition_plans]
     return Plan(
         cluster_name=snapshot.cluster_name,
