@@ -110,3 +110,19 @@ def test_show_and_plan_say_what_24_11_folded(tmp_path: Path, capsys: pytest.Capt
     assert [w for w in warnings if "folded" in w] == [
         line.removeprefix("warning: ") for line in shown.splitlines() if "folded" in line
     ]
+
+
+def test_plan_prints_each_file_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--out", str(tmp_path)]) == 0
+    wrote = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    assert wrote == [f"wrote {tmp_path / name}" for name in sorted(p.name for p in tmp_path.iterdir())]
+
+
+def test_show_and_plan_json_print_the_plan_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = str(EXAMPLES / "mixed-cluster.json")
+    assert main(["show", "--snapshot", snapshot, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--snapshot", snapshot, "--out", str(tmp_path), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert shown == planned["plan"] == json.loads((tmp_path / "plan.json").read_text())
+    assert planned["written"] == [str(tmp_path / name) for name in sorted(p.name for p in tmp_path.iterdir())]

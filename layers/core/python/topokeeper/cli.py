@@ -84,23 +84,30 @@ def plan_table(rendered: RenderedPlan) -> str:
     return "\n".join(lines)
 
 
-def write_files(out: Path, files: dict[str, str]) -> None:
+def write_files(out: Path, files: dict[str, str]) -> list[Path]:
+    """Write every file (each replaced atomically) and return their paths, sorted."""
     out.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
         temporary = out / f".{name}.tmp"
         temporary.write_text(content)
         temporary.replace(out / name)
+    return [out / name for name in sorted(files)]
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     rendered = plan_from_files(args.snapshot, args.config, args.slurm_version)
-    write_files(args.out, rendered.files())
-    print(plan_table(rendered))
+    written = write_files(args.out, rendered.files())
+    if args.json:
+        print(json.dumps({"written": [str(path) for path in written], "plan": rendered.plan_document()}, indent=2))
+    else:
+        print(plan_table(rendered))
+        print("\n".join(f"wrote {path}" for path in written))
     return EXIT_OK
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    print(plan_table(plan_from_files(args.snapshot, args.config, args.slurm_version)))
+    rendered = plan_from_files(args.snapshot, args.config, args.slurm_version)
+    print(json.dumps(rendered.plan_document(), indent=2) if args.json else plan_table(rendered))
     return EXIT_OK
 
 
@@ -113,6 +120,7 @@ def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot", type=Path, required=True, help="snapshot JSON of AWS responses")
     parser.add_argument("--config", type=Path, help="per-partition overrides (YAML or JSON)")
     parser.add_argument("--slurm-version", help="e.g. 24.11 or 25.11 (default: the snapshot's, else 25.11)")
+    parser.add_argument("--json", action="store_true", help="print the plan document (plan.json) instead of the table")
 
 
 def build_parser() -> argparse.ArgumentParser:
