@@ -126,3 +126,33 @@ def test_show_and_plan_json_print_the_plan_document(tmp_path: Path, capsys: pyte
     planned = json.loads(capsys.readouterr().out)
     assert shown == planned["plan"] == json.loads((tmp_path / "plan.json").read_text())
     assert planned["written"] == [str(tmp_path / name) for name in sorted(p.name for p in tmp_path.iterdir())]
+
+
+@pytest.fixture
+def no_aws_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    for name in ("AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.mark.usefixtures("no_aws_configuration")
+def test_the_operator_cli_without_a_region_says_what_to_set(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["snapshot", "--cluster", "llm-train"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("topokeeper: error: --region:"), error
+    assert "AWS_REGION" in error
+
+
+@pytest.mark.usefixtures("no_aws_configuration")
+def test_region_after_the_subcommand_is_taken_and_missing_credentials_say_what_to_set(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["snapshot", "--cluster", "llm-train", "--region", "us-west-2"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("topokeeper: error: credentials:"), error
+    assert "AWS_PROFILE" in error

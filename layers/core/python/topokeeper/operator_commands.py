@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import aws_setup_errors, client
 from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, LocalRateLimiter, MemoryNodeFactsCache
 from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.metrics import NoMetrics
@@ -247,6 +247,8 @@ def register(commands: Any) -> None:
 
     def common(parser: argparse.ArgumentParser, deployment: bool = True) -> None:
         parser.add_argument("--cluster", required=True, help="cluster name (or ARN)")
+        # Also after the subcommand; SUPPRESS keeps a value given before it.
+        add_endpoint_option(parser, argparse.SUPPRESS)
         parser.add_argument("--json", action="store_true", help="machine-readable output")
         if deployment:
             group = parser.add_mutually_exclusive_group()
@@ -257,7 +259,7 @@ def register(commands: Any) -> None:
     common(snapshot)
     snapshot.add_argument("--out", type=Path, help="file to write (default: stdout)")
     snapshot.add_argument("--orchestrator", choices=[o.value for o in Orchestrator], default="hyperpod")
-    snapshot.set_defaults(run=cmd_snapshot)
+    snapshot.set_defaults(run=_without_aws_setup_tracebacks(cmd_snapshot))
 
     for name, run, text in (
         ("diff", cmd_diff, "desired vs last applied vs live"),
@@ -271,12 +273,20 @@ def register(commands: Any) -> None:
             parser.add_argument("--dry-run", action="store_true", help="show what would change; change nothing")
         if name == "audit":
             parser.add_argument("--limit", type=int, default=50)
-        parser.set_defaults(run=run)
+        parser.set_defaults(run=_without_aws_setup_tracebacks(run))
 
 
-def add_endpoint_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint-url", help="AWS endpoint (an emulator); sets AWS_ENDPOINT_URL")
-    parser.add_argument("--region", help="AWS region (default: the AWS configuration's)")
+def _without_aws_setup_tracebacks(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def guarded(args: argparse.Namespace) -> int:
+        with aws_setup_errors():
+            return run(args)
+
+    return guarded
+
+
+def add_endpoint_option(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    parser.add_argument("--endpoint-url", default=default, help="AWS endpoint (an emulator); sets AWS_ENDPOINT_URL")
+    parser.add_argument("--region", default=default, help="AWS region (default: the AWS configuration's)")
 
 
 def apply_endpoint_option(args: argparse.Namespace) -> None:
