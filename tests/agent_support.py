@@ -90,6 +90,8 @@ def events_named(stderr: str, name: str) -> list[dict[str, Any]]:
 
 
 # ``topokeeper agent install-script`` with every required value.
-INSTALL_SCRIPT_ARGS = [
+# Without --mode (which the script then needs from --deployment), and with it.
+INSTALL_SCRIPT_BASE_ARGS = [
     "agent", "install-script", "--cluster", "llm-train-slurm", "--bucket", "topo-bundles", "--region", "us-west-2",
 ]  # fmt: skip
+INSTALL_SCRIPT_ARGS = [*INSTALL_SCRIPT_BASE_ARGS, "--mode", "enforce"]

@@ -206,3 +206,62 @@ def test_simulate_refuses_an_out_that_is_a_file_before_simulating(
     scenario = Path(__file__).resolve().parents[2] / "layers/core/python/topokeeper/sim/scenarios/demo.yaml"
     assert main(["simulate", "--scenario", str(scenario), "--out", str(a_file)]) == 2
     assert _one_error_line(capsys).startswith(f"topokeeper: error: --out: {a_file} is a file")
+
+
+def test_show_and_plan_say_what_24_11_folded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = str(EXAMPLES / "mixed-cluster.json")
+    assert main(["show", "--snapshot", snapshot, "--slurm-version", "24.11"]) == 0
+    shown = capsys.readouterr().out
+    assert "block partition ml-p6e is folded into the cluster tree" in shown
+    assert "flat partition preprocess is folded into the cluster tree (ip-10-3-0-[10-13] in no-topology)" in shown
+    assert main(["plan", "--snapshot", snapshot, "--slurm-version", "24.11", "--out", str(tmp_path)]) == 0
+    warnings = json.loads((tmp_path / "plan.json").read_text())["warnings"]
+    assert [w for w in warnings if "folded" in w] == [
+        line.removeprefix("warning: ") for line in shown.splitlines() if "folded" in line
+    ]
+
+
+def test_plan_prints_each_file_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--out", str(tmp_path)]) == 0
+    wrote = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    assert wrote == [f"wrote {tmp_path / name}" for name in sorted(p.name for p in tmp_path.iterdir())]
+
+
+def test_show_and_plan_json_print_the_plan_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = str(EXAMPLES / "mixed-cluster.json")
+    assert main(["show", "--snapshot", snapshot, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--snapshot", snapshot, "--out", str(tmp_path), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert shown == planned["plan"] == json.loads((tmp_path / "plan.json").read_text())
+    assert planned["written"] == [str(tmp_path / name) for name in sorted(p.name for p in tmp_path.iterdir())]
+
+
+@pytest.fixture
+def no_aws_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    for name in ("AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.mark.usefixtures("no_aws_configuration")
+def test_the_operator_cli_without_a_region_says_what_to_set(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["snapshot", "--cluster", "llm-train"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("topokeeper: error: --region:"), error
+    assert "AWS_REGION" in error
+
+
+@pytest.mark.usefixtures("no_aws_configuration")
+def test_region_after_the_subcommand_is_taken_and_missing_credentials_say_what_to_set(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["snapshot", "--cluster", "llm-train", "--region", "us-west-2"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("topokeeper: error: credentials:"), error
+    assert "AWS_PROFILE" in error

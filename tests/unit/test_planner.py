@@ -300,3 +300,43 @@ def test_adding_a_leaf_adds_its_switch_and_its_parent_line_only() -> None:
         "+      - switch: nn-leafnew",
         "+        nodes: p5-200",
     ]
+
+
+def test_one_node_of_an_unknown_type_turning_a_partition_flat_is_named() -> None:
+    nodes = [*p5_nodes(16), node("odd-1", "ml.p5.4xlarge", ())]
+    result = plan_partition(_partition(nodes))
+    assert result.kind is TopologyKind.FLAT
+    (warning,) = result.warnings
+    assert "odd-1" in warning and "p5.4xlarge" in warning and "flat" in warning
+
+
+def test_a_partition_flat_by_config_or_of_cpu_types_only_is_no_surprise() -> None:
+    assert plan_partition(_partition(p5_nodes(4), kind="flat")).warnings == ()
+    assert plan_partition(_partition([node("c1", "c7i.4xlarge")])).warnings == ()
+
+
+def test_a_size_of_a_topology_family_without_topology_data_is_named_even_alone() -> None:
+    (warning,) = plan_partition(_partition([node("n1", "p5.4xlarge"), node("n2", "p5.4xlarge")])).warnings
+    assert "p5.4xlarge (n1, n2)" in warning
+
+
+def test_block_sizes_above_the_ultraserver_size_are_refused_naming_the_key() -> None:
+    with pytest.raises(InputError) as error:
+        plan_partition(_partition(gb200_nodes(2), block_sizes=(20,)))
+    assert error.value.field == "partitions.gpu.block_sizes"
+    assert "18" in str(error.value)
+
+
+def test_what_24_11_folds_into_its_one_topology_is_said() -> None:
+    cpu = [node("c1", "c7i.4xlarge", partition="cpu")]
+    result = plan(snapshot({"p5": p5_nodes(8, partition="p5"), "gb": gb200_nodes(1), "cpu": cpu}, version="24.11"))
+    folded = [w for w in result.warnings if w.startswith("Slurm 24.11")]
+    assert any("block partition gb" in w and "tree" in w for w in folded), result.warnings
+    assert any("flat partition cpu" in w and "c1" in w and "no-topology" in w for w in folded), result.warnings
+    assert not any("partition p5" in w for w in folded)
+
+
+def test_nothing_is_folded_on_25_05_or_when_the_kinds_agree() -> None:
+    partitions = {"p5": p5_nodes(8, partition="p5"), "gb": gb200_nodes(1)}
+    assert not plan(snapshot(partitions, version="26.05")).warnings
+    assert not [w for w in plan(snapshot({"gb": gb200_nodes(2)}, version="24.11")).warnings if "fold" in w]

@@ -46,3 +46,20 @@ def test_unknown_or_bad_keys_are_errors_naming_them(tmp_path: Path, change: tupl
     with pytest.raises(InputError) as error:
         load_scenario(path)
     assert error.value.field == field, error.value
+
+
+@pytest.mark.parametrize("version", ["23.02", "25.05", "24.05"])
+def test_a_slurm_version_the_simulator_does_not_run_is_refused(tmp_path: Path, version: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace("  name: demo", f'  name: demo\n  slurm_version: "{version}"'))
+    with pytest.raises(InputError) as error:
+        load_scenario(path)
+    assert error.value.field == "scenario.cluster.slurm_version", error.value
+    assert "24.11" in str(error.value) and "26.05" in str(error.value)
+
+
+@pytest.mark.parametrize("version", ["24.11", "26.05", "24.11.5"])
+def test_the_slurm_versions_the_simulator_runs_load(tmp_path: Path, version: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace("  name: demo", f'  name: demo\n  slurm_version: "{version}"'))
+    assert load_scenario(path).cluster.slurm_version == version

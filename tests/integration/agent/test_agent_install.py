@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import stat
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_support import AGENT_FILE, INSTALL_SCRIPT_ARGS
+from tests.agent_support import AGENT_FILE, INSTALL_SCRIPT_ARGS, INSTALL_SCRIPT_BASE_ARGS
 from topokeeper.agent import agent
 from topokeeper.agent.install import SHIPPED_FILES
 from topokeeper.cli import main
@@ -113,3 +114,48 @@ def test_agent_needs_only_the_standard_library() -> None:
     )
     assert completed.returncode == 0, completed.stderr
     assert "--once" in completed.stdout
+
+
+def _deployment(tmp_path: Path, cluster: dict[str, object]) -> Path:
+    path = tmp_path / "deployment.json"
+    document = {
+        "table": "t",
+        "bucket": "topo-bundles",
+        "queue_url": "https://sqs/q",
+        "settings": {"clusters": [cluster]},
+    }
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_without_mode_or_deployment_the_script_is_refused_saying_what_to_pass(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(INSTALL_SCRIPT_BASE_ARGS) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith("topokeeper: error: --mode:")
+    assert "--deployment" in captured.err and "verify" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("cluster", "mode"),
+    [({"name": "llm-train-slurm"}, "verify"), ({"name": "llm-train-slurm", "mode": "enforce"}, "enforce")],
+)
+def test_the_mode_follows_the_deployment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: dict[str, object], mode: str
+) -> None:
+    deployment = _deployment(tmp_path, {**cluster, "channel": "agent"})
+    snippet = _snippet_from(capsys, [*INSTALL_SCRIPT_BASE_ARGS, "--deployment", str(deployment)])
+    assert f'"mode": "{mode}"' in snippet
+
+
+def test_a_cluster_not_in_the_deployment_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    deployment = _deployment(tmp_path, {"name": "other", "channel": "agent"})
+    assert main([*INSTALL_SCRIPT_BASE_ARGS, "--deployment", str(deployment)]) == 2
+    assert capsys.readouterr().err.startswith("topokeeper: error: --cluster: llm-train-slurm is not in")
+
+
+def _snippet_from(capsys: pytest.CaptureFixture[str], arguments: list[str]) -> str:
+    assert main(arguments) == 0
+    return capsys.readouterr().out

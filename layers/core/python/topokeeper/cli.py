@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,13 +71,18 @@ def plan_table(rendered: RenderedPlan) -> str:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     rendered = plan_from_files(args.snapshot, args.config, args.slurm_version)
-    write_files(args.out, rendered.files())
-    print(plan_table(rendered))
+    written = write_files(args.out, rendered.files())
+    if args.json:
+        print(json.dumps({"written": [str(path) for path in written], "plan": rendered.plan_document()}, indent=2))
+    else:
+        print(plan_table(rendered))
+        print("\n".join(f"wrote {path}" for path in written))
     return EXIT_OK
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    print(plan_table(plan_from_files(args.snapshot, args.config, args.slurm_version)))
+    rendered = plan_from_files(args.snapshot, args.config, args.slurm_version)
+    print(json.dumps(rendered.plan_document(), indent=2) if args.json else plan_table(rendered))
     return EXIT_OK
 
 
@@ -89,6 +95,7 @@ def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot", type=Path, required=True, help="snapshot JSON of AWS responses")
     parser.add_argument("--config", type=Path, help="per-partition overrides (YAML or JSON)")
     parser.add_argument("--slurm-version", help="e.g. 24.11 or 25.11 (default: the snapshot's, else 25.11)")
+    parser.add_argument("--json", action="store_true", help="print the plan document (plan.json) instead of the table")
 
 
 def build_parser() -> argparse.ArgumentParser:

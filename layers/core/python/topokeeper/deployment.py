@@ -8,13 +8,15 @@ Either way the CLI then builds the very ``Runtime`` the Lambdas use.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from topokeeper.config import Settings
 from topokeeper.constants import ENV_BUCKET, ENV_CONFIG, ENV_DEAD_LETTER_QUEUE, ENV_EVENT_BUS, ENV_QUEUE, ENV_TABLE
 from topokeeper.errors import InputError
+from topokeeper.operator_files import read_mapping
 
 # CloudFormation output keys the stack exports (infra/ uses the same names).
 OUTPUT_TABLE = "TableName"
@@ -66,3 +68,12 @@ class Deployment(BaseModel):
             event_bus=variables.get(ENV_EVENT_BUS, "default"),
             settings=Settings.model_validate(json.loads(variables[ENV_CONFIG])),
         )
+
+
+def read_deployment(path: Path, flag: str = "--deployment") -> Deployment:
+    """A deployment file (what ``topokeeper simulate`` writes), errors naming ``flag``."""
+    document = read_mapping(path, flag)
+    try:
+        return Deployment.model_validate(document)
+    except ValidationError as error:
+        raise InputError.from_validation(error, prefix="deployment") from error

@@ -16,17 +16,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import aws_setup_errors, client
 from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, LocalRateLimiter, MemoryNodeFactsCache
 from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.metrics import NoMetrics
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import ClusterConfig, Ec2Discovery, Mode, Orchestrator
-from topokeeper.deployment import Deployment
+from topokeeper.deployment import Deployment, read_deployment
 from topokeeper.errors import InputError
-from topokeeper.operator_files import check_out_file, read_mapping, write_text_file
+from topokeeper.operator_files import check_out_file, write_text_file
 from topokeeper.ports import Outcome, ReconcileRequest, Trigger
 from topokeeper.render.bundle import Bundle
 from topokeeper.runtime import Runtime
@@ -66,11 +64,7 @@ def _color(text: str, code: str, enabled: bool) -> str:
 
 def _deployment(args: argparse.Namespace) -> Deployment:
     if args.deployment:
-        document = read_mapping(args.deployment, "--deployment")
-        try:
-            return Deployment.model_validate(document)
-        except ValidationError as error:
-            raise InputError.from_validation(error, prefix="deployment") from error
+        return read_deployment(args.deployment)
     if args.stack_name:
         return Deployment.from_stack(client("cloudformation"), client("lambda"), args.stack_name)
     raise InputError("--deployment", "give --deployment FILE or --stack-name NAME")
@@ -256,6 +250,8 @@ def register(commands: Any) -> None:
 
     def common(parser: argparse.ArgumentParser, deployment: bool = True) -> None:
         parser.add_argument("--cluster", required=True, help="cluster name (or ARN)")
+        # Also after the subcommand; SUPPRESS keeps a value given before it.
+        add_endpoint_option(parser, argparse.SUPPRESS)
         parser.add_argument("--json", action="store_true", help="machine-readable output")
         if deployment:
             group = parser.add_mutually_exclusive_group()
@@ -266,7 +262,7 @@ def register(commands: Any) -> None:
     common(snapshot)
     snapshot.add_argument("--out", type=Path, help="file to write (default: stdout)")
     snapshot.add_argument("--orchestrator", choices=[o.value for o in Orchestrator], default="hyperpod")
-    snapshot.set_defaults(run=cmd_snapshot)
+    snapshot.set_defaults(run=_without_aws_setup_tracebacks(cmd_snapshot))
 
     for name, run, text in (
         ("diff", cmd_diff, "desired vs last applied vs live"),
@@ -280,12 +276,20 @@ def register(commands: Any) -> None:
             parser.add_argument("--dry-run", action="store_true", help="show what would change; change nothing")
         if name == "audit":
             parser.add_argument("--limit", type=int, default=50)
-        parser.set_defaults(run=run)
+        parser.set_defaults(run=_without_aws_setup_tracebacks(run))
 
 
-def add_endpoint_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint-url", help="AWS endpoint (an emulator); sets AWS_ENDPOINT_URL")
-    parser.add_argument("--region", help="AWS region (default: the AWS configuration's)")
+def _without_aws_setup_tracebacks(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def guarded(args: argparse.Namespace) -> int:
+        with aws_setup_errors():
+            return run(args)
+
+    return guarded
+
+
+def add_endpoint_option(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    parser.add_argument("--endpoint-url", default=default, help="AWS endpoint (an emulator); sets AWS_ENDPOINT_URL")
+    parser.add_argument("--region", default=default, help="AWS region (default: the AWS configuration's)")
 
 
 def apply_endpoint_option(args: argparse.Namespace) -> None:

@@ -75,8 +75,9 @@ def write_text_file(path: Path, text: str, flag: str = "--out") -> None:
         raise InputError(flag, f"{path}: cannot write: {error.strerror}") from error
 
 
-def write_files(out: Path, files: dict[str, str], flag: str = "--out") -> None:
-    """Write each named file into ``out``, creating it first."""
+def write_files(out: Path, files: dict[str, str], flag: str = "--out") -> list[Path]:
+    """Write each named file into ``out``, creating it first; the paths written, sorted."""
     prepare_out_dir(out, flag)
     for name, content in files.items():
         write_text_file(out / name, content, flag)
+    return [out / name for name in sorted(files)]

@@ -9,9 +9,9 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError, PartialCredentialsError
 
-from topokeeper.errors import Permanent, Retryable, TopokeeperError
+from topokeeper.errors import InputError, Permanent, Retryable, TopokeeperError
 
 # Adaptive retries back off on throttling (DescribeInstanceTopology's bucket is 1 call per second).
 CLIENT_CONFIG = Config(
@@ -91,3 +91,18 @@ def aws_errors() -> Iterator[None]:
         yield
     except ClientError as error:
         raise translate(error) from error
+
+
+@contextmanager
+def aws_setup_errors() -> Iterator[None]:
+    """A missing region or credentials on the operator's machine as one line saying what to set."""
+    try:
+        yield
+    except NoRegionError as error:
+        raise InputError("--region", "no AWS region: pass --region REGION or set AWS_REGION") from error
+    except (NoCredentialsError, PartialCredentialsError) as error:
+        raise InputError(
+            "credentials",
+            "no AWS credentials found: set AWS_PROFILE (after aws sso login / aws configure) or "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        ) from error

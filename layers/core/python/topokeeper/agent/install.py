@@ -26,6 +26,7 @@ from pathlib import Path
 
 from topokeeper.agent.agent import DEFAULT_PREFIX, MODES, object_key
 from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
+from topokeeper.deployment import read_deployment
 from topokeeper.errors import InputError
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -165,13 +166,29 @@ echo "topokeeper: agent installed in $dir"
 """
 
 
+def _mode(args: argparse.Namespace) -> str:
+    """The agent must poll the file the cluster's mode writes: bundle.json (enforce) or verify.json (verify)."""
+    if args.mode is not None:
+        return str(args.mode)
+    if args.deployment is None:
+        raise InputError(
+            "--mode",
+            "required without --deployment: pass the cluster's mode (--mode verify, the HyperPod default, or "
+            "--mode enforce), or --deployment FILE to read it",
+        )
+    cluster = read_deployment(args.deployment).settings.cluster(args.cluster)
+    if cluster is None:
+        raise InputError("--cluster", f"{args.cluster} is not in the deployment {args.deployment}")
+    return cluster.effective_mode.value
+
+
 def _cmd_install_script(args: argparse.Namespace) -> int:
     settings = AgentSettings(
         cluster=args.cluster,
         bucket=args.bucket,
         region=args.region,
         prefix=args.prefix.strip("/"),
-        mode=args.mode,
+        mode=_mode(args),
         event_bus=args.event_bus,
         poll_seconds=args.poll_seconds,
         verify_seconds=args.verify_seconds,
@@ -194,9 +211,10 @@ def add_agent_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     script.add_argument(
         "--mode",
         choices=MODES,
-        default="enforce",
-        help="enforce: apply bundle.json; verify: only verify against verify.json (default: enforce)",
+        help="enforce: apply bundle.json; verify: only verify against verify.json (default: the cluster's mode "
+        "in --deployment; one of the two is required)",
     )
+    script.add_argument("--deployment", type=Path, help="deployment JSON file to read the cluster's mode from")
     script.add_argument("--event-bus", default="default", help="event bus name or ARN (default: default)")
     script.add_argument("--poll-seconds", type=int, default=60, help="how often to poll S3 (default: 60)")
     script.add_argument("--verify-seconds", type=int, default=900, help="how often to verify (default: 900)")

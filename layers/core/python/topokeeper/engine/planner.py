@@ -9,9 +9,12 @@ block, any tree -> tree, else flat), selected by ``TopologyPlugin``.
 
 from __future__ import annotations
 
-from topokeeper.domain.catalog import Capability, lookup
+from topokeeper.domain.catalog import CATALOG, Capability, lookup
+from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import (
     FLAT_DEFAULT,
+    NO_TOPOLOGY_SWITCH,
+    NO_ULTRASERVER_BLOCK,
     BlockTopology,
     ClusterSnapshot,
     FlatTopology,
@@ -48,11 +51,35 @@ def resolve_kind(partition: Partition) -> TopologyKind:
     return TopologyKind.TREE
 
 
+def _flat_reason(partition: Partition) -> str | None:
+    """Why ``kind: auto`` made a partition flat, naming the nodes (or group types) responsible; None when
+    nothing there is a surprise (every type is one without topology data, such as CPU instances)."""
+    types = {node.instance_type for node in partition.nodes if node.instance_type} | set(partition.instance_types)
+    without = sorted(t for t in types if lookup(t).capability is Capability.NONE)
+    capable_families = {known.split(".")[0] for known in CATALOG}
+    if len(without) == len(types) and not any(t.split(".")[0] in capable_families for t in without):
+        return None
+    nodes = sorted(n.name for n in partition.nodes if n.instance_type in without)
+    named = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+    return (
+        f"flat: {', '.join(without)} ({named or 'instance group type'}) reports no network topology; "
+        "rule (HyperPod, kind auto): any such type makes the partition flat (set kind in the config to override)"
+    )
+
+
 def block_sizes_for(partition: Partition) -> tuple[int, ...]:
-    if partition.settings.block_sizes:
-        return partition.settings.block_sizes
     types = {node.instance_type for node in partition.nodes if node.instance_type} | set(partition.instance_types)
     sizes = {size for t in types if (size := lookup(t).ultraserver_size) is not None}
+    if partition.settings.block_sizes:
+        base = partition.settings.block_sizes[0]
+        if sizes and base > min(sizes):
+            # No block could ever hold a base-size job; Slurm < 25.05 refuses to start with such blocks.
+            raise InputError(
+                f"partitions.{partition.name}.block_sizes",
+                f"base {base} is larger than an UltraServer ({min(sizes)} nodes of {', '.join(sorted(types))}); "
+                f"use {min(sizes)} or less",
+            )
+        return partition.settings.block_sizes
     if len(sizes) != 1:
         found = ", ".join(sorted(types)) or "no instance type"
         raise InputError(
@@ -91,6 +118,8 @@ def plan_partition(partition: Partition) -> PartitionPlan:
         topology = FlatTopology(name=FLAT_DEFAULT)
         if not partition.nodes:
             warnings.append("no nodes present; flat until nodes join")
+        elif partition.settings.kind == "auto" and (reason := _flat_reason(partition)):
+            warnings.append(reason)
     return PartitionPlan(
         partition=partition.name,
         kind=kind,
@@ -131,6 +160,31 @@ def _cluster_topology(snapshot: ClusterSnapshot, plans: list[PartitionPlan]) -> 
     return tree, PLUGIN_NAMES[TopologyKind.TREE], warnings + list(tree_warnings)
 
 
+def _folds(version: str, topology: Topology, plans: list[PartitionPlan]) -> list[str]:
+    """What one cluster-wide topology does to the partitions whose own kind differs from it."""
+    if isinstance(topology, FlatTopology):
+        return []
+    if isinstance(topology, TreeTopology):
+        unit, where = "tree", {n for s in topology.switches if s.name == NO_TOPOLOGY_SWITCH for n in s.nodes}
+        where_name, placed = NO_TOPOLOGY_SWITCH, "under their switches"
+    else:
+        unit, where = "block topology", {n for b in topology.blocks if b.name == NO_ULTRASERVER_BLOCK for n in b.nodes}
+        where_name, placed = f"block {NO_ULTRASERVER_BLOCK}", "in their UltraServer's block"
+    folds = []
+    for partition in sorted(plans, key=lambda p: p.partition):
+        if partition.kind is topology.kind or not partition.nodes:
+            continue
+        stray = [name for name in partition.nodes if name in where]
+        parts = [f"{compress(stray)} in {where_name}"] if stray else []
+        if len(stray) < len(partition.nodes):
+            parts.append(f"{len(partition.nodes) - len(stray)} node(s) {placed}")
+        folds.append(
+            f"Slurm {version} has one cluster-wide topology: {partition.kind.value} partition {partition.partition} "
+            f"is folded into the cluster {unit} ({'; '.join(parts)}); Slurm >= 25.05 keeps it {partition.kind.value}"
+        )
+    return folds
+
+
 def plan(snapshot: ClusterSnapshot) -> Plan:
     partition_plans = [plan_partition(partition) for partition in snapshot.partitions]
     slurm_format = snapshot.slurm_version.format
@@ -140,6 +194,7 @@ def plan(snapshot: ClusterSnapshot) -> Plan:
     if slurm_format is SlurmFormat.CONF:
         cluster_topology, plugin, cluster_warnings = _cluster_topology(snapshot, partition_plans)
         warnings.extend(cluster_warnings)
+        warnings.extend(_folds(str(snapshot.slurm_version), cluster_topology, partition_plans))
         partition_plans = [p.model_copy(update={"assignment": None}) for p in partition_plans]
     return Plan(
         cluster_name=snapshot.cluster_name,

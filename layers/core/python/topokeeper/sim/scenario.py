@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from topokeeper.config import Mode
 from topokeeper.domain.models import ClusterName, SlurmVersion
@@ -13,6 +13,8 @@ from topokeeper.domain.names import SlurmName
 from topokeeper.errors import InputError
 from topokeeper.operator_files import read_mapping
 from topokeeper.ports import Channel
+
+SIMULATED_SLURM_VERSIONS = ("24.11", "26.05")
 
 
 class _Strict(BaseModel):
@@ -53,9 +55,20 @@ class ClusterSpec(_Strict):
     instance_groups: list[InstanceGroup] = Field(min_length=1)
     seed: int = 7
 
+    @field_validator("slurm_version")
+    @classmethod
+    def _runnable_version(cls, text: str) -> str:
+        version = str(SlurmVersion.parse(text))
+        if version not in SIMULATED_SLURM_VERSIONS:
+            # The head node is a real slurmctld from Debian (trixie 24.11, sid 26.05); another version would
+            # silently run on one of these.
+            raise ValueError(
+                f"{text} is not a Slurm version the simulator runs; use {' or '.join(SIMULATED_SLURM_VERSIONS)}"
+            )
+        return text
+
     @model_validator(mode="after")
     def _valid(self) -> ClusterSpec:
-        SlurmVersion.parse(self.slurm_version)
         if sum(1 for g in self.instance_groups if g.role == "controller") != 1:
             raise ValueError("exactly one instance group must have role: controller")
         names = [g.name for g in self.instance_groups]
