@@ -9,6 +9,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from topokeeper.errors import Retryable
 from topokeeper.runtime import lambda_runtime
+from topokeeper.service.drift import verify_managed_updates
 from topokeeper.service.reconcile import newest_generations, process_message
 
 logger = Logger(service="topokeeper")
@@ -29,5 +30,12 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         if report is not None and report.defer_seconds is not None:
             # A batch item failure keeps the message in the queue, hidden for the time process_message set.
             raise Retryable(f"deferred {report.defer_seconds:.0f}s: {report.reason}")
+        try:
+            verified = verify_managed_updates(report, deps)
+        except Exception:  # the message is reconciled; the scheduled drift check verifies later
+            logger.exception("verify after a managed topology update failed")
+        else:
+            if verified is not None:
+                logger.info("verified", extra=verified.model_dump(mode="json"))
 
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -137,6 +137,7 @@ class Metric(StrEnum):
     EVENTS_COALESCED = "EventsCoalesced"  # changes that did not need a reconcile of their own
     AGENT_OUTDATED = "AgentOutdated"  # an agent report says the head node's agent must be upgraded
     FORGED_REPORTS = "ForgedReports"  # agent reports refused: about another cluster than their source's
+    MANAGED_TOPOLOGY_UPDATES = "ManagedTopologyUpdates"  # HyperPod's own UpdatePartitionTopology records
 
 
 class Metrics(Protocol):
