@@ -17,6 +17,8 @@ logger = Logger(service="topokeeper")
 processor = SqsFifoPartialProcessor(skip_group_on_error=True)
 # A deferred message is a batch item failure by design, not an error: never fail the whole invocation.
 processor.raise_on_entire_batch_failure = False
+# An SSM verify waits up to 120 s for the head node's answer (topokeeper.adapters.ssm_channel).
+VERIFY_BUDGET_MILLIS = 130_000
 
 
 @logger.inject_lambda_context
@@ -30,6 +32,11 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         if report is not None and report.defer_seconds is not None:
             # A batch item failure keeps the message in the queue, hidden for the time process_message set.
             raise Retryable(f"deferred {report.defer_seconds:.0f}s: {report.reason}")
+        if report is None or not report.managed_updates:
+            return
+        if context.get_remaining_time_in_millis() < VERIFY_BUDGET_MILLIS:
+            logger.warning("no time left to verify a managed topology update now; the scheduled check will")
+            return
         try:
             verified = verify_managed_updates(report, deps)
         except Exception:  # the message is reconciled; the scheduled drift check verifies later
