@@ -153,3 +153,11 @@ def test_a_managed_update_naming_no_cluster_names_the_field() -> None:
     with pytest.raises(InputError, match=r"^detail\.requestParameters\.clusterName"):
         ingest(_managed_update(CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE), controller.ingest_deps())
     assert controller.queue.sent == []
+
+
+def test_a_cluster_event_whose_description_mimics_the_summary_is_not_a_managed_update() -> None:
+    controller = Controller()
+    details = {"ClusterName": CLUSTER, "Description": "UpdatePartitionTopology by HyperPod, CloudTrail event x"}
+    ingest(_event({"EventDetails": details}, "e-1", HYPERPOD_DETAIL_TYPES[2]), controller.ingest_deps())
+    assert not is_managed_topology_update(controller.now_state().triggers[0])
+    assert controller.metrics.values(Metric.MANAGED_TOPOLOGY_UPDATES) == []

@@ -58,11 +58,14 @@ def _detail(model: type[BaseModel], event: TopokeeperEvent) -> Any:
         raise InputError.from_validation(error, prefix="detail") from error
 
 
-def is_managed_update(event: TopokeeperEvent) -> bool:
+_CLOUDTRAIL_DETAIL_TYPES = (CLOUDTRAIL_DETAIL_TYPE, CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE)
+
+
+def _is_managed_topology_event(event: TopokeeperEvent) -> bool:
     """HyperPod's own CloudTrail record of a topology change it made."""
     return (
         event.source == HYPERPOD_SOURCE
-        and event.detail_type in (CLOUDTRAIL_DETAIL_TYPE, CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE)
+        and event.detail_type in _CLOUDTRAIL_DETAIL_TYPES
         and event.detail.get("eventName") == MANAGED_TOPOLOGY_EVENT
     )
 
@@ -73,7 +76,11 @@ _MANAGED_SUMMARY = f"{MANAGED_TOPOLOGY_EVENT} by HyperPod"
 
 def is_managed_topology_update(trigger: Trigger) -> bool:
     """Whether a recorded trigger is HyperPod's own topology change (it asks for an immediate verify)."""
-    return trigger.source == HYPERPOD_SOURCE and trigger.summary.startswith(_MANAGED_SUMMARY)
+    return (
+        trigger.source == HYPERPOD_SOURCE
+        and trigger.detail_type in _CLOUDTRAIL_DETAIL_TYPES
+        and trigger.summary.startswith(_MANAGED_SUMMARY)
+    )
 
 
 def _managed_update_cluster(event: TopokeeperEvent, deps: IngestDeps) -> tuple[str, str]:
@@ -90,13 +97,13 @@ def _managed_update_cluster(event: TopokeeperEvent, deps: IngestDeps) -> tuple[s
         raise InputError(
             "detail.requestParameters.clusterName", "missing from the CloudTrail event (and no cluster elsewhere)"
         )
-    return _cluster_name(names[0], deps), f"{_MANAGED_SUMMARY}, CloudTrail event {call.eventID}"
+    return _cluster_name(names[0], deps), f"{_MANAGED_SUMMARY}, CloudTrail event {call.eventID or 'not given'}"
 
 
 def cluster_reference(event: TopokeeperEvent, deps: IngestDeps) -> tuple[str | None, str]:
     """The cluster name (or ARN) the event is about, and a short summary for the audit trail."""
     detail_type = event.detail_type
-    if is_managed_update(event):
+    if _is_managed_topology_event(event):
         return _managed_update_cluster(event, deps)
     if event.source == "aws.sagemaker" and detail_type == HYPERPOD_DETAIL_TYPES[0]:
         state = _detail(ClusterStateDetail, event)
@@ -171,7 +178,7 @@ def ingest(event: TopokeeperEvent, deps: IngestDeps) -> IngestResult:
         source=event.source, detail_type=event.detail_type, event_id=event.id, time=event.time, summary=summary
     )
     states = [deps.state.record_change(name, trigger, now) for name in names]
-    if is_managed_update(event):
+    if _is_managed_topology_event(event):
         for name in names:
             deps.metrics.emit(name, Metric.MANAGED_TOPOLOGY_UPDATES, 1)
     for state in states:
