@@ -64,6 +64,7 @@ class Monitoring(Construct):
             Metric.AGENT_OUTDATED: "the head-node agent is outdated; re-run `topokeeper agent install-script` output",
             Metric.FORGED_REPORTS: "its agent's identity sent a report about another cluster; the controller may be "
             "compromised, or shares its role with another cluster",
+            Metric.MANAGED_TOPOLOGY_UPDATES: "HyperPod changed the topology itself (UpdatePartitionTopology)",
         }
         for cluster in settings.clusters:
             for metric, alarm in spec.cluster_alarms(settings, cluster).items():
@@ -127,7 +128,11 @@ class Monitoring(Construct):
 
         return [
             cloudwatch.TextWidget(markdown=f"## {cluster}", width=_LABEL_WIDTH, height=_ROW_HEIGHT),
-            graph("Topology updates", cluster_metric(Metric.TOPOLOGY_UPDATES, cluster, "Sum")),
+            graph(
+                "Topology updates (topokeeper's, HyperPod's own)",
+                cluster_metric(Metric.TOPOLOGY_UPDATES, cluster, "Sum"),
+                cluster_metric(Metric.MANAGED_TOPOLOGY_UPDATES, cluster, "Sum"),
+            ),
             graph("Drift", cluster_metric(Metric.TOPOLOGY_DRIFT, cluster, "Maximum")),
             graph("Nodes without topology", cluster_metric(Metric.NODES_WITHOUT_TOPOLOGY, cluster, "Maximum")),
             graph(

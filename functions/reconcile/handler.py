@@ -10,6 +10,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from topokeeper.errors import Retryable
 from topokeeper.runtime import lambda_runtime
+from topokeeper.service.drift import verify_managed_updates
 from topokeeper.service.reconcile import newest_generations, process_message
 
 logger = Logger(service="topokeeper")
@@ -17,6 +18,8 @@ logger = Logger(service="topokeeper")
 processor = SqsFifoPartialProcessor(skip_group_on_error=True)
 # A deferred message is a batch item failure by design, not an error: never fail the whole invocation.
 processor.raise_on_entire_batch_failure = False
+# An SSM verify waits up to 120 s for the head node's answer (topokeeper.adapters.ssm_channel).
+VERIFY_BUDGET_MILLIS = 130_000
 
 
 @logger.inject_lambda_context
@@ -30,5 +33,17 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItem
         if report is not None and report.defer_seconds is not None:
             # A batch item failure keeps the message in the queue, hidden for the time process_message set.
             raise Retryable(f"deferred {report.defer_seconds:.0f}s: {report.reason}")
+        if report is None or not report.managed_updates:
+            return
+        if context.get_remaining_time_in_millis() < VERIFY_BUDGET_MILLIS:
+            logger.warning("no time left to verify a managed topology update now; the scheduled check will")
+            return
+        try:
+            verified = verify_managed_updates(report, deps)
+        except Exception:  # the message is reconciled; the scheduled drift check verifies later
+            logger.exception("verify after a managed topology update failed")
+        else:
+            if verified is not None:
+                logger.info("verified", extra=verified.model_dump(mode="json"))
 
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -296,6 +296,7 @@ def test_dlq_depth_and_function_error_and_throttle_alarms(example: Synthesized) 
         )
     assert all(a["Properties"]["AlarmActions"] == [topic] for a in alarms)
     per_cluster = 2 * len(example.settings.clusters) + 2 * len(agent_clusters(example.settings))
+    per_cluster += sum(cluster.alarm_on_managed_topology_updates for cluster in example.settings.clusters)
     assert len(alarms) == per_cluster + 2 + 2 * len(c.FUNCTION_NAMES)
 
 

@@ -43,6 +43,7 @@ def test_without_ssm_head_nodes_nothing_may_send_commands(variant: Synthesized) 
         "Ec2InstanceStates",
         "HyperPodApiCalls",
         "HyperPodEvents",
+        "HyperPodTopologyUpdates",
     ]
 
 

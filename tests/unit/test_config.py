@@ -3,7 +3,8 @@ from pydantic import ValidationError
 
 from topokeeper.config import MAX_CONFIG_BYTES, ClusterConfig, Mode, Settings
 from topokeeper.errors import InputError
-from topokeeper.ports import Channel
+from topokeeper.ports import Channel, Metric
+from topokeeper.stack_spec import Comparison, cluster_alarms
 
 
 def test_hyperpod_defaults_to_verify_through_the_agent() -> None:
@@ -67,3 +68,17 @@ def test_environment_form_is_compact_and_round_trips() -> None:
     text = settings.to_env()
     assert len(text.encode()) < MAX_CONFIG_BYTES
     assert Settings.model_validate_json(text) == settings
+
+
+def test_the_managed_topology_alarm_is_off_unless_a_cluster_asks_for_it() -> None:
+    settings = Settings.model_validate(
+        {"clusters": [{"name": "quiet"}, {"name": "watched", "alarm_on_managed_topology_updates": True}]}
+    )
+    quiet, watched = settings.clusters
+    assert Metric.MANAGED_TOPOLOGY_UPDATES not in cluster_alarms(settings, quiet)
+    alarm = cluster_alarms(settings, watched)[Metric.MANAGED_TOPOLOGY_UPDATES]
+    assert (alarm.statistic, alarm.threshold, alarm.comparison) == (
+        "Sum",
+        1,
+        Comparison.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+    )

@@ -16,7 +16,15 @@ from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.ec2 import instance_tags
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Settings
-from topokeeper.events import CLOUDTRAIL_DETAIL_TYPE, EC2_STATE_DETAIL_TYPE, TopokeeperEvent, change_patterns
+from topokeeper.events import (
+    AUDIT_SOURCE,
+    CLOUDTRAIL_DETAIL_TYPE,
+    CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
+    EC2_STATE_DETAIL_TYPE,
+    MANAGED_TOPOLOGY_EVENT,
+    TopokeeperEvent,
+    change_patterns,
+)
 from topokeeper.ports import Metric
 from topokeeper.service.ingest import IngestDeps, ingest
 from topokeeper.sim.aws.events import CLOUDTRAIL
@@ -174,3 +182,18 @@ def test_a_state_change_of_a_tagged_instance_changes_its_cluster(aws: AwsEmulato
 
     assert ingest(_envelope("ec2-2", "aws.ec2", EC2_STATE_DETAIL_TYPE, detail), deps).clusters == ["pcluster"]
     assert [m["cluster"] for m in _queued(sqs, url)] == ["pcluster"]
+
+
+@pytest.mark.parametrize("detail_type", [CLOUDTRAIL_DETAIL_TYPE, CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE])
+def test_the_managed_topology_rule_lets_hyperpods_own_updates_through(aws: AwsEmulator, detail_type: str) -> None:
+    url = subscribe(aws, "managed", change_patterns()["HyperPodTopologyUpdates"])
+    for name in (MANAGED_TOPOLOGY_EVENT, "UpdateCluster"):
+        aws.events.emit(CLOUDTRAIL, source="aws.sagemaker", detail_type=detail_type, detail=_cloudtrail(name, {}))
+    # Our own audit records share the name, not the source.
+    aws.events.emit(
+        CLOUDTRAIL, source=AUDIT_SOURCE, detail_type=detail_type, detail=_cloudtrail(MANAGED_TOPOLOGY_EVENT, {})
+    )
+
+    received = [(message["detail-type"], message["detail"]["eventName"]) for message in drain(aws, url)]
+
+    assert received == [(detail_type, MANAGED_TOPOLOGY_EVENT)]

@@ -10,7 +10,12 @@ from tests.integration.backend.conftest import AuditCapture, small_scenario
 from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.aws import client
 from topokeeper.errors import InputError
-from topokeeper.events import HYPERPOD_DETAIL_TYPES, WORK_QUEUE_MAX_RECEIVES
+from topokeeper.events import (
+    CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
+    HYPERPOD_DETAIL_TYPES,
+    MANAGED_TOPOLOGY_EVENT,
+    WORK_QUEUE_MAX_RECEIVES,
+)
 from topokeeper.ports import Metric
 from topokeeper.sim.lambda_host import LambdaContext
 from topokeeper.sim.simulator import Story
@@ -239,6 +244,27 @@ def test_drift_is_only_reported_in_verify_mode(world_factory) -> None:
     assert world.counters.head_node_writes == 0 and _records(world) == []
     assert world.head.slurm_conf.read_text() == conf_before
     assert not (world.head.controller.etc / "topology.yaml").exists()
+
+
+def test_hyperpods_own_topology_update_is_verified_at_once_in_verify_mode(world_factory) -> None:
+    world = world_factory(small_scenario(mode="verify"))
+    world.settle()
+    checks = len([m for _, _, m, _ in world.metrics.points if m == Metric.TOPOLOGY_DRIFT.value])
+    started = world.clock.monotonic()
+    detail = {
+        "eventSource": "sagemaker.amazonaws.com",
+        "eventName": MANAGED_TOPOLOGY_EVENT,
+        "eventID": "ct-managed-1",
+        "serviceEventDetails": {"clusterName": world.cluster.name},
+    }
+    world.put_event("aws.sagemaker", CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE, detail)
+    world.settle()
+
+    assert world.clock.monotonic() - started < world.scenario.timing.drift_interval_seconds  # not the schedule's
+    drift = [v for _, _, m, v in world.metrics.points if m == Metric.TOPOLOGY_DRIFT.value]
+    assert drift[checks:] == [1]  # the head node never got topokeeper's plan: reported, never written
+    assert [v for _, _, m, v in world.metrics.points if m == Metric.MANAGED_TOPOLOGY_UPDATES.value] == [1]
+    assert world.counters.head_node_writes == 0
 
 
 def test_the_agent_channel_applies_and_reports(world_factory) -> None:

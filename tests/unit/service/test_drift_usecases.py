@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper.events import CLOUDTRAIL_DETAIL_TYPE, MANAGED_TOPOLOGY_EVENT, TopokeeperEvent
 from topokeeper.ports import ApplyResult, Metric, Outcome
-from topokeeper.service.drift import check_drift
-from topokeeper.service.reconcile import reconcile
+from topokeeper.service.drift import check_drift, verify_managed_updates
+from topokeeper.service.ingest import ingest
+from topokeeper.service.reconcile import ReconcileReport, reconcile
 
 
 def _applied(controller: Controller) -> None:
@@ -101,3 +103,59 @@ def test_no_plan_yet_asks_for_a_reconcile() -> None:
     report = check_drift(controller.cluster, controller.deps())
     assert report.action == "reconcile-requested"
     assert controller.queue.sent[0].cluster == CLUSTER
+
+
+def _ingested(controller: Controller, event_name: str) -> ReconcileReport:
+    """A HyperPod CloudTrail record for the cluster goes through ingest, then its reconcile runs."""
+    event = TopokeeperEvent.model_validate(
+        {
+            "version": "0",
+            "id": f"eb-{event_name}",
+            "detail-type": CLOUDTRAIL_DETAIL_TYPE,
+            "source": "aws.sagemaker",
+            "account": "111122223333",
+            "time": "2026-01-05T09:00:00Z",
+            "region": "us-east-1",
+            "resources": [],
+            "detail": {
+                "eventSource": "sagemaker.amazonaws.com",
+                "eventName": event_name,
+                "eventID": f"ct-{event_name}",
+                "requestParameters": {"clusterName": CLUSTER},
+            },
+        }
+    )
+    ingest(event, controller.ingest_deps())
+    return reconcile(controller.queue.sent[-1], controller.deps())
+
+
+def test_hyperpods_topology_update_verifies_at_once_and_the_report_links_its_record() -> None:
+    controller = Controller(mode="verify")
+    _verify(controller, Outcome.DRIFT, grouping_drift=True, drift=[{"what": "grouping", "name": "gpu"}])
+    reconciled = _ingested(controller, MANAGED_TOPOLOGY_EVENT)
+    assert reconciled.action == "planned-only"
+
+    report = verify_managed_updates(reconciled, controller.deps())
+
+    assert report is not None and controller.channel.verified == 1
+    assert (report.live, report.aws, report.drift, report.action) == ("drift", "current", 1, "reported")
+    (requested_by,) = report.requested_by
+    assert requested_by.event_id == f"eb-{MANAGED_TOPOLOGY_EVENT}"
+    assert f"ct-{MANAGED_TOPOLOGY_EVENT}" in requested_by.summary
+    assert controller.metrics.values(Metric.TOPOLOGY_DRIFT) == [1]
+
+
+def test_other_changes_wait_for_the_scheduled_verify() -> None:
+    controller = Controller(mode="verify")
+    reconciled = _ingested(controller, "UpdateCluster")
+    assert verify_managed_updates(reconciled, controller.deps()) is None
+    assert controller.channel.verified == 0
+
+
+def test_a_managed_update_of_a_deferred_reconcile_is_verified_by_the_reconcile_that_runs() -> None:
+    controller = Controller(mode="verify", debounce_seconds=30)
+    deferred = _ingested(controller, MANAGED_TOPOLOGY_EVENT)
+    assert deferred.action == "deferred" and verify_managed_updates(deferred, controller.deps()) is None
+    controller.clock.advance(30)
+    report = verify_managed_updates(reconcile(controller.queue.sent[-1], controller.deps()), controller.deps())
+    assert report is not None and [t.event_id for t in report.requested_by] == [f"eb-{MANAGED_TOPOLOGY_EVENT}"]

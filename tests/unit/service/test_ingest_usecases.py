@@ -6,9 +6,15 @@ import pytest
 
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.errors import InputError
-from topokeeper.events import HYPERPOD_DETAIL_TYPES, TopokeeperEvent
+from topokeeper.events import (
+    CLOUDTRAIL_DETAIL_TYPE,
+    CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
+    HYPERPOD_DETAIL_TYPES,
+    MANAGED_TOPOLOGY_EVENT,
+    TopokeeperEvent,
+)
 from topokeeper.ports import Metric, ReconcileRequest
-from topokeeper.service.ingest import ingest
+from topokeeper.service.ingest import ingest, is_managed_topology_update
 
 CLUSTER_ARN = "arn:aws:sagemaker:us-east-1:111122223333:cluster/abcdefabcdef"
 
@@ -84,3 +90,74 @@ def test_a_malformed_event_names_the_missing_field() -> None:
     with pytest.raises(InputError, match=r"^detail\.ClusterName"):
         ingest(_event({"ClusterArn": CLUSTER_ARN}), controller.ingest_deps())
     assert controller.queue.sent == []
+
+
+def _managed_update(detail_type: str, event_id: str = "mt-1", **where: object) -> TopokeeperEvent:
+    """HyperPod's own UpdatePartitionTopology record, shaped from the documentation (no live sample yet)."""
+    detail = {
+        "eventSource": "sagemaker.amazonaws.com",
+        "eventName": MANAGED_TOPOLOGY_EVENT,
+        "eventID": f"ct-{event_id}",
+        **where,
+    }
+    return _event(detail, event_id, detail_type)
+
+
+@pytest.mark.parametrize(
+    ("detail_type", "where"),
+    [
+        (CLOUDTRAIL_DETAIL_TYPE, {"requestParameters": {"clusterName": CLUSTER_ARN, "partitionName": "gpu"}}),
+        (CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE, {"serviceEventDetails": {"clusterArn": CLUSTER_ARN}}),
+        (CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE, {"serviceEventDetails": {"clusterName": CLUSTER}}),
+    ],
+)
+def test_hyperpods_own_topology_update_is_a_change_counted_as_managed(
+    detail_type: str, where: dict[str, object]
+) -> None:
+    controller = Controller(mode="verify")
+    result = ingest(_managed_update(detail_type, **where), controller.ingest_deps())
+    assert (result.status, result.cluster) == ("queued", CLUSTER)
+    assert controller.metrics.values(Metric.MANAGED_TOPOLOGY_UPDATES) == [1]
+    (trigger,) = controller.now_state().triggers
+    assert is_managed_topology_update(trigger)
+    assert "ct-mt-1" in trigger.summary  # the CloudTrail record to look up
+
+
+def test_a_managed_update_named_only_in_the_envelope_resources_is_found() -> None:
+    controller = Controller()
+    event = _managed_update(CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE).model_copy(update={"resources": [CLUSTER_ARN]})
+    assert ingest(event, controller.ingest_deps()).cluster == CLUSTER
+
+
+def test_a_redelivered_managed_update_is_counted_once() -> None:
+    controller = Controller()
+    event = _managed_update(CLOUDTRAIL_DETAIL_TYPE, requestParameters={"clusterName": CLUSTER})
+    ingest(event, controller.ingest_deps())
+    assert ingest(event, controller.ingest_deps()).status == "duplicate"
+    assert controller.metrics.values(Metric.MANAGED_TOPOLOGY_UPDATES) == [1]
+
+
+def test_other_api_calls_are_not_managed_updates() -> None:
+    controller = Controller()
+    detail = {"eventSource": "sagemaker.amazonaws.com", "eventName": "UpdateCluster"}
+    ingest(
+        _event({**detail, "requestParameters": {"clusterName": CLUSTER}}, "e-1", CLOUDTRAIL_DETAIL_TYPE),
+        controller.ingest_deps(),
+    )
+    assert controller.metrics.values(Metric.MANAGED_TOPOLOGY_UPDATES) == []
+    assert not is_managed_topology_update(controller.now_state().triggers[0])
+
+
+def test_a_managed_update_naming_no_cluster_names_the_field() -> None:
+    controller = Controller()
+    with pytest.raises(InputError, match=r"^detail\.requestParameters\.clusterName"):
+        ingest(_managed_update(CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE), controller.ingest_deps())
+    assert controller.queue.sent == []
+
+
+def test_a_cluster_event_whose_description_mimics_the_summary_is_not_a_managed_update() -> None:
+    controller = Controller()
+    details = {"ClusterName": CLUSTER, "Description": "UpdatePartitionTopology by HyperPod, CloudTrail event x"}
+    ingest(_event({"EventDetails": details}, "e-1", HYPERPOD_DETAIL_TYPES[2]), controller.ingest_deps())
+    assert not is_managed_topology_update(controller.now_state().triggers[0])
+    assert controller.metrics.values(Metric.MANAGED_TOPOLOGY_UPDATES) == []

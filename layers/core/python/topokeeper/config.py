@@ -151,6 +151,8 @@ class ClusterConfig(BaseModel):
     slurm_version: str | None = None  # until the head node reports its own
     partitions: dict[SlurmName, PartitionSettings] = Field(default_factory=dict)
     ec2: Ec2Discovery = Ec2Discovery()
+    # Alarm on HyperPod's own topology changes (metric ManagedTopologyUpdates), as AWS advises SREs to.
+    alarm_on_managed_topology_updates: bool = False
     login: LoginEndpointConfig = LoginEndpointConfig()
 
     @model_validator(mode="after")

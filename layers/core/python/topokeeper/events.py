@@ -40,6 +40,10 @@ CLOUDTRAIL_EVENT_NAMES = (
     "MoveClusterNodes",  # names a source and a target cluster: both change
 )
 MOVE_CLUSTER_NODES = "MoveClusterNodes"
+# HyperPod's own record of a topology change it made (when it manages the topology). Its shape is designed from
+# the documentation, not seen: it may come as an API call or as a service event, so the rule takes both.
+MANAGED_TOPOLOGY_EVENT = "UpdatePartitionTopology"
+CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE = "AWS Service Event via CloudTrail"
 EC2_STATE_DETAIL_TYPE = "EC2 Instance State-change Notification"
 EC2_STATES = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
 SSM_INVOCATION_DETAIL_TYPE = "EC2 Command Invocation Status-change Notification"
@@ -59,6 +63,15 @@ def change_patterns() -> dict[str, dict[str, Any]]:
             "detail": {
                 "eventSource": ["sagemaker.amazonaws.com"],
                 "eventName": list(CLOUDTRAIL_EVENT_NAMES),
+                "errorCode": [{"exists": False}],
+            },
+        },
+        "HyperPodTopologyUpdates": {
+            "source": [HYPERPOD_SOURCE],
+            "detail-type": [CLOUDTRAIL_DETAIL_TYPE, CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE],
+            "detail": {
+                "eventSource": ["sagemaker.amazonaws.com"],
+                "eventName": [MANAGED_TOPOLOGY_EVENT],
                 "errorCode": [{"exists": False}],
             },
         },
@@ -146,8 +159,10 @@ class ClusterEventDetail(_Lenient):
 class CloudTrailDetail(_Lenient):
     eventSource: str
     eventName: str
+    eventID: str | None = None
     requestParameters: dict[str, Any] | None = None
     responseElements: dict[str, Any] | None = None
+    serviceEventDetails: dict[str, Any] | None = None  # a service event's parameters
     errorCode: str | None = None
 
 

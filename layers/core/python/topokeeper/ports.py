@@ -142,6 +142,7 @@ class Metric(StrEnum):
     FORGED_REPORTS = "ForgedReports"  # agent reports refused: about another cluster than their source's
     LOGIN_TARGETS_HEALTHY = "LoginTargetsHealthy"  # running login nodes the balancer finds healthy
     LOGIN_TARGETS_DRIFT = "LoginTargetsDrift"  # targets one login sync had to register or deregister
+    MANAGED_TOPOLOGY_UPDATES = "ManagedTopologyUpdates"  # HyperPod's own UpdatePartitionTopology records
 
 
 class Metrics(Protocol):

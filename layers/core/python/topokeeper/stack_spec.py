@@ -161,6 +161,8 @@ def cluster_alarms(settings: Settings, cluster: ClusterConfig) -> dict[Metric, A
     if cluster.effective_channel is Channel.AGENT:
         alarms[Metric.AGENT_OUTDATED] = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
         alarms[Metric.FORGED_REPORTS] = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
+    if cluster.alarm_on_managed_topology_updates:
+        alarms[Metric.MANAGED_TOPOLOGY_UPDATES] = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
     return alarms
 
 

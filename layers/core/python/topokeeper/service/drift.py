@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict
 
 from topokeeper.config import ClusterConfig, Mode
 from topokeeper.errors import Retryable
-from topokeeper.ports import ApplyResult, Metric, Outcome
+from topokeeper.ports import ApplyResult, Metric, Outcome, Trigger
 from topokeeper.render.bundle import Bundle
-from topokeeper.service.reconcile import ControllerDeps, missing_topology, plan_cluster
+from topokeeper.service.reconcile import ControllerDeps, ReconcileReport, missing_topology, plan_cluster
 from topokeeper.service.state import request_reconcile, save_fields
 
 DRIFT_CHECK = "Topology Drift Check"
@@ -30,6 +30,7 @@ class DriftReport(BaseModel):
     action: Literal["none", "reported", "reconcile-requested"]
     detail: list[dict[str, object]] = []
     error: str | None = None
+    requested_by: list[Trigger] = []  # HyperPod's own topology changes (their CloudTrail events) that asked for it
 
 
 def drifted_partitions(result: ApplyResult, bundle: Bundle) -> list[str]:
@@ -65,7 +66,7 @@ def _live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift",
     return "unknown"
 
 
-def check_drift(cluster: ClusterConfig, deps: ControllerDeps) -> DriftReport:
+def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list[Trigger] | None = None) -> DriftReport:
     now = deps.clock.now()
     state = deps.state.get(cluster.name)
     if state.desired_sha256 is None:
@@ -79,7 +80,12 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps) -> DriftReport:
             summary="no desired plan yet",
         )
         return DriftReport(
-            cluster=cluster.name, live="unknown", aws="unknown", drift=None, action="reconcile-requested"
+            cluster=cluster.name,
+            live="unknown",
+            aws="unknown",
+            drift=None,
+            action="reconcile-requested",
+            requested_by=requested_by or [],
         )
 
     bundle = deps.plans.bundle(cluster.name, state.desired_sha256)
@@ -133,7 +139,17 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps) -> DriftReport:
         action=action,
         detail=live_result.drift,
         error=live_result.error if live == "unknown" else None,
+        requested_by=requested_by or [],
     )
+
+
+def verify_managed_updates(reconciled: ReconcileReport | None, deps: ControllerDeps) -> DriftReport | None:
+    """HyperPod just changed the cluster's topology itself: check the head node now rather than at the next
+    scheduled check (after the reconcile, so the plan it compares with is current)."""
+    cluster = deps.settings.cluster(reconciled.cluster) if reconciled and reconciled.managed_updates else None
+    if reconciled is None or cluster is None:
+        return None
+    return check_drift(cluster, deps, requested_by=reconciled.managed_updates)
 
 
 class DriftRequest(BaseModel):

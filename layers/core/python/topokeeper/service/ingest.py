@@ -16,8 +16,11 @@ from topokeeper.config import Orchestrator, Settings
 from topokeeper.errors import InputError
 from topokeeper.events import (
     CLOUDTRAIL_DETAIL_TYPE,
+    CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
     EC2_STATE_DETAIL_TYPE,
     HYPERPOD_DETAIL_TYPES,
+    HYPERPOD_SOURCE,
+    MANAGED_TOPOLOGY_EVENT,
     MOVE_CLUSTER_NODES,
     CloudTrailDetail,
     ClusterEventDetail,
@@ -55,9 +58,53 @@ def _detail(model: type[BaseModel], event: TopokeeperEvent) -> Any:
         raise InputError.from_validation(error, prefix="detail") from error
 
 
+_CLOUDTRAIL_DETAIL_TYPES = (CLOUDTRAIL_DETAIL_TYPE, CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE)
+
+
+def _is_managed_topology_event(event: TopokeeperEvent) -> bool:
+    """HyperPod's own CloudTrail record of a topology change it made."""
+    return (
+        event.source == HYPERPOD_SOURCE
+        and event.detail_type in _CLOUDTRAIL_DETAIL_TYPES
+        and event.detail.get("eventName") == MANAGED_TOPOLOGY_EVENT
+    )
+
+
+# The trigger's summary is the only place a trigger keeps the event's name (the audit schema is fixed).
+_MANAGED_SUMMARY = f"{MANAGED_TOPOLOGY_EVENT} by HyperPod"
+
+
+def is_managed_topology_update(trigger: Trigger) -> bool:
+    """Whether a recorded trigger is HyperPod's own topology change (it asks for an immediate verify)."""
+    return (
+        trigger.source == HYPERPOD_SOURCE
+        and trigger.detail_type in _CLOUDTRAIL_DETAIL_TYPES
+        and trigger.summary.startswith(_MANAGED_SUMMARY)
+    )
+
+
+def _managed_update_cluster(event: TopokeeperEvent, deps: IngestDeps) -> tuple[str, str]:
+    """Where the record names its cluster is not known yet (no live sample): the API call's parameters, a
+    service event's details, else the envelope's resources."""
+    call = _detail(CloudTrailDetail, event)
+    names = [
+        name
+        for where in (call.requestParameters, call.serviceEventDetails)
+        for key in ("clusterName", "clusterArn")
+        if isinstance(name := (where or {}).get(key), str) and name
+    ] + [arn for arn in event.resources if ":cluster/" in arn]
+    if not names:
+        raise InputError(
+            "detail.requestParameters.clusterName", "missing from the CloudTrail event (and no cluster elsewhere)"
+        )
+    return _cluster_name(names[0], deps), f"{_MANAGED_SUMMARY}, CloudTrail event {call.eventID or 'not given'}"
+
+
 def cluster_reference(event: TopokeeperEvent, deps: IngestDeps) -> tuple[str | None, str]:
     """The cluster name (or ARN) the event is about, and a short summary for the audit trail."""
     detail_type = event.detail_type
+    if _is_managed_topology_event(event):
+        return _managed_update_cluster(event, deps)
     if event.source == "aws.sagemaker" and detail_type == HYPERPOD_DETAIL_TYPES[0]:
         state = _detail(ClusterStateDetail, event)
         return state.ClusterName, f"cluster {state.ClusterStatus or 'changed'}"
@@ -88,6 +135,11 @@ def _cloudtrail_cluster(call: CloudTrailDetail, key: str, deps: IngestDeps) -> s
     name = (call.requestParameters or {}).get(key)
     if not isinstance(name, str) or not name:
         raise InputError(f"detail.requestParameters.{key}", "missing from the CloudTrail event")
+    return _cluster_name(name, deps)
+
+
+def _cluster_name(name: str, deps: IngestDeps) -> str:
+    """A cluster name, or the name of the cluster an ARN names (CloudTrail may carry either)."""
     if name.startswith("arn:") and deps.settings.cluster(name) is None:
         name = deps.cluster_name_of_arn(name) or name
     return name
@@ -126,6 +178,9 @@ def ingest(event: TopokeeperEvent, deps: IngestDeps) -> IngestResult:
         source=event.source, detail_type=event.detail_type, event_id=event.id, time=event.time, summary=summary
     )
     states = [deps.state.record_change(name, trigger, now) for name in names]
+    if _is_managed_topology_event(event):
+        for name in names:
+            deps.metrics.emit(name, Metric.MANAGED_TOPOLOGY_UPDATES, 1)
     for state in states:
         _queue(deps, state)
     # Marked last: a delivery that dies before this is retried whole, so no change is ever lost.

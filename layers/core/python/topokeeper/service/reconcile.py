@@ -37,9 +37,11 @@ from topokeeper.ports import (
     PlanStore,
     ReconcileRequest,
     StateStore,
+    Trigger,
     WorkQueue,
 )
 from topokeeper.render.bundle import RenderedPlan, render
+from topokeeper.service.ingest import is_managed_topology_update
 from topokeeper.service.state import queue_next_cycle, request_reconcile, save_fields
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
@@ -114,6 +116,7 @@ class ReconcileReport(BaseModel):
     defer_seconds: float | None = None  # deferred: hide the message this long
     reason: str = ""  # deferred: why
     behind_delivery: bool = False  # deferred behind a delivery in flight, whose result resumes the message
+    managed_updates: list[Trigger] = []  # HyperPod's own topology changes this reconcile took: verify them now
 
 
 def plan_cluster(cluster: ClusterConfig, state: ClusterState, facts: FactsSource) -> RenderedPlan:
@@ -208,6 +211,7 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         plan_sha256=rendered.sha256,
         delivery_reference=reference,
         nodes_without_topology=missing,
+        managed_updates=[t for t in state.triggers if is_managed_topology_update(t)],
     )
 
 
