@@ -19,7 +19,7 @@ from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV, sync_login_end
 from topokeeper.ports import Metric
 from topokeeper.service.login import LoginSync, sync_login_targets
 from topokeeper.sim.aws_emulator import AwsEmulator
-from topokeeper.sim.world import create_state_table
+from topokeeper.sim.stack import create_state_table
 
 CLUSTER = "llm-train"
 TABLE = "topokeeper-state"
