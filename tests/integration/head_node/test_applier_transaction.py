@@ -9,6 +9,7 @@ tests/integration/slurm/test_applier_crash_matrix.py.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import signal
@@ -434,3 +435,67 @@ def test_renames_put_a_union_of_old_and_new_topologies_first_when_slurm_conf_nam
     code, document, _ = head_node.run("apply", second)
     assert (code, document["outcome"], document["recovery"]["action"]) == (0, "applied", "rolled_forward")
     assert (head_node.etc / "topology.yaml").read_text() == second["files"]["topology.yaml"]["content"]
+
+
+# -- a journal the applier did not write -----------------------------------------------------------
+
+
+def _plant_journal(head_node: FakeHeadNode, journal: dict[str, Any] | str) -> None:
+    root = head_node.etc / applier.BACKUP_DIR
+    root.mkdir(mode=0o700)
+    _journal(head_node).write_text(journal if isinstance(journal, str) else json.dumps(journal))
+
+
+def test_a_journal_naming_a_backup_outside_the_backup_root_is_not_restored_from(
+    head_node: FakeHeadNode, tmp_path: Path
+) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    conf = head_node.conf.read_bytes()
+    (tmp_path / "secret").write_text("not a slurm.conf\n")
+    entry = {"path": "slurm.conf", "existed": True, "copy": "secret", "sha256": "1" * 64}
+    _plant_journal(
+        head_node,
+        {
+            "phase": "rolling_back",
+            "plan_sha256": "0" * 64,
+            "backup": "../..",  # the backup root's grandparent: tmp_path, outside the config directory
+            "files": [{**entry, "new_sha256": [hashlib.sha256(conf).hexdigest()]}],
+            "steps": [],
+        },
+    )
+
+    code, document, _ = head_node.run("apply", bundle)
+
+    assert (code, document["outcome"]) == (1, "failed")
+    assert "journal" in document["error"] and "internal error" not in document["error"]
+    assert head_node.conf.read_bytes() == conf
+    assert _journal(head_node).exists()  # left for a person to look at
+
+
+def test_a_journal_whose_temp_file_is_slurm_conf_does_not_delete_it(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    conf = head_node.conf.read_bytes()
+    step = {"label": "slurm.conf", "path": "slurm.conf", "temp": "slurm.conf", "sha256": "0" * 64}
+    _plant_journal(
+        head_node,
+        {"phase": "prepared", "plan_sha256": "0" * 64, "backup": "20260101T000000Z-0000abcd", "files": []}
+        | {"steps": [step]},
+    )
+
+    code, document, _ = head_node.run("verify", bundle)
+
+    assert (code, document["outcome"]) == (1, "failed") and "journal" in document["error"]
+    assert head_node.conf.read_bytes() == conf
+
+
+def test_a_truncated_journal_is_one_clear_error_naming_it(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    _plant_journal(head_node, '{"phase": "renam')
+
+    code, document, _ = head_node.run("apply", bundle)
+
+    assert (code, document["outcome"]) == (1, "failed")
+    assert str(_journal(head_node)) in document["error"] and "internal error" not in document["error"]

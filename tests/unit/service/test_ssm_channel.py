@@ -214,3 +214,31 @@ def test_every_ssm_status_maps_to_a_clear_outcome(invocation: dict, outcome: Out
         assert result.error
     if len(invocation.get("StandardOutputContent", "")) >= 24000:
         assert "24,000" in (result.error or "")
+
+
+def test_the_s3_fallback_fits_with_a_real_presigned_url_of_the_longest_names() -> None:
+    """The applier alone fills most of the inline limit: the fallback must still fit with what Lambda really
+    presigns (a session token in the URL, a 63-character bucket and cluster name), not a short test URL."""
+    import random
+
+    import boto3
+
+    from topokeeper.adapters.aws import PRESIGN_CONFIG
+
+    token = base64.b64encode(random.Random(0).randbytes(1000)).decode()  # Lambda role tokens: ~1,000-1,400 chars
+    session = boto3.session.Session(
+        aws_access_key_id="ASIA" + "A" * 16, aws_secret_access_key="s" * 40, aws_session_token=token
+    )
+    real = session.client("s3", region_name="ap-southeast-1", config=PRESIGN_CONFIG)
+
+    class PresigningS3(RecordingS3):
+        def generate_presigned_url(self, operation: str, Params: dict, ExpiresIn: int) -> str:
+            return str(real.generate_presigned_url(operation, Params=Params, ExpiresIn=ExpiresIn))
+
+    bucket, cluster = "b" * 63, "c" * 63
+    facts = snapshot({"p5": p5_nodes(4000, partition="p5")}).model_copy(update={"cluster_name": cluster})
+    bundle = render(plan(facts)).bundle
+    channel = SsmChannel(None, PresigningS3(), bucket, "i-0123456789abcdef0", now=lambda: datetime.now(UTC))
+    commands = channel.payload(bundle, "apply")
+    assert "X-Amz-Security-Token" in _decode(commands)["bundle_url"]
+    assert command_size(commands) <= INLINE_LIMIT_BYTES

@@ -1125,7 +1125,20 @@ class Transaction:
     # -- the journal ------------------------------------------------------------------------------
 
     def journal(self) -> Optional[Dict[str, Any]]:
-        return _read_json(self.backup_fd, JOURNAL)
+        """The journal a cut-off run left; one this applier did not write is refused, never acted on (root
+        would otherwise restore from, or delete, whatever its names point at)."""
+        where = os.path.join(self.config.path, BACKUP_DIR, JOURNAL)
+        try:
+            journal = _read_json(self.backup_fd, JOURNAL)
+            problem = None if journal is None else _journal_problem(journal)
+        except (ValueError, Failed) as error:
+            problem = "not readable JSON: %s" % error
+        if problem:
+            raise Failed(
+                "%s is not a journal this applier wrote (%s); nothing done: check the config files against the"
+                " backups beside it, then remove it" % (where, problem)
+            )
+        return journal
 
     def _set_phase(self, journal: Dict[str, Any], phase: str) -> None:
         journal["phase"] = phase
@@ -1420,6 +1433,43 @@ class Transaction:
             if self.config.sha256(entry["temp"]) is None and self.config.sha256(path) != entry["sha256"]:
                 return False
         return True
+
+
+def _plain_path(value: Any) -> bool:
+    parts = value.split(os.sep) if isinstance(value, str) else [""]
+    return not any(part in ("", os.curdir, os.pardir) for part in parts)
+
+
+def _files_problem(files: Any) -> Optional[str]:
+    """What makes a journal's or manifest's file list other than one ``_backup`` wrote, or None."""
+    if not isinstance(files, list) or not all(isinstance(entry, dict) for entry in files):
+        return "files: expected a list of objects"
+    for entry in files:
+        copy = entry.get("copy")
+        if not _plain_path(entry.get("path")):
+            return "files: path %r" % str(entry.get("path"))[:80]
+        if not (copy is None or (_plain_path(copy) and os.sep not in copy)):
+            return "files: copy %r" % str(copy)[:80]
+        if not isinstance(entry.get("new_sha256"), list) or not isinstance(entry.get("existed"), bool):
+            return "files: %s lacks new_sha256 or existed" % entry["path"]
+    return None
+
+
+def _journal_problem(journal: Dict[str, Any]) -> Optional[str]:
+    if not isinstance(journal.get("backup"), str) or not _BACKUP_NAME.match(journal["backup"]):
+        return "backup %r" % str(journal.get("backup"))[:80]
+    steps = journal.get("steps")
+    if not isinstance(steps, list) or not all(isinstance(step, dict) for step in steps):
+        return "steps: expected a list of objects"
+    for step in steps:
+        path, temp = step.get("path"), step.get("temp")
+        if not (_plain_path(path) and _plain_path(temp) and isinstance(step.get("label"), str)):
+            return "steps: path %r, temp %r" % (str(path)[:80], str(temp)[:80])
+        directory, name = os.path.split(path)
+        expected = re.compile(r"\.%s\.[0-9a-f]{8}\.topokeeper-new\Z" % re.escape(name))
+        if os.path.dirname(temp) != directory or not expected.match(os.path.basename(temp)):
+            return "steps: %r is not a temp file of %r" % (str(temp)[:80], path)
+    return _files_problem(journal.get("files"))
 
 
 def _exists_at(dir_fd: int, name: str) -> bool:
@@ -2082,7 +2132,7 @@ def _newest_backup_of(transaction: Transaction, plan_sha256: str) -> Optional[Di
             manifest = None
         finally:
             os.close(fd)
-        if manifest and manifest.get("plan_sha256") == plan_sha256 and isinstance(manifest.get("files"), list):
+        if manifest and manifest.get("plan_sha256") == plan_sha256 and _files_problem(manifest.get("files")) is None:
             return {"plan_sha256": plan_sha256, "backup": name, "files": manifest["files"], "steps": []}
     return None
 
