@@ -1125,7 +1125,7 @@ def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
     bundle = _rendered(p5_count=40).bundle
     try:
         if not sigv4:
-            with pytest.raises(ValueError, match="not SigV4"):
+            with pytest.raises(Permanent, match="not SigV4"):
                 channel.payload(bundle, "apply")
             return
         payloads = [_decode_commands(channel.payload(bundle, mode)) for mode in ("apply", "verify")]

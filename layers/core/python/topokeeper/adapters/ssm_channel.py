@@ -110,7 +110,7 @@ def guard_target(instance_id: str) -> str:
 def guard_sigv4(url: str) -> str:
     """S3 refuses a SigV2 URL for the KMS-encrypted plan bucket; refuse to send one (``presigning_s3``)."""
     if "X-Amz-Algorithm=AWS4-HMAC-SHA256" not in urlsplit(url).query:
-        raise ValueError("the presigned URL is not SigV4; build the S3 client with adapters.aws.PRESIGN_CONFIG")
+        raise Permanent("the presigned URL is not SigV4; build the S3 client with adapters.aws.PRESIGN_CONFIG")
     return url
 
 
