@@ -163,6 +163,7 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         "topology_retries": state.topology_retries + 1 if missing else 0,
     }
     action, reference = "unchanged", None
+    claimed: PendingDelivery | None = None
     if cluster.effective_mode is Mode.VERIFY:
         action = "planned-only"
     elif rendered.sha256 != state.applied_sha256 or state.repair_partitions:
@@ -176,19 +177,26 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         except TopokeeperError:
             # AWS answered with an error (or the channel refused before sending): no command exists, so
             # nothing will ever finish this claim. Any other failure (a read timeout after SendCommand) may
-            # have delivered: the claim stays until the delivery timeout (its command id is unknown, so no
-            # result can match it), rather than risk two applies at once.
+            # have delivered: the claim stays until a result for its plan finishes it or the delivery
+            # timeout passes, rather than risk two applies at once.
             _release_claim(deps, cluster.name, delivery)
             raise
         action, reference = "delivered", handle.reference
-        update["pending"] = delivery.model_copy(update={"handle": handle})
+        claimed, update["pending"] = delivery, delivery.model_copy(update={"handle": handle})
         update["last_write_at"] = now
     repaired = set(state.repair_partitions)
-    save_fields(
-        deps.state,
-        cluster.name,
-        lambda fresh: {**update, "repair_partitions": [p for p in fresh.repair_partitions if p not in repaired]},
-    )
+
+    def record(fresh: ClusterState) -> dict[str, object]:
+        fields = {**update, "repair_partitions": [p for p in fresh.repair_partitions if p not in repaired]}
+        if claimed is not None:
+            if fresh.pending is not None and fresh.pending.handle == claimed.handle:
+                # Keep what others added to the claim meanwhile (a message waiting behind it).
+                fields["pending"] = fresh.pending.model_copy(update={"handle": handle})
+            else:
+                fields.pop("pending")  # its result came first and finished it, or another writer took over
+        return fields
+
+    save_fields(deps.state, cluster.name, record)
     deps.state.consume_triggers(cluster.name, state.generation)
     # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
     queue_next_cycle(deps.state, deps.queue, cluster.name)

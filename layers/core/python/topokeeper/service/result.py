@@ -102,19 +102,40 @@ def _record_command_result(event: TopokeeperEvent, deps: ResultDeps) -> ResultRe
     for cluster in candidates:
         state = deps.state.get(cluster.name)
         if state.pending is not None and state.pending.handle.reference == invocation.command_id:
-            break
-    else:
-        return ResultReport(
-            status="ignored",
-            cluster=candidates[0].name if len(candidates) == 1 else None,
-            reason="not the delivery in flight",
-        )
-    result = deps.ssm_result(cluster, invocation.command_id)
+            result = _command_result(cluster, invocation.command_id, deps)
+            return finish_delivery(cluster, state, state.pending, result, deps)
+    for cluster in candidates:
+        # A claim whose command id was never saved (the reconcile died after SendCommand): this command
+        # is its delivery if it applied the claimed plan. Without this its apply would go unaudited.
+        state = deps.state.get(cluster.name)
+        if state.pending is not None and not state.pending.handle.reference:
+            result = _command_result(cluster, invocation.command_id, deps)
+            if result.mode == "apply" and result.plan_sha256 == state.pending.handle.plan_sha256:
+                handle = state.pending.handle.model_copy(update={"reference": invocation.command_id})
+                return finish_delivery(
+                    cluster, state, state.pending.model_copy(update={"handle": handle}), result, deps
+                )
+    return ResultReport(
+        status="ignored",
+        cluster=candidates[0].name if len(candidates) == 1 else None,
+        reason="not the delivery in flight",
+    )
+
+
+def _command_result(cluster: ClusterConfig, command_id: str, deps: ResultDeps) -> ApplyResult:
+    result = deps.ssm_result(cluster, command_id)
     if result.outcome is Outcome.PENDING:
         # GetCommandInvocation is eventually consistent behind the terminal event: fail, so the
         # asynchronous invocation is retried, rather than lose the result.
-        raise Retryable(f"command {invocation.command_id} still reads {result.error or 'pending'}")
-    return finish_delivery(cluster, state, state.pending, result, deps)
+        raise Retryable(f"command {command_id} still reads {result.error or 'pending'}")
+    return result
+
+
+def _same_delivery(fresh: PendingDelivery, finishing: PendingDelivery) -> bool:
+    """The delivery in flight, or the claim it was sent for with its command id unsaved."""
+    if fresh.handle.reference:
+        return fresh.handle.reference == finishing.handle.reference
+    return fresh.handle == finishing.handle.model_copy(update={"reference": ""})
 
 
 def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
@@ -213,7 +234,7 @@ def finish_delivery(
     def finished(fresh: ClusterState) -> dict[str, object]:
         waiting.clear()
         # Only the delivery still in flight is finished: a late result of an older one must not undo a newer.
-        if fresh.pending is None or fresh.pending.handle.reference != pending.handle.reference:
+        if fresh.pending is None or not _same_delivery(fresh.pending, pending):
             return {"slurm_version": update["slurm_version"]} if "slurm_version" in update else {}
         if fresh.pending.waiting_receipt:
             waiting.append(fresh.pending.waiting_receipt)
