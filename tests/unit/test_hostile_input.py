@@ -470,6 +470,17 @@ assert RESULT_EVENTS[0]["detail-type"] == SSM_INVOCATION_DETAIL_TYPE
 RESULT_EVENTS[0]["detail"]["instance-id"] = HEAD_NODE
 
 
+def _detail_mutated(events: list[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    """One of ``events`` with its detail mutated (mostly), or its envelope (the handler's parser refuses those)."""
+    return st.sampled_from(events).flatmap(
+        lambda event: st.one_of(
+            mutated(event["detail"]).map(lambda detail: {**event, "detail": detail}),
+            mutated(event["detail"]).map(lambda detail: {**event, "detail": detail}),
+            mutated(event),
+        )
+    )
+
+
 def _parsed_envelope(document: dict[str, Any]) -> TopokeeperEvent | None:
     """The envelope as the handler's parser reads it; a malformed envelope is refused there, before the use case."""
     try:
@@ -479,7 +490,7 @@ def _parsed_envelope(document: dict[str, Any]) -> TopokeeperEvent | None:
 
 
 @FUZZ
-@given(st.sampled_from(INGEST_EVENTS).flatmap(mutated))
+@given(_detail_mutated(INGEST_EVENTS))
 def test_ingest_takes_a_mutated_event_or_refuses_it_naming_the_field(document: dict[str, Any]) -> None:
     event = _parsed_envelope(document)
     if event is None:
@@ -499,7 +510,7 @@ def test_ingest_takes_a_mutated_event_or_refuses_it_naming_the_field(document: d
 
 
 @FUZZ
-@given(st.sampled_from(RESULT_EVENTS).flatmap(mutated))
+@given(_detail_mutated(RESULT_EVENTS))
 def test_a_result_event_is_recorded_or_refused_naming_the_field(document: dict[str, Any]) -> None:
     event = _parsed_envelope(document)
     if event is None:
@@ -532,3 +543,12 @@ def test_an_unknown_result_key_is_logged_quoted_and_cut(caplog: pytest.LogCaptur
     ApplyResult.model_validate({"outcome": "applied", "applier_version": "1.0.0", **hostile})
     (record,) = [r for r in caplog.records if "does not know" in r.getMessage()]
     assert "\n" not in record.getMessage() and len(record.getMessage()) < 300
+
+
+@pytest.mark.parametrize("millis", [2**70, -(2**70), 1e300, float("nan"), float("inf")])
+def test_an_epoch_time_out_of_range_is_refused_naming_the_field(millis: float) -> None:
+    document = copy.deepcopy(INGEST_EVENTS[0])
+    document["detail"]["CreationTime"] = millis
+    with pytest.raises(InputError) as refused:
+        ingest(TopokeeperEvent.model_validate(document), Controller().ingest_deps())
+    assert refused.value.field == "detail.CreationTime"
