@@ -69,6 +69,8 @@ reliability: install install-system
 	rm -f $(RELIABILITY_RECORDS)
 	TOPOKEEPER_RELIABILITY_FULL=1 TOPOKEEPER_RELIABILITY_OUT=$(RELIABILITY_RECORDS) \
 	  $(BIN)/pytest tests/integration/slurm/test_applier_crash_matrix.py
+	TOPOKEEPER_FUZZ_EXAMPLES=1000 TOPOKEEPER_RELIABILITY_OUT=$(RELIABILITY_RECORDS) \
+	  $(BIN)/pytest -q tests/unit/test_hostile_input.py
 	$(BIN)/python -m tests.integration.slurm.reliability_report $(RELIABILITY_RECORDS) docs/reliability.md
 
 # The whole system on this machine: emulated AWS, the real functions and applier, a real slurmctld.

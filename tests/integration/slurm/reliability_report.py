@@ -43,6 +43,8 @@ FAULT_COLUMNS = (
     ("next apply", "next_apply"),
 )
 
+FUZZ_COLUMNS = (("loader", "loader"), ("examples", "examples"), ("accepted", "accepted"), ("refused", "refused"))
+
 
 def _cell(value: Any) -> str:
     if value is None:
@@ -83,6 +85,16 @@ def render(records: Sequence[dict[str, Any]]) -> str:
     )
     lines += ["", "## Crash points", "", *_table(crashes, CRASH_COLUMNS), "", "## Faults", ""]
     lines += [*_table(faults, FAULT_COLUMNS), ""]
+    fuzz = sorted((r for r in records if r["kind"] == "fuzz"), key=lambda r: r["loader"])
+    if fuzz:
+        hostile = next(r for r in records if r["kind"] == "hostile")
+        lines += ["## Hostile input (`tests/unit/test_hostile_input.py`)", ""]
+        lines.append(
+            f"- {sum(r['examples'] for r in fuzz)} mutated documents ({hostile['examples']} per property), built"
+            f" from {hostile['strings']} hostile strings, deep nesting and wrong types: every one accepted safely"
+            " or refused with one error naming the field; no crash."
+        )
+        lines += ["", *_table(fuzz, FUZZ_COLUMNS), ""]
     return "\n".join(lines)
 
 

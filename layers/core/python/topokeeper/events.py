@@ -107,7 +107,10 @@ def result_patterns(head_nodes: list[str]) -> dict[str, dict[str, Any]]:
 
 def _epoch_millis(value: Any) -> Any:
     if isinstance(value, int | float):
-        return datetime.fromtimestamp(value / 1000, tz=UTC)
+        try:
+            return datetime.fromtimestamp(value / 1000, tz=UTC)
+        except (OverflowError, OSError, ValueError):  # past year 9999, or NaN
+            raise ValueError(f"not a time in epoch milliseconds: {value!r}") from None
     return value
 
 

@@ -38,6 +38,8 @@ def read_mapping(path: Path, flag: str, *, always_yaml: bool = False) -> dict[st
     except (yaml.YAMLError, json.JSONDecodeError) as error:
         syntax = "YAML" if is_yaml else "JSON"
         raise InputError(flag, f"{path} is not valid {syntax}: {str(error).splitlines()[0]}") from error
+    except RecursionError as error:  # the parsers recurse per nesting level
+        raise InputError(flag, f"{path} is nested too deeply") from error
     if document is None and is_yaml:
         return {}
     if not isinstance(document, dict):

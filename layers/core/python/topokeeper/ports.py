@@ -89,7 +89,9 @@ class ApplyResult(BaseModel):
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(cls.model_fields))
             if unknown:
-                log.warning("ignoring result fields this version does not know: %s", ", ".join(map(str, unknown)))
+                # Quoted and cut: a key is the sender's text, and must not forge or flood a log line.
+                shown = ", ".join(repr(key)[:80] for key in unknown[:10])
+                log.warning("ignoring result fields this version does not know: %s", shown)
         return data
 
     @classmethod

@@ -376,6 +376,8 @@ def parse_bundle(text: str) -> Bundle:
         document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except ValueError as error:
         raise Refused("bundle is not valid JSON (truncated?): %s" % error) from None
+    except RecursionError:  # json recurses per nesting level
+        raise Refused("bundle is nested too deeply") from None
     document = _object(document, "bundle")
     if document.get("schema") != BUNDLE_SCHEMA:
         raise Refused("bundle.schema: expected %s, got %r" % (BUNDLE_SCHEMA, str(document.get("schema"))[:80]))
