@@ -217,7 +217,11 @@ def runtime(endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fun
     settings = Settings.model_validate(
         {
             "clusters": [
-                {"name": CLUSTER, "arn": endpoint.aws.hyperpod.cluster_arn(CLUSTER), "login": login},
+                {
+                    "name": CLUSTER,
+                    "arn": endpoint.aws.client("sagemaker").describe_cluster(ClusterName=CLUSTER)["ClusterArn"],
+                    "login": login,
+                },
                 {"name": "other"},
             ]
         }
@@ -232,7 +236,9 @@ def test_the_functions_sync_only_clusters_with_a_login_endpoint(endpoint: Endpoi
 
     assert sync_login_endpoints(runtime, {}, CLUSTER).synced == {}  # no endpoint in this stack: no calls
     assert sync_login_endpoints(runtime, environ, "other").synced == {}
-    report = sync_login_endpoints(runtime, environ, endpoint.aws.hyperpod.cluster_arn(CLUSTER))
+    report = sync_login_endpoints(
+        runtime, environ, endpoint.aws.client("sagemaker").describe_cluster(ClusterName=CLUSTER)["ClusterArn"]
+    )
 
     assert set(report.synced[CLUSTER]["registered"]) == endpoint.login_ips()
     assert set(endpoint.targets()) == endpoint.login_ips()

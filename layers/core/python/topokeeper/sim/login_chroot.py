@@ -80,7 +80,8 @@ class LoginNode:
         self.chroot("/usr/sbin/sshd", "-o", f"Port={self.port}", "-o", "ListenAddress=127.0.0.1")
         deadline = time.monotonic() + 20
         pidfile = self.root / "run/sshd.pid"
-        while not pidfile.exists():
+        # sshd creates the pid file, then writes it: wait for the number, not just the file.
+        while not (pidfile.exists() and pidfile.read_text().strip()):
             if time.monotonic() > deadline:
                 raise HarnessError(f"sshd on port {self.port} wrote no pid file")
             time.sleep(0.05)
