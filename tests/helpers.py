@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from topokeeper.domain.models import ClusterSnapshot, Node, Partition, PartitionSettings, SlurmVersion
+from topokeeper.events import TopokeeperEvent
 from topokeeper.ports import Metric
 
 # The applier's result document contract (README "The applier"): every document carries every key.
@@ -108,4 +109,21 @@ def snapshot(
             Partition(name=name, nodes=tuple(nodes), settings=settings.get(name, PartitionSettings()))
             for name, nodes in sorted(partitions.items())
         ),
+    )
+
+
+def event_envelope(source: str, detail_type: str, detail: dict[str, object], event_id: str = "r-1") -> TopokeeperEvent:
+    """An EventBridge event as the functions receive it, around ``detail``."""
+    return TopokeeperEvent.model_validate(
+        {
+            "version": "0",
+            "id": event_id,
+            "detail-type": detail_type,
+            "source": source,
+            "account": "111122223333",
+            "time": "2026-01-05T09:00:00Z",
+            "region": "us-east-1",
+            "resources": [],
+            "detail": detail,
+        }
     )

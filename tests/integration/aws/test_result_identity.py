@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import RecordingMetrics, p5_nodes, snapshot
+from tests.helpers import RecordingMetrics, event_envelope, p5_nodes, snapshot
 from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Settings
 from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE, agent_source
 from topokeeper.engine.planner import plan
-from topokeeper.events import SSM_INVOCATION_DETAIL_TYPE, TopokeeperEvent
+from topokeeper.events import SSM_INVOCATION_DETAIL_TYPE
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, PendingDelivery
 from topokeeper.render.bundle import render
 from topokeeper.service.result import ResultDeps, record_result
@@ -92,18 +92,7 @@ class Results:
         save_fields(self.state, cluster, {"pending": PendingDelivery(handle=handle, generation=1)})
 
     def record(self, source: str, detail_type: str, detail: dict[str, Any]) -> Any:
-        event = {
-            "version": "0",
-            "id": "e-1",
-            "detail-type": detail_type,
-            "source": source,
-            "account": "111122223333",
-            "time": "2026-01-05T09:00:00Z",
-            "region": "us-east-1",
-            "resources": [],
-            "detail": detail,
-        }
-        return record_result(TopokeeperEvent.model_validate(event), self.deps)
+        return record_result(event_envelope(source, detail_type, detail, event_id="e-1"), self.deps)
 
 
 @pytest.fixture

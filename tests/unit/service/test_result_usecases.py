@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers import event_envelope
 from tests.unit.service.usecase_support import CLUSTER, HEAD_NODE, Controller
 from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, agent_source
 from topokeeper.errors import InputError, Retryable
@@ -13,22 +14,6 @@ from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
 
 
-def _event(source: str, detail_type: str, detail: dict[str, object], event_id: str = "r-1") -> TopokeeperEvent:
-    return TopokeeperEvent.model_validate(
-        {
-            "version": "0",
-            "id": event_id,
-            "detail-type": detail_type,
-            "source": source,
-            "account": "111122223333",
-            "time": "2026-01-05T09:00:00Z",
-            "region": "us-east-1",
-            "resources": [],
-            "detail": detail,
-        }
-    )
-
-
 def ssm_event(reference: str, instance_id: str = HEAD_NODE) -> TopokeeperEvent:
     detail = {
         "command-id": reference,
@@ -36,7 +21,7 @@ def ssm_event(reference: str, instance_id: str = HEAD_NODE) -> TopokeeperEvent:
         "document-name": "AWS-RunShellScript",
         "status": "Success",
     }
-    return _event("aws.ssm", SSM_INVOCATION_DETAIL_TYPE, detail)
+    return event_envelope("aws.ssm", SSM_INVOCATION_DETAIL_TYPE, detail)
 
 
 def _delivered(controller: Controller) -> str:
@@ -137,7 +122,9 @@ def test_an_agent_report_finishes_the_agent_delivery() -> None:
         "version_id": pending.handle.reference,
         "result": {"outcome": "unchanged", "applier_version": "1.0.0", "from_a_newer_applier": 1},
     }
-    report = record_result(_event(agent_source(CLUSTER), AGENT_APPLY_DETAIL_TYPE, detail), controller.result_deps())
+    report = record_result(
+        event_envelope(agent_source(CLUSTER), AGENT_APPLY_DETAIL_TYPE, detail), controller.result_deps()
+    )
     assert (report.status, report.outcome, report.audit_records) == ("recorded", Outcome.UNCHANGED, 0)
     assert controller.now_state().applied_sha256 == pending.handle.plan_sha256
 
@@ -146,7 +133,7 @@ def test_a_result_document_without_applier_version_is_refused_naming_the_field()
     controller = Controller()
     detail = {"cluster": CLUSTER, "version_id": "v1", "result": {"outcome": "applied"}}
     with pytest.raises(InputError, match=r"^detail\.result\.applier_version"):
-        record_result(_event(agent_source(CLUSTER), AGENT_APPLY_DETAIL_TYPE, detail), controller.result_deps())
+        record_result(event_envelope(agent_source(CLUSTER), AGENT_APPLY_DETAIL_TYPE, detail), controller.result_deps())
 
 
 def test_unknown_result_fields_are_ignored_and_logged(caplog: pytest.LogCaptureFixture) -> None:
