@@ -6,17 +6,6 @@ from pathlib import Path
 
 from aws_cdk import aws_lambda as lambda_
 
-# The handler contract (environment variable names), for the constructs: ``c.ENV_TABLE`` and so on.
-from topokeeper.constants import (
-    ENV_AUDIT_RETENTION,
-    ENV_BUCKET,
-    ENV_CLOUDTRAIL_CHANNEL,
-    ENV_CONFIG,
-    ENV_DEAD_LETTER_QUEUE,
-    ENV_EVENT_BUS,
-    ENV_QUEUE,
-    ENV_TABLE,
-)
 from topokeeper.stack_spec import DRIFT, FUNCTION_NAMES, INGEST, RECONCILE, RESULT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -40,14 +29,6 @@ HANDLER = "handler.lambda_handler"
 # functions/<name>/. Re-exported: the constructs and the infra tests name them as constants.INGEST, ...
 __all__ = [
     "DRIFT",
-    "ENV_AUDIT_RETENTION",
-    "ENV_BUCKET",
-    "ENV_CLOUDTRAIL_CHANNEL",
-    "ENV_CONFIG",
-    "ENV_DEAD_LETTER_QUEUE",
-    "ENV_EVENT_BUS",
-    "ENV_QUEUE",
-    "ENV_TABLE",
     "FUNCTION_NAMES",
     "INGEST",
     "RECONCILE",

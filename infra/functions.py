@@ -16,6 +16,7 @@ from infra.nag import acknowledge
 from infra.queue import Queues
 from infra.state import StateTable
 from infra.storage import PlanBucket
+from topokeeper import constants as env
 from topokeeper import stack_spec as spec
 from topokeeper.config import Mode, Settings
 from topokeeper.constants import agent_verify_key, ssm_payload_key
@@ -98,22 +99,22 @@ class Functions(Construct):
         self._settings = settings
         self._unscoped: dict[iam.IRole, list[str]] = {}
         environment = {
-            c.ENV_CONFIG: settings.to_env(),
-            c.ENV_TABLE: state.table.table_name,
-            c.ENV_BUCKET: plans.bucket.bucket_name,
-            c.ENV_QUEUE: queues.work.queue_url,
-            c.ENV_EVENT_BUS: c.EVENT_BUS_NAME,
+            env.ENV_CONFIG: settings.to_env(),
+            env.ENV_TABLE: state.table.table_name,
+            env.ENV_BUCKET: plans.bucket.bucket_name,
+            env.ENV_QUEUE: queues.work.queue_url,
+            env.ENV_EVENT_BUS: c.EVENT_BUS_NAME,
             "POWERTOOLS_SERVICE_NAME": c.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
             "LOG_LEVEL": "INFO",
         }
         own_environment: dict[str, dict[str, str]] = {
             # Reconcile parks a message that can never succeed in the work DLQ, with the reason.
-            c.RECONCILE: {c.ENV_DEAD_LETTER_QUEUE: queues.work_dlq.queue_url},
-            c.RESULT: {c.ENV_AUDIT_RETENTION: str(settings.audit_retention_days)},
+            c.RECONCILE: {env.ENV_DEAD_LETTER_QUEUE: queues.work_dlq.queue_url},
+            c.RESULT: {env.ENV_AUDIT_RETENTION: str(settings.audit_retention_days)},
         }
         if settings.cloudtrail_lake_channel_arn:
-            own_environment[c.RESULT][c.ENV_CLOUDTRAIL_CHANNEL] = settings.cloudtrail_lake_channel_arn
+            own_environment[c.RESULT][env.ENV_CLOUDTRAIL_CHANNEL] = settings.cloudtrail_lake_channel_arn
 
         self.by_name: dict[str, lambda_.Function] = {}
         for name in c.FUNCTION_NAMES:
