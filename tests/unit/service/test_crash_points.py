@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 
 from tests.fakes import FakeChannel, FakeClock, MemoryWorkQueue
+from tests.helpers import event_envelope
 from tests.unit.service.test_result_usecases import ssm_event
-from tests.unit.service.usecase_support import Controller
+from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, agent_source
 from topokeeper.events import TopokeeperEvent
-from topokeeper.ports import ApplyResult, DeliveryHandle, Outcome, ReconcileRequest
+from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, ReconcileRequest
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.drift import DriftRequest, check_requested
 from topokeeper.service.reconcile import DELIVERY_TIMEOUT, plan_cluster, process_message
@@ -148,10 +150,12 @@ class Apply:
 
 class HeadNode(FakeChannel):
     """Runs every delivered bundle at once (the applier is idempotent: the same plan again is unchanged)
-    and answers a verify by comparing what it serves with the bundle."""
+    and answers a verify by comparing what it serves with the bundle. Over SSM the result is a status
+    event whose document GetCommandInvocation reads; over the agent channel (every PutObject is a new
+    version the agent polls) it is the agent's report naming the S3 object it applied."""
 
     def __init__(self, clock: FakeClock, world: World) -> None:
-        super().__init__(clock)
+        super().__init__(clock, world.channel_kind)
         self.world = world
         self.live: str | None = None
         self.applies: list[Apply] = []
@@ -169,6 +173,18 @@ class HeadNode(FakeChannel):
                 plan_sha256=bundle.plan_sha256,
                 partitions_changed=sorted(bundle.partitions),
             )
+        if self.kind is Channel.AGENT:
+            detail = {
+                "cluster": CLUSTER,
+                "plan_sha256": bundle.plan_sha256,
+                "etag": f'"etag-{handle.reference}"',
+                "version_id": handle.reference,
+                "result": result.model_dump(mode="json"),
+            }
+            self.world.emit(
+                event_envelope(agent_source(CLUSTER), AGENT_APPLY_DETAIL_TYPE, detail), after_seconds=COMMAND_SECONDS
+            )
+            return handle
         self.world.controller.ssm_results[handle.reference] = result
         self.world.emit(ssm_event(handle.reference), after_seconds=COMMAND_SECONDS)
         return handle
@@ -192,13 +208,14 @@ class World:
     """One cluster's backend: the ports, the SQS queue, EventBridge's result events, the drift schedule."""
 
     crash: Crash
-    controller: Controller = field(default_factory=Controller)
+    channel_kind: Channel = Channel.SSM
+    controller: Controller = field(init=False)
     events: list[PendingEvent] = field(default_factory=list)
     lost_events: list[TopokeeperEvent] = field(default_factory=list)
     kills: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        c = self.controller
+        c = self.controller = Controller(channel_kind=self.channel_kind)
         self.queue = SqsFifo(c.clock)
         self.head_node = HeadNode(c.clock, self)
         self.next_drift = c.clock.now() + timedelta(seconds=DRIFT_SECONDS)
@@ -283,13 +300,14 @@ class World:
             self.step()
 
 
-# Every boundary between two port calls of one reconcile (a changed plan, delivered over SSM) and of one
-# result recording, named by what has happened and what has not.
+# Every boundary between two port calls of one reconcile (a changed plan, delivered over SSM or the agent
+# channel) and of one result recording, named by what has happened and what has not. The send is SSM's
+# SendCommand or the agent channel's PutObject; its reference the command id or the S3 version id.
 CASES = {
     "reconcile-after-plan-put-before-claim": Crash("reconcile", "plans", "put"),
-    "reconcile-after-claim-before-send-command": Crash("reconcile", "state", "save", 1),
-    "reconcile-after-send-command-before-command-id-saved": Crash("reconcile", "channel", "deliver"),
-    "reconcile-after-command-id-saved-before-triggers-consumed": Crash("reconcile", "state", "save", 2),
+    "reconcile-after-claim-before-send": Crash("reconcile", "state", "save", 1),
+    "reconcile-after-send-before-reference-saved": Crash("reconcile", "channel", "deliver"),
+    "reconcile-after-reference-saved-before-triggers-consumed": Crash("reconcile", "state", "save", 2),
     "reconcile-after-triggers-consumed-before-next-cycle": Crash("reconcile", "state", "consume_triggers"),
     "reconcile-after-return-before-message-deleted": Crash("reconcile", "sqs", "delete_message"),
     # The second change's message, deferred behind the delivery in flight:
@@ -301,11 +319,12 @@ CASES = {
     "result-after-waiting-message-resumed-before-return": Crash("result", "queue", "resume"),
 }
 
+SSM_ONLY = {"result-after-get-command-invocation-before-audit"}  # the agent's report carries its document
 XFAIL: dict[str, str] = {}
 
 
-def _converged_world(crash: Crash) -> World:
-    world = World(crash)
+def _converged_world(crash: Crash, channel: Channel) -> World:
+    world = World(crash, channel)
     world.change("e-initial")
     world.run(timedelta(minutes=2))
     state = world.controller.now_state()
@@ -314,15 +333,22 @@ def _converged_world(crash: Crash) -> World:
 
 
 @pytest.mark.parametrize(
-    "name",
+    ("channel", "name"),
     [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=XFAIL[name])) if name in XFAIL else name
+        pytest.param(
+            channel,
+            name,
+            id=f"{channel.value}-{name}",
+            marks=[pytest.mark.xfail(strict=True, reason=XFAIL[name])] if name in XFAIL else [],
+        )
+        for channel in (Channel.SSM, Channel.AGENT)
         for name in CASES
+        if channel is Channel.SSM or name not in SSM_ONLY
     ],
 )
-def test_a_crash_at_each_boundary_converges_without_loss_or_double_audit(name: str) -> None:
+def test_a_crash_at_each_boundary_converges_without_loss_or_double_audit(channel: Channel, name: str) -> None:
     crash = replace(CASES[name])  # a fresh counter per run
-    world = _converged_world(crash)
+    world = _converged_world(crash, channel)
     c = world.controller
     # A node moves (one change), and while its delivery is in flight another moves (a second change,
     # whose message waits behind the delivery until the result resumes it).
@@ -351,10 +377,12 @@ def test_a_crash_at_each_boundary_converges_without_loss_or_double_audit(name: s
     assert audited == applied
 
 
-def test_a_result_that_beats_the_saved_command_id_finishes_the_delivery_once() -> None:
-    """SSM's status event may be handled before the reconcile saved the command id: it finishes the claim
-    (matched by its plan), and the reconcile's late save does not bring the finished delivery back."""
-    world = World(Crash("none", "none", "none"))
+@pytest.mark.parametrize("channel", [Channel.SSM, Channel.AGENT], ids=lambda channel: channel.value)
+def test_a_result_that_beats_the_saved_reference_finishes_the_delivery_once(channel: Channel) -> None:
+    """SSM's status event (or the agent's report) may be handled before the reconcile saved the command id
+    (or S3 version id): it finishes the claim (matched by its plan), and the reconcile's late save does not
+    bring the finished delivery back."""
+    world = World(Crash("none", "none", "none"), channel)
     send = world.head_node.deliver
 
     def send_and_report_at_once(bundle: Bundle) -> DeliveryHandle:

@@ -129,6 +129,31 @@ def test_an_agent_report_finishes_the_agent_delivery() -> None:
     assert controller.now_state().applied_sha256 == pending.handle.plan_sha256
 
 
+def test_an_agent_report_finishes_a_claim_whose_version_id_was_never_saved_only_for_the_claimed_plan() -> None:
+    """The reconcile died after PutObject: the claim has no reference. Only an apply of the claimed plan
+    is its delivery, and it is recorded under the version id the agent names."""
+    controller = Controller(channel_kind=Channel.AGENT)
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"
+    pending = controller.now_state().pending
+    assert pending is not None
+    claim = pending.model_copy(update={"handle": pending.handle.model_copy(update={"reference": ""})})
+    controller.state.save(controller.now_state().model_copy(update={"pending": claim}))
+
+    def report(plan_sha256: str, mode: str) -> str:
+        result = {"outcome": "applied", "applier_version": "1.0.0", "mode": mode, "plan_sha256": plan_sha256}
+        detail = {"cluster": CLUSTER, "version_id": "v-unsaved", "etag": '"e1"', "result": result}
+        event = event_envelope(agent_source(CLUSTER), AGENT_APPLY_DETAIL_TYPE, detail)
+        return record_result(event, controller.result_deps()).status
+
+    assert report("0" * 64, "apply") == "ignored"  # an older bundle's late report
+    assert report(claim.handle.plan_sha256, "dry-run") == "ignored"
+    assert controller.now_state().pending == claim
+    assert report(claim.handle.plan_sha256, "apply") == "recorded"
+    state = controller.now_state()
+    assert state.pending is None and state.applied_sha256 == claim.handle.plan_sha256
+    assert {r.delivery_reference for r in controller.audit.records.values()} == {"v-unsaved"}
+
+
 def test_a_result_document_without_applier_version_is_refused_naming_the_field() -> None:
     controller = Controller()
     detail = {"cluster": CLUSTER, "version_id": "v1", "result": {"outcome": "applied"}}

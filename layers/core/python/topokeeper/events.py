@@ -195,6 +195,11 @@ class AgentResultDetail(BaseModel):
         """The S3 object the agent applied, as the agent channel names a delivery (version id, else ETag)."""
         return {ref for ref in (self.version_id, (self.etag or "").strip('"')) if ref}
 
+    @property
+    def reference(self) -> str:
+        """The one name the agent channel gives this object's delivery (``AgentChannel.deliver``)."""
+        return self.version_id or (self.etag or "").strip('"')
+
 
 class TopokeeperEvent(EventBridgeModel):
     """Any event our rules deliver; ``detail`` is parsed per detail-type by the services."""

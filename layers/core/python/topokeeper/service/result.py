@@ -110,7 +110,7 @@ def _record_command_result(event: TopokeeperEvent, deps: ResultDeps) -> ResultRe
         state = deps.state.get(cluster.name)
         if state.pending is not None and not state.pending.handle.reference:
             result = _command_result(cluster, invocation.command_id, deps)
-            if result.mode == "apply" and result.plan_sha256 == state.pending.handle.plan_sha256:
+            if _unsaved_claim_of(state.pending, result):
                 handle = state.pending.handle.model_copy(update={"reference": invocation.command_id})
                 return finish_delivery(
                     cluster, state, state.pending.model_copy(update={"handle": handle}), result, deps
@@ -129,6 +129,12 @@ def _command_result(cluster: ClusterConfig, command_id: str, deps: ResultDeps) -
         # asynchronous invocation is retried, rather than lose the result.
         raise Retryable(f"command {command_id} still reads {result.error or 'pending'}")
     return result
+
+
+def _unsaved_claim_of(pending: PendingDelivery, result: ApplyResult) -> bool:
+    """A claim whose reference (command id, S3 version id) the reconcile never saved, because it died after
+    sending: a result that applied the claimed plan is that claim's delivery."""
+    return not pending.handle.reference and result.mode == "apply" and result.plan_sha256 == pending.handle.plan_sha256
 
 
 def _same_delivery(fresh: PendingDelivery, finishing: PendingDelivery) -> bool:
@@ -160,9 +166,14 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
     if event.detail_type == AGENT_VERIFY_DETAIL_TYPE:
         save_fields(deps.state, cluster.name, {"last_verify": report.result, "last_verify_at": deps.clock.now()})
         return ResultReport(status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome)
-    if state.pending is None or state.pending.handle.reference not in report.references:
+    pending = state.pending
+    if pending is not None and report.reference and _unsaved_claim_of(pending, report.result):
+        # The reconcile died after PutObject: without this the agent's apply would go unaudited.
+        handle = pending.handle.model_copy(update={"reference": report.reference})
+        return finish_delivery(cluster, state, pending.model_copy(update={"handle": handle}), report.result, deps)
+    if pending is None or pending.handle.reference not in report.references:
         return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
-    return finish_delivery(cluster, state, state.pending, report.result, deps)
+    return finish_delivery(cluster, state, pending, report.result, deps)
 
 
 def _agent_cluster(settings: Settings, name: str) -> ClusterConfig | None:
