@@ -25,7 +25,7 @@ from tests.integration.aws.support import cluster_request, drain, group, subscri
 from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.audit_trail import PUT_EVENTS_MAX_BYTES, AuditTrail, put_events_entry_size
-from topokeeper.adapters.aws import client, presigning_s3
+from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, client, presigning_s3
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
 from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter
 from topokeeper.adapters.hyperpod import HyperPodFacts
@@ -1060,7 +1060,13 @@ def _decode_commands(commands: list[str]) -> dict[str, Any]:
 def _ssm_channel(aws: AwsEmulator, clock: ManualClock, bucket: str, sleep: Callable[[float], None]) -> SsmChannel:
     aws.ssm.strict_targets = True
     aws.ssm.register_managed_instance(HEAD_NODE)
-    return SsmChannel(aws.client("ssm"), aws.client("s3"), bucket, HEAD_NODE, now=clock.now, sleep=sleep)
+    return SsmChannel(
+        aws.client("ssm"), aws.client("s3"), bucket, HEAD_NODE, now=clock.now, sleep=sleep, sender=_sender(aws)
+    )
+
+
+def _sender(aws: AwsEmulator) -> Any:
+    return aws.client("ssm", config=SEND_COMMAND_CONFIG)
 
 
 def test_ssm_channel_delivers_to_the_head_node_and_reads_the_applier_document(
@@ -1121,7 +1127,7 @@ def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
         monkeypatch.setenv(key, value)
     client.cache_clear()
     s3 = presigning_s3() if sigv4 else client("s3")
-    channel = SsmChannel(aws.client("ssm"), s3, bucket, HEAD_NODE, now=clock.now)
+    channel = SsmChannel(aws.client("ssm"), s3, bucket, HEAD_NODE, now=clock.now, sender=_sender(aws))
     bundle = _rendered(p5_count=40).bundle
     try:
         if not sigv4:
@@ -1185,7 +1191,9 @@ def test_ssm_channel_verify_polls_until_the_document_arrives(aws: AwsEmulator, c
 
 def test_ssm_channel_cannot_reach_an_unregistered_node(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
     aws.ssm.strict_targets = True
-    channel = SsmChannel(aws.client("ssm"), aws.client("s3"), bucket, "mi-0fedcba9876543210", now=clock.now)
+    channel = SsmChannel(
+        aws.client("ssm"), aws.client("s3"), bucket, "mi-0fedcba9876543210", now=clock.now, sender=_sender(aws)
+    )
     with pytest.raises(Retryable) as info:  # AWS answered: no command was created
         channel.deliver(_rendered().bundle)
     assert info.value.code == "InvalidInstanceId"

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.audit_trail import AuditTrail
-from topokeeper.adapters.aws import aws_errors, client, presigning_s3
+from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, aws_errors, client, presigning_s3
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
 from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, instance_tags
 from topokeeper.adapters.hyperpod import HyperPodFacts
@@ -136,7 +136,13 @@ class Runtime:
         if cluster.head_node is None:
             raise InputError(f"clusters.{cluster.name}.head_node", "required for channel ssm")
         return SsmChannel(
-            client("ssm"), presigning_s3(), self.env.bucket, cluster.head_node, now=self.clock.now, sleep=self.sleep
+            client("ssm"),
+            presigning_s3(),
+            self.env.bucket,
+            cluster.head_node,
+            now=self.clock.now,
+            sleep=self.sleep,
+            sender=client("ssm", None, SEND_COMMAND_CONFIG),
         )
 
     def ssm_result(self, cluster: ClusterConfig, command_id: str) -> ApplyResult:

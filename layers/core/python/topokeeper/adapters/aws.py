@@ -20,6 +20,24 @@ CLIENT_CONFIG = Config(
     read_timeout=30,
     user_agent_extra="topokeeper/0.1",
 )
+# SendCommand is not idempotent (no client token): botocore would send it again after a read timeout, when the
+# first may have created a command, and a later attempt's error would then release the claim of a delivery that
+# is running. Its client sends once; the SSM channel retries only answers that prove no command was created.
+SEND_COMMAND_CONFIG = CLIENT_CONFIG.merge(Config(retries={"mode": "standard", "total_max_attempts": 1}))
+# What AWS answers when it refused a request for its rate (botocore's throttling codes): nothing was done.
+THROTTLING_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+        "RequestThrottled",
+        "SlowDown",
+    }
+)
 # S3 refuses SigV2 for SSE-KMS objects (the plan bucket is KMS-encrypted), and botocore presigns with SigV2
 # on the global endpoint unless told otherwise: SigV4 on the regional virtual-host endpoint.
 PRESIGN_CONFIG = CLIENT_CONFIG.merge(

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from botocore.exceptions import ClientError
 
-from topokeeper.adapters.aws import aws_errors, error_code
+from topokeeper.adapters.aws import THROTTLING_CODES, aws_errors, error_code, translate
 from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, sha256_text
 from topokeeper.config import SSM_TARGET
 from topokeeper.constants import ssm_payload_key
@@ -35,6 +35,8 @@ INLINE_LIMIT_BYTES = 48_000  # of the JSON-encoded commands; SSM rejects documen
 PRESIGNED_URL_SECONDS = 3600
 EXECUTION_TIMEOUT_SECONDS = CHANNEL_TIMEOUT_SECONDS  # the applier's budget plus margin (applier.py)
 STDOUT_LIMIT = 24_000  # GetCommandInvocation StandardOutputContent
+SEND_ATTEMPTS = 6  # SendCommand answered with throttling: sent again up to this many times in all
+SEND_BACKOFF_SECONDS = 1.0  # doubled after each throttled attempt
 _PAYLOAD_END = "TOPOKEEPER_PAYLOAD_END"
 _BOOTSTRAP_END = "TOPOKEEPER_BOOTSTRAP_END"
 
@@ -107,6 +109,17 @@ def guard_target(instance_id: str) -> str:
     return instance_id
 
 
+def guard_single_attempt(sender: Any) -> Any:
+    """SendCommand must reach SSM once per call: a client that retries by itself could run it twice."""
+    config = getattr(getattr(sender, "meta", None), "config", None)
+    if config is not None and (config.retries or {}).get("total_max_attempts") != 1:
+        raise Permanent(
+            "the SSM client for SendCommand retries by itself (it could run a command twice): build it with "
+            "adapters.aws.SEND_COMMAND_CONFIG"
+        )
+    return sender
+
+
 def guard_sigv4(url: str) -> str:
     """S3 refuses a SigV2 URL for the KMS-encrypted plan bucket; refuse to send one (``presigning_s3``)."""
     if "X-Amz-Algorithm=AWS4-HMAC-SHA256" not in urlsplit(url).query:
@@ -124,8 +137,12 @@ class SsmChannel:
         *,
         now: Callable[[], datetime],
         sleep: Callable[[float], None] = time.sleep,
+        sender: Any = None,
     ) -> None:
+        """``ssm`` reads invocations (retried by botocore); ``sender`` (default ``ssm``) sends commands and
+        must not retry by itself (``SEND_COMMAND_CONFIG``)."""
         self._ssm = ssm
+        self._sender = guard_single_attempt(ssm if sender is None else sender)
         self._s3 = s3
         self._bucket = bucket
         self._target = guard_target(head_node)
@@ -158,20 +175,33 @@ class SsmChannel:
             raise Permanent(f"SSM command is {command_size(commands)} bytes even with the bundle in S3")
         return commands
 
-    @aws_errors()
     def _send(self, bundle: Bundle, mode: str) -> str:
-        response = self._ssm.send_command(
-            InstanceIds=[self._target],
-            DocumentName=RUN_SHELL_DOCUMENT,
-            Parameters={
-                "commands": self.payload(bundle, mode),
-                "executionTimeout": [str(EXECUTION_TIMEOUT_SECONDS)],
-            },
-            TimeoutSeconds=EXECUTION_TIMEOUT_SECONDS,
-            Comment=f"topokeeper {mode} {bundle.cluster_name} {bundle.plan_sha256[:12]}"[:100],
-        )
-        command_id: str = response["Command"]["CommandId"]
-        return command_id
+        """SendCommand, sent again only after a throttling answer (no command was created). Any other answer
+        is raised translated (the reconcile releases its claim); a timeout or a lost connection is raised as
+        botocore raised it, never resent: the command may exist, and the claim waits for its result."""
+        with aws_errors():
+            request = {
+                "InstanceIds": [self._target],
+                "DocumentName": RUN_SHELL_DOCUMENT,
+                "Parameters": {
+                    "commands": self.payload(bundle, mode),
+                    "executionTimeout": [str(EXECUTION_TIMEOUT_SECONDS)],
+                },
+                "TimeoutSeconds": EXECUTION_TIMEOUT_SECONDS,
+                "Comment": f"topokeeper {mode} {bundle.cluster_name} {bundle.plan_sha256[:12]}"[:100],
+            }
+        attempt, backoff = 1, SEND_BACKOFF_SECONDS
+        while True:
+            try:
+                response = self._sender.send_command(**request)
+            except ClientError as error:
+                if error_code(error) not in THROTTLING_CODES or attempt == SEND_ATTEMPTS:
+                    raise translate(error) from error
+            else:
+                command_id: str = response["Command"]["CommandId"]
+                return command_id
+            self._sleep(backoff)
+            attempt, backoff = attempt + 1, backoff * 2
 
     def deliver(self, bundle: Bundle) -> DeliveryHandle:
         return DeliveryHandle(
