@@ -62,13 +62,13 @@ unit: install
 slurm: install install-system
 	$(BIN)/pytest tests/integration/slurm
 
-# The crash and fault matrix on both Slurm versions (26.05 and 24.11), every crash point and fault; its
-# records become docs/reliability.md (generated, never edited by hand).
+# The crash and fault matrix on both Slurm versions (26.05 and 24.11), every crash point and fault, and every
+# AWS-side fault of the backend flow; its records become docs/reliability.md (generated, never edited by hand).
 RELIABILITY_RECORDS := $(CURDIR)/out/reliability.jsonl
 reliability: install install-system
 	rm -f $(RELIABILITY_RECORDS)
 	TOPOKEEPER_RELIABILITY_FULL=1 TOPOKEEPER_RELIABILITY_OUT=$(RELIABILITY_RECORDS) \
-	  $(BIN)/pytest tests/integration/slurm/test_applier_crash_matrix.py
+	  $(BIN)/pytest tests/integration/slurm/test_applier_crash_matrix.py tests/unit/service/test_aws_fault_matrix.py
 	TOPOKEEPER_FUZZ_EXAMPLES=1000 TOPOKEEPER_RELIABILITY_OUT=$(RELIABILITY_RECORDS) \
 	  $(BIN)/pytest -q tests/unit/test_hostile_input.py
 	$(BIN)/python -m tests.integration.slurm.reliability_report $(RELIABILITY_RECORDS) docs/reliability.md

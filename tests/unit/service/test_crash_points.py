@@ -44,8 +44,36 @@ class Killed(BaseException):
 
 
 @dataclass
+class Fault:
+    """AWS fails the first ``times`` calls of ``port.method`` by any function once armed: ``error`` is raised
+    instead of the call (as the adapter raises what AWS answered), after ``before`` ran (another writer)."""
+
+    port: str
+    method: str
+    error: Callable[[], BaseException] | None = None
+    times: int = 1
+    before: Callable[[], object] | None = None
+    skip: int = 0  # the first calls that pass untouched
+    armed: bool = False
+    fired: int = 0
+
+    def hit(self, port: str, method: str) -> None:
+        if not self.armed or self.fired >= self.times or (port, method) != (self.port, self.method):
+            return
+        if self.skip > 0:
+            self.skip -= 1
+            return
+        self.fired += 1
+        if self.before is not None:
+            self.before()
+        if self.error is not None:
+            raise self.error()
+
+
+@dataclass
 class Crash:
-    """Kill the invocation right after the ``occurrence``-th call of ``port.method`` by ``function`` once armed."""
+    """Kill the invocation right after the ``occurrence``-th call of ``port.method`` by ``function`` once armed;
+    ``faults`` fail calls before they are made."""
 
     function: str
     port: str
@@ -55,6 +83,12 @@ class Crash:
     running: str = ""  # the function being invoked
     calls: int = 0
     fired: bool = False
+    faults: list[Fault] = field(default_factory=list)
+
+    def before(self, port: str, method: str) -> None:
+        if self.running:  # the functions' calls only, not the test's own reads
+            for fault in self.faults:
+                fault.hit(port, method)
 
     def after(self, port: str, method: str) -> None:
         if not self.armed or self.fired or (self.running, port, method) != (self.function, self.port, self.method):
@@ -66,7 +100,7 @@ class Crash:
 
 
 class Crashing:
-    """A port whose every method call passes ``crash.after`` once it returned."""
+    """A port whose every method call passes ``crash.before`` (faults) and ``crash.after`` once it returned."""
 
     def __init__(self, port: str, inner: Any, crash: Crash) -> None:
         self._port, self._inner, self._crash = port, inner, crash
@@ -77,6 +111,7 @@ class Crashing:
             return attribute
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            self._crash.before(self._port, name)
             value = attribute(*args, **kwargs)
             self._crash.after(self._port, name)
             return value
@@ -219,6 +254,8 @@ class World:
         self.queue = SqsFifo(c.clock)
         self.head_node = HeadNode(c.clock, self)
         self.next_drift = c.clock.now() + timedelta(seconds=DRIFT_SECONDS)
+        self.facts = Crashing("facts", c.facts, self.crash)
+        self.failures: list[str] = []  # each failed invocation: function and error
         c.queue = Crashing("queue", self.queue, self.crash)  # type: ignore[assignment]
         c.state = Crashing("state", c.state, self.crash)  # type: ignore[assignment]
         c.plans = Crashing("plans", c.plans, self.crash)  # type: ignore[assignment]
@@ -240,12 +277,20 @@ class World:
         except Killed as killed:
             self.kills.append(f"{name}: {killed}")
             return False
-        except Exception:  # the invocation fails and its trigger retries it
+        except Exception as error:  # the invocation fails and its trigger retries it
+            self.failures.append(f"{name}: {type(error).__name__} {getattr(error, 'code', None) or ''}".strip())
             return False
+        finally:
+            self.crash.running = ""
         return True
 
-    def _reconcile_one(self, message: Message) -> None:
+    def deps(self) -> Any:
         deps = self.controller.deps()
+        deps.facts = lambda cluster: self.facts
+        return deps
+
+    def _reconcile_one(self, message: Message) -> None:
+        deps = self.deps()
         body = message.request.model_dump_json()
         reports: list[Any] = []
         ok = self._invoke(
@@ -258,10 +303,16 @@ class World:
         if ok and (reports[0] is None or reports[0].defer_seconds is None):
             self.crash.running = "reconcile"
             try:
+                self.crash.before("sqs", "delete_message")  # Lambda deletes the batch's done messages
                 self.crash.after("sqs", "delete_message")  # the batch response, not yet acted on
             except Killed as killed:
                 self.kills.append(f"reconcile: {killed}")
                 return
+            except Exception as error:  # not deleted: the message shows again after its visibility timeout
+                self.failures.append(f"sqs delete: {type(error).__name__} {getattr(error, 'code', None) or ''}".strip())
+                return
+            finally:
+                self.crash.running = ""
             self.queue.delete(message)
 
     def _result_one(self, pending: PendingEvent) -> None:
@@ -270,6 +321,7 @@ class World:
         ssm_result = deps.ssm_result
 
         def get_command_invocation(cluster: Any, command_id: str) -> ApplyResult:
+            self.crash.before("ssm", "get_command_invocation")
             result = ssm_result(cluster, command_id)
             self.crash.after("ssm", "get_command_invocation")
             return result
@@ -291,7 +343,7 @@ class World:
             self._reconcile_one(message)
         if now >= self.next_drift:
             self.next_drift = now + timedelta(seconds=DRIFT_SECONDS)
-            self._invoke("drift", lambda: check_requested(DriftRequest(), self.controller.deps()))
+            self._invoke("drift", lambda: check_requested(DriftRequest(), self.deps()))
         self.controller.clock.advance(STEP_SECONDS)
 
     def run(self, duration: timedelta) -> None:
