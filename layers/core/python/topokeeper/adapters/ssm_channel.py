@@ -261,6 +261,8 @@ def parse_invocation(invocation: dict[str, Any]) -> ApplyResult:
             return ApplyResult.from_channel(outcome, None if outcome is Outcome.PENDING else f"SSM {status}: {details}")
     stdout = str(invocation.get("StandardOutputContent", ""))
     document = _last_json_line(stdout)
+    if document is None and len(stdout) >= STDOUT_LIMIT:
+        document = _leading_fields(stdout)
     if document is not None:
         return ApplyResult.model_validate(document)
     stderr = str(invocation.get("StandardErrorContent", "")).strip()
@@ -269,6 +271,40 @@ def parse_invocation(invocation: dict[str, Any]) -> ApplyResult:
         Outcome.FAILED,
         f"SSM {status} (exit {invocation.get('ResponseCode')}) without a result document{truncated}: {stderr[-300:]}",
     )
+
+
+def _leading_fields(text: str) -> dict[str, Any] | None:
+    """SSM cut stdout at 24,000 characters inside the document (the applier keeps its own under that; a longer one
+    is from another applier version): its complete leading fields, if they say the outcome. The applier writes
+    the outcome, mode, plan and partitions first; what was cut is marked ``truncated``."""
+    start = text.rfind('{"outcome"')
+    if start < 0:
+        return None
+    decoder = json.JSONDecoder()
+    fields: dict[str, Any] = {}
+    position = start + 1
+    try:
+        while True:
+            key, position = decoder.raw_decode(text, _skip(text, position))
+            position = _skip(text, position)
+            if not isinstance(key, str) or text[position] != ":":
+                break
+            fields[key], position = decoder.raw_decode(text, _skip(text, position + 1))
+            position = _skip(text, position)
+            if text[position] != ",":
+                break
+            position += 1
+    except (json.JSONDecodeError, IndexError):
+        pass  # the cut: everything before it is kept
+    if not isinstance(fields.get("outcome"), str):
+        return None
+    return {"applier_version": None, **fields, "truncated": True}
+
+
+def _skip(text: str, position: int) -> int:
+    while position < len(text) and text[position] in " \t\r\n":
+        position += 1
+    return position
 
 
 def _last_json_line(text: str) -> dict[str, Any] | None:
