@@ -70,7 +70,7 @@ reliability: install install-system
 	TOPOKEEPER_RELIABILITY_FULL=1 TOPOKEEPER_RELIABILITY_OUT=$(RELIABILITY_RECORDS) \
 	  $(BIN)/pytest tests/integration/slurm/test_applier_crash_matrix.py tests/unit/service/test_aws_fault_matrix.py
 	TOPOKEEPER_FUZZ_EXAMPLES=1000 TOPOKEEPER_RELIABILITY_OUT=$(RELIABILITY_RECORDS) \
-	  $(BIN)/pytest -q tests/unit/test_hostile_input.py
+	  $(BIN)/pytest -q tests/unit/test_hostile_input.py tests/unit/test_agent_hostile_input.py
 	$(BIN)/python -m tests.integration.slurm.reliability_report $(RELIABILITY_RECORDS) docs/reliability.md
 
 # The whole system on this machine: emulated AWS, the real functions and applier, a real slurmctld.

@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import http.client
 import json
+import math
 import os
 import re
 import signal
@@ -164,8 +165,8 @@ def load_config(path: str) -> Config:
     for name, value in document.items():
         kind = known[name].type
         if kind == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"{path}: {name} must be a number >= 0")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ConfigError(f"{path}: {name} must be a number >= 0, finite")
         elif value is None and kind == "Optional[str]":
             continue
         elif not isinstance(value, str) or (not value and name != "prefix"):
@@ -199,6 +200,9 @@ def _imds_call(method: str, url: str, headers: Dict[str, str], timeout: float) -
         raise AgentError(f"IMDS {method} {url}: {error}") from error
 
 
+_HEADER_TOKEN = re.compile(r"[!-~]{1,4096}")
+
+
 def fetch_role_credentials(timeout: float) -> Credentials:
     """The instance role's credentials through IMDSv2: a session token first, then the role's keys."""
     endpoint = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://169.254.169.254").rstrip("/")
@@ -213,15 +217,18 @@ def fetch_role_credentials(timeout: float) -> Credentials:
     try:
         document = json.loads(_imds_call("GET", base + urllib.parse.quote(roles[0]), headers, timeout))
         if document.get("Code", "Success") != "Success":
-            raise AgentError(f"IMDS: role credentials unavailable: {document.get('Code')}")
+            raise AgentError(f"IMDS: role credentials unavailable: {str(document.get('Code'))[:100]}")
+        for key in ("AccessKeyId", "SecretAccessKey", "Token"):  # each goes into a header as is
+            if not isinstance(document[key], str) or not _HEADER_TOKEN.fullmatch(document[key]):
+                raise AgentError(f"IMDS: role credentials: {key} is not a printable string")
         return Credentials(
             access_key=document["AccessKeyId"],
             secret_key=document["SecretAccessKey"],
             token=document["Token"],
             expires_at=float(calendar.timegm(time.strptime(document["Expiration"], "%Y-%m-%dT%H:%M:%SZ"))),
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise AgentError(f"IMDS: unreadable role credentials: {error!r}") from error
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
+        raise AgentError(f"IMDS: unreadable role credentials: {repr(error)[:200]}") from error
 
 
 class CredentialProvider:
@@ -452,13 +459,16 @@ class Aws:
         response = self._send("events", "POST", self.events_url, headers, body)
         try:
             answer = json.loads(response.body.decode("utf-8")) if response.body else {}
-        except ValueError:
+        except (ValueError, RecursionError):
+            answer = {}
+        if not isinstance(answer, dict):
             answer = {}
         if response.status != 200:
             message = answer.get("message") or answer.get("Message") or ""
             raise AgentError(f"PutEvents: HTTP {response.status} {answer.get('__type', '')} {message}")
         if answer.get("FailedEntryCount", 0):
-            failed = (answer.get("Entries") or [{}])[0]
+            entries = answer.get("Entries")
+            failed = entries[0] if isinstance(entries, list) and entries and isinstance(entries[0], dict) else {}
             raise AgentError(f"PutEvents: entry failed: {failed.get('ErrorCode')} {failed.get('ErrorMessage')}")
 
 
@@ -488,8 +498,8 @@ def check_bundle(body: bytes, cluster: str) -> Dict[str, Any]:
     The applier checks everything again; it never trusts this."""
     try:
         document = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise BundleRefused(f"bundle is not JSON: {error}") from error
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:  # RecursionError: nested past the stack
+        raise BundleRefused(f"bundle is not JSON: {str(error)[:200]}") from error
     if not isinstance(document, dict):
         raise BundleRefused("bundle is not a JSON object")
     check_schema(document.get("schema"))
@@ -505,7 +515,11 @@ def check_bundle(body: bytes, cluster: str) -> Dict[str, Any]:
         content = entry.get("content") if isinstance(entry, dict) else None
         if not isinstance(content, str):
             raise BundleRefused(f"files[{name}].content: not a string")
-        if entry.get("sha256") != hashlib.sha256(content.encode("utf-8")).hexdigest():
+        try:
+            encoded = content.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate from a \ud800 escape: no file can hold it
+            raise BundleRefused(f"files[{name}].content: not UTF-8 text") from error
+        if entry.get("sha256") != hashlib.sha256(encoded).hexdigest():
             raise BundleRefused(f"files[{name}].sha256 does not match its content")
     return document
 
@@ -556,9 +570,9 @@ def run_applier(config: Config, mode: str, bundle_path: str, plan_sha256: Option
         )
     except OSError as error:
         return agent_result("failed", mode, plan_sha256, f"applier did not start: {error}")
-    try:
-        document = json.loads(completed.stdout.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    try:  # NaN or Infinity would make the report JSON that EventBridge refuses, blocking the outbox
+        document = json.loads(completed.stdout.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
         document = None
     if not isinstance(document, dict) or not isinstance(document.get("outcome"), str):
         stderr = completed.stderr.decode("utf-8", "replace").strip()[-2000:]
@@ -621,20 +635,43 @@ class State:
 def load_state(path: str) -> State:
     try:
         with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
+            document = json.load(handle, parse_constant=_no_constant)
         bundle = document.get("bundle")
-        return State(
+        state = State(
             etag=document.get("etag"),
             bundle=BundleRef(**bundle) if bundle else None,
             last_verify_at=float(document.get("last_verify_at", 0.0)),
             outbox=list(document.get("outbox", [])),
         )
+        _check_state(state)
+        return state
     except FileNotFoundError:
         return State()
-    except (OSError, ValueError, TypeError, AttributeError) as error:
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError) as error:
         # Starting over re-applies the current bundle, which the applier finds unchanged.
-        log("state.unreadable", level="warning", path=path, error=str(error))
+        log("state.unreadable", level="warning", path=path, error=str(error)[:200])
         return State()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python writes them, EventBridge refuses them
+
+
+def _check_state(state: State) -> None:
+    """What this agent writes, or ValueError: a state it did not write would fail every cycle the same way."""
+    reference = state.bundle
+    texts = [state.etag] + ([reference.etag, reference.version_id, reference.plan_sha256] if reference else [])
+    if not all(text is None or isinstance(text, str) for text in texts):
+        raise ValueError("state: etag, version_id and plan_sha256 must be strings")
+    if reference is not None and not isinstance(reference.etag, str):
+        raise ValueError("state: bundle.etag must be a string")
+    if not 0 <= state.last_verify_at < math.inf:
+        raise ValueError("state: last_verify_at must be a finite time")
+    for report in state.outbox:
+        detail = report.get("detail") if isinstance(report, dict) else None
+        result = detail.get("result") if isinstance(detail, dict) else None
+        if report.get("detail_type") not in (APPLY_RESULT, VERIFY_RESULT) or not isinstance(result, dict):
+            raise ValueError("state: an outbox report is not one this agent writes")
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -772,7 +809,7 @@ class Agent:
                 "report.sent",
                 detail_type=report["detail_type"],
                 outcome=report["detail"]["result"].get("outcome"),
-                etag=report["detail"]["etag"],
+                etag=report["detail"].get("etag"),
             )
 
 
@@ -780,7 +817,7 @@ def _plan_sha256_of(body: bytes) -> Optional[str]:
     """The plan hash a refused bundle claims, for the report only."""
     try:
         claimed = json.loads(body.decode("utf-8")).get("plan_sha256")
-    except (UnicodeDecodeError, ValueError, AttributeError):
+    except (UnicodeDecodeError, ValueError, AttributeError, RecursionError):
         return None
     return claimed if isinstance(claimed, str) and _SHA256.match(claimed) else None
 
