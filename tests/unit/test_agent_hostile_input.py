@@ -13,7 +13,6 @@ import collections
 import hashlib
 import json
 import math
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.agent_support import CLUSTER, bundle_body, bundle_document
-from tests.unit.test_hostile_input import FUZZ, HOSTILE_TEXT, mutated
+from tests.unit.test_hostile_input import FUZZ, HOSTILE_TEXT, mutated, write_fuzz_records
 from topokeeper.agent import agent
 
 TALLY: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -38,14 +37,7 @@ def _tally(loader: str, outcome: str) -> None:
 @pytest.fixture(scope="module", autouse=True)
 def _reliability_records() -> Iterator[None]:
     yield
-    out = os.environ.get("TOPOKEEPER_RELIABILITY_OUT")
-    if out is None:
-        return
-    with open(out, "a", encoding="utf-8") as records:
-        for loader in sorted({loader for loader, _ in TALLY}):
-            counts = {outcome: TALLY[loader, outcome] for outcome in ("accepted", "refused")}
-            record = {"kind": "fuzz", "loader": loader, "examples": sum(counts.values()), **counts}
-            records.write(json.dumps(record, sort_keys=True) + "\n")
+    write_fuzz_records(TALLY)
 
 
 BUNDLE = bundle_document()

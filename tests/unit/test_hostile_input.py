@@ -116,17 +116,21 @@ def _tally(loader: str, outcome: str) -> None:
 @pytest.fixture(scope="module", autouse=True)
 def _reliability_records() -> Iterator[None]:
     yield
+    write_fuzz_records(TALLY, {"kind": "hostile", "strings": len(HOSTILE_TEXT), "examples": FUZZ_EXAMPLES})
+
+
+def write_fuzz_records(tally: collections.Counter[tuple[str, str]], *extra: dict[str, Any]) -> None:
+    """One record per loader (and ``extra``) for docs/reliability.md, when make reliability asks for them."""
     out = os.environ.get("TOPOKEEPER_RELIABILITY_OUT")
     if out is None:
         return
-    loaders = sorted({loader for loader, _ in TALLY})
     with open(out, "a", encoding="utf-8") as records:
-        for loader in loaders:
-            counts = {outcome: TALLY[loader, outcome] for outcome in ("accepted", "refused")}
+        for loader in sorted({loader for loader, _ in tally}):
+            counts = {outcome: tally[loader, outcome] for outcome in ("accepted", "refused")}
             record = {"kind": "fuzz", "loader": loader, "examples": sum(counts.values()), **counts}
             records.write(json.dumps(record, sort_keys=True) + "\n")
-        record = {"kind": "hostile", "strings": len(HOSTILE_TEXT), "examples": FUZZ_EXAMPLES}
-        records.write(json.dumps(record, sort_keys=True) + "\n")
+        for record in extra:
+            records.write(json.dumps(record, sort_keys=True) + "\n")
 
 
 def _paths(document: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -262,12 +262,7 @@ def run_row(row: Row) -> tuple[World, RowResult]:
         scripted.armed = True
     applies_before, audited_before = len(world.head_node.applies), set(c.audit.records)  # type: ignore[attr-defined]
     start = c.clock.now()
-    c.facts.move(0, 1)
-    world.change("e-move-1")
-    world.step()
-    c.clock.advance(10)
-    c.facts.move(5, 0)
-    world.change("e-move-2")
+    world.two_moves()
     expected = plan_cluster(c.cluster, c.now_state(), c.facts).sha256
 
     def converged() -> bool:

@@ -346,6 +346,17 @@ class World:
             self._invoke("drift", lambda: check_requested(DriftRequest(), self.deps()))
         self.controller.clock.advance(STEP_SECONDS)
 
+    def two_moves(self) -> None:
+        """A node moves (one change), and while its delivery is in flight another moves (a second change, whose
+        message waits behind the delivery until the result resumes it)."""
+        c = self.controller
+        c.facts.move(0, 1)
+        self.change("e-move-1")
+        self.step()
+        c.clock.advance(10)
+        c.facts.move(5, 0)
+        self.change("e-move-2")
+
     def run(self, duration: timedelta) -> None:
         end = self.controller.clock.now() + duration
         while self.controller.clock.now() < end:
@@ -402,15 +413,8 @@ def test_a_crash_at_each_boundary_converges_without_loss_or_double_audit(channel
     crash = replace(CASES[name])  # a fresh counter per run
     world = _converged_world(crash, channel)
     c = world.controller
-    # A node moves (one change), and while its delivery is in flight another moves (a second change,
-    # whose message waits behind the delivery until the result resumes it).
     crash.armed = True
-    c.facts.move(0, 1)
-    world.change("e-move-1")
-    world.step()
-    c.clock.advance(10)
-    c.facts.move(5, 0)
-    world.change("e-move-2")
+    world.two_moves()
     world.run(HORIZON)
 
     assert world.kills, f"the crash point {crash.port}.{crash.method} was never reached"
