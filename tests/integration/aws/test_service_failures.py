@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from tests.helpers import RecordingMetrics, p5_nodes, snapshot
+from tests.helpers import RecordingMetrics, event_envelope, p5_nodes, snapshot
+from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Settings
-from topokeeper.constants import agent_source
+from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, agent_bundle_key, agent_source
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.errors import InputError, Retryable
@@ -432,3 +433,52 @@ def test_a_message_behind_a_delivery_hides_once_and_returns_with_the_result(stac
     (again,) = stack.messages()
     assert again["MessageId"] == message["MessageId"]
     stack.queue.resume(message["ReceiptHandle"])  # a stale handle (received again since) is no error
+
+
+def test_an_agent_report_finishes_the_claim_of_a_reconcile_that_died_after_put_object(
+    stack: Stack, aws: AwsEmulator
+) -> None:
+    """The reconcile's PutObject reached the versioned bucket, then the function died before saving the version
+    id. The agent applies that object and reports the version it read: that report finishes the claim."""
+
+    class Died(BaseException):
+        pass
+
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="bundles")
+    s3.put_bucket_versioning(Bucket="bundles", VersioningConfiguration={"Status": "Enabled"})
+    channel = AgentChannel(
+        s3, "bundles", stack.state, now=stack.clock.now, max_report_age=timedelta(minutes=30), verify_only=False
+    )
+
+    class DiesAfterPutObject:
+        def deliver(self, bundle: Bundle) -> DeliveryHandle:
+            channel.deliver(bundle)
+            raise Died
+
+    stack.settings = Settings(
+        clusters=[ClusterConfig(name=CLUSTER, orchestrator="ec2", channel=Channel.AGENT)],
+        debounce_seconds=0,
+        min_write_interval_seconds=0,
+    )
+    stack.channel = DiesAfterPutObject()  # type: ignore[assignment]
+    now = stack.clock.now()
+    stack.state.record_change(CLUSTER, Trigger(source="s", detail_type="d", event_id="x", time=now), now)
+    with pytest.raises(Died):
+        reconcile(ReconcileRequest(cluster=CLUSTER, generation=1), stack.controller())
+    claim = stack.state.get(CLUSTER).pending
+    assert claim is not None and claim.handle.reference == ""
+
+    key = agent_bundle_key(RENDERED.bundle.cluster_name)  # the planned stand-in bundle's own cluster name
+    got = s3.get_object(Bucket="bundles", Key=key)  # what the agent's poll reads
+    detail = {
+        "cluster": CLUSTER,
+        "plan_sha256": RENDERED.sha256,
+        "etag": got["ETag"],
+        "version_id": got["VersionId"],
+        "result": {"outcome": "applied", "applier_version": "1.0.0", "mode": "apply", "plan_sha256": RENDERED.sha256},
+    }
+    event = event_envelope(agent_source(CLUSTER), AGENT_APPLY_DETAIL_TYPE, detail)
+    assert record_result(event, stack.results(ApplyResult.from_channel(Outcome.PENDING))).status == "recorded"
+    state = stack.state.get(CLUSTER)
+    assert state.pending is None and state.applied_sha256 == RENDERED.sha256
