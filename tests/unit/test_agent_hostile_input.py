@@ -180,6 +180,13 @@ def test_an_interval_that_is_not_a_finite_number_is_refused_naming_the_key(tmp_p
         agent.load_config(str(path))
 
 
+def test_a_config_string_that_is_not_utf8_text_is_refused_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "agent.json"
+    path.write_text(json.dumps({**CONFIG, "cluster": "a\ud800"}))  # a \ud800 escape: json reads a lone surrogate
+    with pytest.raises(agent.ConfigError, match="cluster must be UTF-8 text"):
+        agent.load_config(str(path))
+
+
 STATE = {
     "etag": '"etag-1"',
     "bundle": {"etag": '"etag-1"', "version_id": "v1", "plan_sha256": "a" * 64},

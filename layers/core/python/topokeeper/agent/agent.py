@@ -163,17 +163,30 @@ def load_config(path: str) -> Config:
         if name not in document:
             raise ConfigError(f"{path}: missing key {name!r}")
     for name, value in document.items():
-        kind = known[name].type
-        if kind == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise ConfigError(f"{path}: {name} must be a number >= 0, finite")
-        elif value is None and kind == "Optional[str]":
-            continue
-        elif not isinstance(value, str) or (not value and name != "prefix"):
-            raise ConfigError(f"{path}: {name} must be a non-empty string")
+        _check_value(path, name, known[name].type, value)
     if document.get("mode", "enforce") not in MODES:
         raise ConfigError(f"{path}: mode must be one of {', '.join(MODES)}")
     return Config(**document)
+
+
+def _check_value(path: str, name: str, kind: Any, value: Any) -> None:
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ConfigError(f"{path}: {name} must be a number >= 0, finite")
+    elif value is None and kind == "Optional[str]":
+        return
+    elif not isinstance(value, str) or (not value and name != "prefix"):
+        raise ConfigError(f"{path}: {name} must be a non-empty string")
+    elif not _encodes(value):  # a \ud800 escape: every URL and path built from it would fail
+        raise ConfigError(f"{path}: {name} must be UTF-8 text")
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # --- credentials -----------------------------------------------------------------------------------
