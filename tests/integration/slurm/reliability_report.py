@@ -136,7 +136,7 @@ def render(records: Sequence[dict[str, Any]]) -> str:
     fuzz = sorted((r for r in records if r["kind"] == "fuzz"), key=lambda r: r["loader"])
     if fuzz:
         hostile = next(r for r in records if r["kind"] == "hostile")
-        lines += ["## Hostile input (`tests/unit/test_hostile_input.py`)", ""]
+        lines += ["## Hostile input (`tests/unit/test_hostile_input.py`, `tests/unit/test_agent_hostile_input.py`)", ""]
         lines.append(
             f"- {sum(r['examples'] for r in fuzz)} mutated documents ({hostile['examples']} per property), built"
             f" from {hostile['strings']} hostile strings, deep nesting and wrong types: every one accepted safely"
