@@ -61,24 +61,19 @@ def test_raw_and_digest_signatures_of_one_message_are_equal(aws: AwsEmulator) ->
     assert _sign(kms, key_id, message, "RAW") == _sign(kms, key_id, hashlib.sha256(message).digest(), "DIGEST")
 
 
-def test_a_raw_message_over_4096_bytes_is_refused(aws: AwsEmulator) -> None:
+@pytest.mark.parametrize(
+    ("message", "message_type", "reason"),
+    [(b"x" * 4097, "RAW", "4096"), (b"\x00" * 48, "DIGEST", "Digest is invalid length")],
+    ids=["raw-over-4096-bytes", "digest-of-the-wrong-length"],
+)
+def test_what_kms_refuses_to_sign_is_refused(aws: AwsEmulator, message: bytes, message_type: str, reason: str) -> None:
     kms, key_id = _signing_key(aws)
 
     with pytest.raises(ClientError) as refused:
-        _sign(kms, key_id, b"x" * 4097, "RAW")
+        _sign(kms, key_id, message, message_type)
 
     assert refused.value.response["Error"]["Code"] == "ValidationException"
-    assert "4096" in refused.value.response["Error"]["Message"]
-
-
-def test_a_digest_of_the_wrong_length_is_refused(aws: AwsEmulator) -> None:
-    kms, key_id = _signing_key(aws)
-
-    with pytest.raises(ClientError) as refused:
-        _sign(kms, key_id, b"\x00" * 48, "DIGEST")
-
-    assert refused.value.response["Error"]["Code"] == "ValidationException"
-    assert "Digest" in refused.value.response["Error"]["Message"]
+    assert reason in refused.value.response["Error"]["Message"]
 
 
 def test_verify_honours_the_message_type(aws: AwsEmulator) -> None:
