@@ -65,6 +65,8 @@ class Monitoring(Construct):
             Metric.FORGED_REPORTS: "its agent's identity sent a report about another cluster; the controller may be "
             "compromised, or shares its role with another cluster",
             Metric.MANAGED_TOPOLOGY_UPDATES: "HyperPod changed the topology itself (UpdatePartitionTopology)",
+            Metric.BUNDLE_REFUSALS: "the head node refused a bundle as bad_signature or replayed: someone wrote the "
+            "bucket, or the head node trusts another signing key",
         }
         for cluster in settings.clusters:
             for metric, alarm in spec.cluster_alarms(settings, cluster).items():

@@ -1,4 +1,4 @@
-"""The one customer-managed KMS key for everything topokeeper keeps at rest."""
+"""The customer-managed KMS keys: one for everything topokeeper keeps at rest, one that signs bundles."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ from aws_cdk import Aws, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
+
+from infra.nag import acknowledge
+from topokeeper.applier.applier import SIGNATURE_ALGORITHM
 
 
 class DataKey(Construct):
@@ -54,4 +57,35 @@ class DataKey(Construct):
                 resources=[self.key.key_arn],
                 conditions={"StringEquals": {"kms:ViaService": f"{service}.{Aws.REGION}.amazonaws.com"}},
             )
+        )
+
+
+class SigningKey(Construct):
+    """The asymmetric key every delivered bundle is signed with (RSA_3072, SIGN_VERIFY): head nodes trust its
+    public key, so only reconcile and drift (and the operator role, by its own policy) may sign.
+
+    Retained on ``cdk destroy``: a new key means installing its public key on every head node again.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str) -> None:
+        super().__init__(scope, construct_id)
+        self.key = kms.Key(
+            self,
+            "Key",
+            description=f"topokeeper: signs the bundles head nodes apply ({SIGNATURE_ALGORITHM})",
+            key_spec=kms.KeySpec.RSA_3072,
+            key_usage=kms.KeyUsage.SIGN_VERIFY,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        acknowledge(
+            self.key,
+            "KMS5",
+            "KMS cannot rotate asymmetric keys automatically; rotating means a new key and its public key "
+            "installed on every head node (README: Security).",
+        )
+
+    def grant_sign(self, role: iam.IRole) -> None:
+        """Sign (a digest; called directly, through no other service) and read the public key."""
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["kms:Sign", "kms:GetPublicKey"], resources=[self.key.key_arn])
         )

@@ -11,6 +11,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra import constants as c
+from infra.encryption import SigningKey
 from infra.layers import Layers
 from infra.nag import acknowledge
 from infra.queue import Queues
@@ -19,7 +20,7 @@ from infra.storage import PlanBucket
 from topokeeper import constants as env
 from topokeeper import stack_spec as spec
 from topokeeper.config import Mode, Settings
-from topokeeper.constants import agent_verify_key, ssm_payload_key
+from topokeeper.constants import agent_verify_key, ssm_applier_key, ssm_payload_key
 from topokeeper.events import AUDIT_SOURCE, RUN_SHELL_DOCUMENT
 from topokeeper.ports import METRICS_NAMESPACE, Channel
 
@@ -58,7 +59,7 @@ def drift_writes(settings: Settings) -> list[str]:
             if cluster.effective_mode is Mode.VERIFY:
                 keys.append(agent_verify_key(cluster.name))
         elif cluster.head_node is not None:
-            keys.append(ssm_payload_key(cluster.name, "*"))
+            keys.extend([ssm_payload_key(cluster.name, "*"), ssm_applier_key(cluster.name, "*")])
     return keys
 
 
@@ -94,6 +95,7 @@ class Functions(Construct):
         state: StateTable,
         plans: PlanBucket,
         queues: Queues,
+        signing_key: SigningKey,
     ) -> None:
         super().__init__(scope, construct_id)
         self._settings = settings
@@ -110,7 +112,11 @@ class Functions(Construct):
         }
         own_environment: dict[str, dict[str, str]] = {
             # Reconcile parks a message that can never succeed in the work DLQ, with the reason.
-            c.RECONCILE: {env.ENV_DEAD_LETTER_QUEUE: queues.work_dlq.queue_url},
+            c.RECONCILE: {
+                env.ENV_DEAD_LETTER_QUEUE: queues.work_dlq.queue_url,
+                env.ENV_SIGNING_KEY: signing_key.key.key_arn,
+            },
+            c.DRIFT: {env.ENV_SIGNING_KEY: signing_key.key.key_arn},  # reconcile and drift sign what they send
             c.RESULT: {env.ENV_AUDIT_RETENTION: str(settings.audit_retention_days)},
         }
         if settings.cloudtrail_lake_channel_arn:
@@ -138,6 +144,7 @@ class Functions(Construct):
         for function in (self.reconcile, self.drift):
             self._grant_facts_reads(self._role(function))
             self._grant_head_node_commands(self._role(function))
+            signing_key.grant_sign(self._role(function))
         self._grant_result_writes(self._role(self.result))
 
         # A mapping without CDK's SqsEventSource grant, whose kms:Decrypt names no service.

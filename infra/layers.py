@@ -50,7 +50,7 @@ OPERATOR_ONLY = frozenset(
 # every other service is dropped. tests/infra/test_layer_contents.py checks the layer's client() calls
 # against it and the handler-asset test builds each function's clients from the trimmed layer.
 LAMBDA_SERVICES = frozenset(
-    {"cloudtrail-data", "dynamodb", "ec2", "elbv2", "events", "s3", "sagemaker", "sqs", "ssm", "sts"}
+    {"cloudtrail-data", "dynamodb", "ec2", "elbv2", "events", "kms", "s3", "sagemaker", "sqs", "ssm", "sts"}
 )
 
 

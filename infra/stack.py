@@ -9,7 +9,7 @@ from constructs import Construct
 
 from infra.agent import AgentPolicies, agent_clusters, agent_policy_output
 from infra.alarms import Monitoring
-from infra.encryption import DataKey
+from infra.encryption import DataKey, SigningKey
 from infra.events import Triggers
 from infra.functions import Functions
 from infra.layers import Layers
@@ -31,6 +31,7 @@ class TopokeeperStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs: Any) -> None:
         super().__init__(scope, construct_id, description="topokeeper: keeps Slurm network topology right", **kwargs)
         self.key = DataKey(self, "DataKey")
+        self.signing_key = SigningKey(self, "SigningKey")
         self.state = StateTable(self, "State", key=self.key)
         self.plans = PlanBucket(self, "Plans", key=self.key, noncurrent_days=settings.audit_retention_days)
         self.queues = Queues(self, "Queues", key=self.key)
@@ -43,6 +44,7 @@ class TopokeeperStack(Stack):
             state=self.state,
             plans=self.plans,
             queues=self.queues,
+            signing_key=self.signing_key,
         )
         self.triggers = Triggers(self, "Triggers", settings=settings, functions=self.functions, queues=self.queues)
         self.monitoring = Monitoring(
@@ -63,6 +65,7 @@ class TopokeeperStack(Stack):
             OUTPUT_RECONCILE_FUNCTION: (self.functions.reconcile.function_name, "The reconcile function"),
             "EventDeadLetterQueueUrl": (self.queues.event_dlq.queue_url, "Events the functions could not take"),
             "AlarmTopicArn": (self.monitoring.topic.topic_arn, "Alarms are published here"),
+            "SigningKeyArn": (self.signing_key.key.key_arn, "Signs bundles; head nodes trust its public key"),
         }
         self.agent = AgentPolicies(self, "Agent", clusters=agent_clusters(settings), plans=self.plans, key=self.key)
         for cluster, policy in self.agent.policies.items():

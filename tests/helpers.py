@@ -31,6 +31,8 @@ APPLIER_RESULT_KEYS = frozenset(
         "duration_seconds",
         "error",
         "applier_version",
+        "signature",
+        "generation",
     }
 )
 

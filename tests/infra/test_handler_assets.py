@@ -30,6 +30,7 @@ RESOLVED = {
     "BUCKET_NAME": "topokeeper-plansbucket-1a2b3c",
     "QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/111122223333/Topokeeper-Work.fifo",
     "DEAD_LETTER_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/111122223333/Topokeeper-WorkDlq.fifo",
+    "SIGNING_KEY_ID": "arn:aws:kms:us-east-1:111122223333:key/11111111-2222-3333-4444-555555555555",
 }
 
 

@@ -26,6 +26,7 @@ LAMBDA_MODULES = [
     "adapters/ec2.py",
     "adapters/elbv2.py",
     "adapters/hyperpod.py",
+    "adapters/kms.py",
     "adapters/login_nodes.py",
     "adapters/metrics.py",
     "adapters/plans.py",
@@ -65,6 +66,7 @@ LAMBDA_MODULES = [
     "service/login.py",
     "service/reconcile.py",
     "service/result.py",
+    "service/signing.py",
     "service/state.py",
 ]
 # The pinned wheels of layers/core/requirements.txt, each with its metadata.

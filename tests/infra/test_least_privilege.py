@@ -17,7 +17,7 @@ import pytest
 
 from infra.agent import agent_policy_output
 from tests.infra.conftest import Synthesized, example_config, synthesize
-from topokeeper.constants import AGENT_SOURCE, agent_source
+from topokeeper.constants import AGENT_SOURCE, ENV_SIGNING_KEY, agent_source
 
 pytestmark = pytest.mark.infra
 
@@ -138,11 +138,15 @@ def partition_arn(*parts: Any) -> dict[str, Any]:
     return {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, *parts]]}
 
 
+SIGNING_ACTIONS = {"kms:Sign", "kms:GetPublicKey"}  # called directly: there is no service to go through
+
+
 def test_every_kms_grant_goes_through_a_named_service(variant: Synthesized) -> None:
     kms = [
         (name, statement)
         for name, statement in identity_statements(variant.template.to_json())
         if any(action.startswith("kms:") for action in listed(statement["Action"]))
+        and not set(listed(statement["Action"])) <= SIGNING_ACTIONS
     ]
 
     assert kms
@@ -154,6 +158,28 @@ def test_every_kms_grant_goes_through_a_named_service(variant: Synthesized) -> N
     decrypt = [s for s in reconcile if "kms:Decrypt" in listed(s["Action"])]
     services = {s["Condition"]["StringEquals"]["kms:ViaService"]["Fn::Join"][1][0] for s in decrypt}
     assert services == {"dynamodb.", "s3.", "sqs."}
+
+
+def test_only_reconcile_and_drift_sign_and_only_with_the_signing_key(variant: Synthesized) -> None:
+    signing_key = {"Fn::GetAtt": [variant.logical_id(variant.stack.signing_key.key), "Arn"]}
+    signers = {
+        name: statement
+        for name, statement in identity_statements(variant.template.to_json())
+        if SIGNING_ACTIONS & set(listed(statement["Action"]))
+    }
+    functions = variant.stack.functions
+    expected = {
+        variant.logical_id(f.role.node.find_child("DefaultPolicy")) for f in (functions.reconcile, functions.drift)
+    }
+    assert set(signers) == expected
+    assert all(set(s["Action"]) == SIGNING_ACTIONS and s["Resource"] == signing_key for s in signers.values())
+    key = variant.resource(variant.stack.signing_key.key)["Properties"]
+    assert (key["KeySpec"], key["KeyUsage"]) == ("RSA_3072", "SIGN_VERIFY")
+    for function in (functions.reconcile, functions.drift):
+        environment = variant.resource(function)["Properties"]["Environment"]["Variables"]
+        assert environment[ENV_SIGNING_KEY] == signing_key
+    for function in (functions.ingest, functions.result):
+        assert ENV_SIGNING_KEY not in variant.resource(function)["Properties"]["Environment"]["Variables"]
 
 
 def test_send_command_reaches_only_the_configured_head_nodes(variant: Synthesized) -> None:
@@ -197,7 +223,9 @@ def test_drift_writes_only_verify_requests_and_payloads(variant: Synthesized) ->
             [
                 object_arn(variant, "/clusters/llm-train/verify.json"),
                 object_arn(variant, "/payloads/cfd-pcluster/*.json"),
+                object_arn(variant, "/payloads/cfd-pcluster/applier-*.py"),
                 object_arn(variant, "/payloads/hp-hybrid/*.json"),
+                object_arn(variant, "/payloads/hp-hybrid/applier-*.py"),
             ],
         )
     ]

@@ -167,11 +167,12 @@ def test_the_environment_contract(example: Synthesized) -> None:
         "POWERTOOLS_METRICS_NAMESPACE": "topokeeper",
         "LOG_LEVEL": "INFO",
     }
+    signing = {"SIGNING_KEY_ID": {"Fn::GetAtt": [example.logical_id(stack.signing_key.key), "Arn"]}}
     expected = {
         c.INGEST: common,
-        c.RECONCILE: {**common, "DEAD_LETTER_QUEUE_URL": ref(example, stack.queues.work_dlq)},
+        c.RECONCILE: {**common, "DEAD_LETTER_QUEUE_URL": ref(example, stack.queues.work_dlq), **signing},
         c.RESULT: {**common, "AUDIT_RETENTION_DAYS": str(settings.audit_retention_days)},
-        c.DRIFT: common,
+        c.DRIFT: {**common, **signing},
     }
     handler_fields = {field.alias for field in LambdaEnvironment.model_fields.values()}
     for name, function in stack.functions.by_name.items():
@@ -295,7 +296,7 @@ def test_dlq_depth_and_function_error_and_throttle_alarms(example: Synthesized) 
             example.logical_id(f) for f in example.stack.functions.by_name.values()
         )
     assert all(a["Properties"]["AlarmActions"] == [topic] for a in alarms)
-    per_cluster = 2 * len(example.settings.clusters) + 2 * len(agent_clusters(example.settings))
+    per_cluster = 3 * len(example.settings.clusters) + 2 * len(agent_clusters(example.settings))
     per_cluster += sum(cluster.alarm_on_managed_topology_updates for cluster in example.settings.clusters)
     assert len(alarms) == per_cluster + 2 + 2 * len(c.FUNCTION_NAMES)
 
@@ -335,7 +336,8 @@ def test_the_dashboard_has_a_row_per_cluster(example: Synthesized) -> None:
         assert f"## {cluster.name}" in text
         for metric in Metric:
             login_only = metric in (Metric.LOGIN_TARGETS_HEALTHY, Metric.LOGIN_TARGETS_DRIFT)  # test_login_endpoint
-            if metric not in (Metric.APPLY_FAILURES, Metric.AGENT_OUTDATED, Metric.FORGED_REPORTS) and not login_only:
+            alarm_only = (Metric.APPLY_FAILURES, Metric.AGENT_OUTDATED, Metric.FORGED_REPORTS, Metric.BUNDLE_REFUSALS)
+            if metric not in alarm_only and not login_only:
                 assert f'"{METRICS_NAMESPACE}","{metric}","{METRICS_DIMENSION}","{cluster.name}"' in text, metric
 
 
@@ -385,6 +387,7 @@ def test_each_function_role_holds_only_what_its_adapters_call(example: Synthesiz
         "ec2:DescribeInstances",
     }
     commands = {"ssm:SendCommand", "ssm:GetCommandInvocation"}
+    sign = {"kms:Sign", "kms:GetPublicKey"}  # the bundle-signing key
     consume = {"sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage"}
     expected = {
         c.INGEST: logs | table | key | {"sqs:SendMessage", "sagemaker:DescribeCluster", "ec2:DescribeInstances"},
@@ -395,6 +398,7 @@ def test_each_function_role_holds_only_what_its_adapters_call(example: Synthesiz
         | {"s3:PutObject", "sqs:SendMessage"}
         | facts
         | commands
+        | sign
         | consume
         | {"sqs:GetQueueAttributes"},
         c.RESULT: logs
@@ -402,7 +406,7 @@ def test_each_function_role_holds_only_what_its_adapters_call(example: Synthesiz
         | key
         | bucket_read
         | {"sqs:SendMessage", "events:PutEvents", "ssm:GetCommandInvocation"},
-        c.DRIFT: logs | table | key | bucket_read | {"s3:PutObject", "sqs:SendMessage"} | facts | commands,
+        c.DRIFT: logs | table | key | bucket_read | {"s3:PutObject", "sqs:SendMessage"} | facts | commands | sign,
     }
     for name, function in example.stack.functions.by_name.items():
         granted = {action for s in role_statements(example, function.role) for action in listed(s["Action"])}

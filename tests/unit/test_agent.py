@@ -59,9 +59,9 @@ def _tampered(name: str) -> bytes:
     elif name == "cluster":
         document["cluster_name"] = "another-cluster"
     elif name == "schema":
-        document["schema"] = "topokeeper.bundle/01"
+        document["schema"] = "topokeeper.bundle/02"
     elif name == "foreign schema":
-        document["schema"] = "someone.bundle/1"
+        document["schema"] = "someone.bundle/2"
     elif name == "plan":
         document["plan_sha256"] = "$(reboot)"
     return bundle_body(document)
@@ -72,8 +72,8 @@ def _tampered(name: str) -> bytes:
     [
         (_tampered("content"), r"files\[topology.yaml\].sha256 does not match its content"),
         (_tampered("cluster"), "cluster_name: 'another-cluster' is not this cluster"),
-        (_tampered("schema"), "schema: expected topokeeper.bundle/1, got 'topokeeper.bundle/01'"),
-        (_tampered("foreign schema"), "schema: expected topokeeper.bundle/1, got 'someone.bundle/1'"),
+        (_tampered("schema"), "schema: expected topokeeper.bundle/2, got 'topokeeper.bundle/02'"),
+        (_tampered("foreign schema"), "schema: expected topokeeper.bundle/2, got 'someone.bundle/2'"),
         (_tampered("plan"), "plan_sha256: not a sha256"),
         (b"\xff\xfe", "bundle is not JSON"),
         (b"[1]", "not a JSON object"),

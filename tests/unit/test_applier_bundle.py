@@ -103,7 +103,7 @@ def _rename_partition(document: dict[str, Any]) -> dict[str, Any]:
         (_set("files", lambda f: {"../slurm.conf": f["topology.yaml"]}), "bundle.files: expected exactly one file"),
         (_set("files/topology.yaml/content", ""), "bundle.files.topology.yaml: empty"),
         (_set("files/topology.yaml/content", "\ud800", rehash=False), "bundle.files.topology.yaml: not valid Unicode"),
-        (_set("schema", "topokeeper.bundle/2"), "bundle.schema: expected topokeeper.bundle/1"),
+        (_set("schema", "topokeeper.bundle/1"), "bundle.schema: expected topokeeper.bundle/2"),
         (_set("extra", 1), "bundle: missing keys [], unknown keys ['extra']"),
         (_set("slurm_format", "topology.json"), "bundle.slurm_format"),
         (_set("topology_plugin", "topology/tree"), "bundle.topology_plugin: must be null"),
@@ -122,7 +122,7 @@ def test_a_bad_bundle_is_refused_naming_the_field(
     ("text", "message"),
     [
         (json.dumps(_document())[:-100], "bundle is not valid JSON (truncated?)"),
-        ('{"schema": "topokeeper.bundle/1", "schema": "x"}', "bundle is not valid JSON (truncated?): duplicate key"),
+        ('{"schema": "topokeeper.bundle/2", "schema": "x"}', "bundle is not valid JSON (truncated?): duplicate key"),
         ("[]", "bundle: expected an object"),
     ],
 )

@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_support import AGENT_FILE, INSTALL_SCRIPT_ARGS, INSTALL_SCRIPT_BASE_ARGS
+from tests.agent_support import AGENT_FILE, INSTALL_SCRIPT_ARGS, INSTALL_SCRIPT_BASE_ARGS, bundle_document
+from tests.signing_support import sign, signing_key
+from topokeeper.adapters.aws import client
 from topokeeper.agent import agent
 from topokeeper.agent.install import SHIPPED_FILES
+from topokeeper.applier import applier
 from topokeeper.cli import main
+from topokeeper.sim.aws_emulator import AwsEmulator
 
 
 def _snippet(capsys: pytest.CaptureFixture[str], *extra: str) -> str:
@@ -159,3 +163,38 @@ def test_a_cluster_not_in_the_deployment_is_refused(tmp_path: Path, capsys: pyte
 def _snippet_from(capsys: pytest.CaptureFixture[str], arguments: list[str]) -> str:
     assert main(arguments) == 0
     return capsys.readouterr().out
+
+
+def test_with_the_signing_key_the_snippet_installs_its_public_key_and_the_agent_checks_signatures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The install script fetches the stack's public key (GetPublicKey, the operator's credentials), installs it
+    root-only beside the config, and the agent hands it to the applier, which refuses a forged bundle."""
+    with AwsEmulator(region="us-west-2") as aws:
+        for name, value in aws.env().items():
+            monkeypatch.setenv(name, value)
+        client.cache_clear()
+        key_arn = aws.client("kms").create_key(KeySpec="RSA_3072", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["Arn"]
+        try:
+            snippet = _snippet(capsys, "--signing-key", key_arn)
+        finally:
+            client.cache_clear()
+        public_key = aws.client("kms").get_public_key(KeyId=key_arn)["PublicKey"]
+    root = tmp_path / "root"
+    completed = _run(snippet, root)
+    assert completed.returncode == 0, completed.stderr
+
+    installed = root / "etc" / "topokeeper" / "bundle-key.json"
+    assert stat.S_IMODE(installed.stat().st_mode) == 0o600
+    trusted = applier.read_trusted_key(str(installed))
+    assert (trusted.cluster, trusted.key_id) == ("llm-train-slurm", key_arn)
+    assert (trusted.modulus, trusted.exponent) == applier.rsa_public_key(public_key)
+    config = agent.load_config(str(root / "etc" / "topokeeper" / "agent.json"))
+    assert config.trusted_key == str(installed)
+
+    # The agent's applier run: a bundle signed by any other key is refused before anything else.
+    bundle = tmp_path / "bundle.json"
+    bundle.write_text(json.dumps(sign(bundle_document(), 5, key=signing_key("attacker"))))
+    result = agent.run_applier(config, "apply", str(bundle), None)
+    assert (result["outcome"], result["signature"]) == ("bad_signature", "unchecked")
+    assert "does not verify with the trusted key " + key_arn in result["error"]

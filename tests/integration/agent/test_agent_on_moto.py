@@ -508,7 +508,7 @@ def test_an_agent_released_before_schema_versions_refuses_a_newer_bundle_and_cou
     [event] = cloud.delivered()  # the stack's rule still takes the shared source it sends
     assert (event["source"], event["detail"]["cluster"]) == ("topokeeper.agent", CLUSTER)
     assert event["detail"]["result"]["outcome"] == "refused"
-    assert event["detail"]["result"]["error"].startswith("schema: expected topokeeper.bundle/1")
+    assert event["detail"]["result"]["error"].startswith("schema: expected topokeeper.bundle/1")  # what it knew
     assert "re-run the install script" in _outdated_and_counted(event).reason
 
 
@@ -516,7 +516,8 @@ def test_an_agent_released_before_per_cluster_sources_is_counted_outdated_and_ne
     cloud: Cloud, node: Node, tmp_path: Path
 ) -> None:
     """Until it is upgraded, an old agent still applies a bundle it knows, but its report proves nothing."""
-    cloud.put_bundle(bundle_body(bundle_document()))
+    known = {**bundle_document(), "schema": "topokeeper.bundle/1"}  # before signed bundles (/2) too
+    cloud.put_bundle(bundle_body(known))
 
     assert _released_agent_cycle(node, tmp_path) == ["poll.changed", "apply.result", "report.sent"]
 

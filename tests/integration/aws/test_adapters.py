@@ -25,7 +25,7 @@ from tests.integration.aws.support import cluster_request, drain, group, subscri
 from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.audit_trail import PUT_EVENTS_MAX_BYTES, AuditTrail, put_events_entry_size
-from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, client, presigning_s3
+from topokeeper.adapters.aws import PRESIGN_CONFIG, SEND_COMMAND_CONFIG, client, presigning_s3
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
 from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter
 from topokeeper.adapters.hyperpod import HyperPodFacts
@@ -1060,9 +1060,9 @@ def _decode_commands(commands: list[str]) -> dict[str, Any]:
 def _ssm_channel(aws: AwsEmulator, clock: ManualClock, bucket: str, sleep: Callable[[float], None]) -> SsmChannel:
     aws.ssm.strict_targets = True
     aws.ssm.register_managed_instance(HEAD_NODE)
-    return SsmChannel(
-        aws.client("ssm"), aws.client("s3"), bucket, HEAD_NODE, now=clock.now, sleep=sleep, sender=_sender(aws)
-    )
+    # The applier travels through the bucket, by a SigV4 presigned URL as the Lambda makes it.
+    s3 = aws.client("s3", config=PRESIGN_CONFIG)
+    return SsmChannel(aws.client("ssm"), s3, bucket, HEAD_NODE, now=clock.now, sleep=sleep, sender=_sender(aws))
 
 
 def _sender(aws: AwsEmulator) -> Any:
@@ -1117,12 +1117,11 @@ def test_ssm_channel_delivers_to_the_head_node_and_reads_the_applier_document(
 def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
     aws: AwsEmulator, clock: ManualClock, bucket: str, monkeypatch: pytest.MonkeyPatch, sigv4: bool
 ) -> None:
-    """A bundle too large to ride inline is fetched by presigned URL; S3 serves a KMS object only to SigV4."""
+    """An applier and a bundle too large to ride inline are fetched by presigned URL; S3 serves a KMS object
+    only to SigV4."""
     aws.client("s3").put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration=KMS_DEFAULT_ENCRYPTION)
-    # Between the applier alone and the applier with this bundle, whatever the applier's size.
-    payload = {"mode": "apply", "applier": ssm_channel._applier_source(), "applier_sha256": "0" * 64, "bundle": None}
-    applier_only = ssm_channel.command_size(ssm_channel.build_commands({**payload, "bundle_sha256": ""}))
-    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", applier_only + 1_000)
+    # Small enough that neither rides inline: both travel through the bucket.
+    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", 3_000)
     for key, value in aws.env().items():
         monkeypatch.setenv(key, value)
     client.cache_clear()
@@ -1137,11 +1136,13 @@ def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
         payloads = [_decode_commands(channel.payload(bundle, mode)) for mode in ("apply", "verify")]
     finally:
         client.cache_clear()
+    expected = {"bundle": json.dumps(bundle.document(), sort_keys=True), "applier": ssm_channel._applier_source()}
     for payload in payloads:
-        url = payload["bundle_url"]
-        assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in urllib.parse.urlsplit(url).query
-        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - the emulator's http URL
-            assert response.read().decode() == json.dumps(bundle.document(), sort_keys=True)
+        for field, text in expected.items():
+            url = payload[f"{field}_url"]
+            assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in urllib.parse.urlsplit(url).query
+            with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - the emulator's http URL
+                assert response.read().decode() == text
 
 
 def test_ssm_channel_maps_failures_and_statuses_without_a_document(
@@ -1191,9 +1192,8 @@ def test_ssm_channel_verify_polls_until_the_document_arrives(aws: AwsEmulator, c
 
 def test_ssm_channel_cannot_reach_an_unregistered_node(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
     aws.ssm.strict_targets = True
-    channel = SsmChannel(
-        aws.client("ssm"), aws.client("s3"), bucket, "mi-0fedcba9876543210", now=clock.now, sender=_sender(aws)
-    )
+    s3 = aws.client("s3", config=PRESIGN_CONFIG)
+    channel = SsmChannel(aws.client("ssm"), s3, bucket, "mi-0fedcba9876543210", now=clock.now, sender=_sender(aws))
     with pytest.raises(Retryable) as info:  # AWS answered: no command was created
         channel.deliver(_rendered().bundle)
     assert info.value.code == "InvalidInstanceId"

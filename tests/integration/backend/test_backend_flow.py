@@ -9,6 +9,7 @@ import pytest
 from tests.integration.backend.conftest import AuditCapture, small_scenario
 from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.aws import client
+from topokeeper.applier.applier import BACKUP_DIR, GENERATION_FILE, sha256_text
 from topokeeper.errors import InputError
 from topokeeper.events import (
     CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
@@ -313,23 +314,19 @@ def test_the_head_nodes_own_slurm_version_wins(world_factory) -> None:
     assert _in_sync(world)
 
 
-def test_a_large_bundle_travels_through_s3_and_is_hash_checked_on_the_head_node(
-    world_factory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The fallback for bundles too large to ride inline: S3, a presigned URL, the sha256 checked on the node."""
-    # This cluster's command is about 1.1 KB larger inline than with the bundle in S3 (the presigned URL):
-    # the limit goes between the two, whatever the size of the applier that travels with both.
-    applier = ssm_channel._applier_source()
-    payload = {"mode": "apply", "applier": applier, "applier_sha256": "0" * 64, "bundle": None, "bundle_sha256": ""}
-    applier_only = ssm_channel.command_size(ssm_channel.build_commands(payload))
-    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", applier_only + 1_000)
+def test_the_applier_travels_through_s3_and_the_signed_bundle_is_checked_on_the_head_node(world_factory) -> None:
+    """The applier (with its signature checks) no longer fits in the command: it goes to S3, is fetched by a
+    presigned URL and checked against the sha256 the command pins; the command carries the stack's public key,
+    and the applier on the real slurmctld verifies the KMS signature and records the generation."""
     world = world_factory()
     world.settle()
     state = world.runtime.state.get(world.cluster.name)
     stored = world.emulator.client("s3").list_objects_v2(Bucket=world.stack.deployment.bucket, Prefix="payloads/")
-    assert [o["Key"] for o in stored.get("Contents", [])] == [
-        f"payloads/{world.cluster.name}/{state.applied_sha256}.json"
-    ]
+    keys = sorted(o["Key"] for o in stored.get("Contents", []))
+    applier_sha256 = sha256_text(ssm_channel._applier_source())
+    assert keys == [f"payloads/{world.cluster.name}/applier-{applier_sha256}.py"]  # the bundle rides inline
+    generation = json.loads((world.head.controller.etc / BACKUP_DIR / GENERATION_FILE).read_text())
+    assert generation == {"generation": state.bundle_generation, "plan_sha256": state.applied_sha256}
     assert world.head.verify(world.desired().bundle)["outcome"] == "in_sync"
 
 

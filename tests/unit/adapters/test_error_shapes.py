@@ -19,6 +19,7 @@ from botocore.exceptions import ClientError
 from botocore.stub import ANY, Stubber
 
 from tests.helpers import gb200_nodes, p5_nodes, snapshot
+from tests.unit.service.test_ssm_channel import RecordingS3
 from topokeeper import runtime as runtime_module
 from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.audit_trail import AuditTrail
@@ -88,7 +89,7 @@ def test_invocation_not_yet_visible_is_pending(stubbed: Any) -> None:
         http_status_code=400,
         expected_params={"CommandId": COMMAND_ID, "InstanceId": HEAD_NODE},
     )
-    channel = SsmChannel(ssm, None, "bucket", HEAD_NODE, now=lambda: NOW)
+    channel = SsmChannel(ssm, RecordingS3(), "bucket", HEAD_NODE, now=lambda: NOW)
 
     result = channel.result(COMMAND_ID)
 
@@ -99,7 +100,7 @@ def test_invocation_not_yet_visible_is_pending(stubbed: Any) -> None:
 def test_other_invocation_errors_propagate(stubbed: Any, code: str) -> None:
     ssm, stubber = stubbed("ssm")
     stubber.add_client_error("get_command_invocation", service_error_code=code, http_status_code=400)
-    channel = SsmChannel(ssm, None, "bucket", HEAD_NODE, now=lambda: NOW)
+    channel = SsmChannel(ssm, RecordingS3(), "bucket", HEAD_NODE, now=lambda: NOW)
 
     with pytest.raises(TopokeeperError) as info:
         channel.result(COMMAND_ID)
@@ -128,7 +129,7 @@ def test_run_keeps_polling_through_invocation_does_not_exist(stubbed: Any) -> No
         },
     )
     waits: list[float] = []
-    channel = SsmChannel(ssm, None, "bucket", HEAD_NODE, now=lambda: NOW, sleep=waits.append)
+    channel = SsmChannel(ssm, RecordingS3(), "bucket", HEAD_NODE, now=lambda: NOW, sleep=waits.append)
 
     result = channel.verify(_bundle())
 

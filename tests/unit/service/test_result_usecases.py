@@ -74,6 +74,30 @@ def test_a_failed_apply_keeps_the_applied_plan_and_counts_a_failure() -> None:
     assert record.error == "slurmctld refused it"
 
 
+@pytest.mark.parametrize("outcome", ["bad_signature", "replayed"])
+def test_a_bundle_the_head_node_found_forged_or_replayed_is_audited_and_counted(outcome: str) -> None:
+    controller = Controller()
+    command_id = _delivered(controller)
+    controller.ssm_results[command_id] = ApplyResult.model_validate(
+        {"outcome": outcome, "applier_version": "1.0.0", "error": "the signature does not verify"}
+    )
+    report = record_result(ssm_event(command_id), controller.result_deps())
+    assert (report.status, report.outcome) == ("recorded", Outcome(outcome))
+    assert controller.now_state().applied_sha256 is None
+    assert controller.metrics.values(Metric.BUNDLE_REFUSALS) == [1]
+    assert controller.metrics.values(Metric.APPLY_FAILURES) == [1]
+    (record,) = controller.audit.records.values()
+    assert (record.outcome, record.error) == (Outcome(outcome), "the signature does not verify")
+
+
+def test_a_rolled_back_apply_is_no_bundle_refusal() -> None:
+    controller = Controller()
+    command_id = _delivered(controller)
+    controller.ssm_results[command_id] = ApplyResult.model_validate({"outcome": "rolled_back", "applier_version": "1"})
+    record_result(ssm_event(command_id), controller.result_deps())
+    assert controller.metrics.values(Metric.BUNDLE_REFUSALS) == []
+
+
 def test_a_result_not_readable_yet_fails_the_invocation_and_keeps_the_delivery() -> None:
     controller = Controller()
     command_id = _delivered(controller)

@@ -1,5 +1,6 @@
 import base64
 import gzip
+import hashlib
 import json
 import subprocess
 import sys
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import gb200_nodes, p5_nodes, snapshot
+from tests.signing_support import LocalSigner
 from topokeeper.adapters.ssm_channel import (
+    APPLIER_PATH,
     BOOTSTRAP,
     INLINE_LIMIT_BYTES,
     SsmChannel,
@@ -21,6 +24,7 @@ from topokeeper.adapters.ssm_channel import (
 from topokeeper.engine.planner import plan
 from topokeeper.ports import Outcome
 from topokeeper.render.bundle import render
+from topokeeper.service.signing import sign_bundle, trusted_key_document
 
 
 class RecordingS3:
@@ -60,7 +64,9 @@ def test_shell_text_is_fixed_and_data_is_only_base64() -> None:
     assert all(set(line) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") for line in data)
 
 
-def test_small_bundle_travels_inline() -> None:
+def test_small_bundle_travels_inline_and_the_applier_through_s3() -> None:
+    """The applier with its signature checks no longer fits in the command (the tripwire): it goes to S3, pinned
+    by its sha256; a small bundle still rides inline."""
     s3 = RecordingS3()
     bundle = _bundle(16)
     commands = _channel(s3).payload(bundle, "apply")
@@ -68,7 +74,12 @@ def test_small_bundle_travels_inline() -> None:
     assert json.loads(payload["bundle"])["plan_sha256"] == bundle.plan_sha256
     assert payload["mode"] == "apply" and "bundle_url" not in payload
     assert command_size(commands) <= INLINE_LIMIT_BYTES
-    assert s3.objects == {}
+    applier = APPLIER_PATH.read_text()
+    assert command_size(build_commands({**payload, "applier": applier, "applier_url": None})) > INLINE_LIMIT_BYTES
+    key = f"payloads/test-cluster/applier-{hashlib.sha256(applier.encode()).hexdigest()}.py"
+    assert payload["applier"] is None and payload["applier_url"].startswith(f"https://example.invalid/{key}?")
+    assert s3.objects == {key: applier.encode()}
+    assert payload["applier_sha256"] == hashlib.sha256(applier.encode()).hexdigest()
 
 
 def test_large_bundle_goes_to_s3_with_its_hash() -> None:
@@ -78,9 +89,7 @@ def test_large_bundle_goes_to_s3_with_its_hash() -> None:
     payload = _decode(commands)
     assert payload["bundle"] is None
     assert payload["bundle_url"].startswith("https://example.invalid/payloads/test-cluster/")
-    stored = s3.objects[f"payloads/test-cluster/{bundle.plan_sha256}.json"].decode()
-    import hashlib
-
+    stored = s3.objects[f"payloads/test-cluster/{payload['bundle_sha256']}.json"].decode()
     assert hashlib.sha256(stored.encode()).hexdigest() == payload["bundle_sha256"]
     assert command_size(commands) <= INLINE_LIMIT_BYTES
 
@@ -131,10 +140,40 @@ def test_bootstrap_refuses_a_tampered_payload(tmp_path: Path) -> None:
     }
 
 
+def _bootstrap(tmp_path: Path, payload: dict) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "payload").write_bytes(base64.b64encode(gzip.compress(json.dumps(payload).encode())))
+    return subprocess.run(
+        [sys.executable, "-", str(tmp_path)], input=BOOTSTRAP, capture_output=True, text=True, check=False
+    )
+
+
+def test_bootstrap_fetches_the_applier_checks_its_pinned_hash_and_passes_the_trusted_key(tmp_path: Path) -> None:
+    applier = "import json, sys; print(json.dumps({'outcome': 'unchanged', 'argv': sys.argv[1:]}))"
+    (tmp_path / "staged.py").write_text(applier)
+    payload = {
+        "mode": "apply",
+        "applier": None,
+        "applier_url": (tmp_path / "staged.py").as_uri(),  # urllib reads file: URLs as it reads presigned ones
+        "applier_sha256": hashlib.sha256(applier.encode()).hexdigest(),
+        "bundle": "{}",
+        "bundle_sha256": hashlib.sha256(b"{}").hexdigest(),
+        "trusted_key": '{"schema": "topokeeper.signing-key/1"}',
+    }
+    work = tmp_path / "work"
+    work.mkdir()
+    result = _bootstrap(work, payload)
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(result.stdout)["argv"]
+    assert argv == ["apply", str(work / "bundle.json"), "--trusted-key", str(work / "trusted-key.json")]
+    assert (work / "trusted-key.json").read_text() == payload["trusted_key"]
+
+    (tmp_path / "staged.py").write_text(applier + "\nimport os; os.system('id')")  # swapped in the bucket
+    result = _bootstrap(work, payload)
+    assert (result.returncode, json.loads(result.stdout)["error"]) == (2, "applier sha256 mismatch")
+
+
 def test_script_runs_under_sh_and_execs_the_applier(tmp_path: Path) -> None:
     """The whole command text runs under /bin/sh; here the 'applier' is a stand-in that echoes its argv."""
-    import hashlib
-
     applier = "import json, sys; print(json.dumps({'outcome': 'unchanged', 'argv': sys.argv[1:2]}))"
     bundle = "{}"
     commands = build_commands(
@@ -217,8 +256,9 @@ def test_every_ssm_status_maps_to_a_clear_outcome(invocation: dict, outcome: Out
 
 
 def test_the_s3_fallback_fits_with_a_real_presigned_url_of_the_longest_names() -> None:
-    """The applier alone fills most of the inline limit: the fallback must still fit with what Lambda really
-    presigns (a session token in the URL, a 63-character bucket and cluster name), not a short test URL."""
+    """The fallback (the applier and the bundle both fetched from S3, the trusted key inline) must fit with what
+    Lambda really presigns (a session token in each URL, a 63-character bucket and cluster name), not a short
+    test URL: measured 4,895 of 48,000 bytes."""
     import random
 
     import boto3
@@ -237,8 +277,18 @@ def test_the_s3_fallback_fits_with_a_real_presigned_url_of_the_longest_names() -
 
     bucket, cluster = "b" * 63, "c" * 63
     facts = snapshot({"p5": p5_nodes(4000, partition="p5")}).model_copy(update={"cluster_name": cluster})
-    bundle = render(plan(facts)).bundle
-    channel = SsmChannel(None, PresigningS3(), bucket, "i-0123456789abcdef0", now=lambda: datetime.now(UTC))
+    signer = LocalSigner()
+    bundle = sign_bundle(render(plan(facts)).bundle, 2**62, "apply", signer)
+    channel = SsmChannel(
+        None,
+        PresigningS3(),
+        bucket,
+        "i-0123456789abcdef0",
+        now=lambda: datetime.now(UTC),
+        trusted_key=lambda: trusted_key_document(cluster, signer),
+    )
     commands = channel.payload(bundle, "apply")
-    assert "X-Amz-Security-Token" in _decode(commands)["bundle_url"]
+    payload = _decode(commands)
+    assert "X-Amz-Security-Token" in payload["bundle_url"] and "X-Amz-Security-Token" in payload["applier_url"]
+    assert json.loads(payload["trusted_key"])["cluster"] == cluster
     assert command_size(commands) <= INLINE_LIMIT_BYTES

@@ -14,7 +14,7 @@ INSTANCE_ID_PATTERN = r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?"
 INSTANCE_ID = re.compile(INSTANCE_ID_PATTERN)
 
 # The bundle document the applier and the agent accept (``render/bundle.py`` writes it).
-BUNDLE_SCHEMA = "topokeeper.bundle/1"
+BUNDLE_SCHEMA = "topokeeper.bundle/2"
 
 # The head-node agent's result events (EventBridge source and detail types). Each agent cluster reports
 # with its own source, AGENT_SOURCE.<cluster>, which its IAM policy enforces (events:source): the source,
@@ -51,9 +51,15 @@ def agent_verify_key(cluster: str) -> str:
     return f"{AGENT_KEY_PREFIX}/{cluster}/verify.json"
 
 
-def ssm_payload_key(cluster: str, plan_sha256: str) -> str:
-    """Where the SSM channel puts a bundle too large for the command itself, for the head node to fetch."""
-    return f"payloads/{cluster}/{plan_sha256}.json"
+def ssm_payload_key(cluster: str, sha256: str) -> str:
+    """Where the SSM channel puts a bundle too large for the command itself, for the head node to fetch
+    (named by the sha256 of its bytes: two signed bundles of one plan differ)."""
+    return f"payloads/{cluster}/{sha256}.json"
+
+
+def ssm_applier_key(cluster: str, sha256: str) -> str:
+    """Where the SSM channel puts the applier when the command cannot carry it, for the head node to fetch."""
+    return f"payloads/{cluster}/applier-{sha256}.py"
 
 
 # The Lambdas' environment: the stack sets these (``infra/functions.py``), ``runtime.LambdaEnvironment``
@@ -66,3 +72,4 @@ ENV_DEAD_LETTER_QUEUE = "DEAD_LETTER_QUEUE_URL"
 ENV_EVENT_BUS = "EVENT_BUS_NAME"
 ENV_CLOUDTRAIL_CHANNEL = "CLOUDTRAIL_CHANNEL_ARN"
 ENV_AUDIT_RETENTION = "AUDIT_RETENTION_DAYS"
+ENV_SIGNING_KEY = "SIGNING_KEY_ID"  # the bundle-signing KMS key (reconcile and drift sign with it)

@@ -14,7 +14,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from topokeeper.config import Settings
-from topokeeper.constants import ENV_BUCKET, ENV_CONFIG, ENV_DEAD_LETTER_QUEUE, ENV_EVENT_BUS, ENV_QUEUE, ENV_TABLE
+from topokeeper.constants import (
+    ENV_BUCKET,
+    ENV_CONFIG,
+    ENV_DEAD_LETTER_QUEUE,
+    ENV_EVENT_BUS,
+    ENV_QUEUE,
+    ENV_SIGNING_KEY,
+    ENV_TABLE,
+)
 from topokeeper.errors import InputError
 from topokeeper.operator_files import read_mapping
 
@@ -34,6 +42,7 @@ class Deployment(BaseModel):
     queue_url: str
     dead_letter_queue_url: str | None = None
     event_bus: str = "default"
+    signing_key_id: str | None = None  # the bundle-signing KMS key: an operator's apply signs as reconcile does
     settings: Settings
 
     def environment(self) -> dict[str, str]:
@@ -47,6 +56,8 @@ class Deployment(BaseModel):
         }
         if self.dead_letter_queue_url:
             env[ENV_DEAD_LETTER_QUEUE] = self.dead_letter_queue_url
+        if self.signing_key_id:
+            env[ENV_SIGNING_KEY] = self.signing_key_id
         return env
 
     @classmethod
@@ -66,6 +77,7 @@ class Deployment(BaseModel):
             queue_url=outputs[OUTPUT_QUEUE],
             dead_letter_queue_url=outputs.get(OUTPUT_DEAD_LETTER_QUEUE),
             event_bus=variables.get(ENV_EVENT_BUS, "default"),
+            signing_key_id=variables.get(ENV_SIGNING_KEY),
             settings=Settings.model_validate(json.loads(variables[ENV_CONFIG])),
         )
 

@@ -28,6 +28,8 @@ class Outcome(StrEnum):
     IN_SYNC = "in_sync"  # verify: live matches the plan
     DRIFT = "drift"  # verify: live differs from the plan
     REFUSED = "refused"  # bad hash, wrong format, unknown nodes or partitions: nothing written
+    BAD_SIGNATURE = "bad_signature"  # not signed by the key the head node trusts: nothing written
+    REPLAYED = "replayed"  # signed, but older than the last bundle the head node applied: nothing written
     ROLLED_BACK = "rolled_back"  # slurmctld rejected it; the previous config is restored and live
     FAILED = "failed"  # the applier could not finish (error says why)
     # Channel outcomes, when the applier's own document never arrived:
@@ -81,6 +83,8 @@ class ApplyResult(BaseModel):
     duration_seconds: float = 0.0
     error: str | None = None
     dropped: dict[str, int] = Field(default_factory=dict)  # entries cut to fit SSM's stdout cap
+    signature: Literal["verified", "unchecked"] | None = None  # the applier checked the bundle's signature
+    generation: int | None = None  # the signed bundle's generation, when the signature was verified
     truncated: bool = False  # the agent sent only a summary to fit one event
 
     @model_validator(mode="before")
@@ -119,6 +123,21 @@ class DeliveryChannel(Protocol):
     def verify(self, bundle: Bundle) -> ApplyResult: ...
 
 
+class BundleSigner(Protocol):
+    """The stack's asymmetric KMS key (RSA_3072, RSASSA_PKCS1_V1_5_SHA_256)."""
+
+    @property
+    def key_id(self) -> str: ...
+
+    def sign_digest(self, digest: bytes) -> bytes:
+        """The PKCS#1 v1.5 signature of a SHA-256 digest (KMS Sign, MessageType DIGEST)."""
+        ...
+
+    def public_key(self) -> bytes:
+        """The DER SubjectPublicKeyInfo (KMS GetPublicKey), which head nodes trust."""
+        ...
+
+
 class FactsSource(Protocol):
     def read(self, cluster: str) -> AwsSnapshot: ...
 
@@ -142,6 +161,7 @@ class Metric(StrEnum):
     EVENTS_COALESCED = "EventsCoalesced"  # changes that did not need a reconcile of their own
     AGENT_OUTDATED = "AgentOutdated"  # an agent report says the head node's agent must be upgraded
     FORGED_REPORTS = "ForgedReports"  # agent reports refused: about another cluster than their source's
+    BUNDLE_REFUSALS = "BundleRefusals"  # bundles the head node refused as bad_signature or replayed
     LOGIN_TARGETS_HEALTHY = "LoginTargetsHealthy"  # running login nodes the balancer finds healthy
     LOGIN_TARGETS_DRIFT = "LoginTargetsDrift"  # targets one login sync had to register or deregister
     MANAGED_TOPOLOGY_UPDATES = "ManagedTopologyUpdates"  # HyperPod's own UpdatePartitionTopology records
@@ -214,6 +234,7 @@ class PendingDelivery(BaseModel):
     previous_plan_sha256: str | None = None
     repair: list[str] = Field(default_factory=list)  # partitions rewritten because the live topology drifted
     waiting_receipt: str | None = None  # the reconcile message deferred behind this delivery, resumed by its result
+    bundle_generation: int | None = None  # the generation its bundle is signed with
 
 
 class ClusterState(BaseModel):
@@ -235,6 +256,7 @@ class ClusterState(BaseModel):
     repair_partitions: list[str] = Field(default_factory=list)  # live drift to repair on the next write
     last_verify: ApplyResult | None = None
     last_verify_at: datetime | None = None
+    bundle_generation: int = 0  # the last generation signed for delivery: only grows (service/signing.py)
     version: int = 0  # optimistic concurrency
 
     @field_validator("last_verify", mode="before")

@@ -22,6 +22,7 @@ from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, aws_errors, client, pre
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
 from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, instance_tags
 from topokeeper.adapters.hyperpod import HyperPodFacts
+from topokeeper.adapters.kms import KmsBundleSigner
 from topokeeper.adapters.metrics import EmfMetrics
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
@@ -35,6 +36,7 @@ from topokeeper.constants import (
     ENV_DEAD_LETTER_QUEUE,
     ENV_EVENT_BUS,
     ENV_QUEUE,
+    ENV_SIGNING_KEY,
     ENV_TABLE,
 )
 from topokeeper.errors import InputError
@@ -42,6 +44,7 @@ from topokeeper.ports import ApplyResult, Channel, Clock, DeliveryChannel, Facts
 from topokeeper.service.ingest import IngestDeps
 from topokeeper.service.reconcile import ControllerDeps
 from topokeeper.service.result import ResultDeps
+from topokeeper.service.signing import trusted_key_document
 
 
 class SystemClock:
@@ -62,6 +65,7 @@ class LambdaEnvironment(BaseModel):
     event_bus: str = Field("default", alias=ENV_EVENT_BUS)
     cloudtrail_channel_arn: str | None = Field(None, alias=ENV_CLOUDTRAIL_CHANNEL)
     audit_retention_days: int = Field(365, alias=ENV_AUDIT_RETENTION)
+    signing_key_id: str | None = Field(None, alias=ENV_SIGNING_KEY, min_length=1)
     region: str | None = Field(None, alias="AWS_REGION")  # set by Lambda itself
     function_name: str = Field("topokeeper", alias="AWS_LAMBDA_FUNCTION_NAME")
 
@@ -132,9 +136,14 @@ class Runtime:
             verify_only=cluster.effective_mode is Mode.VERIFY,
         )
 
+    @cached_property
+    def signer(self) -> KmsBundleSigner | None:
+        return None if self.env.signing_key_id is None else KmsBundleSigner(client("kms"), self.env.signing_key_id)
+
     def ssm_channel(self, cluster: ClusterConfig) -> SsmChannel:
         if cluster.head_node is None:
             raise InputError(f"clusters.{cluster.name}.head_node", "required for channel ssm")
+        signer = self.signer
         return SsmChannel(
             client("ssm"),
             presigning_s3(),
@@ -143,6 +152,7 @@ class Runtime:
             now=self.clock.now,
             sleep=self.sleep,
             sender=client("ssm", None, SEND_COMMAND_CONFIG),
+            trusted_key=None if signer is None else lambda: trusted_key_document(cluster.name, signer),
         )
 
     def ssm_result(self, cluster: ClusterConfig, command_id: str) -> ApplyResult:
@@ -200,6 +210,7 @@ class Runtime:
             clock=self.clock,
             facts=self.facts,
             channel=self.channel,
+            signer=self.signer,
         )
 
     def result_deps(self) -> ResultDeps:

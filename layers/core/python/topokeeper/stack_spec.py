@@ -157,6 +157,8 @@ def cluster_alarms(settings: Settings, cluster: ClusterConfig) -> dict[Metric, A
             missing=MissingData.MISSING,
         ),
         Metric.APPLY_FAILURES: AlarmSpec("Sum", ALARM_PERIOD_SECONDS),
+        # A forged or replayed bundle reached the head node: someone wrote the bucket, or its key is wrong.
+        Metric.BUNDLE_REFUSALS: AlarmSpec("Sum", ALARM_PERIOD_SECONDS),
     }
     if cluster.effective_channel is Channel.AGENT:
         alarms[Metric.AGENT_OUTDATED] = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)

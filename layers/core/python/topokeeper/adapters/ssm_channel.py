@@ -1,10 +1,12 @@
 """Channel 1: SSM Run Command (``AWS-RunShellScript``) to the head node's ``i-``/``mi-`` id.
 
-The shell text is fixed. Everything that varies (the applier, the bundle, the mode) travels as one
-base64 block in a quoted heredoc, so nothing from AWS or config is ever parsed by the shell. The
-bundle rides inline while the command fits well under SSM's 64 KB document limit; a larger one is
-put in S3 and fetched by a presigned URL on the node (SigV4: S3 refuses SigV2 for the KMS-encrypted
-bucket), then checked against its sha256.
+The shell text is fixed. Everything that varies (the applier, the bundle, the mode, the trusted key)
+travels as one base64 block in a quoted heredoc, so nothing from AWS or config is ever parsed by the
+shell. The applier, then the bundle, ride inline while the command fits well under SSM's 64 KB document
+limit; what does not is put in S3 and fetched by a presigned URL on the node (SigV4: S3 refuses SigV2 for
+the KMS-encrypted bucket), then checked against the sha256 the command pins. The command also carries the
+public key the bundle must be signed with: whoever can send this command runs root on the head node anyway,
+so the key is exactly as trusted as the applier it travels with.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import base64
 import gzip
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from botocore.exceptions import ClientError
 from topokeeper.adapters.aws import THROTTLING_CODES, aws_errors, error_code, translate
 from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, sha256_text
 from topokeeper.config import SSM_TARGET
-from topokeeper.constants import ssm_payload_key
+from topokeeper.constants import ssm_applier_key, ssm_payload_key
 from topokeeper.errors import InputError, Permanent
 from topokeeper.events import RUN_SHELL_DOCUMENT
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
@@ -41,7 +43,7 @@ _PAYLOAD_END = "TOPOKEEPER_PAYLOAD_END"
 _BOOTSTRAP_END = "TOPOKEEPER_BOOTSTRAP_END"
 
 # Runs on the head node (Python 3.8+). Inline payloads need only what python3-minimal has (zlib reads
-# gzip); a bundle fetched from S3 needs urllib, which every full python3 has.
+# gzip); what is fetched from S3 (the applier, since it checks signatures) needs urllib, as every full python3.
 BOOTSTRAP = """\
 import base64, hashlib, json, os, sys, zlib
 work = sys.argv[1]
@@ -50,27 +52,30 @@ def refuse(error):
     sys.exit(2)
 with open(os.path.join(work, "payload"), "rb") as handle:
     payload = json.loads(zlib.decompress(base64.b64decode(handle.read()), 16 + zlib.MAX_WBITS))
-def checked(text, expected, what):
-    if hashlib.sha256(text.encode()).hexdigest() != expected:
-        refuse(what + " sha256 mismatch")
-    return text
 mode = payload["mode"]
 if mode not in ("apply", "dry-run", "verify"):
     refuse("unknown mode")
-applier = checked(payload["applier"], payload["applier_sha256"], "applier")
-bundle = payload.get("bundle")
-if bundle is None:
-    try:
-        import urllib.request
-    except ImportError:
-        refuse("the bundle is too large to travel inline and this python3 lacks urllib.request")
-    with urllib.request.urlopen(payload["bundle_url"], timeout=60) as response:
-        bundle = response.read().decode()
-bundle = checked(bundle, payload["bundle_sha256"], "bundle")
-for name, text in (("applier.py", applier), ("bundle.json", bundle)):
+def fetched(name):
+    text = payload.get(name)
+    if text is None:
+        try:
+            import urllib.request
+        except ImportError:
+            refuse("the " + name + " is too large to travel inline and this python3 lacks urllib.request")
+        with urllib.request.urlopen(payload[name + "_url"], timeout=60) as response:
+            text = response.read().decode()
+    if hashlib.sha256(text.encode()).hexdigest() != payload[name + "_sha256"]:
+        refuse(name + " sha256 mismatch")
+    return text
+files = [("applier.py", fetched("applier")), ("bundle.json", fetched("bundle"))]
+argv = [sys.executable, os.path.join(work, "applier.py"), mode, os.path.join(work, "bundle.json")]
+if payload.get("trusted_key"):
+    files.append(("trusted-key.json", payload["trusted_key"]))
+    argv += ["--trusted-key", os.path.join(work, "trusted-key.json")]
+for name, text in files:
     with open(os.path.join(work, name), "w") as handle:
         handle.write(text)
-os.execv(sys.executable, [sys.executable, os.path.join(work, "applier.py"), mode, os.path.join(work, "bundle.json")])
+os.execv(sys.executable, argv)
 """
 
 _HEAD = [
@@ -138,9 +143,11 @@ class SsmChannel:
         now: Callable[[], datetime],
         sleep: Callable[[float], None] = time.sleep,
         sender: Any = None,
+        trusted_key: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         """``ssm`` reads invocations (retried by botocore); ``sender`` (default ``ssm``) sends commands and
         must not retry by itself (``SEND_COMMAND_CONFIG``)."""
+        self._trusted_key = trusted_key  # the applier's --trusted-key document (None: signatures unchecked)
         self._ssm = ssm
         self._sender = guard_single_attempt(ssm if sender is None else sender)
         self._s3 = s3
@@ -158,21 +165,26 @@ class SsmChannel:
             "applier_sha256": sha256_text(applier),
             "bundle": document,
             "bundle_sha256": sha256_text(document),
+            "trusted_key": None if self._trusted_key is None else json.dumps(self._trusted_key(), sort_keys=True),
         }
         commands = build_commands(payload)
-        if command_size(commands) <= INLINE_LIMIT_BYTES:
-            return commands
-        key = ssm_payload_key(bundle.cluster_name, bundle.plan_sha256)
-        self._s3.put_object(Bucket=self._bucket, Key=key, Body=document.encode(), ContentType="application/json")
-        payload["bundle"] = None
-        payload["bundle_url"] = guard_sigv4(
-            self._s3.generate_presigned_url(
-                "get_object", Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS
-            )
+        staged = (
+            ("applier", ssm_applier_key(bundle.cluster_name, payload["applier_sha256"]), "text/x-python"),
+            ("bundle", ssm_payload_key(bundle.cluster_name, payload["bundle_sha256"]), "application/json"),
         )
-        commands = build_commands(payload)
+        for field, key, content_type in staged:  # the applier (the larger) to S3 first, then the bundle too
+            if command_size(commands) <= INLINE_LIMIT_BYTES:
+                return commands
+            self._s3.put_object(Bucket=self._bucket, Key=key, Body=payload[field].encode(), ContentType=content_type)
+            payload[field] = None
+            payload[f"{field}_url"] = guard_sigv4(
+                self._s3.generate_presigned_url(
+                    "get_object", Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS
+                )
+            )
+            commands = build_commands(payload)
         if command_size(commands) > INLINE_LIMIT_BYTES:
-            raise Permanent(f"SSM command is {command_size(commands)} bytes even with the bundle in S3")
+            raise Permanent(f"SSM command is {command_size(commands)} bytes even with the bundle and applier in S3")
         return commands
 
     def _send(self, bundle: Bundle, mode: str) -> str:

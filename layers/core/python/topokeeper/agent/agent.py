@@ -52,7 +52,7 @@ VERIFY_RESULT = "Topology Verify Result"
 # The newest bundle schema this agent understands. A newer one is refused as "agent_outdated": the
 # install script that shipped this file must be re-run to get an agent (and applier) that knows it.
 BUNDLE_SCHEMA_NAME = "topokeeper.bundle"
-BUNDLE_SCHEMA_VERSION = 1
+BUNDLE_SCHEMA_VERSION = 2
 BUNDLE_SCHEMA = f"{BUNDLE_SCHEMA_NAME}/{BUNDLE_SCHEMA_VERSION}"
 AGENT_OUTDATED = "agent_outdated"
 
@@ -136,6 +136,8 @@ class Config:
     state_dir: str = "/var/lib/topokeeper"
     applier_timeout_seconds: float = APPLIER_TIMEOUT_SECONDS
     request_timeout_seconds: float = 15.0
+    # The applier's --trusted-key file: bundles must be signed by the stack's key (the install script writes it).
+    trusted_key: Optional[str] = None
 
     @property
     def key(self) -> str:
@@ -574,6 +576,8 @@ def _run_bounded(argv: List[str], environment: Mapping[str, str], timeout: float
 def run_applier(config: Config, mode: str, bundle_path: str, plan_sha256: Optional[str]) -> Dict[str, Any]:
     """``python3 APPLIER MODE BUNDLE`` (an argv list, never a shell) -> its JSON document."""
     argv = [sys.executable, config.applier, mode, bundle_path]
+    if config.trusted_key:
+        argv += ["--trusted-key", config.trusted_key]
     environment = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
     try:
         completed = _run_bounded(argv, environment, config.applier_timeout_seconds)

@@ -6,13 +6,15 @@ imports only modules that Debian's python3-minimal ships too (no difflib, shutil
 also runs on minimal images.
 
     python3 applier.py {apply|dry-run|verify} BUNDLE.json|- [--lock-timeout SECONDS] [--scontrol PATH]
+                       [--trusted-key KEY.json]
 
 It honours ``SLURM_CONF`` (else ``/opt/slurm/etc/slurm.conf``, else what ``scontrol show config`` says),
 finds ``scontrol`` without relying on PATH (``--scontrol``, else ``../bin`` of slurm.conf's directory,
 else ``/opt/slurm/bin``, else PATH: HyperPod and ParallelCluster put ``/opt/slurm/bin`` on PATH only in
 login shells, which neither SSM's script nor a systemd unit runs), prints exactly one JSON document on stdout
 (always under 24,000 characters: SSM keeps no more) and exits 0 applied, unchanged, in_sync or
-would_apply; 3 drift; 2 refused; 1 rolled_back or failed. The document always has every key:
+would_apply; 3 drift; 2 refused, bad_signature or replayed; 1 rolled_back or failed. The document always
+has every key:
 outcome, mode, plan_sha256, before_sha256 and after_sha256 (the live content hash, measured on disk
 before and after), partitions_changed, reconfigured, reconfigure_exit_code, readback ({topology:
 {units, matches, mismatches, mismatches_dropped}}), partition_topologies (live Topology= per
@@ -21,7 +23,8 @@ grouping_drift (true when some entry's kind is grouping), diff (dry-run), slurm_
 config_dir, scontrol (the path of the scontrol it ran), backup_dir, duration_seconds, error, dropped
 ({field: how many list items or characters were cut to stay under the cap}), applier_version and recovery
 (null, or what was done with a journal a killed run left: {action: rolled_forward|rolled_back, phase,
-plan_sha256, errors}).
+plan_sha256, errors}), signature ("verified" with --trusted-key, else "unchecked") and generation (the
+signed bundle's, once verified).
 
 Choices the callers can rely on:
 
@@ -78,6 +81,7 @@ Choices the callers can rely on:
 from __future__ import annotations
 
 import argparse
+import base64
 import bisect
 import contextlib
 import errno
@@ -110,7 +114,7 @@ from typing import (
 )
 
 APPLIER_VERSION = "1.0.0"
-BUNDLE_SCHEMA = "topokeeper.bundle/1"
+BUNDLE_SCHEMA = "topokeeper.bundle/2"
 YAML_FORMAT = "topology.yaml"
 CONF_FORMAT = "topology.conf"
 FIRST_YAML_VERSION = (25, 5)  # topology.yaml and per-partition Topology= appeared in Slurm 25.05
@@ -143,6 +147,8 @@ EXIT_CODES = {
     "would_apply": 0,
     "drift": 3,
     "refused": 2,
+    "bad_signature": 2,
+    "replayed": 2,
     "rolled_back": 1,
     "failed": 1,
 }
@@ -268,6 +274,8 @@ def partition_topologies(show_partition_output: str) -> Dict[str, Optional[str]]
 class Refused(Exception):
     """The bundle, or this cluster, rules the plan out. Nothing is written."""
 
+    outcome = "refused"
+
 
 class Failed(Exception):
     """The applier could not finish (scontrol missing or failing, lock busy, I/O error)."""
@@ -316,6 +324,7 @@ _BUNDLE_KEYS = frozenset(
         "topologies",
     ]
 )
+_SIGNING_KEYS = frozenset(["generation", "purpose", "signature"])  # a signed bundle has all three, else none
 
 
 class ExpectedUnit(NamedTuple):
@@ -334,6 +343,11 @@ class Bundle(NamedTuple):
     partitions: Dict[str, Optional[str]]  # partition -> Topology= value; None removes the key
     nodes: List[str]
     topologies: Dict[str, Dict[str, ExpectedUnit]]
+    cluster_name: str = ""
+    generation: Optional[int] = None  # signed bundles only, as every field below
+    purpose: Optional[str] = None  # "apply", or "verify": never applied
+    signature: Optional[Dict[str, Any]] = None
+    signed_bytes: bytes = b""  # what the signature covers: the document without "signature", canonical
 
 
 def _no_duplicate_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
@@ -381,7 +395,7 @@ def parse_bundle(text: str) -> Bundle:
     document = _object(document, "bundle")
     if document.get("schema") != BUNDLE_SCHEMA:
         raise Refused("bundle.schema: expected %s, got %r" % (BUNDLE_SCHEMA, str(document.get("schema"))[:80]))
-    missing, unknown = sorted(_BUNDLE_KEYS - set(document)), sorted(set(document) - _BUNDLE_KEYS)
+    missing, unknown = sorted(_BUNDLE_KEYS - set(document)), sorted(set(document) - _BUNDLE_KEYS - _SIGNING_KEYS)
     if missing or unknown:
         raise Refused("bundle: missing keys %s, unknown keys %s" % (missing, [key[:40] for key in unknown[:5]]))
 
@@ -439,6 +453,7 @@ def parse_bundle(text: str) -> Bundle:
         raise Refused("bundle.plan_sha256: does not match the bundle's files, partitions and plugin (tampered?)")
     if not isinstance(document["cluster_name"], str):
         raise Refused("bundle.cluster_name: expected a string")
+    signing = parse_signing(document)
     return Bundle(
         plan_sha256=plan_sha256,
         slurm_format=slurm_format,
@@ -447,7 +462,217 @@ def parse_bundle(text: str) -> Bundle:
         partitions=partitions,
         nodes=_safe_names(document["nodes"], "bundle.nodes"),
         topologies=topologies,
+        cluster_name=document["cluster_name"],
+        **signing,
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Authentic and fresh: the KMS signature and the generation
+#
+# The reconcile signs sha256(signed_bytes(document)) with an asymmetric KMS key (RSASSA_PKCS1_V1_5_SHA_256,
+# MessageType DIGEST). The head node holds the public key in a root-owned file (--trusted-key): the SSM
+# command carries it, the agent's install script writes it. PKCS#1 v1.5 verification (RFC 8017 8.2.2) is
+# one modular exponentiation and a comparison with the one encoding the digest allows, never a parse of the
+# decrypted block (what the Bleichenbacher'06 forgeries exploit). Each signed bundle carries a generation
+# that only grows per cluster; an apply records it beside the journal and a lower one is refused.
+
+SIGNATURE_ALGORITHM = "RSASSA_PKCS1_V1_5_SHA_256"
+TRUSTED_KEY_SCHEMA = "topokeeper.signing-key/1"
+GENERATION_FILE = "generation.json"
+MIN_RSA_BITS = 2048
+_SHA256_DIGEST_INFO = bytes.fromhex("3031300d060960864801650304020105000420")  # RFC 8017 9.2 note 1
+_RSA_ENCRYPTION = bytes.fromhex("2a864886f70d010101")  # OID 1.2.840.113549.1.1.1
+_GENERATION_MAX = 2**63 - 1
+
+
+class BadSignature(Refused):
+    """The bundle's signature is missing, malformed or not made by the trusted key."""
+
+    outcome = "bad_signature"
+
+
+class Replayed(Refused):
+    """A validly signed bundle older than the last one this head node applied."""
+
+    outcome = "replayed"
+
+
+class TrustedKey(NamedTuple):
+    cluster: str
+    key_id: str
+    modulus: int
+    exponent: int
+
+
+def signed_bytes(document: Mapping[str, Any]) -> bytes:
+    """The bytes a signature covers: the bundle document without its signature, as canonical JSON."""
+    unsigned = {key: value for key, value in document.items() if key != "signature"}
+    return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def parse_signing(document: Mapping[str, Any]) -> Dict[str, Any]:
+    present = _SIGNING_KEYS & set(document)
+    if not present:
+        return {}
+    if present != _SIGNING_KEYS:
+        raise BadSignature(
+            "bundle: a signed bundle has %s; missing %s" % (sorted(_SIGNING_KEYS), sorted(_SIGNING_KEYS - present))
+        )
+    generation, purpose, signature = document["generation"], document["purpose"], document["signature"]
+    if type(generation) is not int or not 1 <= generation <= _GENERATION_MAX:
+        raise BadSignature("bundle.generation: expected a whole number from 1 to 2**63-1")
+    if purpose not in ("apply", "verify"):
+        raise BadSignature("bundle.purpose: expected apply or verify")
+    if not (isinstance(signature, dict) and sorted(signature) == ["algorithm", "key_id", "value"]):
+        raise BadSignature("bundle.signature: expected {algorithm, key_id, value}")
+    if signature["algorithm"] != SIGNATURE_ALGORITHM:
+        raise BadSignature("bundle.signature.algorithm: expected %s" % SIGNATURE_ALGORITHM)
+    return {
+        "generation": generation,
+        "purpose": purpose,
+        "signature": signature,
+        "signed_bytes": signed_bytes(document),
+    }
+
+
+def _der(data: bytes, offset: int, tag: int) -> Tuple[int, int]:
+    """The start and end of the value of the DER element of ``tag`` at ``offset``."""
+    if offset + 2 > len(data) or data[offset] != tag:
+        raise ValueError("expected DER tag 0x%02x at %d" % (tag, offset))
+    length, offset = data[offset + 1], offset + 2
+    if length & 0x80:
+        count = length & 0x7F
+        if not 1 <= count <= 4:
+            raise ValueError("bad DER length at %d" % offset)
+        length, offset = int.from_bytes(data[offset : offset + count], "big"), offset + count
+    if offset + length > len(data):
+        raise ValueError("DER element runs past the end")
+    return offset, offset + length
+
+
+def rsa_public_key(der: bytes) -> Tuple[int, int]:
+    """(modulus, exponent) of a DER SubjectPublicKeyInfo of an RSA key, as KMS GetPublicKey returns it."""
+    start, _ = _der(der, 0, 0x30)
+    algorithm, algorithm_end = _der(der, start, 0x30)
+    oid, oid_end = _der(der, algorithm, 0x06)
+    if der[oid:oid_end] != _RSA_ENCRYPTION:
+        raise ValueError("not an RSA public key")
+    bits, _ = _der(der, algorithm_end, 0x03)
+    if der[bits : bits + 1] != b"\x00":
+        raise ValueError("the key's BIT STRING has unused bits")
+    sequence, _ = _der(der, bits + 1, 0x30)
+    modulus_start, modulus_end = _der(der, sequence, 0x02)
+    exponent_start, exponent_end = _der(der, modulus_end, 0x02)
+    modulus = int.from_bytes(der[modulus_start:modulus_end], "big")
+    exponent = int.from_bytes(der[exponent_start:exponent_end], "big")
+    if modulus.bit_length() < MIN_RSA_BITS or exponent < 3 or exponent % 2 == 0:
+        raise ValueError("RSA key too small or with a bad exponent")
+    return modulus, exponent
+
+
+def read_trusted_key(path: str) -> TrustedKey:
+    """The head node's public key file; it must be root's (this user's) and writable by no one else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        with os.fdopen(fd, "rb") as reader:
+            found = os.fstat(reader.fileno())
+            if found.st_uid != os.geteuid() or found.st_mode & 0o022:
+                raise ValueError(
+                    "owner uid %d, mode %04o: must be this user's, writable by no one else"
+                    % (found.st_uid, stat.S_IMODE(found.st_mode))
+                )
+            document = json.loads(reader.read().decode("utf-8"))
+        if not isinstance(document, dict) or document.get("schema") != TRUSTED_KEY_SCHEMA:
+            raise ValueError("expected schema %s" % TRUSTED_KEY_SCHEMA)
+        cluster, key_id, public_key = document.get("cluster"), document.get("key_id"), document.get("public_key")
+        if not (isinstance(cluster, str) and isinstance(key_id, str) and isinstance(public_key, str)):
+            raise ValueError("expected cluster, key_id and public_key strings")
+        modulus, exponent = rsa_public_key(base64.b64decode(public_key, validate=True))
+    except (OSError, ValueError) as error:  # binascii.Error and JSON errors are ValueErrors
+        raise BadSignature("cannot check the signature: trusted key %s: %s" % (path, error)) from None
+    return TrustedKey(cluster, key_id, modulus, exponent)
+
+
+def pkcs1_sha256_valid(key: TrustedKey, digest: bytes, signature: bytes) -> bool:
+    """RSASSA-PKCS1-v1_5 verification with SHA-256 (RFC 8017 8.2.2): the signature's e-th power mod n must
+    equal, byte for byte, 00 01 FF..FF 00 DigestInfo(digest); compared in time independent of where it differs."""
+    size = (key.modulus.bit_length() + 7) // 8
+    if len(signature) != size or len(digest) != 32:
+        return False
+    representative = int.from_bytes(signature, "big")
+    if representative >= key.modulus:
+        return False
+    encoded = pow(representative, key.exponent, key.modulus).to_bytes(size, "big")
+    suffix = _SHA256_DIGEST_INFO + digest
+    expected = b"\x00\x01" + b"\xff" * (size - len(suffix) - 3) + b"\x00" + suffix
+    difference = 0
+    for index in range(size):
+        difference |= encoded[index] ^ expected[index]
+    return difference == 0
+
+
+def check_signature(bundle: Bundle, mode: str, key: TrustedKey) -> None:
+    """Before anything else: signed by the trusted key, for this cluster, for this use."""
+    if bundle.signature is None or bundle.generation is None:
+        raise BadSignature("the bundle is not signed, and this head node trusts only bundles signed by %s" % key.key_id)
+    try:
+        value = base64.b64decode(str(bundle.signature["value"]), validate=True)
+    except ValueError:
+        raise BadSignature("bundle.signature.value: not base64") from None
+    if not pkcs1_sha256_valid(key, hashlib.sha256(bundle.signed_bytes).digest(), value):
+        raise BadSignature(
+            "the signature does not verify with the trusted key %s (the bundle says %s): forged or edited"
+            % (key.key_id, str(bundle.signature["key_id"])[:200])
+        )
+    if bundle.cluster_name != key.cluster:
+        raise Refused("the bundle is for cluster %r; this head node is %r" % (bundle.cluster_name[:80], key.cluster))
+    if mode == "apply" and bundle.purpose != "apply":
+        raise Refused("the bundle is signed for %s only, never to apply" % bundle.purpose)
+
+
+def _backup_root_read_only(config_dir: str) -> Optional[int]:
+    """The backup root's fd to read, without creating it (verify and dry-run write nothing); None if absent."""
+    try:
+        return os.open(os.path.join(config_dir, BACKUP_DIR), os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
+    except FileNotFoundError:
+        return None
+
+
+def last_generation(backup_fd: int) -> Tuple[int, Optional[str]]:
+    """The generation (and its plan) of the last signed bundle an apply accepted here; (0, None) before any."""
+    try:
+        document = _read_json(backup_fd, GENERATION_FILE)
+    except (ValueError, Failed) as error:
+        raise Failed(
+            "%s is not readable JSON (%s): remove it only if no older bundle can be replayed" % (GENERATION_FILE, error)
+        ) from None
+    if document is None:
+        return 0, None
+    generation, plan = document.get("generation"), document.get("plan_sha256")
+    if type(generation) is not int or not isinstance(plan, str):
+        raise Failed("%s: expected {generation, plan_sha256}" % GENERATION_FILE)
+    return generation, plan
+
+
+def check_generation(bundle: Bundle, mode: str, last: Tuple[int, Optional[str]]) -> None:
+    """Only newer than the last apply; the same generation only as the very same bundle again (a retry)."""
+    generation, plan = last
+    offered = bundle.generation or 0  # a signed bundle's is at least 1
+    older = offered < generation
+    other = mode == "apply" and offered == generation and bundle.plan_sha256 != plan
+    if older or other:
+        raise Replayed(
+            "bundle generation %d is not newer than generation %d, applied here last (plan %s): an older bundle"
+            " put back?" % (offered, generation, (plan or "")[:12])
+        )
+
+
+def accept_generation(backup_fd: int, bundle: Bundle, faults: "Faults") -> None:
+    """Under the lock, before anything is written: record the generation, so no older bundle applies after it."""
+    check_generation(bundle, "apply", last_generation(backup_fd))
+    document = {"generation": bundle.generation, "plan_sha256": bundle.plan_sha256}
+    _write_json(backup_fd, GENERATION_FILE, document, faults, "generation")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1115,6 +1340,7 @@ class Context(NamedTuple):
     budget: "Budget"
     faults: Faults
     lock_timeout: float
+    signed: bool = False  # the signature was checked: the apply records the bundle's generation
 
 
 class Transaction:
@@ -2050,6 +2276,8 @@ def new_result(mode: Optional[str]) -> Dict[str, Any]:
         "dropped": {},
         "applier_version": APPLIER_VERSION,
         "recovery": None,
+        "signature": "unchecked",
+        "generation": None,
     }
 
 
@@ -2177,7 +2405,9 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
     conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
     try:
         with transaction_for(conf, context) as transaction:
-            transaction.recover(result)  # before anything else
+            if context.signed:
+                accept_generation(transaction.backup_fd, bundle, context.faults)
+            transaction.recover(result)  # before anything else the bundle asks for
             conf = SlurmConf(conf_path)
             refuse_links(transaction.config, _write_targets(transaction.config, conf_path, conf, bundle))
             state = read_disk_state(conf, bundle)
@@ -2208,6 +2438,8 @@ def execute(
     lock_timeout: float,
     environ: Mapping[str, str],
     scontrol_path: Optional[str] = None,
+    *,
+    trusted_key: Optional[str] = None,
 ) -> Dict[str, Any]:
     result = new_result(mode)
     started = time.monotonic()
@@ -2215,13 +2447,23 @@ def execute(
     try:
         bundle = parse_bundle(bundle_text)
         result["plan_sha256"] = bundle.plan_sha256
+        if trusted_key is not None:
+            check_signature(bundle, mode, read_trusted_key(trusted_key))
+            result["signature"], result["generation"] = "verified", bundle.generation
         scontrol = Scontrol(environ, find_scontrol(scontrol_path, configured_slurm_conf(environ), environ))
         result["scontrol"] = scontrol.path
         scontrol.deadline = budget.deadline
-        context = Context(scontrol, budget, Faults(environ), lock_timeout)
+        context = Context(scontrol, budget, Faults(environ), lock_timeout, trusted_key is not None)
         conf_path = find_slurm_conf(environ, scontrol)
         scontrol.env["SLURM_CONF"] = conf_path  # scontrol reads the very file this edits
         result["config_dir"] = os.path.dirname(os.path.abspath(conf_path))
+        if context.signed and mode != "apply":  # apply checks it again under the lock, and records it
+            backup_fd = _backup_root_read_only(result["config_dir"])
+            if backup_fd is not None:
+                try:
+                    check_generation(bundle, mode, last_generation(backup_fd))
+                finally:
+                    os.close(backup_fd)
         version = parse_slurm_version(scontrol.output("version"))
         result["slurm_version"] = "%d.%02d.%d" % version
         result["slurm_format"] = format_for_version(version)
@@ -2250,7 +2492,7 @@ def execute(
                 with exclusive_lock(conf.directory, min(lock_timeout, budget.left())):
                     apply(result, conf_path, bundle, context)
     except Refused as error:
-        result["outcome"], result["error"] = "refused", one_line(str(error))
+        result["outcome"], result["error"] = error.outcome, one_line(str(error))
     except Failed as error:
         result["outcome"], result["error"] = "failed", one_line(str(error))
     except Exception as error:  # stdout must stay one JSON document, never a traceback
@@ -2347,6 +2589,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
     parser.add_argument("bundle", help="bundle.json, or - to read it from stdin")
     parser.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT, metavar="SECONDS")
     parser.add_argument("--scontrol", metavar="PATH", help="the scontrol to run (default: found, see above)")
+    parser.add_argument("--trusted-key", metavar="PATH", help="refuse a bundle not signed by this key (see above)")
     try:
         args = parser.parse_args(argv)
         if not (math.isfinite(args.lock_timeout) and args.lock_timeout >= 0):
@@ -2368,7 +2611,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         result["outcome"], result["error"] = "refused", one_line("cannot read the bundle: %s" % error)
     else:
         environment = os.environ if environ is None else environ
-        result = execute(args.mode, text, args.lock_timeout, environment, args.scontrol)
+        result = execute(args.mode, text, args.lock_timeout, environment, args.scontrol, trusted_key=args.trusted_key)
     print(render_result(result))
     return EXIT_CODES[result["outcome"]]
 

@@ -43,8 +43,22 @@ class ExpectedUnit(BaseModel):
     switches: list[str] = Field(default_factory=list)
 
 
+class BundleSignature(BaseModel):
+    """The KMS signature of the bundle's canonical bytes (``applier.signed_bytes``: everything but this)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    algorithm: Literal["RSASSA_PKCS1_V1_5_SHA_256"]
+    key_id: str
+    value: str  # base64
+
+
+PLAN_BUNDLE_SCHEMA_1 = "topokeeper.bundle/1"
+SIGNING_FIELDS = frozenset({"generation", "purpose", "signature"})
+
+
 class Bundle(BaseModel):
-    """What the applier needs, and nothing it would have to trust without checking."""
+    """What the applier needs, and nothing it would have to trust without checking. A plan's bundle is
+    unsigned (content-addressed); a delivered one carries a generation, its purpose and the signature."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -53,9 +67,9 @@ class Bundle(BaseModel):
     @field_validator("schema_")
     @classmethod
     def _known_schema(cls, value: str) -> str:
-        if value != BUNDLE_SCHEMA:
+        if value not in (BUNDLE_SCHEMA, PLAN_BUNDLE_SCHEMA_1):
             raise ValueError(f"expected {BUNDLE_SCHEMA}, got {value!r}")
-        return value
+        return BUNDLE_SCHEMA  # a /1 bundle is a /2 bundle without signing fields (plans stored before them)
 
     cluster_name: str
     plan_sha256: str
@@ -66,9 +80,17 @@ class Bundle(BaseModel):
     nodes: list[str]
     # The live read-back to expect, per topology name; Slurm < 25.05 has one, read without a name.
     topologies: dict[str, dict[str, ExpectedUnit]]
+    generation: int | None = Field(None, ge=1)
+    purpose: Literal["apply", "verify"] | None = None
+    signature: BundleSignature | None = None
 
     def document(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
+        document = self.model_dump(mode="json", by_alias=True)
+        return {k: v for k, v in document.items() if k not in SIGNING_FIELDS or v is not None}
+
+    def unsigned(self) -> Bundle:
+        """The plan's own bundle: what the plans store keeps, content-addressed."""
+        return self.model_copy(update=dict.fromkeys(SIGNING_FIELDS))
 
 
 def partition_sha256(partition: PartitionPlan) -> str:

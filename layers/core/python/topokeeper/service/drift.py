@@ -17,6 +17,7 @@ from topokeeper.errors import Retryable
 from topokeeper.ports import ApplyResult, Metric, Outcome, Trigger
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.reconcile import ControllerDeps, ReconcileReport, missing_topology, plan_cluster
+from topokeeper.service.signing import for_reading
 from topokeeper.service.state import request_reconcile, save_fields
 
 DRIFT_CHECK = "Topology Drift Check"
@@ -96,7 +97,7 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
         # The head node is being brought to the plan: comparing it now would report a change as drift.
         live_result = ApplyResult.from_channel(Outcome.PENDING, "a delivery is in flight")
     else:
-        live_result = deps.channel(cluster).verify(bundle)
+        live_result = deps.channel(cluster).verify(for_reading(bundle, state.bundle_generation, deps.signer))
     live = _live_status(live_result, cluster.effective_mode)
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     aws: Literal["current", "changed"] = "current" if rendered.sha256 == state.desired_sha256 else "changed"

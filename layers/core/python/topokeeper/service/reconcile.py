@@ -26,6 +26,7 @@ from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
 from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, TopokeeperError
 from topokeeper.ports import (
+    BundleSigner,
     Clock,
     ClusterState,
     DeliveryChannel,
@@ -42,6 +43,7 @@ from topokeeper.ports import (
 )
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.service.ingest import is_managed_topology_update
+from topokeeper.service.signing import next_generation, sign_bundle
 from topokeeper.service.state import queue_next_cycle, request_reconcile, save_fields
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
@@ -104,6 +106,7 @@ class ControllerDeps:
     clock: Clock
     facts: Callable[[ClusterConfig], FactsSource]
     channel: Callable[[ClusterConfig], DeliveryChannel]
+    signer: BundleSigner | None = None  # the stack's KMS key; None delivers unsigned bundles (tests, old stacks)
 
 
 class ReconcileReport(BaseModel):
@@ -173,7 +176,10 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
                 cluster.name, request, _wait(CLAIM_RACE_SECONDS, "the cluster's state changed while planning")
             )
         try:
-            handle = deps.channel(cluster).deliver(rendered.bundle)
+            bundle = rendered.bundle
+            if deps.signer is not None:
+                bundle = sign_bundle(bundle, delivery.bundle_generation or 1, "apply", deps.signer)
+            handle = deps.channel(cluster).deliver(bundle)
         except TopokeeperError:
             # AWS answered with an error (or the channel refused before sending): no command exists, so
             # nothing will ever finish this claim. Any other failure (a read timeout after SendCommand) may
@@ -265,9 +271,11 @@ def _claim_delivery(
         trigger_count=state.trigger_count,
         previous_plan_sha256=state.applied_sha256,
         repair=state.repair_partitions,
+        bundle_generation=next_generation(state.bundle_generation, now),
     )
     try:
-        deps.state.save(state.model_copy(update={"pending": claim}))
+        # Conditional on the state read: a generation is never handed out twice.
+        deps.state.save(state.model_copy(update={"pending": claim, "bundle_generation": claim.bundle_generation}))
     except ConcurrentUpdate:
         return None
     return claim

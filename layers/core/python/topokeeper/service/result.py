@@ -42,6 +42,8 @@ from topokeeper.service.audit import build_records
 from topokeeper.service.state import request_reconcile, save_fields
 
 SUCCESS = frozenset({Outcome.APPLIED, Outcome.UNCHANGED})
+# The head node refused the bundle as not authentic or not fresh: audited like any failure, and counted apart.
+AUTHENTICITY_REFUSALS = frozenset({Outcome.BAD_SIGNATURE, Outcome.REPLAYED})
 
 
 @dataclass
@@ -239,6 +241,8 @@ def finish_delivery(
             deps.metrics.emit(cluster.name, Metric.TOPOLOGY_UPDATES, len(records))
     else:
         deps.metrics.emit(cluster.name, Metric.APPLY_FAILURES, 1)
+        if result.outcome in AUTHENTICITY_REFUSALS:
+            deps.metrics.emit(cluster.name, Metric.BUNDLE_REFUSALS, 1)
 
     waiting: list[str] = []  # the reconcile message deferred behind this delivery
 

@@ -85,12 +85,15 @@ def create_stack(settings: Settings) -> SimStack:
             "RedrivePolicy": json.dumps(redrive),
         },
     )["QueueUrl"]
+    # Like the stack's bundle-signing key: reconcile signs every bundle, the head node checks it.
+    signing_key = client("kms").create_key(KeySpec="RSA_3072", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["Arn"]
     stack = SimStack(
         Deployment(
             table=TABLE,
             bucket=BUCKET,
             queue_url=queue_url,
             dead_letter_queue_url=dead_letters[spec.WORK_DLQ],
+            signing_key_id=signing_key,
             settings=settings,
         ),
         dead_letters,

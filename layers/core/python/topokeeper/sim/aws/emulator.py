@@ -2,8 +2,9 @@
 
 moto in server mode answers everything it implements; the emulator's gateway in front of it serves
 what moto lacks or gets wrong for this project (HyperPod, EC2 DescribeInstanceTopology, SSM Run
-Command), counts every call and throttles like AWS. boto3 clients reach it through ``endpoint_url``,
-or through ``env()`` (``AWS_ENDPOINT_URL`` and dummy credentials) for code that builds its own clients.
+Command, KMS Sign and Verify), counts every call and throttles like AWS. boto3 clients reach it
+through ``endpoint_url``, or through ``env()`` (``AWS_ENDPOINT_URL`` and dummy credentials) for code that
+builds its own clients.
 
     with AwsEmulator(seed=7, clock=ManualClock()) as aws:
         sagemaker = aws.client("sagemaker")
@@ -28,6 +29,7 @@ from topokeeper.sim.aws.clock import Clock, RateLimits, SystemClock
 from topokeeper.sim.aws.events import EventEmitter, refuse_oversized_put_events
 from topokeeper.sim.aws.hyperpod import HyperPodApi, HyperPodModel
 from topokeeper.sim.aws.ids import IdFactory
+from topokeeper.sim.aws.kms import KmsSigning
 from topokeeper.sim.aws.load_balancing import TargetHealth
 from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
 from topokeeper.sim.aws.s3 import S3Refusals
@@ -49,6 +51,7 @@ class AwsEmulator:
     - ``hyperpod``: HyperPod clusters (``HyperPodModel``: create_cluster, scale, replace, set_status, ...)
     - ``network``: EC2 topology (``NetworkModel``: layouts, hold, new_instance_delay_*)
     - ``ssm``: Run Command (``SsmRunCommand``: on_command, complete, pending)
+    - KMS Sign and Verify as AWS answers them (``kms.KmsSigning``: MessageType, the RAW cap); moto keeps the keys
     - ``target_health``: ELBv2 target health, which moto never checks (``TargetHealth``: set, clear)
     - ``events``: what the services emit to EventBridge (``EventEmitter``: enabled, kinds, emitted)
     - ``calls``: requests received, by operation (``CallCounter``); ``rate_limits``: AWS throttling
@@ -112,7 +115,12 @@ class AwsEmulator:
         try:
             moto_patches.apply()
             self.target_health.apply()
-            handlers = {**HyperPodApi(self.hyperpod).handlers(), **self.network.handlers(), **self.ssm.handlers()}
+            handlers = {
+                **HyperPodApi(self.hyperpod).handlers(),
+                **self.network.handlers(),
+                **self.ssm.handlers(),
+                **KmsSigning(self.account_id, self.region).handlers(),
+            }
 
             def wrap(app: WsgiApp) -> WsgiApp:
                 return Gateway(
