@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from topokeeper.engine.snapshot import AwsSnapshot
+from topokeeper.engine.snapshot import AwsSnapshot, SlurmNodeRecord
 from topokeeper.render.bundle import Bundle
 
 
@@ -28,6 +28,7 @@ class Outcome(StrEnum):
     IN_SYNC = "in_sync"  # verify: live matches the plan
     DRIFT = "drift"  # verify: live differs from the plan
     REFUSED = "refused"  # bad hash, wrong format, unknown nodes or partitions: nothing written
+    STALE_BINDINGS = "stale_bindings"  # a node the plan named is bound to another address now: plan again
     ROLLED_BACK = "rolled_back"  # slurmctld rejected it; the previous config is restored and live
     FAILED = "failed"  # the applier could not finish (error says why)
     # Channel outcomes, when the applier's own document never arrived:
@@ -82,6 +83,19 @@ class ApplyResult(BaseModel):
     error: str | None = None
     dropped: dict[str, int] = Field(default_factory=dict)  # entries cut to fit SSM's stdout cap
     truncated: bool = False  # the agent sent only a summary to fit one event
+    # slurmctld's node table: [NodeName, NodeAddr, NodeHostName, "partition,..."] (dropped.slurm_nodes: cut)
+    slurm_nodes: list[list[str]] | None = None
+
+    def node_table(self) -> list[SlurmNodeRecord] | None:
+        """The head node's whole node table, or None when it did not send one or had to cut it."""
+        if self.slurm_nodes is None or self.dropped.get("slurm_nodes") or self.truncated:
+            return None
+        return [
+            SlurmNodeRecord(
+                name=name, address=address, hostname=hostname, partitions=[p for p in parts.split(",") if p]
+            )
+            for name, address, hostname, parts in (row[:4] for row in self.slurm_nodes if len(row) >= 4)
+        ]
 
     @model_validator(mode="before")
     @classmethod
@@ -235,6 +249,8 @@ class ClusterState(BaseModel):
     repair_partitions: list[str] = Field(default_factory=list)  # live drift to repair on the next write
     last_verify: ApplyResult | None = None
     last_verify_at: datetime | None = None
+    # The head node's node table as last reported (apply, verify): ParallelCluster's names are planned from it.
+    slurm_nodes: list[SlurmNodeRecord] | None = None
     version: int = 0  # optimistic concurrency
 
     @field_validator("last_verify", mode="before")

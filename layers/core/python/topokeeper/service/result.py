@@ -76,6 +76,18 @@ def _slurm_version(result: ApplyResult) -> str | None:
     return reported
 
 
+def observed_fields(result: ApplyResult) -> dict[str, object]:
+    """What a result tells about the head node whatever its outcome: its Slurm version and node table."""
+    fields: dict[str, object] = {}
+    version = _slurm_version(result)
+    if version:
+        fields["slurm_version"] = version
+    table = result.node_table()
+    if table is not None:
+        fields["slurm_nodes"] = table
+    return fields
+
+
 def _parse(model: type[BaseModel], event: TopokeeperEvent) -> Any:
     try:
         return model.model_validate(event.detail)
@@ -158,7 +170,8 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
         deps.metrics.emit(cluster.name, Metric.AGENT_OUTDATED, 1)
     state = deps.state.get(cluster.name)
     if event.detail_type == AGENT_VERIFY_DETAIL_TYPE:
-        save_fields(deps.state, cluster.name, {"last_verify": report.result, "last_verify_at": deps.clock.now()})
+        verified = {"last_verify": report.result, "last_verify_at": deps.clock.now(), **observed_fields(report.result)}
+        save_fields(deps.state, cluster.name, verified)
         return ResultReport(status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome)
     if state.pending is None or state.pending.handle.reference not in report.references:
         return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
@@ -218,15 +231,13 @@ def finish_delivery(
         )
     published = deps.audit.publish(records)
 
-    update: dict[str, object] = {}
-    observed_version = _slurm_version(result)
-    if observed_version:
-        update["slurm_version"] = observed_version
+    observed = observed_fields(result)
+    update: dict[str, object] = dict(observed)
     if result.outcome in SUCCESS:
         update["applied_sha256"] = pending.handle.plan_sha256
         if result.outcome is Outcome.APPLIED:
             deps.metrics.emit(cluster.name, Metric.TOPOLOGY_UPDATES, len(records))
-    else:
+    elif result.outcome is not Outcome.STALE_BINDINGS:  # not a failure: the plan is redone at once
         deps.metrics.emit(cluster.name, Metric.APPLY_FAILURES, 1)
 
     waiting: list[str] = []  # the reconcile message deferred behind this delivery
@@ -235,7 +246,7 @@ def finish_delivery(
         waiting.clear()
         # Only the delivery still in flight is finished: a late result of an older one must not undo a newer.
         if fresh.pending is None or not _same_delivery(fresh.pending, pending):
-            return {"slurm_version": update["slurm_version"]} if "slurm_version" in update else {}
+            return observed
         if fresh.pending.waiting_receipt:
             waiting.append(fresh.pending.waiting_receipt)
         return {**update, "pending": None}
@@ -255,5 +266,17 @@ def finish_delivery(
             reason="retry",
             detail_type="Slurm Version Learned",
             summary=f"head node runs Slurm {update['slurm_version']}",
+        )
+    if result.outcome is Outcome.STALE_BINDINGS:
+        # A node was re-bound between plan and apply (a dynamic node resumed on another instance): plan
+        # again with the table this result brought.
+        request_reconcile(
+            deps.state,
+            deps.queue,
+            cluster.name,
+            now,
+            reason="retry",
+            detail_type="Slurm Node Bindings Changed",
+            summary=(result.error or "stale bindings")[:200],
         )
     return ResultReport(status="recorded", cluster=cluster.name, outcome=result.outcome, audit_records=published)
