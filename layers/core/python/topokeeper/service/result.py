@@ -256,27 +256,16 @@ def finish_delivery(
         deps.queue.resume(receipt)
 
     # A plan rendered for the other Slurm format is refused; now that the head node told us its
-    # version, plan again once. Other failures wait for the next change or the drift schedule.
+    # version, plan again once. A node re-bound between plan and apply (a dynamic node resumed on another
+    # instance): plan again with the table this result brought. Other failures wait for the next change
+    # or the drift schedule.
+    retry: tuple[str, str] | None = None
     if result.outcome is Outcome.REFUSED and update.get("slurm_version") not in (None, state.slurm_version):
+        retry = "Slurm Version Learned", f"head node runs Slurm {update['slurm_version']}"
+    elif result.outcome is Outcome.STALE_BINDINGS:
+        retry = "Slurm Node Bindings Changed", (result.error or "stale bindings")[:200]
+    if retry is not None:
         request_reconcile(
-            deps.state,
-            deps.queue,
-            cluster.name,
-            now,
-            reason="retry",
-            detail_type="Slurm Version Learned",
-            summary=f"head node runs Slurm {update['slurm_version']}",
-        )
-    if result.outcome is Outcome.STALE_BINDINGS:
-        # A node was re-bound between plan and apply (a dynamic node resumed on another instance): plan
-        # again with the table this result brought.
-        request_reconcile(
-            deps.state,
-            deps.queue,
-            cluster.name,
-            now,
-            reason="retry",
-            detail_type="Slurm Node Bindings Changed",
-            summary=(result.error or "stale bindings")[:200],
+            deps.state, deps.queue, cluster.name, now, reason="retry", detail_type=retry[0], summary=retry[1]
         )
     return ResultReport(status="recorded", cluster=cluster.name, outcome=result.outcome, audit_records=published)
