@@ -4,10 +4,12 @@ it assumed, and a stale_bindings answer replans at once with the fresh table."""
 
 from __future__ import annotations
 
+from tests.helpers import event_envelope
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper.constants import AGENT_VERIFY_DETAIL_TYPE, agent_source
 from topokeeper.engine.snapshot import SlurmNodeRecord
-from topokeeper.ports import ApplyResult, Metric, Outcome
+from topokeeper.ports import ApplyResult, Channel, Metric, Outcome
 from topokeeper.service.drift import check_drift
 from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
@@ -111,3 +113,17 @@ def test_the_drift_check_refreshes_the_table_and_a_rebinding_is_a_change_to_plan
 
     assert (report.live, report.aws, report.action) == ("in_sync", "changed", "reconcile-requested")
     assert controller.now_state().slurm_nodes == _table(REBOUND)
+
+
+def test_an_agents_verify_report_stores_the_table_once() -> None:
+    controller = Controller(orchestrator="ec2", channel_kind=Channel.AGENT)
+    result = {"outcome": "in_sync", "applier_version": "1.0.0", "slurm_nodes": _rows(REBOUND)}
+    detail = {"cluster": CLUSTER, "version_id": "v1", "result": result}
+
+    report = record_result(
+        event_envelope(agent_source(CLUSTER), AGENT_VERIFY_DETAIL_TYPE, detail), controller.result_deps()
+    )
+
+    state = controller.now_state()
+    assert report.status == "verify-recorded" and state.slurm_nodes == _table(REBOUND)
+    assert state.last_verify is not None and state.last_verify.slurm_nodes is None

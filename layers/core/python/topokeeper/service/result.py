@@ -170,7 +170,9 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
         deps.metrics.emit(cluster.name, Metric.AGENT_OUTDATED, 1)
     state = deps.state.get(cluster.name)
     if event.detail_type == AGENT_VERIFY_DETAIL_TYPE:
-        verified = {"last_verify": report.result, "last_verify_at": deps.clock.now(), **observed_fields(report.result)}
+        # The node table is kept once, in slurm_nodes, not again inside last_verify.
+        kept = report.result.model_copy(update={"slurm_nodes": None})
+        verified = {"last_verify": kept, "last_verify_at": deps.clock.now(), **observed_fields(report.result)}
         save_fields(deps.state, cluster.name, verified)
         return ResultReport(status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome)
     if state.pending is None or state.pending.handle.reference not in report.references:
