@@ -8,6 +8,10 @@ botocore's data keeps only the services the functions call (``LAMBDA_SERVICES``)
 The layer ships no bytecode: Lambda's ``/opt`` is read-only, so each cold start compiles what it imports. Bytecode
 would have to come from the runtime's own Python (3.14, ``UNCHECKED_HASH``: CDK zips files with a fixed mtime);
 this machine has no 3.14 outside a root-only chroot, and a synth must not need root.
+
+Where AWS publishes no Powertools layer (its SSM parameter is missing: GovCloud, China, newer regions), the
+context switch ``"topokeeper:bundle-powertools": true`` puts Powertools and pydantic
+(layers/core/requirements-powertools.txt) into the core layer instead, and the functions get that one layer.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from infra.constants import (
 )
 
 PACKAGE = "topokeeper"
+BUNDLE_POWERTOOLS_CONTEXT = "topokeeper:bundle-powertools"
+POWERTOOLS_REQUIREMENTS = "requirements-powertools.txt"
 _PLATFORM = "manylinux2014_aarch64"
 # What only an operator's machine runs (the CLI, its file handling, the install-script generator, the
 # simulator, the Kueue commands, the deployment view and stack spec the CLI, the stack and the simulator share),
@@ -71,18 +77,24 @@ def layer_package_files(source: Path = CORE_LAYER_SOURCE) -> list[Path]:
     )
 
 
-def _inputs_digest(source: Path) -> str:
+def _requirements(source: Path, powertools: bool) -> list[Path]:
+    return [source / "requirements.txt", *([source / POWERTOOLS_REQUIREMENTS] if powertools else [])]
+
+
+def _inputs_digest(source: Path, powertools: bool) -> str:
     digest = hashlib.sha256(f"{_PLATFORM} {PYTHON_VERSION} {sorted(LAMBDA_SERVICES)}\n".encode())
     package = source / "python" / PACKAGE
-    for path in [source / "requirements.txt", *(package / relative for relative in layer_package_files(source))]:
+    requirements = _requirements(source, powertools)
+    for path in [*requirements, *(package / relative for relative in layer_package_files(source))]:
         digest.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
-def build_core_layer(source: Path = CORE_LAYER_SOURCE, out: Path = BUILD_DIR / "layers" / "core") -> Path:
-    """Build (or reuse) the core layer directory and return it."""
+def build_core_layer(source: Path = CORE_LAYER_SOURCE, out: Path | None = None, *, powertools: bool = False) -> Path:
+    """Build (or reuse) the core layer directory and return it; ``powertools``: with Powertools inside."""
+    out = out or BUILD_DIR / "layers" / ("core-powertools" if powertools else "core")
     stamp = out.with_name(out.name + ".sha256")
-    digest = _inputs_digest(source)
+    digest = _inputs_digest(source, powertools)
     if out.is_dir() and stamp.is_file() and stamp.read_text() == digest:
         return out
     staging = out.with_name(out.name + ".staging")
@@ -93,7 +105,8 @@ def build_core_layer(source: Path = CORE_LAYER_SOURCE, out: Path = BUILD_DIR / "
             sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
             "--target", str(target), "--no-deps", "--no-compile",
             "--platform", _PLATFORM, "--python-version", PYTHON_VERSION, "--implementation", "cp",
-            "--only-binary=:all:", "--requirement", str(source / "requirements.txt"),
+            "--only-binary=:all:",
+            *(argument for path in _requirements(source, powertools) for argument in ("--requirement", str(path))),
         ],
         check=True,
     )  # fmt: skip
@@ -112,23 +125,29 @@ def build_core_layer(source: Path = CORE_LAYER_SOURCE, out: Path = BUILD_DIR / "
 
 
 class Layers(Construct):
-    """The two layers every function uses: Powertools, then ours (whose boto3 must win)."""
+    """The two layers every function uses: Powertools, then ours (whose boto3 must win); or ours alone, with
+    Powertools inside, when the context bundles it."""
 
     def __init__(self, scope: Construct, construct_id: str) -> None:
         super().__init__(scope, construct_id)
-        powertools_arn = ssm.StringParameter.value_for_string_parameter(self, POWERTOOLS_LAYER_PARAMETER)
-        self.powertools = lambda_.LayerVersion.from_layer_version_arn(self, "Powertools", powertools_arn)
+        # -c topokeeper:bundle-powertools=true gives the string; cdk.json gives the boolean.
+        self.bundles_powertools = str(self.node.try_get_context(BUNDLE_POWERTOOLS_CONTEXT)).lower() == "true"
+        self.powertools: lambda_.ILayerVersion | None = None
+        if not self.bundles_powertools:
+            powertools_arn = ssm.StringParameter.value_for_string_parameter(self, POWERTOOLS_LAYER_PARAMETER)
+            self.powertools = lambda_.LayerVersion.from_layer_version_arn(self, "Powertools", powertools_arn)
         # Lambda unpacks layers in order, a later one overwriting an earlier one's files; CDK sorts a
         # function's layers by construct path (recognizeLayerVersion), so this id keeps ours last.
         self.core = lambda_.LayerVersion(
             self,
             "TopokeeperCore",
-            code=lambda_.Code.from_asset(str(build_core_layer())),
+            code=lambda_.Code.from_asset(str(build_core_layer(powertools=self.bundles_powertools))),
             compatible_runtimes=[RUNTIME],
             compatible_architectures=[ARCHITECTURE],
-            description="topokeeper package with a current boto3",
+            description="topokeeper package with a current boto3"
+            + (" and Powertools" if self.bundles_powertools else ""),
         )
 
     @property
     def all(self) -> list[lambda_.ILayerVersion]:
-        return [self.powertools, self.core]
+        return [self.powertools, self.core] if self.powertools is not None else [self.core]

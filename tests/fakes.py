@@ -235,6 +235,7 @@ class FakeFacts:
                         "InstanceType": "ml.p5.48xlarge",
                         "InstanceStatus": {"Status": "Running"},
                         "PrivateDnsHostname": f"ip-10-0-0-{index}",
+                        "PrivatePrimaryIp": f"10.0.0.{index}",
                     }
                     for index, instance_id in enumerate(ids)
                 ],

@@ -41,7 +41,8 @@ elif args == ["show", "config"]:
     print("SLURM_CONF              = %s" % state["slurm_conf"])
 elif args == ["-o", "--future", "show", "nodes"]:
     for name in state["nodes"]:
-        print("NodeName=%s Arch=x86_64 State=IDLE+CLOUD+POWERED_DOWN" % name)
+        address = state.get("addresses", {}).get(name, name)
+        print("NodeName=%s Arch=x86_64 NodeAddr=%s State=IDLE+CLOUD+POWERED_DOWN" % (name, address))
 elif args == ["-a", "-o", "show", "partition"]:
     for name, topology in state["partitions"].items():
         nodes = ",".join(state.get("partition_nodes", {}).get(name, []))

@@ -24,6 +24,7 @@ from topokeeper.applier.applier import parse_show_topology, sha256_text
 from topokeeper.domain.models import PlannerConfig
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
+from topokeeper.ports import ApplyResult
 from topokeeper.render.bundle import render
 from topokeeper.sim.slurm_chroot import SlurmController
 
@@ -64,6 +65,27 @@ def _no_scontrol_without_a_login_shell(controller: SlurmController) -> None:
     assert controller.run("scontrol", "version", login=False).returncode != 0
 
 
+def _parallelcluster_head_node(
+    root: Path, controllers: Callable[..., SlurmController]
+) -> tuple[dict[str, Any], SlurmController]:
+    """The example cluster's Slurm side, started: its queues in pcluster/*.conf, static nodes at their IPs."""
+    example = json.loads((EXAMPLES / "pcluster-p5-cluster.json").read_text())
+    table = example["slurm"]["nodes"]
+    statics = {n["name"]: n["address"] for n in table if "-st-" in n["name"]}
+    q1 = [n["name"] for n in table if n["partitions"] == ["q1"]]
+    cpu = [n["name"] for n in table if n["partitions"] == ["cpu"]]
+    controller = controllers(root, style="parallelcluster")
+    controller.prepare([*q1, *cpu], {"q1": (q1, None), "cpu": (cpu, None)}, addresses=statics)
+    controller.start()
+    return example, controller
+
+
+def _bind(controller: SlurmController, name: str, address: str) -> None:
+    """What clustermgtd does when it resumes a dynamic node on an instance."""
+    host = "ip-" + address.replace(".", "-")
+    controller.run("scontrol", "update", f"nodename={name}", f"nodeaddr={address}", f"nodehostname={host}", check=True)
+
+
 def test_hyperpod_head_node_partitions_in_an_included_file(
     sid_root: Path, controllers: Callable[..., SlurmController]
 ) -> None:
@@ -92,20 +114,10 @@ def test_parallelcluster_head_node_is_planned_with_its_own_node_names(
     sid_root: Path, controllers: Callable[..., SlurmController]
 ) -> None:
     """Names from the head node's `scontrol show nodes --json`; the plan lands in pcluster/*.conf."""
-    example = json.loads((EXAMPLES / "pcluster-p5-cluster.json").read_text())
-    table = example["slurm"]["nodes"]
-    statics = {n["name"]: n["address"] for n in table if "-st-" in n["name"]}
-    q1 = [n["name"] for n in table if n["partitions"] == ["q1"]]
-    cpu = [n["name"] for n in table if n["partitions"] == ["cpu"]]
-    controller = controllers(sid_root, style="parallelcluster")
-    controller.prepare([*q1, *cpu], {"q1": (q1, None), "cpu": (cpu, None)}, addresses=statics)
-    controller.start()
+    example, controller = _parallelcluster_head_node(sid_root, controllers)
     _no_scontrol_without_a_login_shell(controller)
     for name, address in (("q1-dy-p5-1", "10.0.1.20"), ("q1-dy-p5-2", "10.0.1.21")):  # clustermgtd's resume
-        host = "ip-" + address.replace(".", "-")
-        controller.run(
-            "scontrol", "update", f"nodename={name}", f"nodeaddr={address}", f"nodehostname={host}", check=True
-        )
+        _bind(controller, name, address)
     live_table = json.loads(controller.run("scontrol", "show", "nodes", "--json", check=True).stdout)["nodes"]
     example["slurm"] = {"version": "26.05", "nodes": live_table}
     rendered = render(plan(build_snapshot(parse_snapshot_document(example), PlannerConfig())))
@@ -126,3 +138,40 @@ def test_parallelcluster_head_node_is_planned_with_its_own_node_names(
     assert live["nn-0a1b2c3d4e5f60102"]["nodes"] == ["q1-dy-p5-1", "q1-dy-p5-2", "q1-st-p5-3", "q1-st-p5-4"]
     code, verified = _over_ssm(controller, "verify", rendered.bundle.document())
     assert (code, verified["outcome"], verified["drift"]) == (0, "in_sync", [])
+
+
+def test_a_dynamic_node_rebound_between_plan_and_apply_is_refused_and_the_replan_applies(
+    sid_root: Path, controllers: Callable[..., SlurmController]
+) -> None:
+    """The binding loop on a real slurmctld: a plan names nodes from the head node's table; clustermgtd
+    re-binds a dynamic node before the plan lands; the applier answers stale_bindings, writing nothing, with
+    the fresh table; the plan made from that table applies."""
+    example, controller = _parallelcluster_head_node(sid_root, controllers)
+    table = example["slurm"]["nodes"]
+
+    def planned(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+        example["slurm"] = {"version": "26.05", "nodes": nodes}
+        return render(plan(build_snapshot(parse_snapshot_document(example), PlannerConfig()))).bundle.document()
+
+    _bind(controller, "q1-dy-p5-1", "10.0.1.20")
+    first = planned(json.loads(controller.run("scontrol", "show", "nodes", "--json", check=True).stdout)["nodes"])
+    assert first["bindings"]["q1-dy-p5-1"] == "10.0.1.20"
+    _bind(controller, "q1-dy-p5-1", "10.0.1.30")  # powered down, then resumed on another instance (leaf ...0101)
+    before = {path: path.read_text() for path in controller.etc.rglob("*.conf")}
+
+    code, refused = _over_ssm(controller, "apply", first)
+
+    assert (code, refused["outcome"]) == (4, "stale_bindings")
+    assert refused["error"] == "1 node(s) not at the NodeAddr planned: q1-dy-p5-1: 10.0.1.20, now 10.0.1.30"
+    assert {path: path.read_text() for path in controller.etc.rglob("*.conf")} == before
+    fresh = ApplyResult.model_validate(refused).node_table()
+    assert fresh is not None and [r.name for r in fresh] == sorted(n["name"] for n in table)
+    assert {r.name: (r.address, r.partitions) for r in fresh}["q1-dy-p5-3"] == ("q1-dy-p5-3", ["q1"])  # powered down
+    second = planned([record.model_dump() for record in fresh])
+    assert second["bindings"]["q1-dy-p5-1"] == "10.0.1.30" and second["plan_sha256"] != first["plan_sha256"]
+
+    code, applied = _over_ssm(controller, "apply", second)
+
+    assert (code, applied["outcome"], applied["error"]) == (0, "applied", None)
+    live = parse_show_topology(controller.show_topology("tree-q1"))
+    assert live["nn-0a1b2c3d4e5f60101"]["nodes"] == ["q1-dy-p5-1", "q1-st-p5-1", "q1-st-p5-2"]

@@ -29,6 +29,7 @@ HEAD_NODE = "mi-0123456789abcdef0"  # an SSM hybrid managed node: HyperPod nodes
 @dataclass
 class Controller:
     mode: str = "enforce"
+    orchestrator: str = "hyperpod"
     channel_kind: Channel = Channel.SSM
     debounce_seconds: float = 0
     max_wait_seconds: float = 300
@@ -47,7 +48,13 @@ class Controller:
         self.settings = Settings.model_validate(
             {
                 "clusters": [
-                    {"name": CLUSTER, "head_node": HEAD_NODE, "mode": self.mode, "channel": self.channel_kind.value}
+                    {
+                        "name": CLUSTER,
+                        "orchestrator": self.orchestrator,
+                        "head_node": HEAD_NODE,
+                        "mode": self.mode,
+                        "channel": self.channel_kind.value,
+                    }
                 ],
                 "debounce_seconds": self.debounce_seconds,
                 "max_wait_seconds": self.max_wait_seconds,

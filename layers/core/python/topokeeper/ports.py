@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from topokeeper.engine.snapshot import AwsSnapshot
+from topokeeper.engine.snapshot import AwsSnapshot, SlurmNodeRecord
 from topokeeper.render.bundle import Bundle
 
 
@@ -30,6 +30,7 @@ class Outcome(StrEnum):
     REFUSED = "refused"  # bad hash, wrong format, unknown nodes or partitions: nothing written
     BAD_SIGNATURE = "bad_signature"  # not signed by the key the head node trusts: nothing written
     REPLAYED = "replayed"  # signed, but older than the last bundle the head node applied: nothing written
+    STALE_BINDINGS = "stale_bindings"  # a node the plan named is bound to another address now: plan again
     ROLLED_BACK = "rolled_back"  # slurmctld rejected it; the previous config is restored and live
     FAILED = "failed"  # the applier could not finish (error says why)
     # Channel outcomes, when the applier's own document never arrived:
@@ -86,6 +87,19 @@ class ApplyResult(BaseModel):
     signature: Literal["verified", "unchecked"] | None = None  # the applier checked the bundle's signature
     generation: int | None = None  # the signed bundle's generation, when the signature was verified
     truncated: bool = False  # the agent sent only a summary to fit one event
+    # slurmctld's node table: [NodeName, NodeAddr, NodeHostName, "partition,..."] (dropped.slurm_nodes: cut)
+    slurm_nodes: list[list[str]] | None = None
+
+    def node_table(self) -> list[SlurmNodeRecord] | None:
+        """The head node's whole node table, or None when it did not send one or had to cut it."""
+        if self.slurm_nodes is None or self.dropped.get("slurm_nodes") or self.truncated:
+            return None
+        return [
+            SlurmNodeRecord(
+                name=name, address=address, hostname=hostname, partitions=[p for p in parts.split(",") if p]
+            )
+            for name, address, hostname, parts in (row[:4] for row in self.slurm_nodes if len(row) >= 4)
+        ]
 
     @model_validator(mode="before")
     @classmethod
@@ -257,6 +271,8 @@ class ClusterState(BaseModel):
     last_verify: ApplyResult | None = None
     last_verify_at: datetime | None = None
     bundle_generation: int = 0  # the last generation signed for delivery: only grows (service/signing.py)
+    # The head node's node table as last reported (apply, verify): ParallelCluster's names are planned from it.
+    slurm_nodes: list[SlurmNodeRecord] | None = None
     version: int = 0  # optimistic concurrency
 
     @field_validator("last_verify", mode="before")

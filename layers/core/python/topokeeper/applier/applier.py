@@ -13,8 +13,8 @@ finds ``scontrol`` without relying on PATH (``--scontrol``, else ``../bin`` of s
 else ``/opt/slurm/bin``, else PATH: HyperPod and ParallelCluster put ``/opt/slurm/bin`` on PATH only in
 login shells, which neither SSM's script nor a systemd unit runs), prints exactly one JSON document on stdout
 (always under 24,000 characters: SSM keeps no more) and exits 0 applied, unchanged, in_sync or
-would_apply; 3 drift; 2 refused, bad_signature or replayed; 1 rolled_back or failed. The document always
-has every key:
+would_apply; 3 drift; 2 refused, bad_signature or replayed; 4 stale_bindings; 1 rolled_back or failed. The
+document always has every key:
 outcome, mode, plan_sha256, before_sha256 and after_sha256 (the live content hash, measured on disk
 before and after), partitions_changed, reconfigured, reconfigure_exit_code, readback ({topology:
 {units, matches, mismatches, mismatches_dropped}}), partition_topologies (live Topology= per
@@ -23,10 +23,13 @@ grouping_drift (true when some entry's kind is grouping), diff (dry-run), slurm_
 config_dir, scontrol (the path of the scontrol it ran), backup_dir, duration_seconds, error, dropped
 ({field: how many list items or characters were cut to stay under the cap}), applier_version and recovery
 (null, or what was done with a journal a killed run left: {action: rolled_forward|rolled_back, phase,
-plan_sha256, errors}), signature ("verified" with --trusted-key, else "unchecked") and generation (the
-signed bundle's, once verified).
+plan_sha256, errors}), signature ("verified" with --trusted-key, else "unchecked"), generation (the
+signed bundle's, once verified) and slurm_nodes ([[NodeName, NodeAddr, NodeHostName, "partition,..."], ...]).
 
 Choices the callers can rely on:
+
+* A bundle's optional ``bindings`` {NodeName: NodeAddr} (hashed by ``bindings_sha256``) are what its plan
+  assumed; apply and dry-run answer stale_bindings when one no longer holds.
 
 * Config files: slurm.conf and the files it ``Include``s from its own directory or a directory below
   it (a relative path, or an absolute one that resolves there; a glob expands in sorted order, as
@@ -149,6 +152,7 @@ EXIT_CODES = {
     "refused": 2,
     "bad_signature": 2,
     "replayed": 2,
+    "stale_bindings": 4,
     "rolled_back": 1,
     "failed": 1,
 }
@@ -277,6 +281,12 @@ class Refused(Exception):
     outcome = "refused"
 
 
+class StaleBindings(Refused):
+    """A node the plan named has another NodeAddr now (re-bound): plan again."""
+
+    outcome = "stale_bindings"
+
+
 class Failed(Exception):
     """The applier could not finish (scontrol missing or failing, lock busy, I/O error)."""
 
@@ -343,11 +353,16 @@ class Bundle(NamedTuple):
     partitions: Dict[str, Optional[str]]  # partition -> Topology= value; None removes the key
     nodes: List[str]
     topologies: Dict[str, Dict[str, ExpectedUnit]]
+    bindings: Dict[str, str]
     cluster_name: str = ""
     generation: Optional[int] = None  # signed bundles only, as every field below
     purpose: Optional[str] = None  # "apply", or "verify": never applied
     signature: Optional[Dict[str, Any]] = None
     signed_bytes: bytes = b""  # what the signature covers: the document without "signature", canonical
+
+
+def bindings_sha256(bindings: Mapping[str, str]) -> str:
+    return sha256_text(json.dumps(dict(bindings), sort_keys=True, separators=(",", ":"), ensure_ascii=True))
 
 
 def _no_duplicate_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
@@ -395,7 +410,8 @@ def parse_bundle(text: str) -> Bundle:
     document = _object(document, "bundle")
     if document.get("schema") != BUNDLE_SCHEMA:
         raise Refused("bundle.schema: expected %s, got %r" % (BUNDLE_SCHEMA, str(document.get("schema"))[:80]))
-    missing, unknown = sorted(_BUNDLE_KEYS - set(document)), sorted(set(document) - _BUNDLE_KEYS - _SIGNING_KEYS)
+    missing = sorted(_BUNDLE_KEYS - set(document))
+    unknown = sorted(set(document) - _BUNDLE_KEYS - _SIGNING_KEYS - {"bindings", "bindings_sha256"})
     if missing or unknown:
         raise Refused("bundle: missing keys %s, unknown keys %s" % (missing, [key[:40] for key in unknown[:5]]))
 
@@ -454,6 +470,12 @@ def parse_bundle(text: str) -> Bundle:
     if not isinstance(document["cluster_name"], str):
         raise Refused("bundle.cluster_name: expected a string")
     signing = parse_signing(document)
+    bindings = _object(document.get("bindings", {}), "bundle.bindings")
+    for name, address in bindings.items():
+        if not isinstance(address, str):
+            raise Refused("bundle.bindings.%s: expected a string" % _safe_name(name, "bundle.bindings"))
+    if set(document) & {"bindings", "bindings_sha256"} and bindings_sha256(bindings) != document.get("bindings_sha256"):
+        raise Refused("bundle.bindings_sha256: does not match the bundle's bindings (tampered?)")
     return Bundle(
         plan_sha256=plan_sha256,
         slurm_format=slurm_format,
@@ -462,6 +484,7 @@ def parse_bundle(text: str) -> Bundle:
         partitions=partitions,
         nodes=_safe_names(document["nodes"], "bundle.nodes"),
         topologies=topologies,
+        bindings=bindings,
         cluster_name=document["cluster_name"],
         **signing,
     )
@@ -1886,10 +1909,23 @@ def find_slurm_conf(environ: Mapping[str, str], scontrol: Scontrol) -> str:
     return match.group(1)
 
 
-def live_nodes(scontrol: Scontrol) -> Set[str]:
-    # --future also lists FUTURE nodes, which slurmctld knows too.
-    output = scontrol.output("-o", "--future", "show", "nodes")
-    return set(re.findall(r"(?:^|\s)NodeName=(\S+)", output, re.MULTILINE))
+def node_rows(show_nodes_output: str) -> List[List[str]]:
+    rows = []
+    for line in show_nodes_output.splitlines():
+        found = dict(re.findall(r"(?:^|\s)(NodeName|NodeAddr|NodeHostName|Partitions)=(\S*)", line))
+        name = found.get("NodeName")
+        if name:
+            rows.append(
+                [name, found.get("NodeAddr", name), found.get("NodeHostName", name), found.get("Partitions", "")]
+            )
+    return sorted(rows)
+
+
+def check_bindings(bundle: Bundle, rows: List[List[str]]) -> None:
+    live = {row[0]: row[1] for row in rows}
+    stale = ["%s: %s, now %s" % (n, a, live.get(n)) for n, a in sorted(bundle.bindings.items()) if live.get(n) != a]
+    if stale:
+        raise StaleBindings("%d node(s) not at the NodeAddr planned: %s" % (len(stale), _sample(stale)))
 
 
 def show_partitions(scontrol: Scontrol) -> str:
@@ -1900,7 +1936,7 @@ def live_partitions(scontrol: Scontrol) -> Dict[str, Optional[str]]:
     return partition_topologies(show_partitions(scontrol))
 
 
-def check_cluster_knows(conf: SlurmConf, bundle: Bundle, scontrol: Scontrol) -> None:
+def check_cluster_knows(conf: SlurmConf, bundle: Bundle, live_nodes: Set[str]) -> None:
     unknown_partitions = sorted(set(bundle.partitions) - conf.partition_names())
     if unknown_partitions:
         note = (" (Include lines not followed: %s)" % _sample(conf.not_followed)) if conf.not_followed else ""
@@ -1909,7 +1945,7 @@ def check_cluster_knows(conf: SlurmConf, bundle: Bundle, scontrol: Scontrol) -> 
     for units in bundle.topologies.values():
         for unit in units.values():
             wanted.update(unit.nodes)
-    unknown_nodes = sorted(wanted - live_nodes(scontrol))
+    unknown_nodes = sorted(wanted - live_nodes)
     if unknown_nodes:
         raise Refused("%d node(s) unknown to slurmctld: %s" % (len(unknown_nodes), _sample(unknown_nodes)))
 
@@ -2278,6 +2314,7 @@ def new_result(mode: Optional[str]) -> Dict[str, Any]:
         "recovery": None,
         "signature": "unchecked",
         "generation": None,
+        "slurm_nodes": None,
     }
 
 
@@ -2477,10 +2514,13 @@ def execute(
         conf = SlurmConf(conf_path)
         result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, read_disk_state(conf, bundle))
         result["partition_topologies"] = live_partitions(scontrol)
+        # --future also lists FUTURE nodes, which slurmctld knows too.
+        rows = result["slurm_nodes"] = node_rows(scontrol.output("-o", "--future", "show", "nodes"))
         if mode == "verify":
             verify(result, conf, bundle, scontrol)
         else:
-            check_cluster_knows(conf, bundle, scontrol)
+            check_bindings(bundle, rows)
+            check_cluster_knows(conf, bundle, {row[0] for row in rows})
             if mode == "dry-run":
                 config = ConfigDir(conf.directory)
                 try:  # what apply would refuse, dry-run refuses too
@@ -2539,6 +2579,8 @@ def _capped(result: Mapping[str, Any], caps: Caps) -> Any:
 
     document["drift"] = [{k: clip(v) for k, v in entry.items()} for entry in keep("drift", result["drift"])]
     document["partitions_changed"] = keep("partitions_changed", result["partitions_changed"])
+    if result["slurm_nodes"]:
+        document["slurm_nodes"] = keep("slurm_nodes", result["slurm_nodes"])
     live = result["partition_topologies"]
     if len(live) > entries:
         dropped["partition_topologies"] = len(live) - entries

@@ -161,6 +161,9 @@ class ClusterSnapshot(_Frozen):
     slurm_version: SlurmVersion
     partitions: tuple[Partition, ...]
     warnings: tuple[str, ...] = ()
+    # NodeName -> NodeAddr of each planned node named from the head node's node table (ParallelCluster);
+    # empty when nodes are named by host name. The bundle carries them so the applier can tell a stale plan.
+    bindings: dict[SlurmName, str] = Field(default_factory=dict)
 
 
 class Switch(_Frozen):
@@ -215,6 +218,7 @@ class Plan(_Frozen):
     cluster_topology: Topology | None = None
     topology_plugin: str | None = None
     warnings: tuple[str, ...] = ()
+    bindings: dict[SlurmName, str] = Field(default_factory=dict)  # as ClusterSnapshot.bindings
 
     @property
     def nodes(self) -> tuple[str, ...]:

@@ -205,4 +205,5 @@ def plan(snapshot: ClusterSnapshot) -> Plan:
         cluster_topology=cluster_topology,
         topology_plugin=plugin,
         warnings=tuple(warnings),
+        bindings=snapshot.bindings,
     )

@@ -313,9 +313,17 @@ def build_snapshot(raw: AwsSnapshot, config: PlannerConfig, slurm_version: str |
             slurm_version=version,
             partitions=tuple(partitions),
             warnings=tuple(warnings),
+            bindings=_bindings(naming, partitions),
         )
     except ValidationError as error:
         raise InputError("describe_cluster.ClusterName", InputError.from_validation(error).message) from error
+
+
+def _bindings(naming: SlurmNaming | None, partitions: list[Partition]) -> dict[str, str]:
+    if naming is None:
+        return {}
+    addresses = {record.name: record.address or record.name for _, record in naming.records}
+    return {node.name: addresses[node.name] for p in partitions for node in p.nodes if node.name in addresses}
 
 
 def _rank(node: Node) -> tuple[bool, str]:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from topokeeper.applier.applier import content_sha256, sha256_text
+from topokeeper.applier.applier import bindings_sha256, content_sha256, sha256_text
 from topokeeper.constants import BUNDLE_SCHEMA
 from topokeeper.domain.models import (
     PLAN_SCHEMA,
@@ -80,13 +80,20 @@ class Bundle(BaseModel):
     nodes: list[str]
     # The live read-back to expect, per topology name; Slurm < 25.05 has one, read without a name.
     topologies: dict[str, dict[str, ExpectedUnit]]
+    # The NodeName -> NodeAddr bindings the plan assumed (ParallelCluster), hashed apart from plan_sha256:
+    # the applier answers stale_bindings when one no longer holds. Absent when nodes are named by host name.
+    bindings: dict[str, str] | None = None
+    bindings_sha256: str | None = None
     generation: int | None = Field(None, ge=1)
     purpose: Literal["apply", "verify"] | None = None
     signature: BundleSignature | None = None
 
     def document(self) -> dict[str, Any]:
+        """The bundle's JSON document: absent bindings and signing fields are left out, so a bundle without
+        them keeps its bytes."""
         document = self.model_dump(mode="json", by_alias=True)
-        return {k: v for k, v in document.items() if k not in SIGNING_FIELDS or v is not None}
+        optional = SIGNING_FIELDS | {"bindings", "bindings_sha256"}
+        return {k: v for k, v in document.items() if k not in optional or v is not None}
 
     def unsigned(self) -> Bundle:
         """The plan's own bundle: what the plans store keeps, content-addressed."""
@@ -212,6 +219,8 @@ def render(plan: Plan) -> RenderedPlan:
         partitions=assignments,
         nodes=list(plan.nodes),
         topologies=_expected_topologies(plan),
+        bindings=dict(plan.bindings) if plan.bindings else None,
+        bindings_sha256=bindings_sha256(plan.bindings) if plan.bindings else None,
     )
     return RenderedPlan(
         plan=plan,

@@ -99,6 +99,10 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
     else:
         live_result = deps.channel(cluster).verify(for_reading(bundle, state.bundle_generation, deps.signer))
     live = _live_status(live_result, cluster.effective_mode)
+    table = live_result.node_table()
+    if table is not None:  # plan with the head node's bindings as they are now: a re-bound node is a change
+        save_fields(deps.state, cluster.name, {"slurm_nodes": table})
+        state = state.model_copy(update={"slurm_nodes": table})
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     aws: Literal["current", "changed"] = "current" if rendered.sha256 == state.desired_sha256 else "changed"
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing_topology(rendered))

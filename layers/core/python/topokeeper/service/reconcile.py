@@ -21,7 +21,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ValidationError
 
-from topokeeper.config import ClusterConfig, Mode, Settings
+from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
 from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, TopokeeperError
@@ -123,8 +123,11 @@ class ReconcileReport(BaseModel):
 
 
 def plan_cluster(cluster: ClusterConfig, state: ClusterState, facts: FactsSource) -> RenderedPlan:
-    """Facts -> rendered plan; the head node's own Slurm version wins over the configured one."""
+    """Facts -> rendered plan; the head node's own Slurm version wins over the configured one. On EC2 the
+    head node's node table names the nodes (ParallelCluster binds ``<queue>-st|dy-<cr>-<n>`` by NodeAddr)."""
     raw = facts.read(cluster.name)
+    if cluster.orchestrator is Orchestrator.EC2 and state.slurm_nodes is not None and raw.slurm.nodes is None:
+        raw = raw.model_copy(update={"slurm": raw.slurm.model_copy(update={"nodes": state.slurm_nodes})})
     version = state.slurm_version or cluster.slurm_version
     return render(plan(build_snapshot(raw, cluster.planner_config, version)))
 

@@ -78,6 +78,18 @@ def _slurm_version(result: ApplyResult) -> str | None:
     return reported
 
 
+def observed_fields(result: ApplyResult) -> dict[str, object]:
+    """What a result tells about the head node whatever its outcome: its Slurm version and node table."""
+    fields: dict[str, object] = {}
+    version = _slurm_version(result)
+    if version:
+        fields["slurm_version"] = version
+    table = result.node_table()
+    if table is not None:
+        fields["slurm_nodes"] = table
+    return fields
+
+
 def _parse(model: type[BaseModel], event: TopokeeperEvent) -> Any:
     try:
         return model.model_validate(event.detail)
@@ -166,7 +178,10 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
         deps.metrics.emit(cluster.name, Metric.AGENT_OUTDATED, 1)
     state = deps.state.get(cluster.name)
     if event.detail_type == AGENT_VERIFY_DETAIL_TYPE:
-        save_fields(deps.state, cluster.name, {"last_verify": report.result, "last_verify_at": deps.clock.now()})
+        # The node table is kept once, in slurm_nodes, not again inside last_verify.
+        kept = report.result.model_copy(update={"slurm_nodes": None})
+        verified = {"last_verify": kept, "last_verify_at": deps.clock.now(), **observed_fields(report.result)}
+        save_fields(deps.state, cluster.name, verified)
         return ResultReport(status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome)
     pending = state.pending
     if pending is not None and report.reference and _unsaved_claim_of(pending, report.result):
@@ -231,15 +246,13 @@ def finish_delivery(
         )
     published = deps.audit.publish(records)
 
-    update: dict[str, object] = {}
-    observed_version = _slurm_version(result)
-    if observed_version:
-        update["slurm_version"] = observed_version
+    observed = observed_fields(result)
+    update: dict[str, object] = dict(observed)
     if result.outcome in SUCCESS:
         update["applied_sha256"] = pending.handle.plan_sha256
         if result.outcome is Outcome.APPLIED:
             deps.metrics.emit(cluster.name, Metric.TOPOLOGY_UPDATES, len(records))
-    else:
+    elif result.outcome is not Outcome.STALE_BINDINGS:  # not a failure: the plan is redone at once
         deps.metrics.emit(cluster.name, Metric.APPLY_FAILURES, 1)
         if result.outcome in AUTHENTICITY_REFUSALS:
             deps.metrics.emit(cluster.name, Metric.BUNDLE_REFUSALS, 1)
@@ -250,7 +263,7 @@ def finish_delivery(
         waiting.clear()
         # Only the delivery still in flight is finished: a late result of an older one must not undo a newer.
         if fresh.pending is None or not _same_delivery(fresh.pending, pending):
-            return {"slurm_version": update["slurm_version"]} if "slurm_version" in update else {}
+            return observed
         if fresh.pending.waiting_receipt:
             waiting.append(fresh.pending.waiting_receipt)
         return {**update, "pending": None}
@@ -260,15 +273,16 @@ def finish_delivery(
         deps.queue.resume(receipt)
 
     # A plan rendered for the other Slurm format is refused; now that the head node told us its
-    # version, plan again once. Other failures wait for the next change or the drift schedule.
+    # version, plan again once. A node re-bound between plan and apply (a dynamic node resumed on another
+    # instance): plan again with the table this result brought. Other failures wait for the next change
+    # or the drift schedule.
+    retry: tuple[str, str] | None = None
     if result.outcome is Outcome.REFUSED and update.get("slurm_version") not in (None, state.slurm_version):
+        retry = "Slurm Version Learned", f"head node runs Slurm {update['slurm_version']}"
+    elif result.outcome is Outcome.STALE_BINDINGS:
+        retry = "Slurm Node Bindings Changed", (result.error or "stale bindings")[:200]
+    if retry is not None:
         request_reconcile(
-            deps.state,
-            deps.queue,
-            cluster.name,
-            now,
-            reason="retry",
-            detail_type="Slurm Version Learned",
-            summary=f"head node runs Slurm {update['slurm_version']}",
+            deps.state, deps.queue, cluster.name, now, reason="retry", detail_type=retry[0], summary=retry[1]
         )
     return ResultReport(status="recorded", cluster=cluster.name, outcome=result.outcome, audit_records=published)
