@@ -32,11 +32,13 @@ from topokeeper.constants import AGENT_SOURCE
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.ports import Channel, Outcome
 from topokeeper.runtime import Runtime, install_runtime
+from topokeeper.service.drift import DriftReport
 from topokeeper.service.reconcile import plan_cluster
 from topokeeper.sim.agenda import Agenda
 from topokeeper.sim.aws.clock import ManualClock
 from topokeeper.sim.aws.emulator import AwsEmulator
 from topokeeper.sim.aws.events import HYPERPOD
+from topokeeper.sim.aws.hyperpod.managed_topology import ManagedFiles
 from topokeeper.sim.aws.ssm import CommandInvocationRequest, CommandOutcome
 from topokeeper.sim.cluster import create_hyperpod_cluster, slurm_partitions
 from topokeeper.sim.file_head_node import FileHeadNode
@@ -123,6 +125,8 @@ class World:
         self.stack: SimStack = create_stack(self.settings)
         create_hyperpod_cluster(self.emulator, self.scenario.cluster)
         self.head.start(self.partitions())
+        if self.scenario.cluster.managed_topology:
+            self._hand_topology_to_hyperpod()
         self.metrics = SimMetrics(self)
         self.runtime = Runtime.from_environment(
             self.stack.deployment.environment(),
@@ -160,6 +164,30 @@ class World:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+    def _hand_topology_to_hyperpod(self) -> None:
+        """The emulated HyperPod writes the head node's topology itself, after its own delay (agenda time)."""
+        world = self
+
+        class HyperPodsHeadNode:
+            def write_managed_topology(self, files: ManagedFiles) -> None:
+                world.sync_head_node()
+                world.head.write_managed_topology(files)
+                changed = ", ".join(
+                    f"{p} {f['plugin']} ({f['node_count']} nodes)" for p, f in sorted(files.partitions.items())
+                )
+                world.note("hyperpod", f"HyperPod wrote {files.file_name} itself: {changed}")
+
+        def schedule(seconds: float, action: Callable[[], None]) -> None:
+            self.agenda.add(self.clock.monotonic() + seconds, action)
+
+        self.emulator.hyperpod.managed_topology.enable(
+            self.cluster.name,
+            HyperPodsHeadNode(),
+            self.slurm_format,
+            schedule,
+            self.scenario.timing.hyperpod_topology_seconds,
+        )
 
     def scale(self, group: str, count: int) -> None:
         """One instance joins or leaves (HyperPod scaling)."""
@@ -295,6 +323,10 @@ class World:
         elif function == stack_spec.RESULT and result:
             self._record_result(event, result)
 
+    def verified(self, report: DriftReport) -> None:
+        """The reconcile function verified the head node at once after HyperPod's own topology update."""
+        self.note("verify", describe_verify(report, self.runtime.state.get(self.cluster.name).desired_sha256))
+
     def _record_result(self, event: dict[str, Any], report: dict[str, Any]) -> None:
         if str(event.get("source", "")).startswith(AGENT_SOURCE):
             self._count_head_node_result(json.dumps(event["detail"]["result"]))
@@ -346,6 +378,28 @@ class World:
 
     def now(self) -> datetime:
         return self.clock.now()
+
+
+def describe_verify(report: DriftReport, plan_sha256: str | None) -> str:
+    """One timeline line: what a verify compared, its verdict, and what differed (grouping first)."""
+    # Ingest keeps the CloudTrail record's own id at the end of the trigger's summary.
+    events = ", ".join(t.summary.rsplit(" ", 1)[-1] for t in report.requested_by) or "none"
+    verdict = {
+        "in_sync": "AGREES with the plan",
+        "drift": "DRIFT: the live grouping differs from the plan",
+        "unknown": f"could not tell ({report.error or 'no answer'})",
+    }[report.live]
+    line = (
+        f"verified at once after HyperPod's UpdatePartitionTopology (CloudTrail {events}): live topology on the"
+        f" head node vs plan {str(plan_sha256 or '-')[:12]}: {verdict}; AWS {report.aws}; wrote nothing"
+    )
+    grouping = [item for item in report.detail if item.get("kind") == "grouping"]
+    naming = [item for item in report.detail if item.get("kind") == "naming"]
+    for item in grouping[:3]:
+        line += f"; {item.get('name')}: {item.get('detail')}"
+    if naming and not grouping:
+        line += f"; {len(naming)} naming difference(s) only (HyperPod's own switch, block and topology names)"
+    return line
 
 
 @contextmanager
