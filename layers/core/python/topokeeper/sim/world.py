@@ -299,7 +299,8 @@ class World:
                 for report in reports:
                     self.note(
                         "drift",
-                        f"live {report['live']}, AWS {report['aws']}, drift {report['drift']}, {report['action']}",
+                        f"live {report['live']}, AWS {report['aws']}, drift {report['drift']}, {report['action']}"
+                        + differences(report.get("detail") or []),
                     )
             except Exception as error:  # the Lambda would fail; the world goes on
                 self.note("error", f"drift function failed: {error}")
@@ -393,13 +394,17 @@ def describe_verify(report: DriftReport, plan_sha256: str | None) -> str:
         f"verified at once after HyperPod's UpdatePartitionTopology (CloudTrail {events}): live topology on the"
         f" head node vs plan {str(plan_sha256 or '-')[:12]}: {verdict}; AWS {report.aws}; wrote nothing"
     )
-    grouping = [item for item in report.detail if item.get("kind") == "grouping"]
-    naming = [item for item in report.detail if item.get("kind") == "naming"]
-    for item in grouping[:3]:
-        line += f"; {item.get('name')}: {item.get('detail')}"
+    return line + differences(report.detail)
+
+
+def differences(detail: list[dict[str, Any]]) -> str:
+    """What a verify found different: the grouping entries (nodes named), else how many naming ones."""
+    grouping = [item for item in detail if item.get("kind") == "grouping"]
+    naming = [item for item in detail if item.get("kind") == "naming"]
+    text = "".join(f"; {item.get('name')}: {item.get('detail')}" for item in grouping[:3])
     if naming and not grouping:
-        line += f"; {len(naming)} naming difference(s) only (HyperPod's own switch, block and topology names)"
-    return line
+        text += f"; {len(naming)} naming difference(s) only (another writer's switch, block and topology names)"
+    return text
 
 
 @contextmanager
