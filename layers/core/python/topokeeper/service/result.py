@@ -39,6 +39,7 @@ from topokeeper.ports import (
     WorkQueue,
 )
 from topokeeper.service.audit import build_records
+from topokeeper.service.drift import live_status
 from topokeeper.service.state import request_reconcile, save_fields
 
 SUCCESS = frozenset({Outcome.APPLIED, Outcome.UNCHANGED})
@@ -159,10 +160,26 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
     state = deps.state.get(cluster.name)
     if event.detail_type == AGENT_VERIFY_DETAIL_TYPE:
         save_fields(deps.state, cluster.name, {"last_verify": report.result, "last_verify_at": deps.clock.now()})
-        return ResultReport(status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome)
+        reason = _fresh_verify(cluster, state, report, deps)
+        return ResultReport(
+            status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome, reason=reason
+        )
     if state.pending is None or state.pending.handle.reference not in report.references:
         return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
     return finish_delivery(cluster, state, state.pending, report.result, deps)
+
+
+def _fresh_verify(cluster: ClusterConfig, state: ClusterState, report: AgentResultDetail, deps: ResultDeps) -> str:
+    """A verify the backend asked for when HyperPod changed the topology itself: its verdict is the drift
+    metric now (the scheduled check also compares the plan with AWS; this one judges the head node only)."""
+    if report.verify_request is None:
+        return ""
+    if state.desired_sha256 is None or report.result.plan_sha256 != state.desired_sha256:
+        return f"verify request {report.verify_request}: answered for another plan, not judged"
+    live = live_status(report.result, cluster.effective_mode)
+    if live != "unknown":
+        deps.metrics.emit(cluster.name, Metric.TOPOLOGY_DRIFT, 1 if live == "drift" else 0)
+    return f"verify request {report.verify_request}: live {live}"
 
 
 def _agent_cluster(settings: Settings, name: str) -> ClusterConfig | None:

@@ -328,9 +328,27 @@ class World:
         """The reconcile function verified the head node at once after HyperPod's own topology update."""
         self.note("verify", describe_verify(report, self.runtime.state.get(self.cluster.name).desired_sha256))
 
+    def _note_fresh_verify(self, report: dict[str, Any]) -> None:
+        """The agent's verify the backend asked for after HyperPod's own update, as the result function judged it."""
+        state = self.runtime.state.get(self.cluster.name)
+        verdict = {
+            "live in_sync": "AGREES with the plan",
+            "live drift": "DRIFT: the live grouping differs from the plan",
+        }
+        request, _, judged = str(report["reason"]).partition(": ")
+        found = differences(state.last_verify.drift) if state.last_verify else ""
+        self.note(
+            "verify",
+            f"the agent verified at once ({request.removeprefix('verify request ')}) after HyperPod's"
+            f" UpdatePartitionTopology: live topology on the head node vs plan {str(state.desired_sha256)[:12]}:"
+            f" {verdict.get(judged, judged)}; wrote nothing{found}",
+        )
+
     def _record_result(self, event: dict[str, Any], report: dict[str, Any]) -> None:
         if str(event.get("source", "")).startswith(AGENT_SOURCE):
             self._count_head_node_result(json.dumps(event["detail"]["result"]))
+        if report.get("status") == "verify-recorded" and str(report.get("reason", "")).startswith("verify request"):
+            self._note_fresh_verify(report)
         if report.get("status") != "recorded":
             return
         outcome = report.get("outcome")
