@@ -38,15 +38,14 @@ def test_the_agent_verifies_at_once_when_hyperpod_changed_the_topology(world_fac
     story = Story(world, lambda _: None)
     bug = story.play(1, Step.model_validate({"hyperpod_misplace": {"group": "p5", "count": 1}}))
     assert bug is not None
-    # The step ends once the functions are idle; the agent answers the request at its next poll.
-    world.settle(until=world.clock.monotonic() + world.scenario.timing.agent_poll_seconds + 5, quiet=False)
+    # The step waits for the agent's answer to the verify request (it is work in flight), so it is the step's.
 
     fresh = [text for text in _verifies(world) if text.startswith("the agent verified at once")]
     assert len(fresh) == 2  # HyperPod's first write, then the misplacing one
     assert "AGREES with the plan" in fresh[0]
     moved = min(n.slurm_name for n in world.emulator.hyperpod.nodes(world.cluster.name, "p5"))
     assert "DRIFT: the live grouping differs from the plan" in fresh[1] and moved in fresh[1]
-    assert _points(world, Metric.TOPOLOGY_DRIFT)[-1] == 1
+    assert bug.drift == 1 and bug.alarm_raised and _points(world, Metric.TOPOLOGY_DRIFT)[-1] == 1
     # The fresh verdict came well before the scheduled check could have found it.
     started = bug.started_at + world.scenario.timing.hyperpod_topology_seconds
     fresh_at = [e["t"] for e in world.timeline if e["kind"] == "verify" and e["text"].startswith("the agent")][-1]

@@ -81,6 +81,7 @@ class World:
         # True: SSM commands run at once (for callers outside simulated time, such as the operator CLI).
         self.ssm_synchronous = False
         self.apply_times: dict[str, float] = {}  # plan sha256 -> when the head node confirmed it
+        self.open_verify_requests: set[str] = set()  # fresh verifies asked of the agent, not answered yet
         self.event_filter: Callable[[dict[str, Any]], list[dict[str, Any]]] = lambda event: [event]
         # Deterministic simulation, not security: the same scenario and seed tell the same story.
         self.random = random.Random(spec.seed)  # noqa: S311
@@ -327,6 +328,8 @@ class World:
     def verified(self, report: DriftReport) -> None:
         """The reconcile function verified the head node at once after HyperPod's own topology update."""
         self.note("verify", describe_verify(report, self.runtime.state.get(self.cluster.name).desired_sha256))
+        if report.verify_request is not None and report.live == "unknown":
+            self.open_verify_requests.add(report.verify_request)  # the agent answers at its next poll
 
     def _note_fresh_verify(self, report: dict[str, Any]) -> None:
         """The agent's verify the backend asked for after HyperPod's own update, as the result function judged it."""
@@ -336,6 +339,7 @@ class World:
             "live drift": "DRIFT: the live grouping differs from the plan",
         }
         request, _, judged = str(report["reason"]).partition(": ")
+        self.open_verify_requests.discard(request.removeprefix("verify request "))
         found = differences(state.last_verify.drift) if state.last_verify else ""
         self.note(
             "verify",
@@ -385,7 +389,10 @@ class World:
         if self.agenda.has_work():
             return False
         state = self.runtime.state.get(self.cluster.name)
-        return state.pending is None and state.generation == state.reconciled_generation
+        # A fresh verify asked of the agent is work in flight too: its answer belongs to this step.
+        return (
+            state.pending is None and state.generation == state.reconciled_generation and not self.open_verify_requests
+        )
 
     def put_event(self, source: str, detail_type: str, detail: dict[str, Any]) -> None:
         """An event from an AWS service, through EventBridge and the stack's rules (as the emulator emits its own)."""
@@ -406,7 +413,7 @@ def describe_verify(report: DriftReport, plan_sha256: str | None) -> str:
     verdict = {
         "in_sync": "AGREES with the plan",
         "drift": "DRIFT: the live grouping differs from the plan",
-        "unknown": f"could not tell ({report.error or 'no answer'})",
+        "unknown": f"not yet: {report.error or 'no answer'}",
     }[report.live]
     line = (
         f"verified at once after HyperPod's UpdatePartitionTopology (CloudTrail {events}): live topology on the"
