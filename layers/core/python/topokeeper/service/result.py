@@ -63,6 +63,8 @@ class ResultReport(BaseModel):
     outcome: Outcome | None = None
     audit_records: int = 0
     reason: str = ""
+    verify_request: str | None = None  # the fresh verify this report answered (asked after HyperPod's own update)
+    live: Literal["in_sync", "drift", "unknown"] | None = None  # its verdict, when judged against the current plan
 
 
 def _slurm_version(result: ApplyResult) -> str | None:
@@ -160,26 +162,34 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
     state = deps.state.get(cluster.name)
     if event.detail_type == AGENT_VERIFY_DETAIL_TYPE:
         save_fields(deps.state, cluster.name, {"last_verify": report.result, "last_verify_at": deps.clock.now()})
-        reason = _fresh_verify(cluster, state, report, deps)
+        live = _fresh_verify(cluster, state, report, deps)
         return ResultReport(
-            status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome, reason=reason
+            status="verify-recorded",
+            cluster=cluster.name,
+            outcome=report.result.outcome,
+            verify_request=report.verify_request,
+            live=live,
+            reason="" if report.verify_request is None or live else "a fresh verify for another plan: not judged",
         )
     if state.pending is None or state.pending.handle.reference not in report.references:
         return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
     return finish_delivery(cluster, state, state.pending, report.result, deps)
 
 
-def _fresh_verify(cluster: ClusterConfig, state: ClusterState, report: AgentResultDetail, deps: ResultDeps) -> str:
+def _fresh_verify(
+    cluster: ClusterConfig, state: ClusterState, report: AgentResultDetail, deps: ResultDeps
+) -> Literal["in_sync", "drift", "unknown"] | None:
     """A verify the backend asked for when HyperPod changed the topology itself: its verdict is the drift
-    metric now (the scheduled check also compares the plan with AWS; this one judges the head node only)."""
+    metric now (the scheduled check also compares the plan with AWS; this one judges the head node only).
+    None: no request, or answered for another plan than the current one."""
     if report.verify_request is None:
-        return ""
+        return None
     if state.desired_sha256 is None or report.result.plan_sha256 != state.desired_sha256:
-        return f"verify request {report.verify_request}: answered for another plan, not judged"
+        return None
     live = live_status(report.result, cluster.effective_mode)
     if live != "unknown":
         deps.metrics.emit(cluster.name, Metric.TOPOLOGY_DRIFT, 1 if live == "drift" else 0)
-    return f"verify request {report.verify_request}: live {live}"
+    return live
 
 
 def _agent_cluster(settings: Settings, name: str) -> ClusterConfig | None:

@@ -334,24 +334,20 @@ class World:
     def _note_fresh_verify(self, report: dict[str, Any]) -> None:
         """The agent's verify the backend asked for after HyperPod's own update, as the result function judged it."""
         state = self.runtime.state.get(self.cluster.name)
-        verdict = {
-            "live in_sync": "AGREES with the plan",
-            "live drift": "DRIFT: the live grouping differs from the plan",
-        }
-        request, _, judged = str(report["reason"]).partition(": ")
-        self.open_verify_requests.discard(request.removeprefix("verify request "))
+        request = str(report["verify_request"])
+        self.open_verify_requests.discard(request)
+        verdict = VERDICTS.get(report.get("live") or "", report.get("reason") or "could not tell")
         found = differences(state.last_verify.drift) if state.last_verify else ""
         self.note(
             "verify",
-            f"the agent verified at once ({request.removeprefix('verify request ')}) after HyperPod's"
-            f" UpdatePartitionTopology: live topology on the head node vs plan {str(state.desired_sha256)[:12]}:"
-            f" {verdict.get(judged, judged)}; wrote nothing{found}",
+            f"the agent verified at once ({request}) after HyperPod's UpdatePartitionTopology: live topology on"
+            f" the head node vs plan {str(state.desired_sha256)[:12]}: {verdict}; wrote nothing{found}",
         )
 
     def _record_result(self, event: dict[str, Any], report: dict[str, Any]) -> None:
         if str(event.get("source", "")).startswith(AGENT_SOURCE):
             self._count_head_node_result(json.dumps(event["detail"]["result"]))
-        if report.get("status") == "verify-recorded" and str(report.get("reason", "")).startswith("verify request"):
+        if report.get("status") == "verify-recorded" and report.get("verify_request"):
             self._note_fresh_verify(report)
         if report.get("status") != "recorded":
             return
@@ -406,15 +402,14 @@ class World:
         return self.clock.now()
 
 
+VERDICTS = {"in_sync": "AGREES with the plan", "drift": "DRIFT: the live grouping differs from the plan"}
+
+
 def describe_verify(report: DriftReport, plan_sha256: str | None) -> str:
     """One timeline line: what a verify compared, its verdict, and what differed (grouping first)."""
     # Ingest keeps the CloudTrail record's own id at the end of the trigger's summary.
     events = ", ".join(t.summary.rsplit(" ", 1)[-1] for t in report.requested_by) or "none"
-    verdict = {
-        "in_sync": "AGREES with the plan",
-        "drift": "DRIFT: the live grouping differs from the plan",
-        "unknown": f"not yet: {report.error or 'no answer'}",
-    }[report.live]
+    verdict = VERDICTS.get(report.live, f"not yet: {report.error or 'no answer'}")
     line = (
         f"verified at once after HyperPod's UpdatePartitionTopology (CloudTrail {events}): live topology on the"
         f" head node vs plan {str(plan_sha256 or '-')[:12]}: {verdict}; AWS {report.aws}; wrote nothing"
