@@ -77,6 +77,7 @@ reliability: install install-system
 demo: install
 	@$(MAKE) --no-print-directory install-system || echo "demo: Debian packages not installed (no root or sudo?): the head node falls back to a file-only stand-in"
 	$(BIN)/topokeeper demo --out out/demo
+	$(BIN)/topokeeper demo --mode verify --out out/demo-verify
 
 bench: install
 	$(BIN)/python bench/plan_scaling.py

@@ -16,7 +16,13 @@ from infra.constants import CONTEXT_KEY, EVENT_BUS_NAME
 from infra.encryption import DataKey
 from infra.storage import PlanBucket
 from topokeeper.config import Settings
-from topokeeper.constants import AGENT_SOURCE, agent_bundle_key, agent_source, agent_verify_key
+from topokeeper.constants import (
+    AGENT_SOURCE,
+    agent_bundle_key,
+    agent_source,
+    agent_verify_key,
+    agent_verify_request_key,
+)
 from topokeeper.ports import Channel
 
 
@@ -55,7 +61,8 @@ class AgentPolicies(Construct):
                     sid="FetchBundles",
                     actions=["s3:GetObject"],  # also HeadObject, which the agent polls
                     resources=[
-                        plans.bucket.arn_for_objects(path(cluster)) for path in (agent_bundle_key, agent_verify_key)
+                        plans.bucket.arn_for_objects(path(cluster))
+                        for path in (agent_bundle_key, agent_verify_key, agent_verify_request_key)
                     ],
                 ),
                 iam.PolicyStatement(

@@ -192,7 +192,7 @@ class FakeChannel:
     def reference(self, number: int) -> str:
         return f"0e8d3c0e-71f7-4491-898f-{number:012x}" if self.kind is Channel.SSM else f"version-{number}"
 
-    def verify(self, bundle: Bundle) -> ApplyResult:
+    def verify(self, bundle: Bundle, *, request: str | None = None) -> ApplyResult:
         self.verified += 1
         if isinstance(self.fail_with, TopokeeperError):
             raise self.fail_with

@@ -243,7 +243,8 @@ def test_one_agent_policy_per_cluster_reaching_only_its_own_objects_and_event_so
         by_sid = {statement["Sid"]: statement for statement in document["Statement"]}
         assert sorted(by_sid) == ["DecryptBundles", "FetchBundles", "ReportResults"]
         assert by_sid["FetchBundles"]["Resource"] == [
-            object_arn(variant, f"/clusters/{cluster}/{name}") for name in ("bundle.json", "verify.json")
+            object_arn(variant, f"/clusters/{cluster}/{name}")
+            for name in ("bundle.json", "verify-request.json", "verify.json")
         ]
         sources = by_sid["ReportResults"]["Condition"]["StringEquals"]["events:source"]
         assert sources == [agent_source(cluster), AGENT_SOURCE]

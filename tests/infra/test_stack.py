@@ -435,7 +435,8 @@ def test_the_agent_policy_reads_only_its_clusters_bundles(example: Synthesized) 
     bucket = arn(example, example.stack.plans.bucket)
     assert by_sid["FetchBundles"]["Action"] == "s3:GetObject"
     assert by_sid["FetchBundles"]["Resource"] == [
-        {"Fn::Join": ["", [bucket, f"/clusters/llm-train/{name}"]]} for name in ("bundle.json", "verify.json")
+        {"Fn::Join": ["", [bucket, f"/clusters/llm-train/{name}"]]}
+        for name in ("bundle.json", "verify-request.json", "verify.json")
     ]
     sources = [agent_source("llm-train"), AGENT_SOURCE]
     assert by_sid["ReportResults"]["Condition"] == {"StringEquals": {"events:source": sources}}

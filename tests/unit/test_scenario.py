@@ -18,7 +18,7 @@ steps:
 """
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "scale-1000.yaml", "full-story.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "verify-mode.yaml", "scale-1000.yaml", "full-story.yaml"])
 def test_shipped_scenarios_load(name: str) -> None:
     assert load_scenario(SCENARIOS / name).steps
 
@@ -63,3 +63,12 @@ def test_the_slurm_versions_the_simulator_runs_load(tmp_path: Path, version: str
     path = tmp_path / "s.yaml"
     path.write_text(GOOD.replace("  name: demo", f'  name: demo\n  slurm_version: "{version}"'))
     assert load_scenario(path).cluster.slurm_version == version
+
+
+def test_hyperpods_misplacing_bug_needs_the_topology_it_manages(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace("  - scale: {group: p5, to: 8}", "  - hyperpod_misplace: {group: p5}"))
+    with pytest.raises(InputError, match="managed_topology"):
+        load_scenario(path)
+    path.write_text(path.read_text().replace("  name: demo", "  name: demo\n  managed_topology: true"))
+    assert load_scenario(path).steps[0].action == "hyperpod_misplace"

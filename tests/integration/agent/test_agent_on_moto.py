@@ -431,6 +431,27 @@ def test_verify_mode_only_ever_verifies_against_verify_json(cloud: Cloud, node: 
     assert events[0]["detail"]["result"]["outcome"] == "drift"
 
 
+def test_a_verify_request_is_honoured_at_once_once(cloud: Cloud, node: Node) -> None:
+    """HyperPod changed the topology itself: the backend asks for a fresh verify rather than wait for the cadence."""
+    node.configure(mode="verify")
+    document = bundle_document()
+    request_key = f"clusters/{CLUSTER}/verify-request.json"
+    cloud.s3.put_object(Bucket=BUCKET, Key=f"clusters/{CLUSTER}/verify.json", Body=bundle_body(document))
+    cloud.s3.put_object(Bucket=BUCKET, Key=request_key, Body=json.dumps({"request_id": "r-1"}).encode())
+    node.cycle()  # a new verify.json and a request in one cycle: one verify answers both
+    node.cycle(after_seconds=10)  # nothing new: no verify (the cadence is 300 s)
+    cloud.s3.put_object(Bucket=BUCKET, Key=request_key, Body=json.dumps({"request_id": "r-2"}).encode())
+    node.cycle(after_seconds=10)  # a new request: verify at once, long before the cadence
+
+    assert [call["mode"] for call in node.applier.calls()] == ["verify", "verify"]
+    events = cloud.delivered()
+    assert [(e["detail-type"], e["detail"].get("verify_request")) for e in events] == [
+        (agent.VERIFY_RESULT, "r-1"),
+        (agent.VERIFY_RESULT, "r-2"),
+    ]
+    assert agent.verify_request_key(agent.DEFAULT_PREFIX, CLUSTER) == request_key
+
+
 # --- old and new agents against a newer bundle schema --------------------------------------------
 
 

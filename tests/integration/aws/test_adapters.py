@@ -32,7 +32,7 @@ from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.adapters.ssm_channel import SsmChannel
-from topokeeper.constants import agent_bundle_key, agent_verify_key
+from topokeeper.constants import agent_bundle_key, agent_verify_key, agent_verify_request_key
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TopologyKind
 from topokeeper.engine.planner import plan
@@ -991,6 +991,25 @@ def test_agent_channel_delivers_a_versioned_bundle(
     assert (handle.channel, handle.cluster, handle.plan_sha256) == (Channel.AGENT, "test-cluster", bundle.plan_sha256)
     assert (handle.target, handle.sent_at) == (f"s3://{bucket}/{key}", clock.now())
     assert channel.deliver(bundle).reference != handle.reference  # each delivery is a version of its own
+
+
+def test_agent_channel_asks_for_a_fresh_verify_rather_than_answer_with_its_last_report(
+    aws: AwsEmulator, clock: ManualClock, table: str, bucket: str
+) -> None:
+    channel = _agent_channel(aws, clock, table, bucket)
+    state = DynamoStateStore(aws.client("dynamodb"), table)
+    bundle = _rendered().bundle
+    last = ApplyResult(outcome=Outcome.IN_SYNC, applier_version="1.0.0", mode="verify", plan_sha256=bundle.plan_sha256)
+    save_fields(state, "test-cluster", {"last_verify": last, "last_verify_at": clock.now()})
+    assert channel.verify(bundle) == last  # the schedule's check takes the agent's recent report
+
+    asked = channel.verify(bundle, request="vr-1")  # HyperPod just changed the topology: that report is stale
+
+    assert (asked.outcome, asked.error) == (Outcome.PENDING, "asked the agent for a fresh verify (request vr-1)")
+    body = aws.client("s3").get_object(Bucket=bucket, Key=agent_verify_request_key("test-cluster"))["Body"].read()
+    request = json.loads(body)
+    assert (request["request_id"], request["plan_sha256"]) == ("vr-1", bundle.plan_sha256)
+    assert agent_verify_request_key("test-cluster") == "clusters/test-cluster/verify-request.json"
 
 
 def test_agent_channel_verify_writes_once_and_waits_for_a_fresh_report(

@@ -72,7 +72,7 @@ class Channel_:
             sent_at=datetime(2026, 1, 5, tzinfo=UTC),
         )
 
-    def verify(self, bundle: Bundle) -> ApplyResult:
+    def verify(self, bundle: Bundle, *, request: str | None = None) -> ApplyResult:
         self.verified += 1
         return self.verify_result
 

@@ -224,7 +224,7 @@ class HeadNode(FakeChannel):
         self.world.emit(ssm_event(handle.reference), after_seconds=COMMAND_SECONDS)
         return handle
 
-    def verify(self, bundle: Bundle) -> ApplyResult:
+    def verify(self, bundle: Bundle, *, request: str | None = None) -> ApplyResult:
         self.verified += 1
         if self.live == bundle.plan_sha256:
             return ApplyResult(outcome=Outcome.IN_SYNC, applier_version="1.0.0")

@@ -1,6 +1,6 @@
 from topokeeper.config import Mode
 from topokeeper.ports import ApplyResult, Outcome
-from topokeeper.service.drift import _live_status
+from topokeeper.service.drift import live_status
 
 
 def _result(outcome: Outcome, grouping: bool | None = None) -> ApplyResult:
@@ -10,16 +10,16 @@ def _result(outcome: Outcome, grouping: bool | None = None) -> ApplyResult:
 
 def test_naming_only_drift_is_not_drift_in_verify_mode() -> None:
     """HyperPod names its topologies, switches and blocks its own way: verify mode must not cry wolf."""
-    assert _live_status(_result(Outcome.DRIFT, grouping=False), Mode.VERIFY) == "in_sync"
-    assert _live_status(_result(Outcome.DRIFT, grouping=True), Mode.VERIFY) == "drift"
+    assert live_status(_result(Outcome.DRIFT, grouping=False), Mode.VERIFY) == "in_sync"
+    assert live_status(_result(Outcome.DRIFT, grouping=True), Mode.VERIFY) == "drift"
     # A document that does not say (an agent's summary of an older applier) is drift, not silence.
-    assert _live_status(_result(Outcome.DRIFT), Mode.VERIFY) == "drift"
+    assert live_status(_result(Outcome.DRIFT), Mode.VERIFY) == "drift"
 
 
 def test_in_enforce_mode_the_files_are_ours_names_included() -> None:
-    assert _live_status(_result(Outcome.DRIFT, grouping=False), Mode.ENFORCE) == "drift"
+    assert live_status(_result(Outcome.DRIFT, grouping=False), Mode.ENFORCE) == "drift"
 
 
 def test_no_document_means_unknown() -> None:
-    assert _live_status(_result(Outcome.TIMED_OUT), Mode.ENFORCE) == "unknown"
-    assert _live_status(_result(Outcome.IN_SYNC), Mode.VERIFY) == "in_sync"
+    assert live_status(_result(Outcome.TIMED_OUT), Mode.ENFORCE) == "unknown"
+    assert live_status(_result(Outcome.IN_SYNC), Mode.VERIFY) == "in_sync"

@@ -143,6 +143,9 @@ def test_hyperpods_topology_update_verifies_at_once_and_the_report_links_its_rec
     assert requested_by.event_id == f"eb-{MANAGED_TOPOLOGY_EVENT}"
     assert f"ct-{MANAGED_TOPOLOGY_EVENT}" in requested_by.summary
     assert controller.metrics.values(Metric.TOPOLOGY_DRIFT) == [1]
+    # The head node is asked for a fresh verify, named by the triggers (a retried reconcile asks the same).
+    assert report.verify_request is not None and report.verify_request.startswith("vr-")
+    assert verify_managed_updates(reconciled, controller.deps()).verify_request == report.verify_request  # type: ignore[union-attr]
 
 
 def test_other_changes_wait_for_the_scheduled_verify() -> None:

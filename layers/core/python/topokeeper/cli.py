@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from topokeeper import kueue_commands, operator_commands
+from topokeeper import kueue_commands, operator_commands, readonly_commands
 from topokeeper.agent.install import add_agent_commands
 from topokeeper.applier import applier
 from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     path_parser = commands.add_parser("applier-path", help="print the path of the head-node applier, to copy it")
     path_parser.set_defaults(run=_cmd_applier_path)
     operator_commands.register(commands)
+    readonly_commands.register(commands)
     operator_commands.add_endpoint_option(parser)
     add_agent_commands(commands)
     sim_commands.register(commands)

@@ -51,6 +51,11 @@ def agent_verify_key(cluster: str) -> str:
     return f"{AGENT_KEY_PREFIX}/{cluster}/verify.json"
 
 
+def agent_verify_request_key(cluster: str) -> str:
+    """Where the backend asks the agent for a verify at once (HyperPod changed the topology itself)."""
+    return f"{AGENT_KEY_PREFIX}/{cluster}/verify-request.json"
+
+
 def ssm_payload_key(cluster: str, sha256: str) -> str:
     """Where the SSM channel puts a bundle too large for the command itself, for the head node to fetch
     (named by the sha256 of its bytes: two signed bundles of one plan differ)."""

@@ -189,6 +189,7 @@ class AgentResultDetail(BaseModel):
     version_id: str | None = None
     host: str | None = None
     result: ApplyResult
+    verify_request: str | None = None  # the backend's verify request this verify answers (agent.py)
 
     @property
     def references(self) -> set[str]:

@@ -134,7 +134,10 @@ class DeliveryHandle(BaseModel):
 class DeliveryChannel(Protocol):
     def deliver(self, bundle: Bundle) -> DeliveryHandle: ...
 
-    def verify(self, bundle: Bundle) -> ApplyResult: ...
+    def verify(self, bundle: Bundle, *, request: str | None = None) -> ApplyResult:
+        """The live state compared with ``bundle``. ``request`` (an id): the live state just changed, so the
+        answer must be fresh; a channel that cannot answer at once asks the head node and answers PENDING."""
+        ...
 
 
 class BundleSigner(Protocol):

@@ -3,7 +3,9 @@
 Delivering writes the desired bundle to ``clusters/<cluster>/bundle.json`` in the versioned bucket; the
 agent on the head node polls its ETag, runs the same applier, and reports the same result document
 as an EventBridge event. Verifying writes ``clusters/<cluster>/verify.json``, which the agent only
-ever verifies against (never applies), and returns the agent's latest report about that plan.
+ever verifies against (never applies), and returns the agent's latest report about that plan. A verify
+``request`` (the live state just changed) writes ``verify-request.json`` instead, which the agent honours at
+its next poll; its report names the request and the result function records it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors, error_code
-from topokeeper.constants import agent_bundle_key, agent_verify_key
+from topokeeper.constants import agent_bundle_key, agent_verify_key, agent_verify_request_key
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, StateStore
 from topokeeper.render.bundle import Bundle
 
@@ -64,9 +66,19 @@ class AgentChannel:
         )
 
     @aws_errors()
-    def verify(self, bundle: Bundle) -> ApplyResult:
+    def verify(self, bundle: Bundle, *, request: str | None = None) -> ApplyResult:
         if self._verify_only:
             self._ensure_verify_bundle(bundle)
+        if request is not None:
+            # The last report predates the change: ask for a fresh one (the result function records it).
+            body = {"request_id": request, "plan_sha256": bundle.plan_sha256, "requested_at": self._now().isoformat()}
+            self._s3.put_object(
+                Bucket=self._bucket,
+                Key=agent_verify_request_key(bundle.cluster_name),
+                Body=json.dumps(body, sort_keys=True).encode(),
+                ContentType="application/json",
+            )
+            return ApplyResult.from_channel(Outcome.PENDING, f"asked the agent for a fresh verify (request {request})")
         state = self._state.get(bundle.cluster_name)
         report, seen_at = state.last_verify, state.last_verify_at
         if report is None or seen_at is None:

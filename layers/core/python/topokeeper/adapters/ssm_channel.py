@@ -225,8 +225,9 @@ class SsmChannel:
             sent_at=self._now(),
         )
 
-    def verify(self, bundle: Bundle) -> ApplyResult:
-        """Run ``verify`` on the head node and wait for its document (the drift function is synchronous)."""
+    def verify(self, bundle: Bundle, *, request: str | None = None) -> ApplyResult:
+        """Run ``verify`` on the head node and wait for its document (the drift function is synchronous), so
+        every answer is fresh and ``request`` needs nothing more."""
         return self.run(bundle, "verify")
 
     def run(self, bundle: Bundle, mode: str, timeout: float = 120, poll: float = 2) -> ApplyResult:

@@ -4,17 +4,21 @@
 SSM SendCommand cannot address HyperPod nodes (it only takes i-/mi- ids), so the head node pulls. Each
 cycle asks S3 for the cluster's desired bundle with If-None-Match (an unchanged object costs one 304),
 runs the applier next to this file on a new one, runs ``verify`` on a slower cadence, and reports every
-result as an EventBridge event. This file is copied to the head node as is and imports nothing from
+result as an EventBridge event. A verify request (``verify-request.json`` beside the bundle, polled the same
+way) asks for a verify at once: the backend writes one when HyperPod changed the topology itself, and the
+report echoes its ``verify_request`` id. This file is copied to the head node as is and imports nothing from
 topokeeper.
 
     agent.py --config /etc/topokeeper/agent.json [--once]
 
 IAM for the node's role (the HyperPod instance group's execution role; one role per cluster):
-    s3:GetObject      on arn:aws:s3:::BUCKET/PREFIX/CLUSTER/bundle.json
+    s3:GetObject      on arn:aws:s3:::BUCKET/PREFIX/CLUSTER/bundle.json (verify.json in verify mode)
+                      and arn:aws:s3:::BUCKET/PREFIX/CLUSTER/verify-request.json
     events:PutEvents  on arn:aws:events:REGION:ACCOUNT:event-bus/BUS
                       with the condition events:source = topokeeper.agent.CLUSTER (the source it sends)
     kms:Decrypt on the bucket's key, only if it uses SSE-KMS with a customer managed key.
-Without s3:ListBucket a missing bundle answers 403 instead of 404; both are logged and retried.
+Without s3:ListBucket a missing bundle answers 403 instead of 404; both are logged and retried. A missing
+verify request (404 or 403) is the usual case and only means nobody asked.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ BUNDLE_SCHEMA = f"{BUNDLE_SCHEMA_NAME}/{BUNDLE_SCHEMA_VERSION}"
 AGENT_OUTDATED = "agent_outdated"
 
 MAX_BUNDLE_BYTES = 256 * 1024 * 1024
+MAX_VERIFY_REQUEST_BYTES = 64 * 1024
 MAX_EVENTS_RESPONSE_BYTES = 1024 * 1024
 # PutEvents takes at most 256 KiB per request; one entry per request leaves room for the envelope.
 MAX_DETAIL_BYTES = 200 * 1024
@@ -118,6 +123,11 @@ def object_key(prefix: str, cluster: str, mode: str) -> str:
     """Where the desired bundle lives: ``bundle.json`` to apply, ``verify.json`` to verify only."""
     name = "bundle.json" if mode == "enforce" else "verify.json"
     return "/".join(part for part in (prefix.strip("/"), cluster, name) if part)
+
+
+def verify_request_key(prefix: str, cluster: str) -> str:
+    """Where the backend asks for a verify at once (beside the bundle)."""
+    return "/".join(part for part in (prefix.strip("/"), cluster, "verify-request.json") if part)
 
 
 @dataclass(frozen=True)
@@ -417,17 +427,19 @@ class Aws:
         self._clock = clock
         self._opener = urllib.request.build_opener(_NoRedirect)
         suffix = "amazonaws.com.cn" if config.region.startswith("cn-") else "amazonaws.com"
-        key = urllib.parse.quote(config.key, safe="/")
         if config.endpoint_url:
             endpoint = config.endpoint_url.rstrip("/")
-            self.object_url = f"{endpoint}/{config.bucket}/{key}"
+            bucket_url = f"{endpoint}/{config.bucket}/"
             self.events_url = endpoint + "/"
         else:
             if "." in config.bucket:  # a dotted bucket name breaks the virtual host's TLS certificate
-                self.object_url = f"https://s3.{config.region}.{suffix}/{config.bucket}/{key}"
+                bucket_url = f"https://s3.{config.region}.{suffix}/{config.bucket}/"
             else:
-                self.object_url = f"https://{config.bucket}.s3.{config.region}.{suffix}/{key}"
+                bucket_url = f"https://{config.bucket}.s3.{config.region}.{suffix}/"
             self.events_url = f"https://events.{config.region}.{suffix}/"
+        self.object_url = bucket_url + urllib.parse.quote(config.key, safe="/")
+        self.request_key = verify_request_key(config.prefix, config.cluster)
+        self.request_url = bucket_url + urllib.parse.quote(self.request_key, safe="/")
 
     def _send(self, service: str, method: str, url: str, headers: Dict[str, str], body: bytes) -> HttpResponse:
         now = datetime.datetime.fromtimestamp(self._clock(), datetime.timezone.utc)
@@ -453,14 +465,27 @@ class Aws:
 
     def get_bundle_if_changed(self, etag: Optional[str]) -> Optional[S3Object]:
         """The object, or None when it still has ``etag`` (304)."""
-        headers = {"If-None-Match": etag} if etag else {}
-        response = self._send("s3", "GET", self.object_url, headers, b"")
+        response = self._get_if_changed(self.object_url, etag)
         if response.status == 304:
             return None
         if response.status != 200:
             code = _s3_error_code(response.body)
             raise AgentError(f"GET s3://{self._config.bucket}/{self._config.key}: HTTP {response.status} {code}")
         return S3Object(response.body, response.headers.get("etag", ""), response.headers.get("x-amz-version-id"))
+
+    def get_verify_request_if_changed(self, etag: Optional[str]) -> Optional[S3Object]:
+        """The verify request, or None when unchanged (304) or absent (404, or 403 without s3:ListBucket)."""
+        response = self._get_if_changed(self.request_url, etag)
+        if response.status in (304, 403, 404):
+            return None
+        if response.status != 200:
+            code = _s3_error_code(response.body)
+            raise AgentError(f"GET s3://{self._config.bucket}/{self.request_key}: HTTP {response.status} {code}")
+        return S3Object(response.body, response.headers.get("etag", ""), response.headers.get("x-amz-version-id"))
+
+    def _get_if_changed(self, url: str, etag: Optional[str]) -> HttpResponse:
+        headers = {"If-None-Match": etag} if etag else {}
+        return self._send("s3", "GET", url, headers, b"")
 
     def put_event(self, detail_type: str, detail: Dict[str, Any]) -> None:
         entry = {
@@ -647,6 +672,8 @@ class State:
     bundle: Optional[BundleRef] = None  # the last bundle handed to the applier (verify runs against it)
     last_verify_at: float = 0.0
     outbox: List[Dict[str, Any]] = field(default_factory=list)
+    request_etag: Optional[str] = None  # the last verify request seen: its If-None-Match cursor
+    request_id: Optional[str] = None  # the last verify request honoured
 
 
 def load_state(path: str) -> State:
@@ -659,6 +686,8 @@ def load_state(path: str) -> State:
             bundle=BundleRef(**bundle) if bundle else None,
             last_verify_at=float(document.get("last_verify_at", 0.0)),
             outbox=list(document.get("outbox", [])),
+            request_etag=document.get("request_etag"),
+            request_id=document.get("request_id"),
         )
         _check_state(state)
         return state
@@ -743,16 +772,21 @@ class Agent:
                 log("cycle.skipped", reason="another cycle holds the lock")
                 return
             state = load_state(self._state_path)
-            applied = self._poll(state)
-            if not applied and state.bundle is not None and self._verify_due(state):
+            request = self._verify_request(state)
+            applied = self._poll(state, request)
+            verified = applied and self.config.mode == "verify"  # _poll verified a new bundle, for the request too
+            if request is not None and not verified and state.bundle is not None:
+                # Asked for: verify now, even right after an apply (the live state may have changed since).
+                self._verify(state, state.bundle, request)
+            elif not applied and state.bundle is not None and self._verify_due(state):
                 self._verify(state, state.bundle)
             save_state(self._state_path, state)
             if state.outbox:
                 self._send_reports(state)
                 save_state(self._state_path, state)
 
-    def _poll(self, state: State) -> bool:
-        """Returns whether the applier ran."""
+    def _poll(self, state: State, request_id: Optional[str] = None) -> bool:
+        """Returns whether the applier ran. In verify mode a new bundle is verified, answering ``request_id``."""
         try:
             fetched = self._aws.get_bundle_if_changed(state.etag)
         except AgentError as error:
@@ -778,7 +812,7 @@ class Agent:
         reference = BundleRef(fetched.etag, fetched.version_id, bundle["plan_sha256"])
         state.bundle = reference
         if self.config.mode == "verify":
-            self._verify(state, reference)
+            self._verify(state, reference, request_id)
             return True
         result = run_applier(self.config, "apply", self._bundle_path, reference.plan_sha256)
         log("apply.result", outcome=result.get("outcome"), plan_sha256=reference.plan_sha256, error=result.get("error"))
@@ -786,20 +820,51 @@ class Agent:
         self._queue(state, APPLY_RESULT, reference, result)
         return True
 
+    def _verify_request(self, state: State) -> Optional[str]:
+        """The id of a verify request not honoured yet, or None. A request is
+        ``{"request_id": "...", ...}``; anything else is logged and skipped."""
+        try:
+            fetched = self._aws.get_verify_request_if_changed(state.request_etag)
+        except AgentError as error:
+            log("verify_request.failed", level="error", error=str(error))
+            return None
+        if fetched is None or fetched.etag == state.request_etag:
+            return None
+        state.request_etag = fetched.etag
+        try:
+            request_id = json.loads(fetched.body[:MAX_VERIFY_REQUEST_BYTES].decode("utf-8")).get("request_id")
+        except (UnicodeDecodeError, ValueError, AttributeError):
+            request_id = None
+        if not isinstance(request_id, str) or not request_id or len(request_id) > 200:
+            log("verify_request.unreadable", level="warning", etag=fetched.etag)
+            return None
+        if request_id == state.request_id:
+            return None
+        log("verify_request.received", request_id=request_id)
+        state.request_id = request_id
+        return request_id
+
     def _verify_due(self, state: State) -> bool:
         return (
             os.path.exists(self._bundle_path)
             and self._clock() - state.last_verify_at >= self.config.verify_interval_seconds
         )
 
-    def _verify(self, state: State, reference: BundleRef) -> None:
+    def _verify(self, state: State, reference: BundleRef, request_id: Optional[str] = None) -> None:
         result = run_applier(self.config, "verify", self._bundle_path, reference.plan_sha256)
-        log("verify.result", outcome=result.get("outcome"), plan_sha256=reference.plan_sha256)
+        log("verify.result", outcome=result.get("outcome"), plan_sha256=reference.plan_sha256, request_id=request_id)
         state.last_verify_at = self._clock()
-        self._queue(state, VERIFY_RESULT, reference, result)
+        self._queue(state, VERIFY_RESULT, reference, result, request_id)
 
-    def _queue(self, state: State, detail_type: str, reference: BundleRef, result: Dict[str, Any]) -> None:
-        detail = {
+    def _queue(
+        self,
+        state: State,
+        detail_type: str,
+        reference: BundleRef,
+        result: Dict[str, Any],
+        request_id: Optional[str] = None,
+    ) -> None:
+        detail: Dict[str, Any] = {
             "cluster": self.config.cluster,
             "plan_sha256": reference.plan_sha256,
             "etag": reference.etag,
@@ -807,6 +872,8 @@ class Agent:
             "host": self._host,
             "result": bounded_result(result),
         }
+        if request_id is not None:
+            detail["verify_request"] = request_id
         state.outbox.append({"detail_type": detail_type, "detail": detail})
         if len(state.outbox) > MAX_OUTBOX:
             log("report.dropped", level="warning", count=len(state.outbox) - MAX_OUTBOX)

@@ -8,6 +8,7 @@ topokeeper never fights HyperPod's own topology management.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -32,6 +33,7 @@ class DriftReport(BaseModel):
     detail: list[dict[str, object]] = []
     error: str | None = None
     requested_by: list[Trigger] = []  # HyperPod's own topology changes (their CloudTrail events) that asked for it
+    verify_request: str | None = None  # the fresh verify asked of the head node for them (its report names it)
 
 
 def drifted_partitions(result: ApplyResult, bundle: Bundle) -> list[str]:
@@ -55,7 +57,7 @@ def drifted_partitions(result: ApplyResult, bundle: Bundle) -> list[str]:
     return []
 
 
-def _live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift", "unknown"]:
+def live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift", "unknown"]:
     if result.outcome is Outcome.IN_SYNC:
         return "in_sync"
     if result.outcome is Outcome.DRIFT:
@@ -70,6 +72,7 @@ def _live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift",
 def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list[Trigger] | None = None) -> DriftReport:
     now = deps.clock.now()
     state = deps.state.get(cluster.name)
+    request = verify_request_id(requested_by) if requested_by else None
     if state.desired_sha256 is None:
         request_reconcile(
             deps.state,
@@ -97,8 +100,10 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
         # The head node is being brought to the plan: comparing it now would report a change as drift.
         live_result = ApplyResult.from_channel(Outcome.PENDING, "a delivery is in flight")
     else:
-        live_result = deps.channel(cluster).verify(for_reading(bundle, state.bundle_generation, deps.signer))
-    live = _live_status(live_result, cluster.effective_mode)
+        live_result = deps.channel(cluster).verify(
+            for_reading(bundle, state.bundle_generation, deps.signer), request=request
+        )
+    live = live_status(live_result, cluster.effective_mode)
     table = live_result.node_table()
     if table is not None:  # plan with the head node's bindings as they are now: a re-bound node is a change
         save_fields(deps.state, cluster.name, {"slurm_nodes": table})
@@ -145,7 +150,13 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
         detail=live_result.drift,
         error=live_result.error if live == "unknown" else None,
         requested_by=requested_by or [],
+        verify_request=request if not writing else None,
     )
+
+
+def verify_request_id(triggers: list[Trigger]) -> str:
+    """The same triggers ask the same request (a retried reconcile asks nothing new of the head node)."""
+    return "vr-" + hashlib.sha256("\n".join(t.event_id for t in triggers).encode()).hexdigest()[:20]
 
 
 def verify_managed_updates(reconciled: ReconcileReport | None, deps: ControllerDeps) -> DriftReport | None:

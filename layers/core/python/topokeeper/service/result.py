@@ -39,6 +39,7 @@ from topokeeper.ports import (
     WorkQueue,
 )
 from topokeeper.service.audit import build_records
+from topokeeper.service.drift import live_status
 from topokeeper.service.state import request_reconcile, save_fields
 
 SUCCESS = frozenset({Outcome.APPLIED, Outcome.UNCHANGED})
@@ -64,6 +65,8 @@ class ResultReport(BaseModel):
     outcome: Outcome | None = None
     audit_records: int = 0
     reason: str = ""
+    verify_request: str | None = None  # the fresh verify this report answered (asked after HyperPod's own update)
+    live: Literal["in_sync", "drift", "unknown"] | None = None  # its verdict, when judged against the current plan
 
 
 def _slurm_version(result: ApplyResult) -> str | None:
@@ -182,7 +185,15 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
         kept = report.result.model_copy(update={"slurm_nodes": None})
         verified = {"last_verify": kept, "last_verify_at": deps.clock.now(), **observed_fields(report.result)}
         save_fields(deps.state, cluster.name, verified)
-        return ResultReport(status="verify-recorded", cluster=cluster.name, outcome=report.result.outcome)
+        live = _fresh_verify(cluster, state, report, deps)
+        return ResultReport(
+            status="verify-recorded",
+            cluster=cluster.name,
+            outcome=report.result.outcome,
+            verify_request=report.verify_request,
+            live=live,
+            reason="" if report.verify_request is None or live else "a fresh verify for another plan: not judged",
+        )
     pending = state.pending
     if pending is not None and report.reference and _unsaved_claim_of(pending, report.result):
         # The reconcile died after PutObject: without this the agent's apply would go unaudited.
@@ -191,6 +202,22 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
     if pending is None or pending.handle.reference not in report.references:
         return ResultReport(status="ignored", cluster=cluster.name, reason="not the delivery in flight")
     return finish_delivery(cluster, state, pending, report.result, deps)
+
+
+def _fresh_verify(
+    cluster: ClusterConfig, state: ClusterState, report: AgentResultDetail, deps: ResultDeps
+) -> Literal["in_sync", "drift", "unknown"] | None:
+    """A verify the backend asked for when HyperPod changed the topology itself: its verdict is the drift
+    metric now (the scheduled check also compares the plan with AWS; this one judges the head node only).
+    None: no request, or answered for another plan than the current one."""
+    if report.verify_request is None:
+        return None
+    if state.desired_sha256 is None or report.result.plan_sha256 != state.desired_sha256:
+        return None
+    live = live_status(report.result, cluster.effective_mode)
+    if live != "unknown":
+        deps.metrics.emit(cluster.name, Metric.TOPOLOGY_DRIFT, 1 if live == "drift" else 0)
+    return live
 
 
 def _agent_cluster(settings: Settings, name: str) -> ClusterConfig | None:

@@ -12,8 +12,6 @@ from topokeeper.sim.aws.network import NetworkLayout
 from topokeeper.sim.scenario import ClusterSpec
 
 _NODE_TYPES = {"controller": "Controller", "login": "Login", "compute": "Compute"}
-# Node statuses whose nodes HyperPod keeps in slurm.conf.
-_LISTED_STATUSES = ("Running", "Pending", "SystemUpdating", "DeepHealthCheckInProgress")
 
 
 def create_hyperpod_cluster(emulator: AwsEmulator, spec: ClusterSpec) -> None:
@@ -48,8 +46,6 @@ def slurm_partitions(emulator: AwsEmulator, spec: ClusterSpec) -> dict[str, list
     """Partition -> Slurm node names of the cluster's present nodes (what HyperPod puts in slurm.conf)."""
     by_group = {g.name: g.partition for g in spec.instance_groups if g.partition}
     partitions: dict[str, list[str]] = {p: [] for p in by_group.values() if p}
-    for node in emulator.hyperpod.nodes(spec.name):
-        partition = by_group.get(node.group)
-        if partition and node.status in _LISTED_STATUSES:
-            partitions[partition].append(node.slurm_name)
+    for partition, nodes in emulator.hyperpod.slurm_members(spec.name).items():
+        partitions.setdefault(partition, []).extend(node.slurm_name for node in nodes)
     return partitions

@@ -15,6 +15,7 @@ from topokeeper.sim.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 DEMO_SCENARIO = SCENARIOS / "demo.yaml"
+VERIFY_SCENARIO = SCENARIOS / "verify-mode.yaml"
 
 
 class _Story(logging.Handler):
@@ -42,6 +43,10 @@ def _print_step(step: Any, show: bool) -> None:
         f"  converged {converged}{seconds}  drift {step.drift if step.drift is not None else '-'}"
         f"  alarm {'raised, now ' if step.alarm_raised else ''}{step.alarm}"
     )
+    for entry in step.timeline:
+        # What HyperPod did itself and what topokeeper's verify compared and concluded (verify mode's story).
+        if entry["kind"] in ("hyperpod", "bug", "verify", "drift"):
+            print(f"   t={entry['t']:.0f}s {entry['kind']}: {entry['text']}")
     if not show:
         return
     for record in step.audit_records:
@@ -114,7 +119,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    return run(DEMO_SCENARIO, args.out, show=True)
+    return run(VERIFY_SCENARIO if args.mode == "verify" else DEMO_SCENARIO, args.out, show=True)
 
 
 def register(commands: Any) -> None:
@@ -128,4 +133,10 @@ def register(commands: Any) -> None:
     simulate.set_defaults(run=_cmd_simulate)
     demo = commands.add_parser("demo", help="the demo story (simulate the embedded demo scenario)")
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="directory for the report")
+    demo.add_argument(
+        "--mode",
+        choices=("enforce", "verify"),
+        default="enforce",
+        help="enforce: topokeeper writes the topology; verify: HyperPod writes it (emulated), topokeeper verifies",
+    )
     demo.set_defaults(run=_cmd_demo)

@@ -27,6 +27,7 @@ from topokeeper.applier.applier import partition_topologies
 from topokeeper.domain.hostlist import compress, expand
 from topokeeper.domain.models import SlurmFormat
 from topokeeper.render.bundle import Bundle
+from topokeeper.sim.aws.hyperpod.managed_topology import ManagedFiles
 from topokeeper.sim.slurm_chroot import (
     SUITE_FOR_FORMAT,
     HarnessError,
@@ -112,6 +113,18 @@ class HeadNode(ABC):
         nodes = [node for members in wanted.values() for node in members]
         self.controller.write_slurm_conf(
             nodes, {name: (members, topologies.get(name)) for name, members in wanted.items()}, extra
+        )
+        self.controller.run("scontrol", "reconfigure", check=True)
+
+    def write_managed_topology(self, files: ManagedFiles) -> None:
+        """HyperPod's part when it manages the topology: its topology file, the partitions' Topology= (or the
+        TopologyPlugin), then reconfigure. Nothing of topokeeper's is consulted or kept."""
+        (self.controller.etc / files.file_name).write_text(files.text)
+        current = config_texts(self.controller.etc)
+        extra = [f"TopologyPlugin={files.plugin}"] if files.plugin else _PLUGIN_LINE.findall(current)
+        nodes = [node for members in self.partitions.values() for node in members]
+        self.controller.write_slurm_conf(
+            nodes, {name: (members, files.assignments.get(name)) for name, members in self.partitions.items()}, extra
         )
         self.controller.run("scontrol", "reconfigure", check=True)
 

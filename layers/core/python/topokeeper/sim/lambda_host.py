@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import json
 import os
 import uuid
@@ -103,8 +104,23 @@ class LambdaHost:
         self._world = world
         directory = functions_dir()
         self.handlers = {name: load_handler(name, directory) for name in spec.FUNCTION_NAMES}
+        self._observe_managed_verify()
         self.deferred: dict[str, float] = {}  # receipt handle -> seconds, filled by SimWorkQueue.defer
         self.returns: dict[str, Callable[[], None]] = {}  # receipt handle -> its scheduled return to the queue
+
+    def _observe_managed_verify(self) -> None:
+        """The reconcile function's verify after HyperPod's own topology update only logs its report (which
+        the simulator's quiet log level drops): hand the report to the world's timeline as well."""
+        namespace = inspect.unwrap(self.handlers[spec.RECONCILE]).__globals__
+        verify = namespace["verify_managed_updates"]
+
+        def observed(reconciled: Any, deps: Any) -> Any:
+            report = verify(reconciled, deps)
+            if report is not None:
+                self._world.verified(report)
+            return report
+
+        namespace["verify_managed_updates"] = observed
 
     def work_queue(self) -> SimWorkQueue:
         stack = self._world.stack

@@ -52,6 +52,9 @@ class ClusterSpec(_Strict):
     channel: Channel = Channel.SSM
     # The real head node's layout: debian (Slurm on PATH) or hyperpod (/opt/slurm, partitions Included).
     head_node_style: Literal["debian", "hyperpod"] = "debian"
+    # HyperPod writes the topology itself after node changes (emulated, see sim/aws/hyperpod/managed_topology)
+    # and records each change in CloudTrail: what verify mode watches.
+    managed_topology: bool = False
     instance_groups: list[InstanceGroup] = Field(min_length=1)
     seed: int = 7
 
@@ -115,6 +118,8 @@ class Step(_Strict):
     duplicate_events: DuplicateStep | None = None
     lose_events: LoseStep | None = None
     tamper: TamperStep | None = None
+    # The emulated HyperPod's bug: its next topology puts these nodes under another leaf or block.
+    hyperpod_misplace: GroupCountStep | None = None
     wait: WaitStep | None = None
 
     @model_validator(mode="after")
@@ -138,6 +143,8 @@ class Timing(_Strict):
     # The stack's drift schedule runs at this rate, so it is whole minutes (EventBridge Scheduler's finest unit).
     drift_interval_seconds: float = Field(300.0, ge=60, multiple_of=60)
     step_timeout_seconds: float = Field(1800.0, gt=0)
+    # How long after a node change the emulated HyperPod rewrites a managed topology (an assumption).
+    hyperpod_topology_seconds: float = Field(90.0, ge=0)
 
 
 class Scenario(_Strict):
@@ -158,6 +165,8 @@ class Scenario(_Strict):
             group = getattr(target, "group", None)
             if group is not None and group not in groups:
                 raise ValueError(f"steps[{index}].{step.action}.group: no instance group {group!r}")
+            if step.hyperpod_misplace is not None and not self.cluster.managed_topology:
+                raise ValueError(f"steps[{index}].hyperpod_misplace needs cluster.managed_topology: true")
         return self
 
 

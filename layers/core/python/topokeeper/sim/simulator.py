@@ -149,6 +149,12 @@ class Story:
                 world.clock.monotonic() + 60,
                 lambda: sagemaker.batch_replace_cluster_nodes(ClusterName=cluster, NodeIds=ids),
             )
+        elif step.hyperpod_misplace is not None:
+            ids = self._pick(step.hyperpod_misplace.group, step.hyperpod_misplace.count)
+            hyperpod.managed_topology.misplace(cluster, ids)
+            world.note(
+                "bug", f"HyperPod's next topology puts {len(ids)} {step.hyperpod_misplace.group} node(s) elsewhere"
+            )
         elif step.tamper is not None:
             edited = world.head.tamper()
             world.note("tamper", f"hand edit of {edited} on the head node, then scontrol reconfigure")

@@ -32,11 +32,13 @@ from topokeeper.constants import AGENT_SOURCE
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.ports import Channel, Outcome
 from topokeeper.runtime import Runtime, install_runtime
+from topokeeper.service.drift import DriftReport
 from topokeeper.service.reconcile import plan_cluster
 from topokeeper.sim.agenda import Agenda
 from topokeeper.sim.aws.clock import ManualClock
 from topokeeper.sim.aws.emulator import AwsEmulator
 from topokeeper.sim.aws.events import HYPERPOD
+from topokeeper.sim.aws.hyperpod.managed_topology import ManagedFiles
 from topokeeper.sim.aws.ssm import CommandInvocationRequest, CommandOutcome
 from topokeeper.sim.cluster import create_hyperpod_cluster, slurm_partitions
 from topokeeper.sim.file_head_node import FileHeadNode
@@ -79,6 +81,7 @@ class World:
         # True: SSM commands run at once (for callers outside simulated time, such as the operator CLI).
         self.ssm_synchronous = False
         self.apply_times: dict[str, float] = {}  # plan sha256 -> when the head node confirmed it
+        self.open_verify_requests: set[str] = set()  # fresh verifies asked of the agent, not answered yet
         self.event_filter: Callable[[dict[str, Any]], list[dict[str, Any]]] = lambda event: [event]
         # Deterministic simulation, not security: the same scenario and seed tell the same story.
         self.random = random.Random(spec.seed)  # noqa: S311
@@ -123,6 +126,8 @@ class World:
         self.stack: SimStack = create_stack(self.settings)
         create_hyperpod_cluster(self.emulator, self.scenario.cluster)
         self.head.start(self.partitions())
+        if self.scenario.cluster.managed_topology:
+            self._hand_topology_to_hyperpod()
         self.metrics = SimMetrics(self)
         self.runtime = Runtime.from_environment(
             self.stack.deployment.environment(),
@@ -160,6 +165,30 @@ class World:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+    def _hand_topology_to_hyperpod(self) -> None:
+        """The emulated HyperPod writes the head node's topology itself, after its own delay (agenda time)."""
+        world = self
+
+        class HyperPodsHeadNode:
+            def write_managed_topology(self, files: ManagedFiles) -> None:
+                world.sync_head_node()
+                world.head.write_managed_topology(files)
+                changed = ", ".join(
+                    f"{p} {f['plugin']} ({f['node_count']} nodes)" for p, f in sorted(files.partitions.items())
+                )
+                world.note("hyperpod", f"HyperPod wrote {files.file_name} itself: {changed}")
+
+        def schedule(seconds: float, action: Callable[[], None]) -> None:
+            self.agenda.add(self.clock.monotonic() + seconds, action)
+
+        self.emulator.hyperpod.managed_topology.enable(
+            self.cluster.name,
+            HyperPodsHeadNode(),
+            self.slurm_format,
+            schedule,
+            self.scenario.timing.hyperpod_topology_seconds,
+        )
 
     def scale(self, group: str, count: int) -> None:
         """One instance joins or leaves (HyperPod scaling)."""
@@ -271,7 +300,8 @@ class World:
                 for report in reports:
                     self.note(
                         "drift",
-                        f"live {report['live']}, AWS {report['aws']}, drift {report['drift']}, {report['action']}",
+                        f"live {report['live']}, AWS {report['aws']}, drift {report['drift']}, {report['action']}"
+                        + differences(report.get("detail") or []),
                     )
             except Exception as error:  # the Lambda would fail; the world goes on
                 self.note("error", f"drift function failed: {error}")
@@ -295,9 +325,30 @@ class World:
         elif function == stack_spec.RESULT and result:
             self._record_result(event, result)
 
+    def verified(self, report: DriftReport) -> None:
+        """The reconcile function verified the head node at once after HyperPod's own topology update."""
+        self.note("verify", describe_verify(report, self.runtime.state.get(self.cluster.name).desired_sha256))
+        if report.verify_request is not None and report.live == "unknown":
+            self.open_verify_requests.add(report.verify_request)  # the agent answers at its next poll
+
+    def _note_fresh_verify(self, report: dict[str, Any]) -> None:
+        """The agent's verify the backend asked for after HyperPod's own update, as the result function judged it."""
+        state = self.runtime.state.get(self.cluster.name)
+        request = str(report["verify_request"])
+        self.open_verify_requests.discard(request)
+        verdict = VERDICTS.get(report.get("live") or "", report.get("reason") or "could not tell")
+        found = differences(state.last_verify.drift) if state.last_verify else ""
+        self.note(
+            "verify",
+            f"the agent verified at once ({request}) after HyperPod's UpdatePartitionTopology: live topology on"
+            f" the head node vs plan {str(state.desired_sha256)[:12]}: {verdict}; wrote nothing{found}",
+        )
+
     def _record_result(self, event: dict[str, Any], report: dict[str, Any]) -> None:
         if str(event.get("source", "")).startswith(AGENT_SOURCE):
             self._count_head_node_result(json.dumps(event["detail"]["result"]))
+        if report.get("status") == "verify-recorded" and report.get("verify_request"):
+            self._note_fresh_verify(report)
         if report.get("status") != "recorded":
             return
         outcome = report.get("outcome")
@@ -334,7 +385,10 @@ class World:
         if self.agenda.has_work():
             return False
         state = self.runtime.state.get(self.cluster.name)
-        return state.pending is None and state.generation == state.reconciled_generation
+        # A fresh verify asked of the agent is work in flight too: its answer belongs to this step.
+        return (
+            state.pending is None and state.generation == state.reconciled_generation and not self.open_verify_requests
+        )
 
     def put_event(self, source: str, detail_type: str, detail: dict[str, Any]) -> None:
         """An event from an AWS service, through EventBridge and the stack's rules (as the emulator emits its own)."""
@@ -346,6 +400,31 @@ class World:
 
     def now(self) -> datetime:
         return self.clock.now()
+
+
+VERDICTS = {"in_sync": "AGREES with the plan", "drift": "DRIFT: the live grouping differs from the plan"}
+
+
+def describe_verify(report: DriftReport, plan_sha256: str | None) -> str:
+    """One timeline line: what a verify compared, its verdict, and what differed (grouping first)."""
+    # Ingest keeps the CloudTrail record's own id at the end of the trigger's summary.
+    events = ", ".join(t.summary.rsplit(" ", 1)[-1] for t in report.requested_by) or "none"
+    verdict = VERDICTS.get(report.live, f"not yet: {report.error or 'no answer'}")
+    line = (
+        f"verified at once after HyperPod's UpdatePartitionTopology (CloudTrail {events}): live topology on the"
+        f" head node vs plan {str(plan_sha256 or '-')[:12]}: {verdict}; AWS {report.aws}; wrote nothing"
+    )
+    return line + differences(report.detail)
+
+
+def differences(detail: list[dict[str, Any]]) -> str:
+    """What a verify found different: the grouping entries (nodes named), else how many naming ones."""
+    grouping = [item for item in detail if item.get("kind") == "grouping"]
+    naming = [item for item in detail if item.get("kind") == "naming"]
+    text = "".join(f"; {item.get('name')}: {item.get('detail')}" for item in grouping[:3])
+    if naming and not grouping:
+        text += f"; {len(naming)} naming difference(s) only (another writer's switch, block and topology names)"
+    return text
 
 
 @contextmanager

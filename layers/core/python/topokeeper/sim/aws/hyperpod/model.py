@@ -20,6 +20,7 @@ from typing import Any
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.events import EventEmitter
 from topokeeper.sim.aws.hyperpod.events import HyperPodEvents
+from topokeeper.sim.aws.hyperpod.managed_topology import ManagedTopology
 from topokeeper.sim.aws.hyperpod.shapes import Shapes, sagemaker_shape
 from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.network import NetworkModel, Placement
@@ -36,6 +37,8 @@ NODE_STATUSES = (
     "DetachInProgress",
     "AttachInProgress",
 )
+# Node statuses whose nodes HyperPod keeps in slurm.conf (and in the topology it manages).
+SLURM_LISTED_STATUSES = ("Running", "Pending", "SystemUpdating", "DeepHealthCheckInProgress")
 # Accepted besides botocore's ClusterInstanceType enum (the project's examples use ml.c7i.4xlarge).
 EXTRA_INSTANCE_TYPES = re.compile(r"ml\.c7i\.(large|xlarge|\d+xlarge|metal-\d+xl)")
 _SLURM_NODE_TYPES = ("Controller", "Login", "Compute")
@@ -132,6 +135,8 @@ class HyperPodModel:
         self.lock = lock
         self.shapes = Shapes(network)
         self._events = HyperPodEvents(events, self.shapes)
+        # HyperPod writing the Slurm topology itself, for the clusters the simulator switches it on for.
+        self.managed_topology = ManagedTopology(self, network, events, ids, clock)
         self._subnet = ipaddress.ip_network(subnet)
         self._ip_rng = ids.rng("private-ip")
         self._used_ips: set[str] = set()
@@ -154,6 +159,21 @@ class HyperPodModel:
             return [
                 replace(n) for n in sorted(found.nodes.values(), key=lambda n: n.sequence) if group in (None, n.group)
             ]
+
+    def slurm_members(self, cluster: str) -> dict[str, list[ClusterNode]]:
+        """Partition -> copies of the nodes HyperPod lists in it in slurm.conf, by Slurm name."""
+        with self.lock:
+            found = self.cluster(cluster)
+            members: dict[str, list[ClusterNode]] = {}
+            for group in found.groups.values():
+                for partition in (group.spec.get("SlurmConfig") or {}).get("PartitionNames") or []:
+                    members.setdefault(partition, [])
+            for node in sorted(found.nodes.values(), key=lambda n: n.slurm_name):
+                if node.status not in SLURM_LISTED_STATUSES:
+                    continue
+                for partition in (found.groups[node.group].spec.get("SlurmConfig") or {}).get("PartitionNames") or []:
+                    members[partition].append(replace(node))
+            return members
 
     def describe_cluster(self, cluster: str) -> dict[str, Any]:
         """DescribeCluster's response."""
@@ -181,6 +201,7 @@ class HyperPodModel:
                 for _ in range(int(spec["InstanceCount"])):
                     self._launch(cluster, spec["InstanceGroupName"])
             self._events.state_change(cluster)
+            self.managed_topology.nodes_changed(name)
             return arn
 
     def update_cluster(self, request: Mapping[str, Any]) -> str:
@@ -211,6 +232,7 @@ class HyperPodModel:
                     cluster.groups[name] = InstanceGroup(name, spec)
                 self._scale_to(cluster, name, int(spec["InstanceCount"]))
             self._events.state_change(cluster)
+            self.managed_topology.nodes_changed(cluster.name)
             return cluster.arn
 
     @staticmethod
@@ -239,6 +261,7 @@ class HyperPodModel:
             for node in list(found.nodes.values()):
                 self._remove(found, node)
             del self._clusters[found.name]
+            self.managed_topology.forget(found.name)
             return found.arn
 
     def scale(self, cluster: str, group: str, count: int) -> tuple[list[str], list[str]]:
@@ -252,6 +275,7 @@ class HyperPodModel:
             found.groups[group].spec["InstanceCount"] = count
             added, removed = self._scale_to(found, group, count)
             self._events.state_change(found)
+            self.managed_topology.nodes_changed(found.name)
             return added, removed
 
     def delete_nodes(self, cluster: str, node_ids: Iterable[str]) -> tuple[list[str], list[dict[str, str]]]:
@@ -276,6 +300,7 @@ class HyperPodModel:
                     successful.append(node_id)
             if successful:
                 self._events.state_change(found)
+                self.managed_topology.nodes_changed(found.name)
             return successful, failed
 
     def replace(
@@ -300,6 +325,7 @@ class HyperPodModel:
                     release_first=not should_move,
                 )
                 replaced[node_id] = new.instance_id
+                self.managed_topology.nodes_changed(cluster.name)
             return replaced
 
     def reboot(self, node_ids: str | Iterable[str]) -> list[str]:

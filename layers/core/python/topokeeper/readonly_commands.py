@@ -1,0 +1,116 @@
+"""``topokeeper verify``: what topokeeper would do on a real cluster, and what is live, without writing anything.
+
+Before anything is deployed (no stack, no bucket, no agent): plan from a snapshot file (``topokeeper snapshot``),
+then either run the applier's ``dry-run`` and ``verify`` on an EC2 / ParallelCluster head node over SSM Run
+Command (``--head-node i-...``), or, where Run Command cannot reach the head node (HyperPod), write the bundle
+and the applier to a directory and print the two commands to run on the controller. Both applier modes only
+read: no file is written, no lock taken, slurmctld is not reconfigured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from topokeeper.adapters.aws import aws_setup_errors, client
+from topokeeper.adapters.ssm_channel import SsmChannel
+from topokeeper.applier import applier
+from topokeeper.errors import InputError
+from topokeeper.operator_files import write_files
+from topokeeper.ports import ApplyResult, Outcome
+from topokeeper.render.bundle import RenderedPlan
+
+EXIT_OK, EXIT_FAILED, EXIT_DRIFT = 0, 1, 3
+
+
+class _NoBucket:
+    """Without a stack there is no plan bucket: a bundle too large for an inline command cannot be sent."""
+
+    def put_object(self, **_: Any) -> None:
+        raise InputError(
+            "--head-node",
+            "the bundle is too large for an inline SSM command and there is no plan bucket before deploying: "
+            "use --bundle-out and run the printed commands on the head node",
+        )
+
+
+def _describe(mode: str, result: ApplyResult) -> list[str]:
+    lines = [f"{mode}: {result.outcome.value}" + (f" ({result.error})" if result.error else "")]
+    if mode == "dry-run":
+        lines += (result.diff or "(no change)").rstrip("\n").splitlines()
+    for item in result.drift[:20]:
+        lines.append(f"  {item.get('kind', '')} {item.get('what')} {item.get('name', '')}: {item.get('detail', '')}")
+    if len(result.drift) > 20:
+        lines.append(f"  ... {len(result.drift) - 20} more")
+    return lines
+
+
+def _on_head_node(rendered: RenderedPlan, head_node: str) -> tuple[dict[str, Any], list[str], int]:
+    channel = SsmChannel(client("ssm"), _NoBucket(), "", head_node, now=lambda: datetime.now(UTC))
+    results = {mode: channel.run(rendered.bundle, mode) for mode in ("dry-run", "verify")}
+    document = {mode: result.model_dump(mode="json") for mode, result in results.items()}
+    lines = [line for mode, result in results.items() for line in _describe(mode, result)]
+    answered = {Outcome.WOULD_APPLY, Outcome.UNCHANGED, Outcome.IN_SYNC, Outcome.DRIFT}
+    failed = any(result.outcome not in answered for result in results.values())
+    drift = results["verify"].outcome is Outcome.DRIFT
+    return document, lines, EXIT_FAILED if failed else EXIT_DRIFT if drift else EXIT_OK
+
+
+def _commands_for(rendered: RenderedPlan, out: Path) -> tuple[dict[str, Any], list[str]]:
+    source = Path(applier.__file__).resolve().read_text()
+    written = write_files(out, {"bundle.json": rendered.files()["bundle.json"], "applier.py": source}, "--bundle-out")
+    commands = [
+        f"sudo python3 applier.py {mode} bundle.json   # {what}"
+        for mode, what in (
+            ("dry-run", "what topokeeper would change: a unified diff of every file, slurm.conf included"),
+            ("verify", "what is live, compared with the plan (grouping and naming drift)"),
+        )
+    ]
+    lines = [f"wrote {path}" for path in written]
+    lines += [
+        f"copy {shlex.quote(str(out))}/bundle.json and applier.py to the head node (Slurm controller) and run there,"
+        " in that directory (both only read; Python 3.8+, nothing else):",
+        *(f"  {command}" for command in commands),
+    ]
+    return {"written": [str(path) for path in written], "commands": commands}, lines
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from topokeeper.cli import plan_from_files, plan_table  # noqa: PLC0415 (cli imports this module)
+
+    rendered = plan_from_files(args.snapshot, args.config, args.slurm_version)
+    document: dict[str, Any] = {"plan_sha256": rendered.sha256, "plan": rendered.plan_document()}
+    lines = [plan_table(rendered)]
+    code = EXIT_OK
+    if args.head_node:
+        with aws_setup_errors():
+            found, shown, code = _on_head_node(rendered, args.head_node)
+        document.update(found)
+        lines += shown
+    else:
+        found, shown = _commands_for(rendered, args.bundle_out)
+        document.update(found)
+        lines += shown
+    print(json.dumps(document, indent=2) if args.json else "\n".join(lines))
+    return code
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "verify",
+        help="read-only, before deploying: plan from a snapshot, then the head node's dry-run diff and live verify",
+    )
+    parser.add_argument("--snapshot", type=Path, required=True, help="snapshot JSON (topokeeper snapshot)")
+    parser.add_argument("--config", type=Path, help="per-partition overrides (YAML or JSON)")
+    parser.add_argument("--slurm-version", help="e.g. 24.11 or 26.05 (default: the snapshot's)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--head-node", help="an EC2 (i-) or SSM managed (mi-) head node: dry-run and verify over SSM")
+    where.add_argument(
+        "--bundle-out", type=Path, help="no Run Command (HyperPod): write bundle.json and applier.py here, print how"
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(run=cmd_verify)

@@ -1,0 +1,80 @@
+"""`topokeeper verify` before anything is deployed: snapshot -> plan -> the head node's dry-run diff and live
+verify, over SSM (an EC2-style head node) or by the printed commands (HyperPod), and nothing written anywhere
+on the head node. Emulated AWS, a real slurmctld in a chroot; the stack the world builds is never used."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.backend.conftest import small_scenario
+from topokeeper.adapters.ec2 import LocalRateLimiter
+from topokeeper.cli import main
+from topokeeper.sim.world import World
+
+pytestmark = pytest.mark.slurm
+
+
+def _files(world: World) -> dict[str, bytes]:
+    etc = world.head.controller.etc
+    return {p.name: p.read_bytes() for p in sorted(etc.rglob("*")) if p.is_file()}
+
+
+def _snapshot(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(
+        "topokeeper.operator_commands.LocalRateLimiter",
+        lambda: LocalRateLimiter(now=world.clock.monotonic, sleep=world.clock.advance),
+    )
+    world.clock.advance(1)  # the backend's own DescribeInstanceTopology just took the account's one token
+    snapshot = tmp_path / "snapshot.json"
+    assert main(["snapshot", "--cluster", world.cluster.name, "--out", str(snapshot)]) == 0
+    return snapshot
+
+
+def test_verify_shows_the_diff_and_the_live_state_and_writes_nothing(
+    world_factory, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A HyperPod-style head node with HyperPod's own topology, registered with SSM (mi-) for the SSM path.
+    world = world_factory(small_scenario(mode="verify", head_node_style="hyperpod", managed_topology=True))
+    world.settle()
+    world.ssm_synchronous = True  # the CLI waits in real time, outside the world's simulated time
+    snapshot = _snapshot(world, tmp_path, monkeypatch)
+    before = _files(world)
+    capsys.readouterr()
+
+    # Over SSM Run Command (an EC2 or hybrid-registered head node).
+    code = main(["verify", "--snapshot", str(snapshot), "--head-node", world.head_node_id])
+    printed = capsys.readouterr().out
+    assert code == 3  # live differs from the plan by name: drift (HyperPod names things its own way)
+    assert "dry-run: would_apply" in printed and "verify: drift" in printed
+    assert "+++ " in printed and "partitions.conf" in printed and "topology.yaml" in printed  # every file's diff
+    assert "naming partition ml-p5: slurmctld has Topology=tree, the plan tree-ml-p5" in printed
+    assert main(["verify", "--snapshot", str(snapshot), "--head-node", world.head_node_id, "--json"]) == 3
+    document = json.loads(capsys.readouterr().out)
+    assert (document["dry-run"]["outcome"], document["verify"]["outcome"]) == ("would_apply", "drift")
+    assert (
+        document["verify"]["grouping_drift"] is False and document["dry-run"]["plan_sha256"] == document["plan_sha256"]
+    )
+
+    # Without Run Command (HyperPod): the bundle and applier in a directory, and the commands to run there.
+    inner = f"{world.head.controller.inner_dir}/readonly"
+    out = world.head.root / inner.lstrip("/")
+    assert main(["verify", "--snapshot", str(snapshot), "--bundle-out", str(out), "--json"]) == 0
+    commands = json.loads(capsys.readouterr().out)["commands"]
+    assert [c.split("#")[0].split() for c in commands] == [
+        ["sudo", "python3", "applier.py", "dry-run", "bundle.json"],
+        ["sudo", "python3", "applier.py", "verify", "bundle.json"],
+    ]
+    results = {}
+    for command in commands:  # as printed, on the head node (as root already: without sudo), no login shell
+        argv = command.split("#")[0].split()[1:]
+        run = world.head.controller.command("sh", "-c", f"cd {inner} && {' '.join(argv)}", login=False)
+        completed = subprocess.run(run, capture_output=True, text=True, timeout=300, check=False)
+        results[argv[2]] = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert results["dry-run"]["outcome"] == "would_apply"
+    assert results["verify"]["outcome"] == "drift" and results["verify"]["grouping_drift"] is False
+
+    assert _files(world) == before and world.counters.head_node_writes == 0
