@@ -90,6 +90,9 @@ class FakeAws:
     def get_bundle_if_changed(self, etag: str | None) -> agent.S3Object:
         return self.fetched
 
+    def get_verify_request_if_changed(self, etag: str | None) -> agent.S3Object | None:
+        return None  # no verify asked for
+
     def put_event(self, detail_type: str, detail: dict[str, Any]) -> None:
         # What Aws.put_event sends: the detail must be JSON EventBridge takes, within one entry.
         text = json.dumps(detail, sort_keys=True, allow_nan=False)

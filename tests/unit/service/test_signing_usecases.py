@@ -90,9 +90,9 @@ def test_drift_verifies_with_a_bundle_signed_for_verify_only_at_the_current_gene
     verified: list[Bundle] = []
     original = controller.channel.verify
 
-    def recording(bundle: Bundle) -> ApplyResult:
+    def recording(bundle: Bundle, *, request: str | None = None) -> ApplyResult:
         verified.append(bundle)
-        return original(bundle)
+        return original(bundle, request=request)
 
     controller.channel.verify = recording  # type: ignore[method-assign]
     check_drift(controller.cluster, _signed_deps(controller, signer))
