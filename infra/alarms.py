@@ -65,6 +65,8 @@ class Monitoring(Construct):
             Metric.FORGED_REPORTS: "its agent's identity sent a report about another cluster; the controller may be "
             "compromised, or shares its role with another cluster",
             Metric.MANAGED_TOPOLOGY_UPDATES: "HyperPod changed the topology itself (UpdatePartitionTopology)",
+            Metric.NODES_WITHOUT_TOPOLOGY_DATA: "nodes lacked the network layers their Kueue Topology needs in "
+            "{periods} checks (not reported yet, partial capacity-reservation topology, or not describable)",
         }
         for cluster in settings.clusters:
             for metric, alarm in spec.cluster_alarms(settings, cluster).items():

@@ -194,6 +194,8 @@ class Runtime:
             clock=self.clock,
             facts=self.facts,
             channel=self.channel,
+            kueue=self.plans,
+            audit=self.audit,
         )
 
     def result_deps(self) -> ResultDeps:

@@ -21,16 +21,18 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ValidationError
 
-from topokeeper.config import ClusterConfig, Mode, Settings
+from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
 from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, TopokeeperError
 from topokeeper.ports import (
+    AuditSink,
     Clock,
     ClusterState,
     DeliveryChannel,
     DeliveryHandle,
     FactsSource,
+    KueueStore,
     Metric,
     Metrics,
     PendingDelivery,
@@ -104,12 +106,15 @@ class ControllerDeps:
     clock: Clock
     facts: Callable[[ClusterConfig], FactsSource]
     channel: Callable[[ClusterConfig], DeliveryChannel]
+    # EKS clusters only: their Kueue files and the audit of each change (service/eks.py).
+    kueue: KueueStore | None = None
+    audit: AuditSink | None = None
 
 
 class ReconcileReport(BaseModel):
     cluster: str
     generation: int
-    action: str  # covered | superseded | deferred | ignored | unchanged | delivered | planned-only
+    action: str  # covered | superseded | deferred | ignored | unchanged | delivered | planned-only | published (EKS)
     plan_sha256: str | None = None
     delivery_reference: str | None = None
     nodes_without_topology: int = 0
@@ -150,6 +155,10 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     coalesced = state.generation - state.reconciled_generation - 1
     if coalesced > 0:
         deps.metrics.emit(cluster.name, Metric.EVENTS_COALESCED, coalesced)
+    if cluster.orchestrator is Orchestrator.EKS:
+        from topokeeper.service.eks import reconcile_eks  # noqa: PLC0415 (it builds on this module)
+
+        return reconcile_eks(cluster, state, request, deps)
 
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     if rendered.sha256 != state.desired_sha256:  # plans are content-addressed: one put per new plan
