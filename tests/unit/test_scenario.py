@@ -1,9 +1,10 @@
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from topokeeper.errors import InputError
-from topokeeper.sim.scenario import load_scenario
+from topokeeper.sim.scenario import Scenario, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "layers/core/python/topokeeper/sim/scenarios"
 
@@ -18,7 +19,7 @@ steps:
 """
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "scale-1000.yaml", "full-story.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "scale-1000.yaml", "full-story.yaml", "eks.yaml"])
 def test_shipped_scenarios_load(name: str) -> None:
     assert load_scenario(SCENARIOS / name).steps
 
@@ -35,7 +36,8 @@ def test_the_head_node_style_is_debian_unless_the_scenario_says() -> None:
         (("steps:", "stepz:"), "scenario.stepz"),
         (("  - scale: {group: p5, to: 8}", "  - scale: {group: gpu, to: 8}"), "scenario"),
         (("  - scale: {group: p5, to: 8}", "  - {scale: {group: p5, to: 8}, wait: {seconds: 3}}"), "scenario.steps[0]"),
-        (("count: 4, partition: ml-p5", "count: 4"), "scenario.cluster.instance_groups[1]"),
+        # Whether a group needs a partition depends on the cluster's orchestrator: the cluster names the group.
+        (("count: 4, partition: ml-p5", "count: 4"), "scenario.cluster"),
         (("  name: demo", "  name: demo\n  mode: fight"), "scenario.cluster.mode"),
         (("  name: demo", "  name: demo\n  head_node_style: centos"), "scenario.cluster.head_node_style"),
     ],
@@ -63,3 +65,14 @@ def test_the_slurm_versions_the_simulator_runs_load(tmp_path: Path, version: str
     path = tmp_path / "s.yaml"
     path.write_text(GOOD.replace("  name: demo", f'  name: demo\n  slurm_version: "{version}"'))
     assert load_scenario(path).cluster.slurm_version == version
+
+
+def test_an_eks_scenario_has_compute_groups_without_partitions_only() -> None:
+    groups = [{"name": "p5", "type": "ml.p5.48xlarge", "count": 2}]
+    eks = Scenario.model_validate({"cluster": {"name": "k", "orchestrator": "eks", "instance_groups": groups}})
+    assert eks.cluster.orchestrator == "eks"
+    with_controller = [*groups, {"name": "controller", "type": "ml.m5.xlarge", "count": 1, "role": "controller"}]
+    with pytest.raises(ValidationError, match="compute groups without a partition"):
+        Scenario.model_validate({"cluster": {"name": "k", "orchestrator": "eks", "instance_groups": with_controller}})
+    with pytest.raises(ValidationError, match="compute groups need a partition"):
+        Scenario.model_validate({"cluster": {"name": "k", "instance_groups": with_controller}})

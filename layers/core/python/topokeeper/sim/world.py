@@ -27,7 +27,7 @@ from typing import Any
 
 from topokeeper import stack_spec
 from topokeeper.adapters.aws import client
-from topokeeper.config import ClusterConfig, Mode, Settings
+from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.constants import AGENT_SOURCE
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.ports import Channel, Outcome
@@ -39,6 +39,7 @@ from topokeeper.sim.aws.emulator import AwsEmulator
 from topokeeper.sim.aws.events import HYPERPOD
 from topokeeper.sim.aws.ssm import CommandInvocationRequest, CommandOutcome
 from topokeeper.sim.cluster import create_hyperpod_cluster, slurm_partitions
+from topokeeper.sim.eks import NoHeadNode
 from topokeeper.sim.file_head_node import FileHeadNode
 from topokeeper.sim.head_node import ChrootHeadNode, HeadNode, choose_head_node
 from topokeeper.sim.lambda_host import LambdaHost
@@ -86,15 +87,19 @@ class World:
         self._saved_environment: dict[str, str | None] = {}
         self.emulator = AwsEmulator(seed=spec.seed, clock=self.clock)
         self.emulator.network.expose_hyperpod_nodes = scenario.expose_hyperpod_nodes
+        self.emulator.network.new_instance_delay_seconds = scenario.new_instance_topology_delay_seconds
         self.slurm_format = SlurmVersion.parse(spec.slurm_version).format
         node_name = name or f"sim-{spec.name}"
-        self.head: HeadNode = (
-            FileHeadNode(SlurmVersion.parse(spec.slurm_version), node_name)
-            if choose_head_node(head_node).kind == "file"
-            else ChrootHeadNode(self.slurm_format, node_name, spec.head_node_style)
-        )
+        self.head: HeadNode
+        if spec.orchestrator == "eks":
+            self.head = NoHeadNode()
+        elif choose_head_node(head_node).kind == "file":
+            self.head = FileHeadNode(SlurmVersion.parse(spec.slurm_version), node_name)
+        else:
+            self.head = ChrootHeadNode(self.slurm_format, node_name, spec.head_node_style)
         self.head_node_id = f"mi-{self._ids.getrandbits(68):017x}"[:20]
-        cluster = ClusterConfig(
+        cluster = ClusterConfig(name=spec.name, orchestrator=Orchestrator.EKS) if spec.orchestrator == "eks" else None
+        cluster = cluster or ClusterConfig(
             name=spec.name,
             mode=spec.mode,
             channel=spec.channel,
