@@ -19,7 +19,7 @@ steps:
 """
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "scale-1000.yaml", "full-story.yaml", "eks.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "scale-1000.yaml", "full-story.yaml", "eks.yaml", "login.yaml"])
 def test_shipped_scenarios_load(name: str) -> None:
     assert load_scenario(SCENARIOS / name).steps
 

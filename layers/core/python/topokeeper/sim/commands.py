@@ -44,6 +44,15 @@ def _print_step(step: Any, show: bool) -> None:
     )
     if step.kueue is not None:
         _print_kueue(step.kueue, show)
+    if step.login is not None:
+        login = step.login
+        targets = ", ".join(f"{ip} {state}" for ip, state in login.targets.items()) or "none"
+        print(f"   login endpoint {'in sync' if login.in_sync else 'NOT in sync'}: targets {targets}")
+        for record in login.audit_records:
+            print(
+                f"   UpdateLoginTargets registered {', '.join(record['registered']) or '-'}"
+                f" deregistered {', '.join(record['deregistered']) or '-'} -> {record['target_count']} targets"
+            )
     if not show:
         return
     for record in step.audit_records:

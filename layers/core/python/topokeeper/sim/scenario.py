@@ -55,6 +55,8 @@ class ClusterSpec(_Strict):
     head_node_style: Literal["debian", "hyperpod"] = "debian"
     instance_groups: list[InstanceGroup] = Field(min_length=1)
     seed: int = 7
+    # An NLB's IP target group the functions keep equal to the running login nodes (the login group's).
+    login_endpoint: bool = False
 
     @field_validator("slurm_version")
     @classmethod
@@ -70,6 +72,8 @@ class ClusterSpec(_Strict):
 
     @model_validator(mode="after")
     def _valid(self) -> ClusterSpec:
+        if self.login_endpoint and not any(g.role == "login" for g in self.instance_groups):
+            raise ValueError("login_endpoint needs an instance group with role: login")
         if self.orchestrator == "eks":
             if any(g.role != "compute" or g.partition is not None for g in self.instance_groups):
                 raise ValueError("an eks cluster's instance groups are compute groups without a partition")
@@ -96,6 +100,10 @@ class GroupCountStep(_Strict):
     count: int = Field(1, ge=1)
 
 
+class ReplaceStep(GroupCountStep):
+    new_ip: bool = False  # the new instance gets another private IP (else HyperPod keeps the node's IP)
+
+
 class DuplicateStep(_Strict):
     factor: int = Field(2, ge=2, le=10)
 
@@ -116,7 +124,7 @@ class Step(_Strict):
     """One story step: exactly one of the keys below."""
 
     scale: ScaleStep | None = None
-    replace: GroupCountStep | None = None
+    replace: ReplaceStep | None = None
     reboot: GroupCountStep | None = None
     delete: GroupCountStep | None = None
     fail_node: GroupCountStep | None = None

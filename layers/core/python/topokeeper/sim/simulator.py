@@ -24,6 +24,7 @@ from topokeeper.render.bundle import RenderedPlan
 from topokeeper.render.mermaid import render_partition_mermaid
 from topokeeper.sim.aws.alarms import AlarmState
 from topokeeper.sim.eks import KueueStep, final_view, step_view
+from topokeeper.sim.login_endpoint import LoginStep
 from topokeeper.sim.scenario import Scenario, Step
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class StepResult(BaseModel):
     nodes: int
     timeline: list[dict[str, Any]] = Field(default_factory=list)
     kueue: KueueStep | None = None  # an EKS cluster's published Kueue objects (it has no head node)
+    login: LoginStep | None = None  # the login endpoint's targets, when the scenario has one
 
 
 class SimulationResult(BaseModel):
@@ -135,7 +137,11 @@ class Story:
                 )
         elif step.replace is not None:
             ids = self._pick(step.replace.group, step.replace.count)
-            sagemaker.batch_replace_cluster_nodes(ClusterName=cluster, NodeIds=ids)
+            hyperpod.replace_new_ip = step.replace.new_ip
+            try:
+                sagemaker.batch_replace_cluster_nodes(ClusterName=cluster, NodeIds=ids)
+            finally:
+                hyperpod.replace_new_ip = False
         elif step.reboot is not None:
             sagemaker.batch_reboot_cluster_nodes(
                 ClusterName=cluster, NodeIds=self._pick(step.reboot.group, step.reboot.count)
@@ -201,6 +207,7 @@ class Story:
             nodes=node_count,
             timeline=world.timeline[timeline_start:],
             kueue=kueue,
+            login=world.login.step(started, lambda r, t: _after(r, world, t)) if world.login else None,
         )
 
     def _convergence(self, desired: RenderedPlan, started: float) -> tuple[bool | None, float | None]:

@@ -30,6 +30,7 @@ from topokeeper.adapters.aws import client
 from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.constants import AGENT_SOURCE
 from topokeeper.domain.models import SlurmVersion
+from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
 from topokeeper.ports import Channel, Outcome
 from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.service.reconcile import plan_cluster
@@ -43,6 +44,7 @@ from topokeeper.sim.eks import NoHeadNode
 from topokeeper.sim.file_head_node import FileHeadNode
 from topokeeper.sim.head_node import ChrootHeadNode, HeadNode, choose_head_node
 from topokeeper.sim.lambda_host import LambdaHost
+from topokeeper.sim.login_endpoint import SimLoginEndpoint
 from topokeeper.sim.monitoring import SimMetrics
 from topokeeper.sim.scenario import Scenario
 from topokeeper.sim.stack import BUCKET, SimStack, create_stack
@@ -125,6 +127,14 @@ class World:
         self._saved_environment = {key: os.environ.get(key) for key in self.emulator.env()}
         os.environ.update(self.emulator.env())
         client.cache_clear()
+        self.login: SimLoginEndpoint | None = None
+        if self.scenario.cluster.login_endpoint:
+            self.login = SimLoginEndpoint(self)
+            self.cluster = self.cluster.model_copy(update={"login": self.login.config})
+            self.settings = self.settings.model_copy(update={"clusters": [self.cluster]})
+            # The stack sets it on the ingest and drift functions; here every handler shares the process.
+            self._saved_environment.setdefault(LOGIN_TARGET_GROUPS_ENV, os.environ.get(LOGIN_TARGET_GROUPS_ENV))
+            os.environ[LOGIN_TARGET_GROUPS_ENV] = json.dumps({self.cluster.name: self.login.target_group_arn})
         self.stack: SimStack = create_stack(self.settings)
         create_hyperpod_cluster(self.emulator, self.scenario.cluster)
         self.head.start(self.partitions())
@@ -280,6 +290,8 @@ class World:
                     )
             except Exception as error:  # the Lambda would fail; the world goes on
                 self.note("error", f"drift function failed: {error}")
+            if self.login is not None:
+                self.login.note_changes()
             self.agenda.add(self.clock.monotonic() + interval, check, periodic=True)
 
         self.agenda.add(self.clock.monotonic() + interval, check, periodic=True)
@@ -288,6 +300,8 @@ class World:
 
     def handled(self, function: str, event: dict[str, Any], result: Any) -> None:
         """An asynchronous invocation (ingest or result) returned ``result``."""
+        if self.login is not None:
+            self.login.note_changes()
         if function == stack_spec.INGEST:
             self.counters.events_sent += 1
             if result and result.get("status") == "queued":
