@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,3 +253,10 @@ def test_publication_is_deterministic() -> None:
     second.reconcile("e-9")
 
     assert first.files() == second.files()
+
+
+def test_the_eks_reconcile_imports_nothing_the_lambda_layer_lacks() -> None:
+    """PyYAML is CLI-only (layers/core/requirements.txt): the reconcile must run without it."""
+    code = "import sys; sys.modules['yaml'] = None; import topokeeper.service.eks, topokeeper.runtime"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr

@@ -12,13 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import Node
 from topokeeper.kueue.fleet import fleet_json, render_mermaid, render_table
 from topokeeper.kueue.node_list import topology_labels
-from topokeeper.kueue.objects import TOPOLOGY_FILE, KueuePlan, plan_kueue, render_kueue
+from topokeeper.kueue.objects import KueuePlan, flavor_object, plan_kueue, render_kueue, topology_object
 
 SUMMARY_FILE = "kueue.json"
 LABELS_FILE = "labels.json"
@@ -49,13 +47,15 @@ class KueuePublication:
         return document
 
 
-def _objects(topology_yaml: str) -> dict[str, str]:
+def _objects(plan: KueuePlan) -> dict[str, str]:
     """``Kind/name`` -> the object's content hash."""
-    hashes = {}
-    for document in yaml.safe_load_all(topology_yaml):
-        key = f"{document['kind']}/{document['metadata']['name']}"
-        hashes[key] = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
-    return hashes
+    documents = [topology_object(t) for t in plan.topologies] + [flavor_object(f) for f in plan.flavors]
+    return {
+        f"{document['kind']}/{document['metadata']['name']}": hashlib.sha256(
+            json.dumps(document, sort_keys=True).encode()
+        ).hexdigest()
+        for document in documents
+    }
 
 
 def publish_kueue(nodes: Iterable[Node], queue: str = DEFAULT_QUEUE) -> KueuePublication:
@@ -79,7 +79,7 @@ def publish_kueue(nodes: Iterable[Node], queue: str = DEFAULT_QUEUE) -> KueuePub
     sha256 = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
     summary = {
         "plan_sha256": sha256,
-        "objects": _objects(files[TOPOLOGY_FILE]),
+        "objects": _objects(plan),
         "node_labels": {
             name: hashlib.sha256(json.dumps(entry["labels"], sort_keys=True).encode()).hexdigest()[:16]
             for name, entry in node_labels.items()
