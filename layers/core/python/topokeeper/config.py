@@ -241,4 +241,7 @@ class Settings(BaseModel):
         return None
 
     def to_env(self) -> str:
-        return self.model_dump_json(exclude_defaults=True)
+        """``TOPOKEEPER_CONFIG`` as the functions read it. The login endpoints' settings stay out: only the stack
+        uses them (the functions get each endpoint's target group in ``LOGIN_TARGET_GROUPS``), and with 50 CIDRs
+        and 50 security groups one cluster's alone would take most of Lambda's 4 KB of environment."""
+        return self.model_dump_json(exclude_defaults=True, exclude={"clusters": {"__all__": {"login"}}})

@@ -261,8 +261,16 @@ def _scalar(value: Any) -> str:
         return str(value)
     if value is None:
         return "null"
-    # A JSON string is a YAML double-quoted scalar: nothing in it can read as another type or as syntax.
-    return json.dumps(str(value), ensure_ascii=False)
+    return _quoted(str(value))
+
+
+def _quoted(text: str) -> str:
+    """A JSON string is a YAML double-quoted scalar: nothing in it reads as another type or as syntax. Printable
+    ASCII only, the rest escaped as YAML's \\u / \\U (a JSON surrogate pair is no YAML escape)."""
+    quoted = json.dumps(text, ensure_ascii=False)
+    return "".join(
+        c if " " <= c < "\x7f" else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in quoted
+    )
 
 
 _RESERVED = frozenset({"true", "false", "null", "yes", "no", "on", "off", "y", "n"})
@@ -270,7 +278,7 @@ _RESERVED = frozenset({"true", "false", "null", "yes", "no", "on", "off", "y", "
 
 def _key(key: str) -> str:
     plain = _PLAIN_KEY.fullmatch(key) and key.lower() not in _RESERVED
-    return key if plain else json.dumps(key, ensure_ascii=False)
+    return key if plain else _quoted(key)
 
 
 def _block(value: Any, indent: str) -> list[str]:
@@ -298,7 +306,7 @@ def _block(value: Any, indent: str) -> list[str]:
 
 def dump_yaml(*documents: Mapping[str, Any]) -> str:
     """Plain block-style YAML, deterministic, without PyYAML (the reconcile Lambda's layer has none)."""
-    return "---\n".join("\n".join(_block(document, "")) + "\n" for document in documents)
+    return "---\n".join("\n".join(_block(document, "") or ["{}"]) + "\n" for document in documents)
 
 
 TOPOLOGY_FILE = "kueue-topology.yaml"

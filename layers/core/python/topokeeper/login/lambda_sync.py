@@ -23,6 +23,16 @@ if TYPE_CHECKING:
     from topokeeper.runtime import Runtime
 
 LOGIN_TARGET_GROUPS_ENV = "LOGIN_TARGET_GROUPS"
+# The longest target group ARN: arn:<partition>:elasticloadbalancing:<region>:<account>:targetgroup/<32>/<16 hex>.
+MAX_TARGET_GROUP_ARN_BYTES = 128
+
+
+def login_environment_bytes(clusters: list[str]) -> int:
+    """The most ``LOGIN_TARGET_GROUPS`` can take in a function's environment (its ARNs are known only at deploy)."""
+    if not clusters:
+        return 0
+    longest = {name: "x" * MAX_TARGET_GROUP_ARN_BYTES for name in clusters}
+    return len(LOGIN_TARGET_GROUPS_ENV) + len(json.dumps(longest).encode())
 
 
 class LoginSyncReport(BaseModel):
