@@ -233,19 +233,7 @@ class AuditTrail:
 
 def cloudtrail_lake_event(record: AnyAuditRecord, account: str, function_arn: str) -> dict[str, Any]:
     """The record as CloudTrail Lake's integration ``eventData`` (PutAuditEvents)."""
-    if not isinstance(record, AuditRecord):
-        return {
-            "version": "1.0",
-            "userIdentity": {"type": "AWSLambda", "principalId": function_arn},
-            "userAgent": "topokeeper",
-            "eventSource": "topokeeper",
-            "eventName": record.event_name,
-            "eventTime": record.completed_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "UID": record.audit_id,
-            "recipientAccountId": account,
-            "requestParameters": {"clusterName": record.cluster_name},
-        }
-    return {
+    header = {
         "version": "1.0",
         "userIdentity": {"type": "AWSLambda", "principalId": function_arn},
         "userAgent": "topokeeper",
@@ -254,6 +242,11 @@ def cloudtrail_lake_event(record: AnyAuditRecord, account: str, function_arn: st
         "eventTime": record.completed_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "UID": record.audit_id,
         "recipientAccountId": account,
+    }
+    if not isinstance(record, AuditRecord):
+        return {**header, "requestParameters": {"clusterName": record.cluster_name}}
+    return {
+        **header,
         "requestParameters": {
             "clusterArn": record.cluster_arn,
             "clusterName": record.cluster_name,

@@ -21,8 +21,8 @@ from topokeeper.errors import Permanent
 from topokeeper.kueue.publication import SUMMARY_FILE, KueuePublication, publish_kueue
 from topokeeper.ports import AuditSink, ClusterState, KueueAuditRecord, KueueStore, Metric, ReconcileRequest, Trigger
 from topokeeper.service.drift import DriftReport
-from topokeeper.service.reconcile import MAX_TOPOLOGY_RETRIES, ControllerDeps, ReconcileReport
-from topokeeper.service.state import queue_next_cycle, request_reconcile, save_fields
+from topokeeper.service.reconcile import ControllerDeps, ReconcileReport, close_cycle
+from topokeeper.service.state import request_reconcile, save_fields
 
 MAX_LISTED = 200  # like the partition records: lists are cut, counts stay exact
 EKS_DRIFT_CHECK = "Kueue Drift Check"
@@ -83,19 +83,7 @@ def reconcile_eks(
             **({"last_write_at": now} if action == "published" else {}),
         },
     )
-    deps.state.consume_triggers(cluster.name, state.generation)
-    queue_next_cycle(deps.state, deps.queue, cluster.name)
-    if missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
-        request_reconcile(
-            deps.state,
-            deps.queue,
-            cluster.name,
-            now,
-            reason="retry",
-            detail_type="Topology Retry",
-            summary=f"{missing} node(s) without topology data yet",
-        )
-    deps.metrics.emit(cluster.name, Metric.RECONCILE_SECONDS, time.monotonic() - started)
+    close_cycle(deps, cluster.name, state, now=now, missing=missing, started=started)
     return ReconcileReport(
         cluster=cluster.name,
         generation=request.generation,

@@ -206,21 +206,7 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         return fields
 
     save_fields(deps.state, cluster.name, record)
-    deps.state.consume_triggers(cluster.name, state.generation)
-    # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
-    queue_next_cycle(deps.state, deps.queue, cluster.name)
-
-    if missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
-        request_reconcile(
-            deps.state,
-            deps.queue,
-            cluster.name,
-            now,
-            reason="retry",
-            detail_type="Topology Retry",
-            summary=f"{missing} node(s) without topology data yet",
-        )
-    deps.metrics.emit(cluster.name, Metric.RECONCILE_SECONDS, time.monotonic() - started)
+    close_cycle(deps, cluster.name, state, now=now, missing=missing, started=started)
     return ReconcileReport(
         cluster=cluster.name,
         generation=request.generation,
@@ -230,6 +216,27 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         nodes_without_topology=missing,
         managed_updates=[t for t in state.triggers if is_managed_topology_update(t)],
     )
+
+
+def close_cycle(
+    deps: ControllerDeps, cluster: str, state: ClusterState, *, now: datetime, missing: int, started: float
+) -> None:
+    """After a reconcile saved its state: forget its triggers, queue what arrived meanwhile, ask again for
+    topology data not reported yet, and time it."""
+    deps.state.consume_triggers(cluster, state.generation)
+    # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
+    queue_next_cycle(deps.state, deps.queue, cluster)
+    if missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
+        request_reconcile(
+            deps.state,
+            deps.queue,
+            cluster,
+            now,
+            reason="retry",
+            detail_type="Topology Retry",
+            summary=f"{missing} node(s) without topology data yet",
+        )
+    deps.metrics.emit(cluster, Metric.RECONCILE_SECONDS, time.monotonic() - started)
 
 
 def newest_generations(bodies: Iterable[str]) -> dict[str, int]:
