@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.integration.backend.conftest import AuditCapture
 from tests.unit.kueue.kueue_api import api_errors
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.plans import kueue_latest_key
+from topokeeper.cli import main
 from topokeeper.kueue.objects import TOPOLOGY_FILE
 from topokeeper.sim.commands import SCENARIOS
 from topokeeper.sim.scenario import load_scenario
@@ -21,7 +24,9 @@ from topokeeper.sim.stack import BUCKET
 from topokeeper.sim.world import World
 
 
-def test_the_eks_scenario_publishes_audits_and_alarms(world_factory: Callable[..., World]) -> None:
+def test_the_eks_scenario_publishes_audits_and_alarms(
+    world_factory: Callable[..., World], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     scenario = load_scenario(SCENARIOS / "eks.yaml")
     world = world_factory(scenario)
     capture = AuditCapture()
@@ -60,3 +65,9 @@ def test_the_eks_scenario_publishes_audits_and_alarms(world_factory: Callable[..
     published = [e for e in capture.events() if e["detail-type"] == "UpdateKueueTopology"]
     assert sorted(e["detail"]["audit_id"] for e in published) == sorted(r["audit_id"] for r in history)
     assert list(result.mermaid) == ["network layers"]
+    # The operator sees the same history.
+    deployment = tmp_path / "deployment.json"
+    deployment.write_text(world.stack.deployment.model_dump_json())
+    capsys.readouterr()
+    assert main(["audit", "--cluster", "eks-demo", "--deployment", str(deployment), "--kind", "kueue", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == history
