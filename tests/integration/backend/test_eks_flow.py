@@ -18,6 +18,7 @@ from topokeeper.adapters.plans import kueue_latest_key
 from topokeeper.cli import main
 from topokeeper.kueue.objects import TOPOLOGY_FILE
 from topokeeper.sim.commands import SCENARIOS
+from topokeeper.sim.report import render_report
 from topokeeper.sim.scenario import load_scenario
 from topokeeper.sim.simulator import play
 from topokeeper.sim.stack import BUCKET
@@ -65,6 +66,8 @@ def test_the_eks_scenario_publishes_audits_and_alarms(
     published = [e for e in capture.events() if e["detail-type"] == "UpdateKueueTopology"]
     assert sorted(e["detail"]["audit_id"] for e in published) == sorted(r["audit_id"] for r in history)
     assert list(result.mermaid) == ["network layers"]
+    html = render_report(result, mermaid_js="")
+    assert "flowchart TB" in html and "layer 4" in html  # the report draws the EKS layer map
     # The operator sees the same history.
     deployment = tmp_path / "deployment.json"
     deployment.write_text(world.stack.deployment.model_dump_json())
