@@ -136,7 +136,11 @@ class Monitoring(Construct):
                 cluster_metric(Metric.MANAGED_TOPOLOGY_UPDATES, cluster, "Sum"),
             ),
             graph("Drift", cluster_metric(Metric.TOPOLOGY_DRIFT, cluster, "Maximum")),
-            graph("Nodes without topology", cluster_metric(Metric.NODES_WITHOUT_TOPOLOGY, cluster, "Maximum")),
+            graph(
+                "Nodes without topology (Slurm plan; EKS: Kueue's levels)",
+                cluster_metric(Metric.NODES_WITHOUT_TOPOLOGY, cluster, "Maximum"),
+                cluster_metric(Metric.NODES_WITHOUT_TOPOLOGY_DATA, cluster, "Maximum"),
+            ),
             graph(
                 "Reconcile seconds",
                 cluster_metric(Metric.RECONCILE_SECONDS, cluster, "p50"),
