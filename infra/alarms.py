@@ -67,6 +67,8 @@ class Monitoring(Construct):
             Metric.MANAGED_TOPOLOGY_UPDATES: "HyperPod changed the topology itself (UpdatePartitionTopology)",
             Metric.BUNDLE_REFUSALS: "the head node refused a bundle as bad_signature or replayed: someone wrote the "
             "bucket, or the head node trusts another signing key",
+            Metric.NODES_WITHOUT_TOPOLOGY_DATA: "nodes lacked the network layers their Kueue Topology needs in "
+            "{periods} checks (not reported yet, partial capacity-reservation topology, or not describable)",
         }
         for cluster in settings.clusters:
             for metric, alarm in spec.cluster_alarms(settings, cluster).items():
@@ -136,7 +138,11 @@ class Monitoring(Construct):
                 cluster_metric(Metric.MANAGED_TOPOLOGY_UPDATES, cluster, "Sum"),
             ),
             graph("Drift", cluster_metric(Metric.TOPOLOGY_DRIFT, cluster, "Maximum")),
-            graph("Nodes without topology", cluster_metric(Metric.NODES_WITHOUT_TOPOLOGY, cluster, "Maximum")),
+            graph(
+                "Nodes without topology (Slurm plan; EKS: Kueue's levels)",
+                cluster_metric(Metric.NODES_WITHOUT_TOPOLOGY, cluster, "Maximum"),
+                cluster_metric(Metric.NODES_WITHOUT_TOPOLOGY_DATA, cluster, "Maximum"),
+            ),
             graph(
                 "Reconcile seconds",
                 cluster_metric(Metric.RECONCILE_SECONDS, cluster, "p50"),

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from infra.constants import CONTEXT_KEY
 from topokeeper.config import MAX_CONFIG_BYTES, Settings
 from topokeeper.errors import InputError, Permanent
+from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV, login_environment_bytes
 from topokeeper.stack_spec import drift_alarm_period_seconds
 
 
@@ -49,6 +50,14 @@ def load_settings(raw: Any) -> Settings:
         raise ConfigError(
             f"{CONTEXT_KEY}: {size} bytes as TOPOKEEPER_CONFIG, over the {MAX_CONFIG_BYTES}-byte limit "
             "(Lambda allows 4 KB of environment variables per function); shorten or drop per-partition overrides"
+        )
+    # The ingest and drift functions also carry LOGIN_TARGET_GROUPS; the login settings themselves stay out.
+    login = login_environment_bytes([cluster.name for cluster in settings.clusters if cluster.login.enabled])
+    if size + login > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{CONTEXT_KEY}: {size} bytes as TOPOKEEPER_CONFIG and up to {login} as {LOGIN_TARGET_GROUPS_ENV} "
+            f"(the login endpoints' target groups) exceed the {MAX_CONFIG_BYTES}-byte limit (Lambda allows 4 KB of "
+            "environment variables per function); enable fewer login endpoints per stack"
         )
     return settings
 

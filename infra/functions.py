@@ -19,7 +19,7 @@ from infra.state import StateTable
 from infra.storage import PlanBucket
 from topokeeper import constants as env
 from topokeeper import stack_spec as spec
-from topokeeper.config import Mode, Settings
+from topokeeper.config import Mode, Orchestrator, Settings
 from topokeeper.constants import agent_verify_key, ssm_applier_key, ssm_payload_key
 from topokeeper.events import AUDIT_SOURCE, RUN_SHELL_DOCUMENT
 from topokeeper.ports import METRICS_NAMESPACE, Channel
@@ -146,6 +146,8 @@ class Functions(Construct):
             self._grant_head_node_commands(self._role(function))
             signing_key.grant_sign(self._role(function))
         self._grant_result_writes(self._role(self.result))
+        if any(cluster.orchestrator is Orchestrator.EKS for cluster in settings.clusters):
+            self._grant_audit_events(self._role(self.reconcile))  # EKS reconciles audit their own changes
 
         # A mapping without CDK's SqsEventSource grant, whose kms:Decrypt names no service.
         self.reconcile.add_event_source_mapping(
@@ -263,7 +265,7 @@ class Functions(Construct):
     def _grant_command_results(self, role: iam.IRole) -> None:
         self._allow_unscoped(role, ["ssm:GetCommandInvocation"])
 
-    def _grant_result_writes(self, role: iam.IRole) -> None:
+    def _grant_audit_events(self, role: iam.IRole) -> None:
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["events:PutEvents"],
@@ -271,6 +273,9 @@ class Functions(Construct):
                 conditions={"StringEquals": {"events:source": AUDIT_SOURCE}},
             )
         )
+
+    def _grant_result_writes(self, role: iam.IRole) -> None:
+        self._grant_audit_events(role)
         if self._ssm_clusters():
             self._grant_command_results(role)
         if self._settings.cloudtrail_lake_channel_arn:

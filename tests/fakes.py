@@ -19,8 +19,8 @@ from topokeeper.errors import ConcurrentUpdate, TopokeeperError
 from topokeeper.ports import (
     CHANGE_FIELDS,
     MAX_TRIGGERS,
+    AnyAuditRecord,
     ApplyResult,
-    AuditRecord,
     Channel,
     ClusterState,
     DeliveryHandle,
@@ -135,11 +135,29 @@ class MemoryWorkQueue:
         self.dead_letters.append((body, reason))
 
 
+class MemoryKueueStore:
+    """The plan bucket's EKS side: files per (cluster, sha256), and which plan ``latest`` names."""
+
+    def __init__(self) -> None:
+        self.files: dict[tuple[str, str], dict[str, str]] = {}
+        self.latest: dict[str, str] = {}
+        self.puts = 0
+
+    def put_kueue(self, cluster: str, sha256: str, files: dict[str, str]) -> str:
+        self.files[(cluster, sha256)] = dict(files)
+        self.latest[cluster] = sha256
+        self.puts += 1
+        return f"kueue/{cluster}/{sha256}/"
+
+    def kueue_file(self, cluster: str, sha256: str, name: str) -> str:
+        return self.files[(cluster, sha256)][name]
+
+
 class MemoryAuditSink:
     def __init__(self) -> None:
-        self.records: dict[str, AuditRecord] = {}
+        self.records: dict[str, AnyAuditRecord] = {}
 
-    def publish(self, records: Sequence[AuditRecord]) -> int:
+    def publish(self, records: Sequence[AnyAuditRecord]) -> int:
         new = [record for record in records if record.audit_id not in self.records]
         self.records.update((record.audit_id, record) for record in new)
         return len(new)

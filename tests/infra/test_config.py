@@ -41,6 +41,23 @@ def test_a_json_string_as_from_a_cli_override_is_accepted() -> None:
     assert load_settings(json.dumps(config)).drift_schedule == "rate(1 hour)"
 
 
+def test_login_endpoints_whose_target_groups_would_overflow_the_environment_are_refused_at_synth() -> None:
+    config = example_config()
+    login = {
+        "enabled": True,
+        "vpc_id": "vpc-0a1b2c3d4e5f60718",
+        "vpc_config": {"security_group_ids": ["sg-0a1b2c3d4e5f60001"], "subnets": ["subnet-0a1b2c3d4e5f60001"]},
+        "allowed_cidrs": [f"10.{i}.0.0/16" for i in range(50)],
+    }
+    few = [{"name": f"login-{index:02d}", "login": login} for index in range(3)]
+    config["clusters"] = few
+    assert [cluster.name for cluster in load_settings(config).clusters] == [c["name"] for c in few]
+
+    config["clusters"] = few + [{"name": f"login-{index:02d}", "login": login} for index in range(3, 30)]
+    with pytest.raises(ConfigError, match="LOGIN_TARGET_GROUPS"):
+        load_settings(config)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

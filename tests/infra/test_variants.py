@@ -1,5 +1,5 @@
 """Settings that change the stack's shape, in one variant synth: no SSM head node, a CloudTrail Lake
-channel, and an existing alarm topic instead of a new one."""
+channel, an existing alarm topic instead of a new one, and an EKS cluster."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ TOPIC = "arn:aws:sns:us-west-2:111122223333:hpc-alarms"
 def variant(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     config = example_config()
     del config["clusters"][1]  # the only SSM cluster
+    config["clusters"].append({"name": "eks-train", "orchestrator": "eks"})
     config.update(cloudtrail_lake_channel_arn=CHANNEL, alarm_topic_arn=TOPIC, alarm_email=None)
     return synthesize(tmp_path_factory.mktemp("variant"), config)
 
@@ -71,3 +72,22 @@ def test_an_existing_alarm_topic_is_used_instead_of_a_new_one(variant: Synthesiz
     alarms = [r["Properties"] for r in variant.resources.values() if r["Type"] == "AWS::CloudWatch::Alarm"]
     assert alarms
     assert all(alarm["AlarmActions"] == [TOPIC] for alarm in alarms)
+
+
+def test_an_eks_cluster_alarms_on_nodes_without_topology_data_and_its_reconcile_may_audit(variant: Synthesized) -> None:
+    alarms = {
+        resource["Properties"]["MetricName"]
+        for resource in variant.resources.values()
+        if resource["Type"] == "AWS::CloudWatch::Alarm"
+        and {"Name": "cluster", "Value": "eks-train"} in resource["Properties"].get("Dimensions", [])
+    }
+    assert alarms == {"NodesWithoutTopologyData"}
+    reconcile_role = variant.logical_id(variant.stack.functions.reconcile.role)
+    audit_grants = [
+        statement["Condition"]
+        for resource in variant.resources.values()
+        if resource["Type"] == "AWS::IAM::Policy" and {"Ref": reconcile_role} in resource["Properties"]["Roles"]
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]
+        if statement["Action"] == "events:PutEvents"
+    ]
+    assert audit_grants == [{"StringEquals": {"events:source": "topokeeper"}}]

@@ -82,3 +82,30 @@ def test_the_managed_topology_alarm_is_off_unless_a_cluster_asks_for_it() -> Non
         1,
         Comparison.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
     )
+
+
+def _largest_login() -> dict[str, object]:
+    return {
+        "enabled": True,
+        "vpc_id": "vpc-0a1b2c3d4e5f60718",
+        "vpc_config": {
+            "security_group_ids": [f"sg-0a1b2c3d4e5f6{i:04x}" for i in range(5)],
+            "subnets": [f"subnet-0a1b2c3d4e5f6{i:04x}" for i in range(16)],
+        },
+        "allowed_cidrs": [f"10.{i}.0.0/16" for i in range(50)],
+        "allowed_security_group_ids": [f"sg-0a1b2c3d4e5f7{i:04x}" for i in range(50)],
+        "client_vpn_security_group_id": "sg-0a1b2c3d4e5f60999",
+        "deletion_protection": True,
+        "deregistration_delay_seconds": 1800,
+    }
+
+
+def test_login_settings_stay_out_of_the_functions_environment() -> None:
+    """At their limits one cluster's login settings take 2,700 bytes: two clusters' would not fit the environment."""
+    clusters = [{"name": name, "login": _largest_login()} for name in ("llm", "cfd")]
+    login = Settings.model_validate({"clusters": clusters})
+    plain = Settings.model_validate({"clusters": [{"name": "llm"}, {"name": "cfd"}]})
+
+    assert len(login.model_dump_json(exclude_defaults=True).encode()) > MAX_CONFIG_BYTES  # why they stay out
+    assert login.to_env() == plain.to_env()
+    assert Settings.model_validate_json(login.to_env()).clusters[0].login.enabled is False

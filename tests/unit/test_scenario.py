@@ -1,9 +1,10 @@
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from topokeeper.errors import InputError
-from topokeeper.sim.scenario import load_scenario
+from topokeeper.sim.scenario import Scenario, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "layers/core/python/topokeeper/sim/scenarios"
 
@@ -18,7 +19,9 @@ steps:
 """
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "verify-mode.yaml", "scale-1000.yaml", "full-story.yaml"])
+@pytest.mark.parametrize(
+    "name", ["demo.yaml", "verify-mode.yaml", "scale-1000.yaml", "full-story.yaml", "eks.yaml", "login.yaml"]
+)
 def test_shipped_scenarios_load(name: str) -> None:
     assert load_scenario(SCENARIOS / name).steps
 
@@ -35,7 +38,8 @@ def test_the_head_node_style_is_debian_unless_the_scenario_says() -> None:
         (("steps:", "stepz:"), "scenario.stepz"),
         (("  - scale: {group: p5, to: 8}", "  - scale: {group: gpu, to: 8}"), "scenario"),
         (("  - scale: {group: p5, to: 8}", "  - {scale: {group: p5, to: 8}, wait: {seconds: 3}}"), "scenario.steps[0]"),
-        (("count: 4, partition: ml-p5", "count: 4"), "scenario.cluster.instance_groups[1]"),
+        # Whether a group needs a partition depends on the cluster's orchestrator: the cluster names the group.
+        (("count: 4, partition: ml-p5", "count: 4"), "scenario.cluster"),
         (("  name: demo", "  name: demo\n  mode: fight"), "scenario.cluster.mode"),
         (("  name: demo", "  name: demo\n  head_node_style: centos"), "scenario.cluster.head_node_style"),
     ],
@@ -72,3 +76,14 @@ def test_hyperpods_misplacing_bug_needs_the_topology_it_manages(tmp_path: Path) 
         load_scenario(path)
     path.write_text(path.read_text().replace("  name: demo", "  name: demo\n  managed_topology: true"))
     assert load_scenario(path).steps[0].action == "hyperpod_misplace"
+
+
+def test_an_eks_scenario_has_compute_groups_without_partitions_only() -> None:
+    groups = [{"name": "p5", "type": "ml.p5.48xlarge", "count": 2}]
+    eks = Scenario.model_validate({"cluster": {"name": "k", "orchestrator": "eks", "instance_groups": groups}})
+    assert eks.cluster.orchestrator == "eks"
+    with_controller = [*groups, {"name": "controller", "type": "ml.m5.xlarge", "count": 1, "role": "controller"}]
+    with pytest.raises(ValidationError, match="compute groups without a partition"):
+        Scenario.model_validate({"cluster": {"name": "k", "orchestrator": "eks", "instance_groups": with_controller}})
+    with pytest.raises(ValidationError, match="compute groups need a partition"):
+        Scenario.model_validate({"cluster": {"name": "k", "instance_groups": with_controller}})

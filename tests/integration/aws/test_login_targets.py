@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from tests.integration.aws.support import cluster_request, drain, group, subscribe
+from topokeeper.adapters.audit_trail import AuditTrail
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.elbv2 import ElbTargetGroup
-from topokeeper.adapters.login_nodes import DynamoLoginLedger, HyperPodLoginNodes, LoginAuditEvents
+from topokeeper.adapters.login_nodes import DynamoLoginLedger, HyperPodLoginNodes
 from topokeeper.config import Settings
 from topokeeper.errors import Retryable
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV, sync_login_endpoints
 from topokeeper.ports import Metric
+from topokeeper.runtime import LambdaEnvironment
 from topokeeper.service.login import LoginSync, sync_login_targets
 from topokeeper.sim.aws_emulator import AwsEmulator
 from topokeeper.sim.stack import create_state_table
@@ -50,9 +54,19 @@ class Endpoint:
             nodes=HyperPodLoginNodes(self.aws.client("sagemaker"), self.aws.client("s3")),
             targets=ElbTargetGroup(self.aws.client("elbv2")),
             ledger=DynamoLoginLedger(self.aws.client("dynamodb"), TABLE),
-            audit=LoginAuditEvents(self.aws.client("events"), "default"),
+            audit=self.audit_trail(),
             metrics=self.metrics,
             clock=self.aws.clock,
+        )
+
+    def audit_trail(self) -> AuditTrail:
+        return AuditTrail(
+            dynamodb=self.aws.client("dynamodb"),
+            table=TABLE,
+            events=self.aws.client("events"),
+            event_bus="default",
+            retention=timedelta(days=1),
+            logger=logging.getLogger("test"),
         )
 
     def targets(self) -> dict[str, str]:
@@ -93,6 +107,10 @@ def test_running_login_nodes_are_registered_and_audited_then_nothing_changes(end
     assert event["detail"]["event_name"] == "UpdateLoginTargets"
     assert set(event["detail"]["registered"]) == endpoint.login_ips()
     assert event["detail"]["deregistered"] == []
+    # Stored in the history table like every audit record, apart from the partition records.
+    (stored,) = endpoint.audit_trail().history(CLUSTER, event_name="UpdateLoginTargets")
+    assert stored == event["detail"]
+    assert endpoint.audit_trail().history(CLUSTER) == []
 
     second = endpoint.sync()
     assert (second.registered, second.deregistered, second.audit) == ((), (), None)
@@ -200,7 +218,8 @@ class FunctionRuntime:
     settings: Settings
     metrics: RecordedMetrics
     clock: Any
-    env: Any
+    env: LambdaEnvironment  # the real one, so a wrong attribute name fails here as it would in the Lambda
+    audit: AuditTrail
 
 
 @pytest.fixture
@@ -226,8 +245,15 @@ def runtime(endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fun
             ]
         }
     )
-    env = type("Env", (), {"TABLE_NAME": TABLE, "EVENT_BUS_NAME": "default"})()
-    yield FunctionRuntime(settings, endpoint.metrics, endpoint.aws.clock, env)
+    env = LambdaEnvironment.model_validate(
+        {
+            "TOPOKEEPER_CONFIG": settings.to_env(),
+            "TABLE_NAME": TABLE,
+            "BUCKET_NAME": "unused",
+            "QUEUE_URL": "https://unused",
+        }
+    )
+    yield FunctionRuntime(settings, endpoint.metrics, endpoint.aws.clock, env, endpoint.audit_trail())
     client.cache_clear()
 
 

@@ -86,6 +86,7 @@ class Mode(StrEnum):
 class Orchestrator(StrEnum):
     HYPERPOD = "hyperpod"
     EC2 = "ec2"  # Slurm on plain EC2: ParallelCluster or self-managed
+    EKS = "eks"  # HyperPod on EKS: Kueue objects and node labels go to the plan bucket, no head node
 
 
 class Ec2Discovery(BaseModel):
@@ -159,6 +160,14 @@ class ClusterConfig(BaseModel):
     def _consistent(self) -> ClusterConfig:
         if self.login.enabled and self.orchestrator is not Orchestrator.HYPERPOD:
             raise ValueError("login.enabled: the login endpoint finds login nodes by HyperPod's SlurmConfig NodeType")
+        if self.orchestrator is Orchestrator.EKS:
+            given = [key for key in ("mode", "channel", "head_node", "slurm_version") if getattr(self, key) is not None]
+            if given or self.partitions:
+                raise ValueError(
+                    f"orchestrator eks: {', '.join(given or ['partitions'])} apply to Slurm clusters only (an EKS "
+                    "cluster's Kueue objects go to the plan bucket; nothing is written to the cluster)"
+                )
+            return self
         if self.slurm_version is not None:
             SlurmVersion.parse(self.slurm_version)
         if self.effective_channel is Channel.SSM and self.head_node is None:
@@ -232,4 +241,7 @@ class Settings(BaseModel):
         return None
 
     def to_env(self) -> str:
-        return self.model_dump_json(exclude_defaults=True)
+        """``TOPOKEEPER_CONFIG`` as the functions read it. The login endpoints' settings stay out: only the stack
+        uses them (the functions get each endpoint's target group in ``LOGIN_TARGET_GROUPS``), and with 50 CIDRs
+        and 50 security groups one cluster's alone would take most of Lambda's 4 KB of environment."""
+        return self.model_dump_json(exclude_defaults=True, exclude={"clusters": {"__all__": {"login"}}})

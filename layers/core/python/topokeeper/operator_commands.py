@@ -220,9 +220,16 @@ def cmd_drift(args: argparse.Namespace) -> int:
     return EXIT_DRIFT if report.drift == 1 else EXIT_OK
 
 
+# ``topokeeper audit --kind``: each kind of record has its own history.
+AUDIT_KINDS = {"partition": "UpdatePartitionTopology", "kueue": "UpdateKueueTopology", "login": "UpdateLoginTargets"}
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     runtime, cluster = _runtime_and_cluster(args)
-    records = runtime.audit.history(cluster.name, args.limit)
+    records = runtime.audit.history(cluster.name, args.limit, event_name=AUDIT_KINDS[args.kind])
+    if args.kind != "partition":  # UpdateKueueTopology, UpdateLoginTargets: their own fields, as JSON lines
+        _emit(args, records, lambda: "\n".join(json.dumps(r, sort_keys=True) for r in records))
+        return EXIT_OK
 
     def human() -> str:
         rows = [("COMPLETED", "PARTITION", "KIND", "OUTCOME", "NODES", "+/-", "SHA256", "CHANNEL")]
@@ -277,6 +284,7 @@ def register(commands: Any) -> None:
             parser.add_argument("--dry-run", action="store_true", help="show what would change; change nothing")
         if name == "audit":
             parser.add_argument("--limit", type=int, default=50)
+            parser.add_argument("--kind", choices=sorted(AUDIT_KINDS), default="partition", help="which records")
         parser.set_defaults(run=_without_aws_setup_tracebacks(run))
 
 

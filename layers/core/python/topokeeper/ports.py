@@ -182,6 +182,8 @@ class Metric(StrEnum):
     LOGIN_TARGETS_HEALTHY = "LoginTargetsHealthy"  # running login nodes the balancer finds healthy
     LOGIN_TARGETS_DRIFT = "LoginTargetsDrift"  # targets one login sync had to register or deregister
     MANAGED_TOPOLOGY_UPDATES = "ManagedTopologyUpdates"  # HyperPod's own UpdatePartitionTopology records
+    # EKS: nodes with no network layers, or fewer than their flavor's Kueue Topology needs
+    NODES_WITHOUT_TOPOLOGY_DATA = "NodesWithoutTopologyData"
 
 
 class Metrics(Protocol):
@@ -376,8 +378,52 @@ class AuditRecord(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
+class KueueAuditRecord(BaseModel):
+    """``UpdateKueueTopology``: the Kueue objects and node labels of an EKS cluster changed (plan bucket)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_: Literal["topokeeper.audit/1"] = Field("topokeeper.audit/1", alias="schema")
+    event_name: Literal["UpdateKueueTopology"] = "UpdateKueueTopology"
+    audit_id: str
+    cluster_name: str
+    cluster_arn: str | None
+    plan_sha256: str
+    previous_plan_sha256: str | None
+    location: str  # the plan bucket prefix holding the files
+    objects: list[str]  # every object now, "Kind/name"
+    objects_changed: list[str]  # added, changed or removed since the previous plan ("Kind/name")
+    nodes_added: list[str]
+    nodes_removed: list[str]
+    nodes_relabeled: list[str]  # nodes whose topology labels changed (moved in the network)
+    nodes_added_count: int
+    nodes_removed_count: int
+    nodes_relabeled_count: int
+    node_count: int
+    nodes_without_topology_data: list[str]
+    nodes_without_topology_data_count: int
+    warnings: list[str] = Field(default_factory=list)
+    triggers: list[Trigger]
+    trigger_count: int
+    generation: int
+    completed_at: datetime
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class KueueStore(Protocol):
+    """The EKS side of the plan bucket: content-addressed Kueue files per cluster."""
+
+    def put_kueue(self, cluster: str, sha256: str, files: dict[str, str]) -> str:
+        """Write the files (and point ``latest`` at them); return the prefix."""
+        ...
+
+    def kueue_file(self, cluster: str, sha256: str, name: str) -> str: ...
+
+
 class AuditSink(Protocol):
-    def publish(self, records: Sequence[AuditRecord]) -> int:
+    def publish(self, records: Sequence[AnyAuditRecord]) -> int:
         """Store, publish and log new records; return how many were new (retries are skipped)."""
         ...
 
@@ -438,3 +484,7 @@ class LoginAuditRecord(BaseModel):
 
 class LoginAudit(Protocol):
     def publish_login(self, record: LoginAuditRecord) -> None: ...
+
+
+# Every record the audit trail stores and publishes (its ``event_name`` is the EventBridge detail-type).
+AnyAuditRecord = AuditRecord | KueueAuditRecord | LoginAuditRecord

@@ -211,6 +211,8 @@ class Runtime:
             facts=self.facts,
             channel=self.channel,
             signer=self.signer,
+            kueue=self.plans,
+            audit=self.audit,
         )
 
     def result_deps(self) -> ResultDeps:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from topokeeper.config import ClusterConfig, Settings
+from topokeeper.config import ClusterConfig, Orchestrator, Settings
 from topokeeper.errors import InputError
 from topokeeper.events import WORK_QUEUE_MAX_RECEIVES, change_patterns, result_patterns
 from topokeeper.ports import Channel, Metric
@@ -148,6 +148,16 @@ FUNCTION_THROTTLES_ALARM = AlarmSpec("Sum", ALARM_PERIOD_SECONDS)
 
 def cluster_alarms(settings: Settings, cluster: ClusterConfig) -> dict[Metric, AlarmSpec]:
     """The alarms on ``cluster``'s topokeeper metrics (namespace ``METRICS_NAMESPACE``)."""
+    if cluster.orchestrator is Orchestrator.EKS:
+        # No head node, so no drift or apply failures; nodes Kueue cannot place alarm like drift does.
+        return {
+            Metric.NODES_WITHOUT_TOPOLOGY_DATA: AlarmSpec(
+                "Maximum",
+                drift_alarm_period_seconds(settings),
+                evaluation_periods=settings.drift_alarm_periods,
+                missing=MissingData.MISSING,
+            )
+        }
     alarms = {
         Metric.TOPOLOGY_DRIFT: AlarmSpec(
             "Maximum",

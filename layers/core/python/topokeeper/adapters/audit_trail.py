@@ -1,12 +1,16 @@
 """Where audit records go: the history table (once per audit id), EventBridge (source ``topokeeper``,
-detail-type ``UpdatePartitionTopology``), the structured log, and optionally CloudTrail Lake."""
+detail-type the record's ``event_name``: ``UpdatePartitionTopology``, ``UpdateKueueTopology``,
+``UpdateLoginTargets``), the structured log, and optionally CloudTrail Lake.
+
+Each kind has its own history in the table (``AUDIT#`` for the partition records, ``AUDIT-<event>#`` for the
+others), so a reader of one kind never meets the fields of another."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -15,7 +19,7 @@ from topokeeper.adapters.aws import aws_errors
 from topokeeper.adapters.dynamodb import audit_history_key
 from topokeeper.errors import Permanent, Retryable, TopokeeperError
 from topokeeper.events import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
-from topokeeper.ports import AuditRecord
+from topokeeper.ports import AnyAuditRecord, AuditRecord
 
 PUT_EVENTS_BATCH = 10
 # EventBridge refuses a PutEvents request whose entries total 256 KB or more ("Total size of the entries in
@@ -23,6 +27,30 @@ PUT_EVENTS_BATCH = 10
 PUT_EVENTS_MAX_BYTES = 256 * 1024
 PUT_AUDIT_EVENTS_BATCH = 100
 _TRIMMED_ERROR_CHARS = 1000
+# The lists a record may cut to fit one entry (their counts stay exact).
+_CUTTABLE_LISTS = (
+    "nodes_added",
+    "nodes_removed",
+    "nodes_relabeled",
+    "nodes_without_topology_data",
+    "registered",
+    "deregistered",
+    "targets",
+)
+
+
+def history_prefix(event_name: str) -> str:
+    return "AUDIT#" if event_name == AUDIT_DETAIL_TYPE else f"AUDIT-{event_name}#"
+
+
+def history_key(record: AnyAuditRecord) -> dict[str, Any]:
+    if isinstance(record, AuditRecord):
+        return audit_history_key(record.cluster_name, record.completed_at, record.partition, record.audit_id)
+    stamp = record.completed_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "pk": {"S": f"CLUSTER#{record.cluster_name}"},
+        "sk": {"S": f"{history_prefix(record.event_name)}{stamp}#{record.audit_id}"},
+    }
 
 
 def put_events_entry_size(entry: Mapping[str, Any]) -> int:
@@ -43,10 +71,10 @@ def fitted_detail(document: dict[str, Any], room: int) -> dict[str, Any]:
         return len(json.dumps(fitted, sort_keys=True).encode())
 
     while size() > room:
-        longest = max(("nodes_added", "nodes_removed"), key=lambda key: len(fitted[key]))
-        if fitted[longest]:
+        longest = max(_CUTTABLE_LISTS, key=lambda key: len(fitted.get(key) or ()))
+        if fitted.get(longest):
             fitted[longest] = fitted[longest][: len(fitted[longest]) // 2]
-        elif len(fitted["triggers"]) > 1:
+        elif len(fitted.get("triggers") or ()) > 1:
             fitted["triggers"] = fitted["triggers"][: len(fitted["triggers"]) // 2]
         elif fitted.get("error") and len(fitted["error"]) > _TRIMMED_ERROR_CHARS:
             fitted["error"] = fitted["error"][:_TRIMMED_ERROR_CHARS] + "..."
@@ -82,7 +110,7 @@ class AuditTrail:
         self._function_arn = function_arn
 
     @aws_errors()
-    def publish(self, records: Sequence[AuditRecord]) -> int:
+    def publish(self, records: Sequence[AnyAuditRecord]) -> int:
         new = [record for record in records if not self._seen(record.audit_id)]
         if not new:
             return 0
@@ -98,16 +126,23 @@ class AuditTrail:
                 self._logger.error("CloudTrail Lake PutAuditEvents failed: %s", error)
         stored = [record for record in new if self._store(record)]
         for record in stored:
-            self._logger.info(AUDIT_DETAIL_TYPE, extra={"audit": record.document()})
+            self._logger.info(record.event_name, extra={"audit": record.document()})
         return len(stored)
 
+    def publish_login(self, record: AnyAuditRecord) -> None:
+        """The login sync's port (``LoginAudit``): the same trail as every other record."""
+        self.publish([record])
+
     @aws_errors()
-    def history(self, cluster: str, limit: int = 50) -> list[dict[str, Any]]:
-        """The newest audit records of a cluster first."""
+    def history(self, cluster: str, limit: int = 50, event_name: str = AUDIT_DETAIL_TYPE) -> list[dict[str, Any]]:
+        """The newest audit records of one kind of a cluster first."""
         response = self._db.query(
             TableName=self._table,
             KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
-            ExpressionAttributeValues={":pk": {"S": f"CLUSTER#{cluster}"}, ":prefix": {"S": "AUDIT#"}},
+            ExpressionAttributeValues={
+                ":pk": {"S": f"CLUSTER#{cluster}"},
+                ":prefix": {"S": history_prefix(event_name)},
+            },
             ScanIndexForward=False,
             Limit=limit,
         )
@@ -117,11 +152,11 @@ class AuditTrail:
         key = {"pk": {"S": f"AUDITID#{audit_id}"}, "sk": {"S": "AUDITID"}}
         return "Item" in self._db.get_item(TableName=self._table, Key=key, ConsistentRead=True)
 
-    def _store(self, record: AuditRecord) -> bool:
+    def _store(self, record: AnyAuditRecord) -> bool:
         expires = str(int((record.completed_at + self._retention).timestamp()))
         marker = {"pk": {"S": f"AUDITID#{record.audit_id}"}, "sk": {"S": "AUDITID"}, "expires_at": {"N": expires}}
         history = {
-            **audit_history_key(record.cluster_name, record.completed_at, record.partition, record.audit_id),
+            **history_key(record),
             "record": {"S": json.dumps(record.document(), sort_keys=True)},
             "expires_at": {"N": expires},
         }
@@ -145,19 +180,20 @@ class AuditTrail:
             raise
         return True
 
-    def _entry(self, record: AuditRecord) -> dict[str, Any]:
+    def _entry(self, record: AnyAuditRecord) -> dict[str, Any]:
+        arn = getattr(record, "cluster_arn", None)
         entry: dict[str, Any] = {
             "Source": AUDIT_SOURCE,
-            "DetailType": AUDIT_DETAIL_TYPE,
+            "DetailType": record.event_name,
             "Detail": "",
             "EventBusName": self._bus,
-            "Resources": [record.cluster_arn] if record.cluster_arn else [],
+            "Resources": [arn] if arn else [],
         }
         room = PUT_EVENTS_MAX_BYTES - 1 - put_events_entry_size(entry)
         entry["Detail"] = json.dumps(fitted_detail(record.document(), room), sort_keys=True)
         return entry
 
-    def _put_events(self, records: Sequence[AuditRecord]) -> None:
+    def _put_events(self, records: Sequence[AnyAuditRecord]) -> None:
         """Batches of at most 10 entries whose sizes total under 256 KB, in the records' order."""
         batches: list[list[dict[str, Any]]] = [[]]
         total = 0
@@ -177,7 +213,7 @@ class AuditTrail:
                     code=failed[0] if failed else None,
                 )
 
-    def _put_audit_events(self, lake: Any, channel_arn: str, records: Sequence[AuditRecord]) -> None:
+    def _put_audit_events(self, lake: Any, channel_arn: str, records: Sequence[AnyAuditRecord]) -> None:
         for start in range(0, len(records), PUT_AUDIT_EVENTS_BATCH):
             batch = records[start : start + PUT_AUDIT_EVENTS_BATCH]
             response = lake.put_audit_events(
@@ -195,9 +231,9 @@ class AuditTrail:
                 raise Retryable(f"PutAuditEvents failed for {len(response['failed'])} record(s): {codes}")
 
 
-def cloudtrail_lake_event(record: AuditRecord, account: str, function_arn: str) -> dict[str, Any]:
+def cloudtrail_lake_event(record: AnyAuditRecord, account: str, function_arn: str) -> dict[str, Any]:
     """The record as CloudTrail Lake's integration ``eventData`` (PutAuditEvents)."""
-    return {
+    header = {
         "version": "1.0",
         "userIdentity": {"type": "AWSLambda", "principalId": function_arn},
         "userAgent": "topokeeper",
@@ -206,6 +242,11 @@ def cloudtrail_lake_event(record: AuditRecord, account: str, function_arn: str) 
         "eventTime": record.completed_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "UID": record.audit_id,
         "recipientAccountId": account,
+    }
+    if not isinstance(record, AuditRecord):
+        return {**header, "requestParameters": {"clusterName": record.cluster_name}}
+    return {
+        **header,
         "requestParameters": {
             "clusterArn": record.cluster_arn,
             "clusterName": record.cluster_name,

@@ -1,5 +1,5 @@
-"""The login nodes of a HyperPod cluster, the ledger of the targets topokeeper registered, and the
-``UpdateLoginTargets`` audit event."""
+"""The login nodes of a HyperPod cluster and the ledger of the targets topokeeper registered (their
+``UpdateLoginTargets`` records go through ``topokeeper.adapters.audit_trail.AuditTrail`` like every record)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,9 @@ from typing import Any
 
 from topokeeper.adapters.aws import aws_errors
 from topokeeper.adapters.hyperpod import legacy_provisioning_parameters
-from topokeeper.errors import Retryable
-from topokeeper.events import AUDIT_SOURCE
-from topokeeper.ports import LoginAuditRecord, LoginNode
+from topokeeper.ports import LoginNode
 
 LOGIN_NODE_TYPE = "Login"
-LOGIN_DETAIL_TYPE = "UpdateLoginTargets"
 log = logging.getLogger("topokeeper")
 
 
@@ -84,26 +81,3 @@ class DynamoLoginLedger:
         item = {**self._key(cluster), "ips": {"S": json.dumps(sorted(ips))}}
         with aws_errors():
             self._db.put_item(TableName=self._table, Item=item)
-
-
-class LoginAuditEvents:
-    """Publishes ``UpdateLoginTargets`` (source ``topokeeper``) on the bus, and logs it."""
-
-    def __init__(self, events: Any, event_bus: str, logger: logging.Logger | Any = log) -> None:
-        self._events = events
-        self._bus = event_bus
-        self._logger = logger
-
-    def publish_login(self, record: LoginAuditRecord) -> None:
-        entry = {
-            "Source": AUDIT_SOURCE,
-            "DetailType": LOGIN_DETAIL_TYPE,
-            "Detail": json.dumps(record.document(), sort_keys=True),
-            "EventBusName": self._bus,
-        }
-        with aws_errors():
-            response = self._events.put_events(Entries=[entry])
-        if response.get("FailedEntryCount"):
-            codes = sorted({e.get("ErrorCode") for e in response.get("Entries", []) if e.get("ErrorCode")})
-            raise Retryable(f"PutEvents failed for UpdateLoginTargets: {codes}")
-        self._logger.info(LOGIN_DETAIL_TYPE, extra={"audit": record.document()})

@@ -14,6 +14,15 @@ def plan_prefix(cluster: str, sha256: str) -> str:
     return f"plans/{cluster}/{sha256}/"
 
 
+def kueue_prefix(cluster: str, sha256: str) -> str:
+    """An EKS cluster's Kueue files; ``kueue/<cluster>/latest.json`` names the newest."""
+    return f"kueue/{cluster}/{sha256}/"
+
+
+def kueue_latest_key(cluster: str) -> str:
+    return f"kueue/{cluster}/latest.json"
+
+
 class S3PlanStore:
     def __init__(self, s3: Any, bucket: str) -> None:
         self._s3 = s3
@@ -40,5 +49,27 @@ class S3PlanStore:
         document: dict[str, Any] = self._read(plan_prefix(cluster, sha256) + "plan.json")
         return document
 
+    @aws_errors()
+    def put_kueue(self, cluster: str, sha256: str, files: dict[str, str]) -> str:
+        prefix = kueue_prefix(cluster, sha256)
+        for name, content in sorted(files.items()):
+            self._s3.put_object(Bucket=self._bucket, Key=prefix + name, Body=content.encode(), ContentType=_type(name))
+        # Last: whoever follows ``latest`` finds every file of the plan it names.
+        pointer = json.dumps({"plan_sha256": sha256, "prefix": prefix, "files": sorted(files)}, sort_keys=True)
+        self._s3.put_object(
+            Bucket=self._bucket, Key=kueue_latest_key(cluster), Body=pointer.encode(), ContentType="application/json"
+        )
+        return prefix
+
+    @aws_errors()
+    def kueue_file(self, cluster: str, sha256: str, name: str) -> str:
+        body: bytes = self._s3.get_object(Bucket=self._bucket, Key=kueue_prefix(cluster, sha256) + name)["Body"].read()
+        return body.decode()
+
     def _read(self, key: str) -> Any:
         return json.loads(self._s3.get_object(Bucket=self._bucket, Key=key)["Body"].read())
+
+
+def _type(name: str) -> str:
+    suffix = name.rsplit(".", 1)[-1]
+    return {"json": "application/json", "yaml": "application/yaml", "md": "text/markdown"}.get(suffix, "text/plain")

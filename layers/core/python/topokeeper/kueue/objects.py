@@ -8,12 +8,12 @@ as served by Kueue v0.19.2 (v1beta1 is deprecated there).
 
 from __future__ import annotations
 
+import json
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import yaml
 
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import Node
@@ -251,10 +251,62 @@ def example_jobs(plan: KueuePlan, flavor: FlavorPlan, queue: str) -> dict[str, d
     }
 
 
-def dump_yaml(*documents: Mapping[str, Any]) -> str:
-    return "---\n".join(
-        yaml.safe_dump(dict(document), sort_keys=False, default_flow_style=False) for document in documents
+_PLAIN_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]*")
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if value is None:
+        return "null"
+    return _quoted(str(value))
+
+
+def _quoted(text: str) -> str:
+    """A JSON string is a YAML double-quoted scalar: nothing in it reads as another type or as syntax. Printable
+    ASCII only, the rest escaped as YAML's \\u / \\U (a JSON surrogate pair is no YAML escape)."""
+    quoted = json.dumps(text, ensure_ascii=False)
+    return "".join(
+        c if " " <= c < "\x7f" else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in quoted
     )
+
+
+_RESERVED = frozenset({"true", "false", "null", "yes", "no", "on", "off", "y", "n"})
+
+
+def _key(key: str) -> str:
+    plain = _PLAIN_KEY.fullmatch(key) and key.lower() not in _RESERVED
+    return key if plain else _quoted(key)
+
+
+def _block(value: Any, indent: str) -> list[str]:
+    """Block-style YAML lines of a mapping or sequence, keys in their given order."""
+    lines: list[str] = []
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(item, (Mapping, list)) and item:
+                lines.append(f"{indent}{_key(str(key))}:")
+                lines += _block(item, indent + ("" if isinstance(item, list) else "  "))
+            else:
+                empty = "{}" if isinstance(item, Mapping) else "[]" if isinstance(item, list) else _scalar(item)
+                lines.append(f"{indent}{_key(str(key))}: {empty}")
+        return lines
+    for item in value:
+        if isinstance(item, (Mapping, list)) and item:
+            nested = _block(item, indent + "  ")
+            lines.append(f"{indent}- {nested[0].lstrip()}")
+            lines += nested[1:]
+        else:
+            empty = "{}" if isinstance(item, Mapping) else "[]" if isinstance(item, list) else _scalar(item)
+            lines.append(f"{indent}- {empty}")
+    return lines
+
+
+def dump_yaml(*documents: Mapping[str, Any]) -> str:
+    """Plain block-style YAML, deterministic, without PyYAML (the reconcile Lambda's layer has none)."""
+    return "---\n".join("\n".join(_block(document, "") or ["{}"]) + "\n" for document in documents)
 
 
 TOPOLOGY_FILE = "kueue-topology.yaml"

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 from typing import Any
 
 import boto3
+from pydantic import TypeAdapter, ValidationError
 
 from topokeeper.adapters.secrets import SecretStore, deny_readers_policy, readers_only_policy
+from topokeeper.config import TagKey
 from topokeeper.errors import InputError
 from topokeeper.login.host_keys import check_names, generate, secret_names
 from topokeeper.login.install import install_script
@@ -55,6 +58,34 @@ def _cmd_install_script(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_install_run_command(args: argparse.Namespace) -> int:
+    """EC2 login nodes (plain-EC2 Slurm): the installer through Run Command to the running instances with the tag."""
+    from topokeeper.adapters.aws import client  # noqa: PLC0415 - boto3 clients only for this command
+    from topokeeper.adapters.login_run_command import RunCommandInstaller, tagged_login_instances  # noqa: PLC0415
+
+    key, _, value = args.tag.partition("=")
+    try:
+        TypeAdapter(TagKey).validate_python(key)
+    except ValidationError:
+        raise InputError("--tag", f"expected KEY=VALUE with an EC2 tag key: {args.tag!r}") from None
+    if not value or len(value) > 256:
+        raise InputError("--tag", f"expected KEY=VALUE with a value of 1 to 256 characters: {args.tag!r}")
+    script = install_script(args.secret_arn, args.secret_region)
+    instances = tagged_login_instances(client("ec2"), key, value)
+    if not instances:
+        print(f"no running instance has the tag {key}={value}: nothing sent")
+        return 0
+    installer = RunCommandInstaller(client("ssm"), time.sleep)
+    command_ids = installer.send(instances, script, args.cluster)
+    print(f"sent to {len(instances)} login node(s): {', '.join(command_ids)}")
+    if args.no_wait:
+        return 0
+    statuses = installer.wait(command_ids, len(instances))
+    for instance_id in instances:
+        print(f"{instance_id}: {statuses.get(instance_id, 'no answer')}")
+    return 0 if all(statuses.get(i) == "Success" for i in instances) else 1
+
+
 def register(commands: Any) -> None:
     login = commands.add_parser("login", help="the login endpoint's single SSH host identity")
     actions = login.add_subparsers(dest="login_command", required=True)
@@ -70,3 +101,13 @@ def register(commands: Any) -> None:
     script.add_argument("--secret-arn", required=True, help="the ARN rotate-host-keys printed")
     script.add_argument("--secret-region", required=True, help="the secret's region")
     script.set_defaults(run=_cmd_install_script)
+    run = actions.add_parser(
+        "install-run-command",
+        help="install the host identity on EC2 login nodes (by tag) through SSM Run Command",
+    )
+    run.add_argument("--cluster", required=True)
+    run.add_argument("--tag", required=True, help="KEY=VALUE: the tag only the cluster's login nodes carry")
+    run.add_argument("--secret-arn", required=True, help="the ARN rotate-host-keys printed")
+    run.add_argument("--secret-region", required=True, help="the secret's region")
+    run.add_argument("--no-wait", action="store_true", help="send and return; do not wait for the results")
+    run.set_defaults(run=_cmd_install_run_command)

@@ -9,17 +9,30 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.elbv2 import ElbTargetGroup
-from topokeeper.adapters.login_nodes import DynamoLoginLedger, HyperPodLoginNodes, LoginAuditEvents
+from topokeeper.adapters.login_nodes import DynamoLoginLedger, HyperPodLoginNodes
 from topokeeper.errors import InputError, Retryable
 from topokeeper.service.login import sync_login_targets
 
+if TYPE_CHECKING:
+    from topokeeper.runtime import Runtime
+
 LOGIN_TARGET_GROUPS_ENV = "LOGIN_TARGET_GROUPS"
+# The longest target group ARN: arn:<partition>:elasticloadbalancing:<region>:<account>:targetgroup/<32>/<16 hex>.
+MAX_TARGET_GROUP_ARN_BYTES = 128
+
+
+def login_environment_bytes(clusters: list[str]) -> int:
+    """The most ``LOGIN_TARGET_GROUPS`` can take in a function's environment (its ARNs are known only at deploy)."""
+    if not clusters:
+        return 0
+    longest = {name: "x" * MAX_TARGET_GROUP_ARN_BYTES for name in clusters}
+    return len(LOGIN_TARGET_GROUPS_ENV) + len(json.dumps(longest).encode())
 
 
 class LoginSyncReport(BaseModel):
@@ -45,7 +58,7 @@ def login_target_groups(environ: Mapping[str, str]) -> dict[str, str]:
     return groups
 
 
-def sync_login_endpoints(runtime: Any, environ: Mapping[str, str], cluster: str | None = None) -> LoginSyncReport:
+def sync_login_endpoints(runtime: Runtime, environ: Mapping[str, str], cluster: str | None = None) -> LoginSyncReport:
     """Sync ``cluster`` (a name or ARN), or every cluster with a login endpoint when None."""
     groups = login_target_groups(environ)
     if cluster is not None:
@@ -60,8 +73,9 @@ def sync_login_endpoints(runtime: Any, environ: Mapping[str, str], cluster: str 
                 target_group_arn=target_group,
                 nodes=HyperPodLoginNodes(client("sagemaker"), client("s3")),
                 targets=ElbTargetGroup(client("elbv2")),
-                ledger=DynamoLoginLedger(client("dynamodb"), runtime.env.TABLE_NAME),
-                audit=LoginAuditEvents(client("events"), runtime.env.EVENT_BUS_NAME),
+                ledger=DynamoLoginLedger(client("dynamodb"), runtime.env.table),
+                # The audit trail every record goes through: the history table, the bus, the log.
+                audit=runtime.audit,
                 metrics=runtime.metrics,
                 clock=runtime.clock,
             )

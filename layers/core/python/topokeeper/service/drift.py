@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from topokeeper.config import ClusterConfig, Mode
+from topokeeper.config import ClusterConfig, Mode, Orchestrator
 from topokeeper.errors import Retryable
 from topokeeper.ports import ApplyResult, Metric, Outcome, Trigger
 from topokeeper.render.bundle import Bundle
@@ -26,7 +26,7 @@ DRIFT_CHECK = "Topology Drift Check"
 
 class DriftReport(BaseModel):
     cluster: str
-    live: Literal["in_sync", "drift", "unknown"]
+    live: Literal["in_sync", "drift", "unknown", "not-applicable"]  # not-applicable: EKS, no head node
     aws: Literal["current", "changed", "unknown"]
     drift: int | None
     action: Literal["none", "reported", "reconcile-requested"]
@@ -70,6 +70,10 @@ def live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift", 
 
 
 def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list[Trigger] | None = None) -> DriftReport:
+    if cluster.orchestrator is Orchestrator.EKS:
+        from topokeeper.service.eks import check_eks_drift  # noqa: PLC0415 (it builds on this module)
+
+        return check_eks_drift(cluster, deps, requested_by or [])
     now = deps.clock.now()
     state = deps.state.get(cluster.name)
     request = verify_request_id(requested_by) if requested_by else None

@@ -26,12 +26,14 @@ from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
 from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, TopokeeperError
 from topokeeper.ports import (
+    AuditSink,
     BundleSigner,
     Clock,
     ClusterState,
     DeliveryChannel,
     DeliveryHandle,
     FactsSource,
+    KueueStore,
     Metric,
     Metrics,
     PendingDelivery,
@@ -107,12 +109,15 @@ class ControllerDeps:
     facts: Callable[[ClusterConfig], FactsSource]
     channel: Callable[[ClusterConfig], DeliveryChannel]
     signer: BundleSigner | None = None  # the stack's KMS key; None delivers unsigned bundles (tests, old stacks)
+    # EKS clusters only: their Kueue files and the audit of each change (service/eks.py).
+    kueue: KueueStore | None = None
+    audit: AuditSink | None = None
 
 
 class ReconcileReport(BaseModel):
     cluster: str
     generation: int
-    action: str  # covered | superseded | deferred | ignored | unchanged | delivered | planned-only
+    action: str  # covered | superseded | deferred | ignored | unchanged | delivered | planned-only | published (EKS)
     plan_sha256: str | None = None
     delivery_reference: str | None = None
     nodes_without_topology: int = 0
@@ -156,6 +161,10 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     coalesced = state.generation - state.reconciled_generation - 1
     if coalesced > 0:
         deps.metrics.emit(cluster.name, Metric.EVENTS_COALESCED, coalesced)
+    if cluster.orchestrator is Orchestrator.EKS:
+        from topokeeper.service.eks import reconcile_eks  # noqa: PLC0415 (it builds on this module)
+
+        return reconcile_eks(cluster, state, request, deps)
 
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     if rendered.sha256 != state.desired_sha256:  # plans are content-addressed: one put per new plan
@@ -206,21 +215,7 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         return fields
 
     save_fields(deps.state, cluster.name, record)
-    deps.state.consume_triggers(cluster.name, state.generation)
-    # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
-    queue_next_cycle(deps.state, deps.queue, cluster.name)
-
-    if missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
-        request_reconcile(
-            deps.state,
-            deps.queue,
-            cluster.name,
-            now,
-            reason="retry",
-            detail_type="Topology Retry",
-            summary=f"{missing} node(s) without topology data yet",
-        )
-    deps.metrics.emit(cluster.name, Metric.RECONCILE_SECONDS, time.monotonic() - started)
+    close_cycle(deps, cluster.name, state, now=now, missing=missing, started=started)
     return ReconcileReport(
         cluster=cluster.name,
         generation=request.generation,
@@ -230,6 +225,27 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         nodes_without_topology=missing,
         managed_updates=[t for t in state.triggers if is_managed_topology_update(t)],
     )
+
+
+def close_cycle(
+    deps: ControllerDeps, cluster: str, state: ClusterState, *, now: datetime, missing: int, started: float
+) -> None:
+    """After a reconcile saved its state: forget its triggers, queue what arrived meanwhile, ask again for
+    topology data not reported yet, and time it."""
+    deps.state.consume_triggers(cluster, state.generation)
+    # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
+    queue_next_cycle(deps.state, deps.queue, cluster)
+    if missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
+        request_reconcile(
+            deps.state,
+            deps.queue,
+            cluster,
+            now,
+            reason="retry",
+            detail_type="Topology Retry",
+            summary=f"{missing} node(s) without topology data yet",
+        )
+    deps.metrics.emit(cluster, Metric.RECONCILE_SECONDS, time.monotonic() - started)
 
 
 def newest_generations(bodies: Iterable[str]) -> dict[str, int]:

@@ -17,6 +17,7 @@ _NODE_TYPES = {"controller": "Controller", "login": "Login", "compute": "Compute
 def create_hyperpod_cluster(emulator: AwsEmulator, spec: ClusterSpec) -> None:
     """CreateCluster with the scenario's instance groups; each group's EC2 topology follows its network layout."""
     groups = []
+    eks = spec.orchestrator == "eks"
     for group in spec.instance_groups:
         slurm: dict[str, Any] = {"NodeType": _NODE_TYPES[group.role]}
         if group.partition:
@@ -28,7 +29,7 @@ def create_hyperpod_cluster(emulator: AwsEmulator, spec: ClusterSpec) -> None:
                 "InstanceCount": group.count,
                 "ExecutionRole": f"arn:aws:iam::{emulator.account_id}:role/HyperPodExecution",
                 "LifeCycleConfig": {"SourceS3Uri": f"s3://sagemaker-{spec.name}-lcs/src/", "OnCreate": "on_create.sh"},
-                "SlurmConfig": slurm,
+                **({} if eks else {"SlurmConfig": slurm}),
             }
         )
         layout = group.network
@@ -37,9 +38,9 @@ def create_hyperpod_cluster(emulator: AwsEmulator, spec: ClusterSpec) -> None:
             leaves_per_spine=layout.leaves_per_spine,
             ultraserver_size=layout.ultraserver_size,
         )
-    client("sagemaker").create_cluster(
-        ClusterName=spec.name, InstanceGroups=groups, Orchestrator={"Slurm": {"SlurmConfigStrategy": "Merge"}}
-    )
+    eks_arn = f"arn:aws:eks:{emulator.region}:{emulator.account_id}:cluster/{spec.name}"
+    orchestrator = {"Eks": {"ClusterArn": eks_arn}} if eks else {"Slurm": {"SlurmConfigStrategy": "Merge"}}
+    client("sagemaker").create_cluster(ClusterName=spec.name, InstanceGroups=groups, Orchestrator=orchestrator)
 
 
 def slurm_partitions(emulator: AwsEmulator, spec: ClusterSpec) -> dict[str, list[str]]:

@@ -47,6 +47,17 @@ def _print_step(step: Any, show: bool) -> None:
         # What HyperPod did itself and what topokeeper's verify compared and concluded (verify mode's story).
         if entry["kind"] in ("hyperpod", "bug", "verify", "drift"):
             print(f"   t={entry['t']:.0f}s {entry['kind']}: {entry['text']}")
+    if step.kueue is not None:
+        _print_kueue(step.kueue, show)
+    if step.login is not None:
+        login = step.login
+        targets = ", ".join(f"{ip} {state}" for ip, state in login.targets.items()) or "none"
+        print(f"   login endpoint {'in sync' if login.in_sync else 'NOT in sync'}: targets {targets}")
+        for record in login.audit_records:
+            print(
+                f"   UpdateLoginTargets registered {', '.join(record['registered']) or '-'}"
+                f" deregistered {', '.join(record['deregistered']) or '-'} -> {record['target_count']} targets"
+            )
     if not show:
         return
     for record in step.audit_records:
@@ -63,6 +74,23 @@ def _print_step(step: Any, show: bool) -> None:
             print(f"     {line[:150]}")
         if len(lines) > 12:
             print(f"     ... {len(lines) - 12} more lines")
+
+
+def _print_kueue(kueue: Any, show: bool) -> None:
+    alarm = f"{'raised, now ' if kueue.alarm_raised else ''}{kueue.alarm}"
+    print(f"   NodesWithoutTopologyData peak {kueue.nodes_without_topology_data}  alarm {alarm}")
+    for record in kueue.audit_records:
+        print(
+            f"   UpdateKueueTopology {str(record['previous_plan_sha256'] or '-')[:12]} -> {record['plan_sha256'][:12]}"
+            f" nodes {record['node_count']:>4} +{record['nodes_added_count']}/-{record['nodes_removed_count']}"
+            f" relabeled {record['nodes_relabeled_count']}"
+            f" without topology {record['nodes_without_topology_data_count']}"
+            f"  changed: {', '.join(record['objects_changed']) or '-'}"
+        )
+    if show:
+        print("   published kueue-topology.yaml:")
+        print("\n".join(f"     {line}" for line in kueue.topology_yaml.splitlines()))
+        print("\n".join(f"   {line}" for line in kueue.labels_table.splitlines()))
 
 
 def run(scenario_path: Path, out: Path, *, show: bool) -> int:

@@ -38,8 +38,6 @@ class InstanceGroup(_Strict):
 
     @model_validator(mode="after")
     def _partition_for_compute(self) -> InstanceGroup:
-        if self.role == "compute" and self.partition is None:
-            raise ValueError("compute groups need a partition")
         if self.role != "compute" and self.partition is not None:
             raise ValueError(f"{self.role} groups have no partition")
         return self
@@ -47,6 +45,9 @@ class InstanceGroup(_Strict):
 
 class ClusterSpec(_Strict):
     name: ClusterName
+    # slurm: a HyperPod Slurm cluster with a head node; eks: HyperPod on EKS, whose Kueue objects and node
+    # labels topokeeper writes to the plan bucket (no head node, no partitions, no controller group).
+    orchestrator: Literal["slurm", "eks"] = "slurm"
     slurm_version: str = "26.05"
     mode: Mode = Mode.ENFORCE
     channel: Channel = Channel.SSM
@@ -57,6 +58,8 @@ class ClusterSpec(_Strict):
     managed_topology: bool = False
     instance_groups: list[InstanceGroup] = Field(min_length=1)
     seed: int = 7
+    # An NLB's IP target group the functions keep equal to the running login nodes (the login group's).
+    login_endpoint: bool = False
 
     @field_validator("slurm_version")
     @classmethod
@@ -72,8 +75,17 @@ class ClusterSpec(_Strict):
 
     @model_validator(mode="after")
     def _valid(self) -> ClusterSpec:
-        if sum(1 for g in self.instance_groups if g.role == "controller") != 1:
+        if self.login_endpoint and not any(g.role == "login" for g in self.instance_groups):
+            raise ValueError("login_endpoint needs an instance group with role: login")
+        if self.orchestrator == "eks":
+            if any(g.role != "compute" or g.partition is not None for g in self.instance_groups):
+                raise ValueError("an eks cluster's instance groups are compute groups without a partition")
+        elif sum(1 for g in self.instance_groups if g.role == "controller") != 1:
             raise ValueError("exactly one instance group must have role: controller")
+        else:
+            for index, group in enumerate(self.instance_groups):
+                if group.role == "compute" and group.partition is None:
+                    raise ValueError(f"instance_groups[{index}] ({group.name}): compute groups need a partition")
         names = [g.name for g in self.instance_groups]
         if len(set(names)) != len(names):
             raise ValueError("instance group names must be unique")
@@ -89,6 +101,10 @@ class ScaleStep(_Strict):
 class GroupCountStep(_Strict):
     group: SlurmName
     count: int = Field(1, ge=1)
+
+
+class ReplaceStep(GroupCountStep):
+    new_ip: bool = False  # the new instance gets another private IP (else HyperPod keeps the node's IP)
 
 
 class DuplicateStep(_Strict):
@@ -111,7 +127,7 @@ class Step(_Strict):
     """One story step: exactly one of the keys below."""
 
     scale: ScaleStep | None = None
-    replace: GroupCountStep | None = None
+    replace: ReplaceStep | None = None
     reboot: GroupCountStep | None = None
     delete: GroupCountStep | None = None
     fail_node: GroupCountStep | None = None
@@ -156,6 +172,8 @@ class Scenario(_Strict):
     drift_alarm_periods: int = Field(2, ge=1)
     # false: HyperPod nodes live in SageMaker's service account, DescribeInstanceTopology does not know them
     expose_hyperpod_nodes: bool = True
+    # DescribeInstanceTopology answers "not yet" for a new instance this long after its launch
+    new_instance_topology_delay_seconds: float = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _groups_exist(self) -> Scenario:

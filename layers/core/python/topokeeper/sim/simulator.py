@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from topokeeper.adapters.aws import client
-from topokeeper.config import Mode
+from topokeeper.config import Mode, Orchestrator
 from topokeeper.ports import Metric, Outcome
 from topokeeper.render.bundle import RenderedPlan
 from topokeeper.render.mermaid import render_partition_mermaid
+from topokeeper.sim.aws.alarms import AlarmState
+from topokeeper.sim.eks import KueueStep, final_view, step_view
+from topokeeper.sim.login_endpoint import LoginStep
 from topokeeper.sim.scenario import Scenario, Step
 
 if TYPE_CHECKING:
@@ -51,6 +54,8 @@ class StepResult(BaseModel):
     live_topology: dict[str, str]
     nodes: int
     timeline: list[dict[str, Any]] = Field(default_factory=list)
+    kueue: KueueStep | None = None  # an EKS cluster's published Kueue objects (it has no head node)
+    login: LoginStep | None = None  # the login endpoint's targets, when the scenario has one
 
 
 class SimulationResult(BaseModel):
@@ -132,7 +137,11 @@ class Story:
                 )
         elif step.replace is not None:
             ids = self._pick(step.replace.group, step.replace.count)
-            sagemaker.batch_replace_cluster_nodes(ClusterName=cluster, NodeIds=ids)
+            hyperpod.replace_new_ip = step.replace.new_ip
+            try:
+                sagemaker.batch_replace_cluster_nodes(ClusterName=cluster, NodeIds=ids)
+            finally:
+                hyperpod.replace_new_ip = False
         elif step.reboot is not None:
             sagemaker.batch_reboot_cluster_nodes(
                 ClusterName=cluster, NodeIds=self._pick(step.reboot.group, step.reboot.count)
@@ -168,10 +177,17 @@ class Story:
         world = self.world
         counters = world.counters
         state = world.runtime.state.get(world.cluster.name)
-        desired = world.desired()
-        converged, seconds = self._convergence(desired, started)
+        kueue, seconds = None, None
+        if world.cluster.orchestrator is Orchestrator.EKS:
+            desired_sha256, node_count, published, kueue = step_view(world, started, lambda r, t: _after(r, world, t))
+            converged: bool | None = published
+            alarm = AlarmState(kueue.alarm)
+        else:
+            desired = world.desired()
+            desired_sha256, node_count = desired.sha256, len(desired.plan.nodes)
+            converged, seconds = self._convergence(desired, started)
+            alarm = world.metrics.state(world.cluster.name, Metric.TOPOLOGY_DRIFT)
         records = [r for r in world.runtime.audit.history(world.cluster.name, 1000) if _after(r, world, started)]
-        alarm = world.metrics.state(world.cluster.name, Metric.TOPOLOGY_DRIFT)
         drift = world.metrics.peak(world.cluster.name, Metric.TOPOLOGY_DRIFT, started)
         return StepResult(
             step=action,
@@ -186,7 +202,7 @@ class Story:
             reconfigures=counters.reconfigures,
             apply_failures=counters.apply_failures,
             applied_sha256=state.applied_sha256,
-            desired_sha256=desired.sha256,
+            desired_sha256=desired_sha256,
             converged=converged,
             convergence_seconds=seconds,
             audit_records=sorted(records, key=lambda r: (r["completed_at"], r["partition"])),
@@ -194,8 +210,10 @@ class Story:
             alarm=alarm.value,
             alarm_raised=world.metrics.alarmed_since(started),
             live_topology=world.head.live_topology(),
-            nodes=len(desired.plan.nodes),
+            nodes=node_count,
             timeline=world.timeline[timeline_start:],
+            kueue=kueue,
+            login=world.login.step(started, lambda r, t: _after(r, world, t)) if world.login else None,
         )
 
     def _convergence(self, desired: RenderedPlan, started: float) -> tuple[bool | None, float | None]:
@@ -241,7 +259,6 @@ def play(world: World, scenario: Scenario, progress: Callable[[str], None]) -> S
         result = story.play(index, step)
         if result is not None:
             steps.append(result)
-    final = world.desired()
     totals = {
         "simulated_seconds": round(world.clock.monotonic(), 3),
         "events_sent": sum(s.events_sent for s in steps),
@@ -249,7 +266,7 @@ def play(world: World, scenario: Scenario, progress: Callable[[str], None]) -> S
         "head_node_writes": sum(s.head_node_writes for s in steps),
         "reconfigures": sum(s.reconfigures for s in steps),
         "apply_failures": sum(s.apply_failures for s in steps),
-        "audit_records": sum(len(s.audit_records) for s in steps),
+        "audit_records": sum(len(s.audit_records) + len(s.kueue.audit_records if s.kueue else []) for s in steps),
         "aws_calls": _sum_calls(steps),
         "converged": steps[-1].converged,
     }
@@ -258,9 +275,19 @@ def play(world: World, scenario: Scenario, progress: Callable[[str], None]) -> S
         head_node=world.head.description,
         steps=steps,
         totals=totals,
-        desired=json.loads(final.files()["plan.json"]),
-        mermaid={p.partition: render_partition_mermaid(p) for p in final.plan.partitions},
+        **_final(world),
     )
+
+
+def _final(world: World) -> dict[str, Any]:
+    if world.cluster.orchestrator is Orchestrator.EKS:
+        desired, mermaid = final_view(world)
+        return {"desired": desired, "mermaid": mermaid}
+    final = world.desired()
+    return {
+        "desired": json.loads(final.files()["plan.json"]),
+        "mermaid": {p.partition: render_partition_mermaid(p) for p in final.plan.partitions},
+    }
 
 
 def _sum_calls(steps: list[StepResult]) -> dict[str, int]:

@@ -27,9 +27,10 @@ from typing import Any
 
 from topokeeper import stack_spec
 from topokeeper.adapters.aws import client
-from topokeeper.config import ClusterConfig, Mode, Settings
+from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.constants import AGENT_SOURCE
 from topokeeper.domain.models import SlurmVersion
+from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
 from topokeeper.ports import Channel, Outcome
 from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.service.drift import DriftReport
@@ -41,9 +42,11 @@ from topokeeper.sim.aws.events import HYPERPOD
 from topokeeper.sim.aws.hyperpod.managed_topology import ManagedFiles
 from topokeeper.sim.aws.ssm import CommandInvocationRequest, CommandOutcome
 from topokeeper.sim.cluster import create_hyperpod_cluster, slurm_partitions
+from topokeeper.sim.eks import NoHeadNode
 from topokeeper.sim.file_head_node import FileHeadNode
 from topokeeper.sim.head_node import ChrootHeadNode, HeadNode, choose_head_node
 from topokeeper.sim.lambda_host import LambdaHost
+from topokeeper.sim.login_endpoint import SimLoginEndpoint
 from topokeeper.sim.monitoring import SimMetrics
 from topokeeper.sim.scenario import Scenario
 from topokeeper.sim.stack import BUCKET, SimStack, create_stack
@@ -89,15 +92,19 @@ class World:
         self._saved_environment: dict[str, str | None] = {}
         self.emulator = AwsEmulator(seed=spec.seed, clock=self.clock)
         self.emulator.network.expose_hyperpod_nodes = scenario.expose_hyperpod_nodes
+        self.emulator.network.new_instance_delay_seconds = scenario.new_instance_topology_delay_seconds
         self.slurm_format = SlurmVersion.parse(spec.slurm_version).format
         node_name = name or f"sim-{spec.name}"
-        self.head: HeadNode = (
-            FileHeadNode(SlurmVersion.parse(spec.slurm_version), node_name)
-            if choose_head_node(head_node).kind == "file"
-            else ChrootHeadNode(self.slurm_format, node_name, spec.head_node_style)
-        )
+        self.head: HeadNode
+        if spec.orchestrator == "eks":
+            self.head = NoHeadNode()
+        elif choose_head_node(head_node).kind == "file":
+            self.head = FileHeadNode(SlurmVersion.parse(spec.slurm_version), node_name)
+        else:
+            self.head = ChrootHeadNode(self.slurm_format, node_name, spec.head_node_style)
         self.head_node_id = f"mi-{self._ids.getrandbits(68):017x}"[:20]
-        cluster = ClusterConfig(
+        cluster = ClusterConfig(name=spec.name, orchestrator=Orchestrator.EKS) if spec.orchestrator == "eks" else None
+        cluster = cluster or ClusterConfig(
             name=spec.name,
             mode=spec.mode,
             channel=spec.channel,
@@ -123,6 +130,14 @@ class World:
         self._saved_environment = {key: os.environ.get(key) for key in self.emulator.env()}
         os.environ.update(self.emulator.env())
         client.cache_clear()
+        self.login: SimLoginEndpoint | None = None
+        if self.scenario.cluster.login_endpoint:
+            self.login = SimLoginEndpoint(self)
+            self.cluster = self.cluster.model_copy(update={"login": self.login.config})
+            self.settings = self.settings.model_copy(update={"clusters": [self.cluster]})
+            # The stack sets it on the ingest and drift functions; here every handler shares the process.
+            self._saved_environment.setdefault(LOGIN_TARGET_GROUPS_ENV, os.environ.get(LOGIN_TARGET_GROUPS_ENV))
+            os.environ[LOGIN_TARGET_GROUPS_ENV] = json.dumps({self.cluster.name: self.login.target_group_arn})
         self.stack: SimStack = create_stack(self.settings)
         create_hyperpod_cluster(self.emulator, self.scenario.cluster)
         self.head.start(self.partitions())
@@ -305,6 +320,8 @@ class World:
                     )
             except Exception as error:  # the Lambda would fail; the world goes on
                 self.note("error", f"drift function failed: {error}")
+            if self.login is not None:
+                self.login.note_changes()
             self.agenda.add(self.clock.monotonic() + interval, check, periodic=True)
 
         self.agenda.add(self.clock.monotonic() + interval, check, periodic=True)
@@ -313,6 +330,8 @@ class World:
 
     def handled(self, function: str, event: dict[str, Any], result: Any) -> None:
         """An asynchronous invocation (ingest or result) returned ``result``."""
+        if self.login is not None:
+            self.login.note_changes()
         if function == stack_spec.INGEST:
             self.counters.events_sent += 1
             if result and result.get("status") == "queued":

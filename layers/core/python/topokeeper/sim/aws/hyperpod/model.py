@@ -127,6 +127,7 @@ class HyperPodModel:
         self.region = region
         self.availability_zone = availability_zone
         self.replace_moves = True  # a replacement lands on another leaf / UltraServer when there is room
+        self.replace_new_ip = False  # a replacement gets another private IP (as a login node's may)
         self.extra_instance_types = EXTRA_INSTANCE_TYPES
         self._clock = clock
         self._ids = ids
@@ -319,7 +320,7 @@ class HyperPodModel:
                 new = self._launch(
                     cluster,
                     old.group,
-                    ip=None if new_ip else old.private_ip,
+                    ip=None if new_ip or self.replace_new_ip else old.private_ip,
                     move_from=placement if should_move else None,
                     replaces=old.instance_id,
                     release_first=not should_move,
