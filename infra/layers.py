@@ -50,7 +50,7 @@ OPERATOR_ONLY = frozenset(
         "kueue/annotations.py", "kueue/drift.py",
         "deployment.py", "stack_spec.py", "agent/install.py", "py.typed", "adapters/secrets.py",
         "login/commands.py", "login/host_keys.py", "login/install.py", "login/install_host_identity.sh",
-        "adapters/login_run_command.py",
+        "adapters/login_run_command.py", "readonly_commands.py",
     }
 )  # fmt: skip
 
