@@ -43,7 +43,7 @@ def fitted_detail(document: dict[str, Any], room: int) -> dict[str, Any]:
         return len(json.dumps(fitted, sort_keys=True).encode())
 
     while size() > room:
-        longest = max(("nodes_added", "nodes_removed"), key=lambda key: len(fitted[key]))
+        longest = max(("nodes_added", "nodes_removed", "nodes_moved"), key=lambda key: len(fitted.get(key, [])))
         if fitted[longest]:
             fitted[longest] = fitted[longest][: len(fitted[longest]) // 2]
         elif len(fitted["triggers"]) > 1:

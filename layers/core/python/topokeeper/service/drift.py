@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from topokeeper.config import ClusterConfig, Mode
 from topokeeper.errors import Retryable
-from topokeeper.ports import ApplyResult, Metric, Outcome, Trigger
+from topokeeper.ports import ApplyResult, Metric, NodeMove, Outcome, Trigger
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.reconcile import ControllerDeps, ReconcileReport, missing_topology, plan_cluster
 from topokeeper.service.state import request_reconcile, save_fields
@@ -29,6 +29,7 @@ class DriftReport(BaseModel):
     drift: int | None
     action: Literal["none", "reported", "reconcile-requested"]
     detail: list[dict[str, object]] = []
+    moved: list[NodeMove] = []  # nodes in another leaf or block live than in the plan
     error: str | None = None
     requested_by: list[Trigger] = []  # HyperPod's own topology changes (their CloudTrail events) that asked for it
 
@@ -52,6 +53,17 @@ def drifted_partitions(result: ApplyResult, bundle: Bundle) -> list[str]:
     if any(item.get("what") in ("file", "plugin") for item in result.drift):
         return sorted(p for p, t in bundle.partitions.items() if t is not None or bundle.topology_plugin)
     return []
+
+
+def live_moves(result: ApplyResult) -> list[NodeMove]:
+    """What a verify found in another leaf or block than planned (the applier's read-back ``moved``)."""
+    moves = {
+        str(item["node"]): NodeMove(node=str(item["node"]), before=item.get("live"), after=item.get("planned"))
+        for entry in result.readback.values()
+        for item in entry.get("moved", [])
+        if isinstance(item, dict) and item.get("node")
+    }
+    return [moves[node] for node in sorted(moves)]
 
 
 def _live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift", "unknown"]:
@@ -98,6 +110,7 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
     else:
         live_result = deps.channel(cluster).verify(bundle)
     live = _live_status(live_result, cluster.effective_mode)
+    moved = live_moves(live_result) if live == "drift" else []
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     aws: Literal["current", "changed"] = "current" if rendered.sha256 == state.desired_sha256 else "changed"
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing_topology(rendered))
@@ -112,7 +125,10 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
             save_fields(
                 deps.state,
                 cluster.name,
-                lambda fresh: {"repair_partitions": sorted(set(fresh.repair_partitions) | set(repair))},
+                lambda fresh: {
+                    "repair_partitions": sorted(set(fresh.repair_partitions) | set(repair)),
+                    "repair_moves": moved or fresh.repair_moves,
+                },
             )
         action = "reconcile-requested"
     elif aws == "changed":
@@ -138,6 +154,7 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
         drift=drift,
         action=action,
         detail=live_result.drift,
+        moved=moved,
         error=live_result.error if live == "unknown" else None,
         requested_by=requested_by or [],
     )

@@ -188,6 +188,8 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
 
     def record(fresh: ClusterState) -> dict[str, object]:
         fields = {**update, "repair_partitions": [p for p in fresh.repair_partitions if p not in repaired]}
+        if repaired:
+            fields["repair_moves"] = [move for move in fresh.repair_moves if move not in state.repair_moves]
         if claimed is not None:
             if fresh.pending is not None and fresh.pending.handle == claimed.handle:
                 # Keep what others added to the claim meanwhile (a message waiting behind it).
@@ -265,6 +267,7 @@ def _claim_delivery(
         trigger_count=state.trigger_count,
         previous_plan_sha256=state.applied_sha256,
         repair=state.repair_partitions,
+        repair_moves=state.repair_moves,
     )
     try:
         deps.state.save(state.model_copy(update={"pending": claim}))

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from topokeeper.narrate import cut, record_text
 from topokeeper.operator_files import prepare_out_dir
 from topokeeper.sim.scenario import load_scenario
 
@@ -32,6 +33,9 @@ def _quiet_libraries() -> None:
     logging.getLogger("topokeeper.sim").setLevel(logging.INFO)
 
 
+_SHOWN_LINES, _SHOWN_WIDTH = 12, 150  # of scontrol show topology per partition and step
+
+
 def _print_step(step: Any, show: bool) -> None:
     converged = {True: "yes", False: "NO", None: "n/a (verify mode)"}[step.converged]
     seconds = f" in {step.convergence_seconds:.1f}s" if step.convergence_seconds is not None else ""
@@ -46,18 +50,16 @@ def _print_step(step: Any, show: bool) -> None:
         return
     for record in step.audit_records:
         print(
-            f"   UpdatePartitionTopology {record['partition']:<12} {record['reason']:<12} {record['outcome']:<8}"
-            f" {record['kind']:<5} nodes {record['node_count']:>4} +{record['nodes_added_count']}"
-            f"/-{record['nodes_removed_count']}  {str(record['before_sha256'] or '-')[:12]}"
-            f" -> {record['after_sha256'][:12]}"
+            f"   UpdatePartitionTopology {str(record['before_sha256'] or '-')[:12]} -> {record['after_sha256'][:12]}"
+            f" {record_text(record)}"
         )
     for partition, text in sorted(step.live_topology.items()):
         lines = text.splitlines() or ["(flat: no switches or blocks)"]
         print(f"   scontrol show topology ({partition}):")
-        for line in lines[:12]:
-            print(f"     {line[:150]}")
-        if len(lines) > 12:
-            print(f"     ... {len(lines) - 12} more lines")
+        for line in lines[:_SHOWN_LINES]:
+            print(f"     {cut(line, _SHOWN_WIDTH)}")
+        if len(lines) > _SHOWN_LINES:
+            print(f"     [... {len(lines) - _SHOWN_LINES} more lines: result.json has them all]")
 
 
 def run(scenario_path: Path, out: Path, *, show: bool) -> int:
@@ -90,13 +92,14 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
     started = time.monotonic()
     try:
         result = simulate(
-            scenario, progress=lambda message: print(f"-- {message}", file=sys.stderr), head_node=head_node.kind
+            scenario,
+            progress=lambda message: print(f"-- {message}", file=sys.stderr),
+            head_node=head_node.kind,
+            on_step=lambda step: _print_step(step, show),
         )
     finally:
         story.removeHandler(handler)
         story.propagate = True
-    for step in result.steps:
-        _print_step(step, show)
     outputs = [write_result(result, out), write_report(result, out)]
     totals = result.totals
     print(

@@ -30,6 +30,7 @@ from topokeeper.adapters.aws import client
 from topokeeper.config import ClusterConfig, Mode, Settings
 from topokeeper.constants import AGENT_SOURCE
 from topokeeper.domain.models import SlurmVersion
+from topokeeper.narrate import drift_text, membership_changes, record_text
 from topokeeper.ports import Channel, Outcome
 from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.service.reconcile import plan_cluster
@@ -112,6 +113,9 @@ class World:
         )
         self.cluster = cluster
         self.functions = LambdaHost(self)
+        # The nodes as of the last event the timeline described ({instance id: (host name, group)}).
+        self._members: dict[str, tuple[str, str]] = {}
+        self._partition_of = {g.name: g.partition for g in spec.instance_groups if g.partition}
 
     # ----------------------------------------------------------------- setup and teardown
 
@@ -235,10 +239,7 @@ class World:
             self.counters.head_node_writes += 1
         if document.get("reconfigured"):
             self.counters.reconfigures += 1
-        error = f" ({document['error']})" if document.get("error") else ""
-        self.note(
-            "apply", f"head node: {document.get('outcome')} {str(document.get('after_sha256') or '')[:12]}{error}"
-        )
+        self.note("apply", _apply_text(document))
 
     def _install_agent(self) -> None:
         config = {
@@ -269,9 +270,12 @@ class World:
             try:
                 reports = self.functions.invoke("drift", {})
                 for report in reports:
+                    moved = report.get("moved") or []
+                    what = f" ({drift_text(moved, self.partitions())})" if moved else ""
                     self.note(
                         "drift",
-                        f"live {report['live']}, AWS {report['aws']}, drift {report['drift']}, {report['action']}",
+                        f"live {report['live']}{what}, AWS {report['aws']}, drift {report['drift']},"
+                        f" {report['action']}",
                     )
             except Exception as error:  # the Lambda would fail; the world goes on
                 self.note("error", f"drift function failed: {error}")
@@ -287,11 +291,11 @@ class World:
             self.counters.events_sent += 1
             if result and result.get("status") == "queued":
                 self.counters.last_event_at = self.clock.monotonic()
-            self.note(
-                "event",
-                f"{event.get('detail-type')}: {result.get('status') if result else '?'} "
-                f"{result.get('reason', '') if result else ''}"[:160],
-            )
+            members = {n.instance_id: (n.slurm_name, n.group) for n in self.emulator.hyperpod.nodes(self.cluster.name)}
+            changes = membership_changes(self._members, members, self._partition_of)
+            self._members = members
+            status = f"{result.get('status')} ({result.get('reason', '')})" if result else "?"
+            self.note("event", f"{event.get('detail-type')}: {status}; {changes}")
         elif function == stack_spec.RESULT and result:
             self._record_result(event, result)
 
@@ -306,7 +310,12 @@ class World:
             self.apply_times[state.applied_sha256] = self.clock.monotonic()
         else:
             self.counters.apply_failures += 1
-        self.note("result", f"{outcome}; {report.get('audit_records', 0)} audit record(s)")
+        count = int(report.get("audit_records", 0) or 0)
+        self.note("result", f"{outcome}; {count} audit record(s)")
+        with self.emulator.calls.uncounted():  # the simulator reading the history, not topokeeper
+            records = self.runtime.audit.history(self.cluster.name, count) if count else []
+        for record in sorted(records, key=lambda r: str(r["partition"])):
+            self.note("audit", record_text(record))
 
     # ----------------------------------------------------------------- running
 
@@ -346,6 +355,22 @@ class World:
 
     def now(self) -> datetime:
         return self.clock.now()
+
+
+def _apply_text(document: dict[str, Any]) -> str:
+    """The head node's apply in one line: the plan, the file, the partitions, the reconfigure, any error."""
+    sha = str(document.get("after_sha256") or document.get("plan_sha256") or "")[:12]
+    file = "/".join(str(part) for part in (document.get("config_dir"), document.get("slurm_format")) if part)
+    changed = document.get("partitions_changed") or []
+    text = f"head node: {document.get('outcome')} plan {sha}"
+    if file:
+        text += f" to {file}"
+    if changed:
+        text += f" (slurm.conf Topology= of {', '.join(changed)})"
+    text += ", scontrol reconfigure" if document.get("reconfigured") else ", no reconfigure"
+    if document.get("error"):
+        text += f"; error: {document['error']}"
+    return text
 
 
 @contextmanager
