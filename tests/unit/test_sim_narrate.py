@@ -15,6 +15,7 @@ def test_long_node_lists_say_how_many_more() -> None:
     names = [f"n{i:02d}" for i in range(1, 13)]
     assert nodes_text(names) == "n[01-08] and 4 more"
     assert nodes_text(names[:3]) == "n[01-03]" and nodes_text([]) == "none"
+    assert nodes_text(names, 3, total=500) == "n[01-03] and 497 more"  # a record lists 200 of 500
 
 
 def test_membership_changes_name_joins_leaves_and_replacements_per_partition() -> None:

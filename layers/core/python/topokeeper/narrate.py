@@ -15,12 +15,13 @@ from topokeeper.domain.hostlist import compress
 LISTED_NODES = 8  # node names spelled out in one line; the count is always exact
 
 
-def nodes_text(names: Sequence[str], limit: int = LISTED_NODES) -> str:
-    """A hostlist of the first ``limit`` names, then how many more."""
+def nodes_text(names: Sequence[str], limit: int = LISTED_NODES, total: int | None = None) -> str:
+    """A hostlist of the first ``limit`` names, then how many more of ``total`` (default: all are listed)."""
     if not names:
         return "none"
+    count = len(names) if total is None else total
     shown = compress(names[:limit])
-    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+    return shown if count <= min(limit, len(names)) else f"{shown} and {count - min(limit, len(names))} more"
 
 
 def cut(line: str, width: int) -> str:
@@ -96,8 +97,7 @@ def record_text(record: Mapping[str, Any]) -> str:
 
 
 def _listed(names: Sequence[str], count: int) -> str:
-    text = nodes_text(names)
-    return text if count <= len(names) or count <= LISTED_NODES else f"{text} (of {count})"
+    return nodes_text(names, total=count)
 
 
 def membership_changes(
