@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -62,7 +63,9 @@ def _print_step(step: Any, show: bool) -> None:
             print(f"     [... {len(lines) - _SHOWN_LINES} more lines: result.json has them all]")
 
 
-def run(scenario_path: Path, out: Path, *, show: bool) -> int:
+def run(scenario_path: Path, out: Path, *, show: bool, as_json: bool = False) -> int:
+    """Play a scenario; with ``as_json`` stdout is one JSON document (``{"written": [...], "result": {...}}``,
+    the result as result.json holds it) and the story stays on stderr."""
     # Bad input is refused before anything loads or starts (choosing the head node may start a chroot).
     scenario = load_scenario(scenario_path)
     prepare_out_dir(out)
@@ -95,13 +98,17 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
             scenario,
             progress=lambda message: print(f"-- {message}", file=sys.stderr),
             head_node=head_node.kind,
-            on_step=lambda step: _print_step(step, show),
+            on_step=(lambda _: None) if as_json else (lambda step: _print_step(step, show)),
         )
     finally:
         story.removeHandler(handler)
         story.propagate = True
     outputs = [write_result(result, out), write_report(result, out)]
     totals = result.totals
+    if as_json:
+        document = {"written": [str(path) for path in outputs], "result": result.model_dump(mode="json")}
+        print(json.dumps(document, indent=2))
+        return 0 if totals["converged"] is not False else 1
     print(
         f"{scenario.cluster.name}: {totals['simulated_seconds']:.0f}s simulated in {time.monotonic() - started:.1f}s,"
         f" {totals['head_node_writes']} head-node writes, {totals['audit_records']} audit records,"
@@ -113,7 +120,7 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    return run(args.scenario, args.out, show=args.show)
+    return run(args.scenario, args.out, show=args.show, as_json=args.json)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -128,6 +135,9 @@ def register(commands: Any) -> None:
     simulate.add_argument("--scenario", type=Path, required=True, help="scenario YAML")
     simulate.add_argument("--out", type=Path, required=True, help="directory for result.json and report.html")
     simulate.add_argument("--show", action="store_true", help="print live topology and audit records per step")
+    simulate.add_argument(
+        "--json", action="store_true", help='print {"written": [paths], "result": result.json\'s document} instead'
+    )
     simulate.set_defaults(run=_cmd_simulate)
     demo = commands.add_parser("demo", help="the demo story (simulate the embedded demo scenario)")
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="directory for the report")
