@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.readme_examples import blocks, matches_shown
 from topokeeper.cli import main
 from topokeeper.domain.hostlist import expand
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
@@ -20,6 +21,9 @@ def _play(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, head_node: str) -> Si
     monkeypatch.setenv(HEAD_NODE_VARIABLE, head_node)
     assert main(["demo", "--out", str(tmp_path)]) == 0
     return SimulationResult.model_validate_json((tmp_path / "result.json").read_text())
+
+
+DEMO_LINE = "queued (BatchReplaceClusterNodes API call)"  # finds the README's demo output block
 
 
 def _texts(step: StepResult, kind: str) -> list[str]:
@@ -114,6 +118,9 @@ def test_the_demo_story_on_the_file_only_head_node(
     assert "ml-p5: plan-change applied" in printed and "scontrol show topology (ml-p6e):" in printed
     assert "ml-p5: drift-repair applied (tree, 20 nodes); moved 1: " in printed
     assert "[... " in printed and "more characters]" in printed  # long scontrol lines say they are cut
+    # The README shows this run's output.
+    (shown,) = [block for block in blocks() if block.lang == "" and any(DEMO_LINE in line for line in block.lines)]
+    assert matches_shown(shown.lines, printed), f"README.md:{shown.line} no longer matches `make demo`"
     # Printed as it plays: each step's record comes before the next step starts.
     order = [printed.index(marker) for marker in ("== create:", "-- step 1:", "== scale:", "-- step 2:", "== replace:")]
     assert order == sorted(order)
