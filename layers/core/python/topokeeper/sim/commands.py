@@ -6,7 +6,9 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -123,6 +125,60 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return run(args.scenario, args.out, show=args.show, as_json=args.json)
 
 
+def run_emulator(scenario_path: Path, out: Path) -> int:
+    """``topokeeper emulator``: the scenario's cluster created and its first plan applied on emulated AWS and a
+    head node, then kept running (its clock in step with the wall clock) for the operator CLI until SIGINT or
+    SIGTERM. SSM commands run on the head node at once."""
+    scenario = load_scenario(scenario_path)
+    prepare_out_dir(out)
+    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+    from topokeeper.sim.head_node import choose_head_node  # noqa: PLC0415 (moto: see run)
+    from topokeeper.sim.lambda_host import functions_dir  # noqa: PLC0415
+    from topokeeper.sim.slurm_chroot import HarnessError  # noqa: PLC0415
+    from topokeeper.sim.world import running  # noqa: PLC0415
+
+    try:
+        functions_dir()
+        head_node = choose_head_node()
+    except HarnessError as error:
+        print(f"topokeeper: {error}", file=sys.stderr)
+        return 1
+    if head_node.note:
+        print(f"topokeeper: {head_node.note}", file=sys.stderr)
+    _quiet_libraries()
+    handler = _Story()  # the world's timeline on stderr; stdout says what to run
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    story = logging.getLogger("topokeeper.sim")
+    story.addHandler(handler)
+    story.propagate = False
+    stop = threading.Event()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: stop.set())
+    with running(scenario, head_node=head_node.kind) as world:
+        world.settle()
+        world.ssm_synchronous = True  # the CLI waits in real time, outside simulated time
+        deployment = out / "deployment.json"
+        deployment.write_text(world.stack.deployment.model_dump_json(indent=2) + "\n")
+        environment = " ".join(f"{key}={value}" for key, value in sorted(world.emulator.env().items()))
+        name = world.cluster.name
+        print(f"emulated AWS at {world.emulator.endpoint_url}: cluster {name}, head node {world.head_node_id}")
+        print(f"  ({world.head.description}), plan {str(world.runtime.state.get(name).applied_sha256)[:12]} applied")
+        print(f"wrote {deployment}")
+        print(f"in another shell:\n  export {environment}")
+        print(f"  topokeeper audit --cluster {name} --deployment {deployment}")
+        print("Ctrl-C stops the emulator.", flush=True)
+        while not stop.wait(_TICK_SECONDS):
+            world.clock.advance(_TICK_SECONDS)  # DescribeInstanceTopology's token bucket refills as in AWS
+    return 0
+
+
+_TICK_SECONDS = 0.5
+
+
+def _cmd_emulator(args: argparse.Namespace) -> int:
+    return run_emulator(args.scenario, args.out)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     return run(DEMO_SCENARIO, args.out, show=True)
 
@@ -142,3 +198,11 @@ def register(commands: Any) -> None:
     demo = commands.add_parser("demo", help="the demo story (simulate the embedded demo scenario)")
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="directory for the report")
     demo.set_defaults(run=_cmd_demo)
+    emulator = commands.add_parser(
+        "emulator", help="emulated AWS with a deployed stack and a cluster, for the operator CLI (until Ctrl-C)"
+    )
+    emulator.add_argument(
+        "--scenario", type=Path, default=DEMO_SCENARIO, help="the cluster to create (default: the demo's)"
+    )
+    emulator.add_argument("--out", type=Path, default=Path("out/emulator"), help="directory for deployment.json")
+    emulator.set_defaults(run=_cmd_emulator)
