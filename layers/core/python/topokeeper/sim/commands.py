@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -10,12 +11,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from topokeeper.narrate import cut, record_text
 from topokeeper.operator_files import prepare_out_dir
-from topokeeper.sim.scenario import load_scenario
+from topokeeper.sim.scenario import Scenario, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 DEMO_SCENARIO = SCENARIOS / "demo.yaml"
@@ -65,10 +67,9 @@ def _print_step(step: Any, show: bool) -> None:
             print(f"     [... {len(lines) - _SHOWN_LINES} more lines: result.json has them all]")
 
 
-def run(scenario_path: Path, out: Path, *, show: bool, as_json: bool = False) -> int:
-    """Play a scenario; with ``as_json`` stdout is one JSON document (``{"written": [...], "result": {...}}``,
-    the result as result.json holds it) and the story stays on stderr."""
-    # Bad input is refused before anything loads or starts (choosing the head node may start a chroot).
+def _prepare(scenario_path: Path, out: Path) -> tuple[Scenario, str | None]:
+    """The scenario and the head node kind ("chroot" or "file"), or None when it cannot run (said on stderr).
+    Bad input is refused before anything loads or starts (choosing the head node may start a chroot)."""
     scenario = load_scenario(scenario_path)
     prepare_out_dir(out)
     # The functions log JSON for CloudWatch; here the story prints the same in readable lines.
@@ -76,8 +77,6 @@ def run(scenario_path: Path, out: Path, *, show: bool, as_json: bool = False) ->
     # Imported here, not at the top: the simulator needs moto (the sim extra), which plan and show do not.
     from topokeeper.sim.head_node import choose_head_node  # noqa: PLC0415
     from topokeeper.sim.lambda_host import functions_dir  # noqa: PLC0415
-    from topokeeper.sim.report import write_report  # noqa: PLC0415
-    from topokeeper.sim.simulator import simulate, write_result  # noqa: PLC0415
     from topokeeper.sim.slurm_chroot import HarnessError  # noqa: PLC0415
 
     try:
@@ -85,26 +84,44 @@ def run(scenario_path: Path, out: Path, *, show: bool, as_json: bool = False) ->
         head_node = choose_head_node()
     except HarnessError as error:
         print(f"topokeeper: {error}", file=sys.stderr)
-        return 1
+        return scenario, None
     if head_node.note:
         print(f"topokeeper: {head_node.note}", file=sys.stderr)
     _quiet_libraries()
+    return scenario, head_node.kind
+
+
+@contextlib.contextmanager
+def _story_on_stderr() -> Iterator[None]:
     handler = _Story()
     handler.setFormatter(logging.Formatter("%(message)s"))
     story = logging.getLogger("topokeeper.sim")
     story.addHandler(handler)
     story.propagate = False  # not also through the functions' JSON handler on the parent logger
-    started = time.monotonic()
     try:
-        result = simulate(
-            scenario,
-            progress=lambda message: print(f"-- {message}", file=sys.stderr),
-            head_node=head_node.kind,
-            on_step=(lambda _: None) if as_json else (lambda step: _print_step(step, show)),
-        )
+        yield
     finally:
         story.removeHandler(handler)
         story.propagate = True
+
+
+def run(scenario_path: Path, out: Path, *, show: bool, as_json: bool = False) -> int:
+    """Play a scenario; with ``as_json`` stdout is one JSON document (``{"written": [...], "result": {...}}``,
+    the result as result.json holds it) and the story stays on stderr."""
+    scenario, head_node = _prepare(scenario_path, out)
+    if head_node is None:
+        return 1
+    from topokeeper.sim.report import write_report  # noqa: PLC0415 (moto: see _prepare)
+    from topokeeper.sim.simulator import simulate, write_result  # noqa: PLC0415
+
+    started = time.monotonic()
+    with _story_on_stderr():
+        result = simulate(
+            scenario,
+            progress=lambda message: print(f"-- {message}", file=sys.stderr),
+            head_node=head_node,
+            on_step=(lambda _: None) if as_json else (lambda step: _print_step(step, show)),
+        )
     outputs = [write_result(result, out), write_report(result, out)]
     totals = result.totals
     if as_json:
@@ -129,32 +146,15 @@ def run_emulator(scenario_path: Path, out: Path) -> int:
     """``topokeeper emulator``: the scenario's cluster created and its first plan applied on emulated AWS and a
     head node, then kept running (its clock in step with the wall clock) for the operator CLI until SIGINT or
     SIGTERM. SSM commands run on the head node at once."""
-    scenario = load_scenario(scenario_path)
-    prepare_out_dir(out)
-    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
-    from topokeeper.sim.head_node import choose_head_node  # noqa: PLC0415 (moto: see run)
-    from topokeeper.sim.lambda_host import functions_dir  # noqa: PLC0415
-    from topokeeper.sim.slurm_chroot import HarnessError  # noqa: PLC0415
-    from topokeeper.sim.world import running  # noqa: PLC0415
-
-    try:
-        functions_dir()
-        head_node = choose_head_node()
-    except HarnessError as error:
-        print(f"topokeeper: {error}", file=sys.stderr)
+    scenario, head_node = _prepare(scenario_path, out)
+    if head_node is None:
         return 1
-    if head_node.note:
-        print(f"topokeeper: {head_node.note}", file=sys.stderr)
-    _quiet_libraries()
-    handler = _Story()  # the world's timeline on stderr; stdout says what to run
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    story = logging.getLogger("topokeeper.sim")
-    story.addHandler(handler)
-    story.propagate = False
+    from topokeeper.sim.world import running  # noqa: PLC0415 (moto: see _prepare)
+
     stop = threading.Event()
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, lambda *_: stop.set())
-    with running(scenario, head_node=head_node.kind) as world:
+    with _story_on_stderr(), running(scenario, head_node=head_node) as world:
         world.settle()
         world.ssm_synchronous = True  # the CLI waits in real time, outside simulated time
         deployment = out / "deployment.json"
