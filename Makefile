@@ -81,6 +81,8 @@ demo: install
 
 bench: install
 	$(BIN)/python bench/plan_scaling.py
+	# The simulation report at 10,000 nodes in headless Chromium (make test runs it at 1,000).
+	TOPOKEEPER_REPORT_NODES=10000 $(BIN)/pytest -q tests/e2e/test_report_in_chromium.py -k scale
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -46,7 +46,7 @@ _PLATFORM = "manylinux2014_aarch64"
 # applier and the agent is its peer.
 OPERATOR_ONLY = frozenset(
     {
-        "cli.py", "operator_commands.py", "operator_files.py", "kueue_commands.py", "sim",
+        "cli.py", "operator_commands.py", "operator_files.py", "kueue_commands.py", "sim", "narrate.py",
         "kueue/annotations.py", "kueue/drift.py",
         "deployment.py", "stack_spec.py", "agent/install.py", "py.typed", "adapters/secrets.py",
         "login/commands.py", "login/host_keys.py", "login/install.py", "login/install_host_identity.sh",

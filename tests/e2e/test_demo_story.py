@@ -5,19 +5,38 @@ same way without it."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.readme_examples import blocks, matches_shown
 from topokeeper.cli import main
+from topokeeper.domain.hostlist import expand
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
-from topokeeper.sim.simulator import SimulationResult
+from topokeeper.sim.simulator import SimulationResult, StepResult
 
 
 def _play(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, head_node: str) -> SimulationResult:
     monkeypatch.setenv(HEAD_NODE_VARIABLE, head_node)
     assert main(["demo", "--out", str(tmp_path)]) == 0
     return SimulationResult.model_validate_json((tmp_path / "result.json").read_text())
+
+
+DEMO_LINE = "queued (BatchReplaceClusterNodes API call)"  # finds the README's demo output block
+
+
+def _texts(step: StepResult, kind: str) -> list[str]:
+    return [entry["text"] for entry in step.timeline if entry["kind"] == kind]
+
+
+def _leaf_of(node: str, scontrol_text: str) -> str:
+    """The leaf switch (Level=0) whose Nodes= lists ``node`` in ``scontrol show topology`` output."""
+    for line in scontrol_text.splitlines():
+        fields = dict(token.split("=", 1) for token in line.split() if "=" in token)
+        if fields.get("Level") == "0" and node in expand(fields.get("Nodes", "")):
+            return fields["SwitchName"]
+    raise AssertionError(f"{node} is in no leaf switch")
 
 
 def _assert_the_story(result: SimulationResult) -> None:
@@ -37,6 +56,10 @@ def _assert_the_story(result: SimulationResult) -> None:
     replace = steps["replace"]  # same host name, new instance, another UltraServer: the block changes
     (moved,) = replace.audit_records
     assert moved["partition"] == "ml-p6e" and replace.converged and moved["nodes_added_count"] == 0
+    (move,) = moved["nodes_moved"]  # the record names the node and both UltraServers, not "+0/-0"
+    assert moved["nodes_moved_count"] == 1 and move["before"] != move["after"]
+    assert f"BlockName={move['after']} " in replace.live_topology["ml-p6e"]
+    assert f"replaced (new instance) {move['node']}" in _texts(replace, "event")[0]
     blocks = [line for line in replace.live_topology["ml-p6e"].splitlines() if line.startswith("BlockName=")]
     assert len(blocks) == 3  # the replacement sits in an UltraServer of its own
 
@@ -52,6 +75,18 @@ def _assert_the_story(result: SimulationResult) -> None:
     assert [(r["partition"], r["reason"], r["outcome"]) for r in wait.audit_records] == [
         ("ml-p5", "drift-repair", "applied")
     ]
+    # The tampered node is named: in the drift line (live leaf, planned leaf) and in the repair's record.
+    (repaired,) = wait.audit_records[0]["nodes_moved"]
+    node, live_leaf, planned_leaf = repaired["node"], repaired["before"], repaired["after"]
+    assert live_leaf and planned_leaf and live_leaf != planned_leaf
+    assert _leaf_of(node, tamper.live_topology["ml-p5"]) == live_leaf
+    assert _leaf_of(node, wait.live_topology["ml-p5"]) == planned_leaf
+    drift_line = _texts(wait, "drift")[0]
+    assert f"partition ml-p5: {node} in {live_leaf} live, {planned_leaf} in the plan" in drift_line
+    # Every queued scale event names the node that joined and its partition; every write names the file.
+    joined = _texts(scale, "event")
+    assert len(joined) == 8 and all("partition ml-p5: joined ip-" in text for text in joined)
+    assert all("topology.yaml" in text for step in result.steps for text in _texts(step, "apply"))
     assert wait.live_topology == delete.live_topology
     assert result.totals["apply_failures"] == 0
 
@@ -64,7 +99,7 @@ def test_the_demo_story_on_a_real_slurmctld(
     assert result.head_node.startswith("slurmctld 26.05") and result.head_node.endswith("in a Debian chroot")
     _assert_the_story(result)
     printed = capsys.readouterr().out
-    assert "UpdatePartitionTopology ml-p5" in printed and "scontrol show topology (ml-p6e):" in printed
+    assert "ml-p5: plan-change applied" in printed and "scontrol show topology (ml-p6e):" in printed
     assert "SwitchName=root" in printed and "BlockName=us-" in printed
     assert '{"level"' not in printed  # the story, not the functions' JSON logs
     report = (tmp_path / "report.html").read_text()
@@ -74,10 +109,19 @@ def test_the_demo_story_on_a_real_slurmctld(
 def test_the_demo_story_on_the_file_only_head_node(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(sys, "stderr", sys.stdout)  # the story (stderr) and the step records in one stream
     result = _play(tmp_path, monkeypatch, "file")
     assert result.head_node == "file-only stand-in for Slurm 26.05 (no slurmctld)"
     _assert_the_story(result)
-    captured = capsys.readouterr()
-    assert "topokeeper: using a file-only head node (no slurmctld), as requested\n" in captured.err
-    assert "UpdatePartitionTopology ml-p5" in captured.out and "scontrol show topology (ml-p6e):" in captured.out
+    printed = capsys.readouterr().out
+    assert "topokeeper: using a file-only head node (no slurmctld), as requested\n" in printed
+    assert "ml-p5: plan-change applied" in printed and "scontrol show topology (ml-p6e):" in printed
+    assert "ml-p5: drift-repair applied (tree, 20 nodes); moved 1: " in printed
+    assert "[... " in printed and "more characters]" in printed  # long scontrol lines say they are cut
+    # The README shows this run's output.
+    (shown,) = [block for block in blocks() if block.lang == "" and any(DEMO_LINE in line for line in block.lines)]
+    assert matches_shown(shown.lines, printed), f"README.md:{shown.line} no longer matches `make demo`"
+    # Printed as it plays: each step's record comes before the next step starts.
+    order = [printed.index(marker) for marker in ("== create:", "-- step 1:", "== scale:", "-- step 2:", "== replace:")]
+    assert order == sorted(order)
     assert "file-only stand-in for Slurm 26.05 (no slurmctld)" in (tmp_path / "report.html").read_text()

@@ -13,10 +13,10 @@ def test_plan_writes_the_files_and_prints_the_table(tmp_path: Path, capsys: pyte
     assert code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle.json", "plan.json", "topology.mmd", "topology.yaml"]
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["PARTITION", "KIND", "NODES", "SWITCHES/BLOCKS", "WARNINGS"]
-    assert table[1].split() == ["ml-p5", "tree", "17", "9", "switches", "1"]
-    assert table[2].split() == ["ml-p6e", "block", "36", "2", "blocks", "0"]
-    assert table[3].split() == ["preprocess", "flat", "4", "-", "0"]
+    assert table[0].split() == ["PARTITION", "KIND", "NODES", "SWITCHES/BLOCKS", "LARGEST", "LEAF/BLOCK", "WARNINGS"]
+    assert table[1].split() == ["ml-p5", "tree", "17", "9", "switches", "4", "1"]
+    assert table[2].split() == ["ml-p6e", "block", "36", "2", "blocks", "18", "0"]
+    assert table[3].split() == ["preprocess", "flat", "4", "-", "-", "0"]
 
 
 def test_plan_names_parallelcluster_nodes_from_the_slurm_node_table(
@@ -26,14 +26,25 @@ def test_plan_names_parallelcluster_nodes_from_the_slurm_node_table(
     assert main(["plan", "--snapshot", str(EXAMPLES / "pcluster-p5-cluster.json"), "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     table = captured.out.splitlines()
-    assert table[1].split() == ["cpu", "flat", "2", "-", "0"]
-    assert table[2].split() == ["q1", "tree", "8", "6", "switches", "1"]
+    assert table[1].split() == ["cpu", "flat", "2", "-", "-", "0"]
+    q1 = table[2].split()
+    assert q1[:5] == ["q1", "tree", "8", "6", "switches"] and q1[6] == "1"
     printed = captured.out + captured.err
     assert "instance i-05c1a000000000007 (10.0.1.30) is no Slurm node's NodeAddr; left out" in printed
     topology = (tmp_path / "topology.yaml").read_text()
     assert "      - switch: no-topology\n        nodes: q1-dy-p5-[3-4]\n" in topology
     bundle = json.loads((tmp_path / "bundle.json").read_text())
     assert "q1-st-p5-1" in bundle["nodes"] and not any(name.startswith("ip-") for name in bundle["nodes"])
+
+
+def test_show_leaves_lists_every_leaf_and_block_with_its_full_hostlist(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--leaves"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("PARTITION  LEAF/BLOCK")))
+    rows = [line.split() for line in lines[start + 1 :]]
+    assert sum(int(row[2]) for row in rows if row[0] == "ml-p5") == 17  # every node, no-topology included
+    assert ["ml-p6e", "us-0ed3afa7df1cbb165", "18", "ip-10-2-0-[28-45]"] in rows
+    assert not any(row[0] == "preprocess" for row in rows)  # flat: no leaves
 
 
 def test_plan_for_old_slurm_writes_topology_conf(tmp_path: Path) -> None:

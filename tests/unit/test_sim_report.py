@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.html_tree import Element, parse
-from topokeeper.sim.report import render_report, write_report
+from topokeeper.sim.report import MAX_BOXES, partition_flowchart, render_report, write_report
 from topokeeper.sim.simulator import SimulationResult
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sim-result-demo.json"
@@ -58,9 +58,17 @@ def test_every_step_has_a_section_with_its_facts_timeline_and_calls() -> None:
         assert f"time: {step.started_at:.2f} s → {step.ended_at:.2f} s" in facts
         assert {f"events sent: {step.events_sent}", f"reconciles: {step.reconciles}", f"alarm: {step.alarm}"} <= facts
         timeline, calls = section.find_all("table")
-        assert [_cells(row) for row in timeline.find_all("tr")[1:]] == [
-            [f"{entry['t']:.2f} s", entry["kind"], entry["text"]] for entry in step.timeline
-        ]
+        rows = iter(_cells(row) for row in timeline.find_all("tr")[1:])
+        for run in _runs(step.timeline):
+            if len(run) <= 3:
+                for entry in run:
+                    assert next(rows) == [f"{entry['t']:.2f} s", entry["kind"], entry["text"]]
+            else:  # a run of like entries is one row: the first, the others on demand
+                row = next(rows)
+                assert row[:2] == [f"{run[0]['t']:.2f} s → {run[-1]['t']:.2f} s", f"{run[0]['kind']} x{len(run)}"]
+                assert row[2].startswith(run[0]["text"] + f"the other {len(run) - 1}")
+                assert all(entry["text"] in row[2] for entry in run)
+        assert next(rows, None) is None
         pairs = [cells[i : i + 2] for cells in map(_cells, calls.find_all("tr")[1:]) for i in range(0, len(cells), 2)]
         assert sorted(tuple(pair) for pair in pairs if pair != ["", ""]) == sorted(
             (operation, str(count)) for operation, count in step.aws_calls.items()
@@ -71,6 +79,24 @@ def test_every_step_has_a_section_with_its_facts_timeline_and_calls() -> None:
     assert {f"converged: yes after {last.convergence_seconds:.2f} s", f"drift: {last.drift}"} <= {
         item.text for item in wait.find_all("li")
     }
+
+
+def _runs(timeline: list[dict]) -> list[list[dict]]:
+    runs: list[list[dict]] = []
+    for entry in timeline:
+        if runs and runs[-1][0]["kind"] == entry["kind"]:
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    return runs
+
+
+def test_a_run_of_like_entries_folds_into_one_row() -> None:
+    result = _result()
+    scale = result.steps[1]
+    assert max(len(run) for run in _runs(scale.timeline)) == 8  # the eight scale events
+    rows = _page(result).by_id("step-1").find_all("table")[0].find_all("tr")[1:]
+    assert len(rows) == len(scale.timeline) - 7
 
 
 def test_audit_table_has_every_record_of_every_step() -> None:
@@ -91,6 +117,9 @@ def test_audit_table_has_every_record_of_every_step() -> None:
             str(record["node_count"]),
             str(record["nodes_added_count"]),
             str(record["nodes_removed_count"]),
+            str(record.get("nodes_moved_count", 0)),
+            row[10],
+            row[11],
             f"{before} → {record['after_sha256'][:12]}",
             record["channel"],
             record["delivery_reference"],
@@ -108,6 +137,37 @@ def test_audit_table_tells_plan_changes_from_drift_repairs_and_shows_errors() ->
     assert rows[-repairs][5] == "failedscontrol reconfigure exited 1"
 
 
+def test_audit_table_names_the_nodes_and_the_triggers() -> None:
+    result = _result()
+    create, replace = result.steps[0].audit_records[0], result.steps[2].audit_records[0]
+    replace.update(
+        nodes_moved=[{"node": "ip-10-1-10-141", "before": "us-a", "after": "us-b"}],
+        nodes_moved_count=1,
+        folds=["Slurm 24.11 has one cluster-wide topology: block partition ml-p6e is folded into the cluster tree"],
+    )
+    rows = [_cells(row) for row in _page(result).find_all("table", "audit")[0].find_all("tr")[1:]]
+    first = rows[0]
+    assert first[10].startswith(f"+{create['nodes_added_count']} ") and create["nodes_added"][-1] in first[10]
+    assert first[11].startswith(f"{create['trigger_count']} event(s): ")
+    assert "SageMaker HyperPod Cluster State Change" in first[11]
+    moved = next(row for row in rows if row[2] == "ml-p6e" and row[0].startswith("2."))
+    assert moved[9] == "1" and "moved 1: ip-10-1-10-141 us-a -> us-b" in moved[10]
+    assert "folded: Slurm 24.11 has one cluster-wide topology" in moved[10]
+    assert all(row[11] == "repairs live drift" for row in rows if row[3] == "drift-repair")
+
+
+def test_the_summary_has_one_row_per_partition_with_its_largest_leaf_or_block() -> None:
+    result = _result()
+    table = _page(result).find_all("table")[0]
+    rows = {cells[0]: cells for cells in map(_cells, table.find_all("tr")[1:])}
+    assert sorted(rows) == sorted(p["name"] for p in result.desired["partitions"])
+    for partition in result.desired["partitions"]:
+        units = partition.get("blocks") or [s for s in partition.get("switches", []) if not s["switches"]]
+        row = rows[partition["name"]]
+        assert row[1:3] == [partition["kind"], str(partition["node_count"])]
+        assert row[4] == (str(max(len(u["nodes"]) for u in units)) if units else NONE)
+
+
 def test_live_topology_of_the_last_step_is_preformatted_per_partition() -> None:
     result = _result()
     live = result.steps[-1].live_topology
@@ -119,8 +179,30 @@ def test_live_topology_of_the_last_step_is_preformatted_per_partition() -> None:
 def test_every_partition_of_the_final_plan_has_its_own_mermaid_container() -> None:
     result = _result()
     containers = _page(result).find_all("pre", "mermaid")
-    assert [c.text for c in containers] == [result.mermaid[p] for p in sorted(result.mermaid)]
+    partitions = sorted(result.desired["partitions"], key=lambda p: p["name"])
+    assert [c.text for c in containers] == [partition_flowchart(p) for p in partitions]
     assert len(containers) == 3
+    for container, partition in zip(containers, partitions, strict=True):
+        for unit in partition.get("blocks") or [s for s in partition.get("switches", []) if not s["switches"]]:
+            assert f"{unit['name']} · {len(unit['nodes'])} nodes" in container.text  # counts, not cut names
+
+
+def test_a_big_partition_is_drawn_as_counts_beyond_max_boxes() -> None:
+    switches = [{"name": "root", "switches": [f"agg{a}" for a in range(20)], "nodes": []}]
+    switches += [{"name": f"agg{a}", "switches": [f"leaf{a}-{i}" for i in range(10)], "nodes": []} for a in range(20)]
+    switches += [
+        {"name": f"leaf{a}-{i}", "switches": [], "nodes": [f"n{a}-{i}-{k}" for k in range(4)]}
+        for a in range(20)
+        for i in range(10)
+    ]
+    chart = partition_flowchart({"name": "big", "kind": "tree", "node_count": 800, "switches": switches})
+    assert chart.count("[") <= 2 * MAX_BOXES  # root and one count box per aggregation switch
+    assert chart.count('"10 leaves · 40 nodes"') == 20 and "leaf0-0" not in chart
+    blocks = [{"name": f"us-{b}", "nodes": [f"g{b}-{k}" for k in range(18 if b else 5)]} for b in range(100)]
+    chart = partition_flowchart(
+        {"name": "gb", "kind": "block", "node_count": 1787, "blocks": blocks, "block_sizes": [18]}
+    )
+    assert '"99 blocks of 18 nodes"' in chart and '"1 blocks of 5 nodes"' in chart
 
 
 def test_hostile_texts_from_aws_stay_text() -> None:
@@ -128,7 +210,7 @@ def test_hostile_texts_from_aws_stay_text() -> None:
     result.steps[1].timeline.append({"t": 1.0, "kind": "event", "text": HOSTILE})
     result.steps[-1].live_topology[HOSTILE] = HOSTILE
     result.steps[-1].audit_records[0]["delivery_reference"] = HOSTILE
-    result.mermaid[HOSTILE] = f'flowchart TB\n  a["{HOSTILE}"]\n'
+    result.desired["partitions"][0]["switches"][0]["name"] = HOSTILE
     html = render_report(result, BUNDLE)
     assert "<script>alert" not in html
     assert "<img" not in html
@@ -138,8 +220,9 @@ def test_hostile_texts_from_aws_stay_text() -> None:
     timeline = page.by_id("step-1").find_all("table")[0]
     assert HOSTILE in [_cells(row)[2] for row in timeline.find_all("tr")[1:]]
     assert HOSTILE in [block.text for block in page.find_all("pre", "live")]
-    assert HOSTILE in [h3.text for h3 in page.find_all("h3")]
-    assert f'a["{HOSTILE}"]' in [c.text.splitlines()[1].strip() for c in page.find_all("pre", "mermaid")]
+    assert f"{HOSTILE}: 1 line" in [summary.text for summary in page.find_all("summary")]
+    label = HOSTILE.replace('"', "#quot;")
+    assert f's0["{label}"]' in [c.text.splitlines()[3].strip() for c in page.find_all("pre", "mermaid")]
     assert HOSTILE in [_cells(row)[-1] for row in page.find_all("table", "audit")[0].find_all("tr")[1:]]
 
 
@@ -148,7 +231,7 @@ def test_page_loads_nothing_from_the_network() -> None:
     assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/", html, re.IGNORECASE)
     page = parse(html)
     references = [value for e in page.iter() for name, value in e.attrs.items() if name in {"src", "href"}]
-    assert references and all(value.startswith("#step-") for value in references)  # in-page links only
+    assert references and all(value.startswith(("#step-", "#plan-")) for value in references)  # in-page links only
     assert not page.find_all("link") and "@import" not in html and "url(" not in html
 
 
@@ -156,7 +239,7 @@ def test_mermaid_is_inlined_and_started_strictly() -> None:
     page = _page(_result())
     bundle, start = page.find_all("script")
     assert not bundle.attrs and bundle.text == BUNDLE
-    assert start.text == 'mermaid.initialize({startOnLoad: true, securityLevel: "strict"});'
+    assert start.text.startswith('mermaid.initialize({startOnLoad: false, securityLevel: "strict"}); mermaid.run()')
 
 
 def test_an_inlined_bundle_cannot_end_its_script_element() -> None:

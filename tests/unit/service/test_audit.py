@@ -4,8 +4,9 @@ from pathlib import Path
 
 from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
 from topokeeper.adapters.audit_trail import cloudtrail_lake_event
+from topokeeper.domain.models import NO_ULTRASERVER_BLOCK
 from topokeeper.engine.planner import plan
-from topokeeper.ports import AuditRecord, Channel, DeliveryHandle, Outcome, PendingDelivery, Trigger
+from topokeeper.ports import AuditRecord, Channel, DeliveryHandle, NodeMove, Outcome, PendingDelivery, Trigger
 from topokeeper.render.bundle import render
 from topokeeper.service.audit import MAX_LISTED_NODES, build_records
 
@@ -145,3 +146,64 @@ def test_drift_repair_is_audited_even_when_the_plan_did_not_change() -> None:
     )
     assert (record.partition, record.reason, record.before_sha256) == ("p5", "drift-repair", None)
     assert record.nodes_added == record.nodes_removed == []
+
+
+def _records(before: dict, after: dict, delivery: PendingDelivery | None = None) -> list[AuditRecord]:
+    return build_records(
+        cluster_name="test-cluster",
+        previous=before,
+        desired=after,
+        delivery=delivery or _delivery(after["sha256"]),
+        outcome=Outcome.APPLIED,
+        error=None,
+        completed_at=NOW,
+    )
+
+
+def test_a_replacement_in_another_ultraserver_is_recorded_as_a_move() -> None:
+    """Same host name, new instance in another UltraServer (alone there, so in the catch-all block): no node
+    added or removed, one node moved."""
+    nodes = gb200_nodes(2)
+    moved = node("gb-003", instance_type="p6e-gb200.36xlarge", path=("nn-gbspine", "nn-gbagg1", "nn-gbleaf1"))
+    moved = moved.model_copy(update={"ultraserver": "us-0002", "instance_group": "gb"})
+    before = _document({"gb": nodes})
+    after = _document({"gb": [moved if n.name == "gb-003" else n for n in nodes]})
+    (record,) = _records(before, after)
+    assert (record.nodes_added_count, record.nodes_removed_count, record.nodes_moved_count) == (0, 0, 1)
+    (move,) = record.nodes_moved
+    assert (move.node, move.before, move.after) == ("gb-003", "us-0000", NO_ULTRASERVER_BLOCK)
+
+
+def test_a_leaf_change_in_a_tree_is_a_move_and_joins_are_not() -> None:
+    nodes = p5_nodes(8, partition="p5")
+    relocated = node("p5-002", path=("nn-spine0", "nn-agg0", "nn-leaf001"), partition="p5")
+    before = _document({"p5": nodes})
+    after = _document({"p5": [relocated if n.name == "p5-002" else n for n in nodes]})
+    (record,) = _records(before, after)
+    assert [(m.node, m.before, m.after) for m in record.nodes_moved] == [("p5-002", "nn-leaf000", "nn-leaf001")]
+    (grown,) = _records(before, _document({"p5": p5_nodes(9, partition="p5")}))
+    assert grown.nodes_moved == [] and grown.nodes_added == ["p5-009"]
+
+
+def test_a_drift_repair_names_the_nodes_it_puts_back_in_its_partition_only() -> None:
+    plan_document = _document({"p5": p5_nodes(8, partition="p5"), "gb": gb200_nodes(2)})
+    moves = [
+        NodeMove(node="p5-002", before="nn-leaf001", after="nn-leaf000"),
+        NodeMove(node="gb-001", before="us-0001", after="us-0000"),
+    ]
+    delivery = _delivery(plan_document["sha256"]).model_copy(update={"repair": ["p5"], "repair_moves": moves})
+    (record,) = _records(plan_document, plan_document, delivery)
+    assert record.reason == "drift-repair" and record.nodes_moved == moves[:1] and record.nodes_moved_count == 1
+
+
+def test_the_record_says_how_slurm_24_11_folded_its_partition() -> None:
+    """One cluster-wide topology before 25.05: the block partition is folded into the tree, and says so."""
+    document = json.loads(
+        render(plan(snapshot({"p5": p5_nodes(4, partition="p5"), "gb": gb200_nodes(1)}, version="24.11"))).files()[
+            "plan.json"
+        ]
+    )
+    records = {r.partition: r for r in _records(None, document)}
+    assert any(" partition gb is folded into the cluster " in fold for fold in records["gb"].folds)
+    assert all(" partition gb " in fold for fold in records["gb"].folds)
+    assert all(" partition gb " not in fold for fold in records["p5"].folds)

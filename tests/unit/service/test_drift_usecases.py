@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.events import CLOUDTRAIL_DETAIL_TYPE, MANAGED_TOPOLOGY_EVENT, TopokeeperEvent
-from topokeeper.ports import ApplyResult, Metric, Outcome
+from topokeeper.ports import ApplyResult, Metric, NodeMove, Outcome
 from topokeeper.service.drift import check_drift, verify_managed_updates
 from topokeeper.service.ingest import ingest
 from topokeeper.service.reconcile import ReconcileReport, reconcile
@@ -162,3 +162,25 @@ def test_a_managed_update_of_a_deferred_reconcile_is_verified_by_the_reconcile_t
     controller.clock.advance(30)
     report = verify_managed_updates(reconcile(controller.queue.sent[-1], controller.deps()), controller.deps())
     assert report is not None and [t.event_id for t in report.requested_by] == [f"eb-{MANAGED_TOPOLOGY_EVENT}"]
+
+
+def test_live_drift_names_the_moved_nodes_and_the_repair_carries_them() -> None:
+    """The applier's read-back lists the nodes found in another leaf live; the repair's delivery takes them
+    (its audit record names them) and the state forgets them once the repair is sent."""
+    controller = Controller()
+    _applied(controller)
+    moved = {"node": "n-2", "planned": "leaf-a", "live": "leaf-b"}
+    _verify(
+        controller,
+        Outcome.DRIFT,
+        drift=[{"what": "topology", "name": "gpu", "detail": "2 mismatch(es)"}],
+        readback={"tree-gpu": {"units": 3, "matches": False, "mismatches": ["x"], "moved": [moved]}},
+    )
+    report = check_drift(controller.cluster, controller.deps())
+    expected = NodeMove(node="n-2", before="leaf-b", after="leaf-a")
+    assert report.moved == [expected] and controller.now_state().repair_moves == [expected]
+    (request,) = controller.queue.sent
+    reconcile(request, controller.deps())
+    state = controller.now_state()
+    assert state.pending is not None and state.pending.repair_moves == [expected]
+    assert state.repair_moves == []

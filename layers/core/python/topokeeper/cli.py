@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from topokeeper import kueue_commands, operator_commands, readonly_commands
 from topokeeper.agent.install import add_agent_commands
 from topokeeper.applier import applier
-from topokeeper.domain.models import BlockTopology, PlannerConfig, TreeTopology
+from topokeeper.domain.hostlist import compress
+from topokeeper.domain.models import BlockTopology, PartitionPlan, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
 from topokeeper.errors import InputError
@@ -42,8 +43,31 @@ def plan_from_files(snapshot_path: Path, config_path: Path | None, slurm_version
     return render(plan(snapshot))
 
 
+def leaf_units(partition: PartitionPlan) -> list[tuple[str, tuple[str, ...]]]:
+    """(name, nodes) of a partition's leaf switches or blocks; none for a flat one."""
+    topology = partition.topology
+    if isinstance(topology, TreeTopology):
+        return [(switch.name, switch.nodes) for switch in topology.switches if not switch.switches]
+    if isinstance(topology, BlockTopology):
+        return [(block.name, block.nodes) for block in topology.blocks]
+    return []
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def leaf_table(rendered: RenderedPlan) -> str:
+    """Per partition, each leaf switch or block with its size and full hostlist."""
+    rows: list[tuple[str, ...]] = [("PARTITION", "LEAF/BLOCK", "NODES", "HOSTLIST")]
+    for partition in sorted(rendered.plan.partitions, key=lambda p: p.partition):
+        rows += [(partition.partition, name, str(len(nodes)), compress(nodes)) for name, nodes in leaf_units(partition)]
+    return "\n".join(_columns(rows))
+
+
 def plan_table(rendered: RenderedPlan) -> str:
-    rows = [("PARTITION", "KIND", "NODES", "SWITCHES/BLOCKS", "WARNINGS")]
+    rows: list[tuple[str, ...]] = [("PARTITION", "KIND", "NODES", "SWITCHES/BLOCKS", "LARGEST LEAF/BLOCK", "WARNINGS")]
     for partition in sorted(rendered.plan.partitions, key=lambda p: p.partition):
         topology = partition.topology
         if isinstance(topology, TreeTopology):
@@ -52,11 +76,18 @@ def plan_table(rendered: RenderedPlan) -> str:
             units = f"{len(topology.blocks)} blocks"
         else:
             units = "-"
+        largest = max((len(nodes) for _, nodes in leaf_units(partition)), default=0)
         rows.append(
-            (partition.partition, partition.kind.value, str(len(partition.nodes)), units, str(len(partition.warnings)))
+            (
+                partition.partition,
+                partition.kind.value,
+                str(len(partition.nodes)),
+                units,
+                str(largest or "-"),
+                str(len(partition.warnings)),
+            )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = _columns(rows)
     plan_ = rendered.plan
     lines.append(
         f"{plan_.cluster_name}: Slurm {plan_.slurm_version} -> {plan_.slurm_format.value}"
@@ -82,7 +113,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     rendered = plan_from_files(args.snapshot, args.config, args.slurm_version)
-    print(json.dumps(rendered.plan_document(), indent=2) if args.json else plan_table(rendered))
+    if args.json:
+        print(json.dumps(rendered.plan_document(), indent=2))
+    else:
+        print(plan_table(rendered) + ("\n" + leaf_table(rendered) if args.leaves else ""))
     return EXIT_OK
 
 
@@ -109,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     show_parser = commands.add_parser("show", help="print the plan table only")
     _add_plan_inputs(show_parser)
+    show_parser.add_argument(
+        "--leaves", action="store_true", help="also each leaf switch or block: its size and full hostlist"
+    )
     show_parser.set_defaults(run=_cmd_show)
 
     path_parser = commands.add_parser("applier-path", help="print the path of the head-node applier, to copy it")

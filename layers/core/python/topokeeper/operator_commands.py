@@ -24,6 +24,7 @@ from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import ClusterConfig, Ec2Discovery, Mode, Orchestrator
 from topokeeper.deployment import Deployment, read_deployment
 from topokeeper.errors import InputError
+from topokeeper.narrate import record_text
 from topokeeper.operator_files import check_out_file, write_text_file
 from topokeeper.ports import Outcome, ReconcileRequest, Trigger
 from topokeeper.render.bundle import Bundle
@@ -232,7 +233,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     def human() -> str:
-        rows = [("COMPLETED", "PARTITION", "KIND", "OUTCOME", "NODES", "+/-", "SHA256", "CHANNEL")]
+        rows = [("COMPLETED", "PARTITION", "KIND", "OUTCOME", "NODES", "+/-/~MOVED", "SHA256", "CHANNEL")]
         for r in records:
             rows.append(
                 (
@@ -241,13 +242,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
                     r["kind"],
                     r["outcome"],
                     str(r["node_count"]),
-                    f"+{r['nodes_added_count']}/-{r['nodes_removed_count']}",
+                    f"+{r['nodes_added_count']}/-{r['nodes_removed_count']}/~{r.get('nodes_moved_count', 0)}",
                     r["after_sha256"][:12],
                     r["channel"],
                 )
             )
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+        return "\n".join(lines + [f"{r['completed_at'][:19]}  {record_text(r)}" for r in records])
 
     _emit(args, records, human)
     return EXIT_OK

@@ -243,6 +243,16 @@ class Trigger(BaseModel):
     summary: str = ""
 
 
+class NodeMove(BaseModel):
+    """A node whose leaf switch or block changes: between two plans, or from the live topology (``before``)
+    to the plan (a drift repair). None: in no leaf or block (a node that joins or leaves)."""
+
+    model_config = ConfigDict(frozen=True)
+    node: str
+    before: str | None
+    after: str | None
+
+
 class PendingDelivery(BaseModel):
     """A delivery claimed (``handle.reference`` empty until the channel accepts it) or in flight."""
 
@@ -252,6 +262,7 @@ class PendingDelivery(BaseModel):
     trigger_count: int = 0
     previous_plan_sha256: str | None = None
     repair: list[str] = Field(default_factory=list)  # partitions rewritten because the live topology drifted
+    repair_moves: list[NodeMove] = Field(default_factory=list)  # the live drift those rewrites undo
     waiting_receipt: str | None = None  # the reconcile message deferred behind this delivery, resumed by its result
     bundle_generation: int | None = None  # the generation its bundle is signed with
 
@@ -273,6 +284,7 @@ class ClusterState(BaseModel):
     slurm_version: str | None = None  # as the head node reported it
     topology_retries: int = 0
     repair_partitions: list[str] = Field(default_factory=list)  # live drift to repair on the next write
+    repair_moves: list[NodeMove] = Field(default_factory=list)  # nodes found in another leaf or block live
     last_verify: ApplyResult | None = None
     last_verify_at: datetime | None = None
     bundle_generation: int = 0  # the last generation signed for delivery: only grows (service/signing.py)
@@ -357,6 +369,9 @@ class AuditRecord(BaseModel):
     nodes_removed: list[str]
     nodes_added_count: int
     nodes_removed_count: int
+    # Nodes whose leaf switch or block changes (a replacement in another UltraServer, a hand edit undone).
+    nodes_moved: list[NodeMove] = Field(default_factory=list)
+    nodes_moved_count: int = 0
     node_count: int
     switch_count: int
     block_count: int
@@ -370,6 +385,8 @@ class AuditRecord(BaseModel):
     # What the planner could not do as asked (the plan's and this partition's warnings), e.g. instances
     # DescribeInstanceTopology does not see, planned without network topology.
     warnings: list[str] = Field(default_factory=list)
+    # Before Slurm 25.05 one cluster-wide topology serves every partition: how this partition was folded into it.
+    folds: list[str] = Field(default_factory=list)
     generation: int
     requested_at: datetime
     completed_at: datetime

@@ -31,6 +31,7 @@ _TRIMMED_ERROR_CHARS = 1000
 _CUTTABLE_LISTS = (
     "nodes_added",
     "nodes_removed",
+    "nodes_moved",
     "nodes_relabeled",
     "nodes_without_topology_data",
     "registered",

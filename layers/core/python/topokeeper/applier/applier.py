@@ -1979,6 +1979,26 @@ def compare_units(expected: Mapping[str, ExpectedUnit], live: Mapping[str, Mappi
     return problems
 
 
+def moved_nodes(
+    expected: Mapping[str, ExpectedUnit], live: Mapping[str, Mapping[str, object]]
+) -> List[Dict[str, Optional[str]]]:
+    """The planned nodes whose live leaf switch or block is not the planned one: {node, planned, live}
+    (live None: in no live leaf). Upper switches list every node below them, so only leaves count."""
+    planned = {node: name for name, unit in expected.items() if not unit.switches for node in unit.nodes}
+    found: Dict[str, str] = {}
+    for name in sorted(live):
+        unit = live[name]
+        nodes, switches = unit.get("nodes"), unit.get("switches")
+        if isinstance(nodes, list) and not switches:
+            for node in nodes:
+                found.setdefault(str(node), name)
+    return [
+        {"node": node, "planned": planned[node], "live": found.get(node)}
+        for node in sorted(planned)
+        if found.get(node) != planned[node]
+    ]
+
+
 class LiveTopology(NamedTuple):
     units: Dict[str, Dict[str, object]]  # as parse_show_topology returns them
     error: str  # why scontrol could not show it; "" when it could
@@ -2014,7 +2034,8 @@ class LiveTopologies:
 def read_back(
     bundle: Bundle, topologies: LiveTopologies, partitions: Mapping[str, Optional[str]]
 ) -> Tuple[Dict[str, Dict[str, Any]], List[Dict[str, str]]]:
-    """Live topologies and partitions compared with the bundle by name: (readback, drift)."""
+    """Live topologies and partitions compared with the bundle by name: (readback, drift). A readback
+    entry lists the nodes whose live leaf or block is not the planned one (``moved``)."""
     readback: Dict[str, Dict[str, Any]] = {}
     drift: List[Dict[str, str]] = []
     for name, expected in sorted(bundle.topologies.items()):
@@ -2022,6 +2043,8 @@ def read_back(
         live = topologies.get(None if bundle.slurm_format == CONF_FORMAT else name)
         problems = [live.error] if live.error else compare_units(expected, live.units)
         readback[name] = {"units": len(live.units), "matches": not problems, "mismatches": problems}
+        if problems and not live.error:
+            readback[name]["moved"] = moved_nodes(expected, live.units)
         if problems:
             detail = "%d mismatch(es): %s" % (len(problems), problems[0])
             drift.append({"what": "topology", "name": name, "detail": detail})
@@ -2598,6 +2621,8 @@ def _capped(result: Mapping[str, Any], caps: Caps) -> Any:
             "mismatches": [clip(problem) for problem in entry["mismatches"][:mismatches]],
             "mismatches_dropped": max(len(entry["mismatches"]) - mismatches, 0),
         }
+        if "moved" in entry:
+            document["readback"][name]["moved"] = entry["moved"][:items]
     text = result["diff"]
     if isinstance(text, str) and len(text) > diff:
         cut = text.rfind("\n", 0, diff) + 1

@@ -160,6 +160,9 @@ def _cluster_topology(snapshot: ClusterSnapshot, plans: list[PartitionPlan]) -> 
     return tree, PLUGIN_NAMES[TopologyKind.TREE], warnings + list(tree_warnings)
 
 
+FOLDED = "is folded into the cluster"  # in a plan warning: "... partition NAME is folded into the cluster ..."
+
+
 def _folds(version: str, topology: Topology, plans: list[PartitionPlan]) -> list[str]:
     """What one cluster-wide topology does to the partitions whose own kind differs from it."""
     if isinstance(topology, FlatTopology):
@@ -180,7 +183,7 @@ def _folds(version: str, topology: Topology, plans: list[PartitionPlan]) -> list
             parts.append(f"{len(partition.nodes) - len(stray)} node(s) {placed}")
         folds.append(
             f"Slurm {version} has one cluster-wide topology: {partition.kind.value} partition {partition.partition} "
-            f"is folded into the cluster {unit} ({'; '.join(parts)}); Slurm >= 25.05 keeps it {partition.kind.value}"
+            f"{FOLDED} {unit} ({'; '.join(parts)}); Slurm >= 25.05 keeps it {partition.kind.value}"
         )
     return folds
 

@@ -12,7 +12,8 @@ import json
 from datetime import datetime
 from typing import Any
 
-from topokeeper.ports import AuditRecord, Outcome, PendingDelivery
+from topokeeper.engine.planner import FOLDED
+from topokeeper.ports import AuditRecord, NodeMove, Outcome, PendingDelivery
 
 MAX_LISTED_NODES = 200  # keeps a record well under EventBridge's 256 KB; counts are always exact
 MAX_WARNINGS, MAX_WARNING_CHARS = 20, 500
@@ -22,6 +23,24 @@ def _partitions(plan_document: dict[str, Any] | None) -> dict[str, dict[str, Any
     if not plan_document:
         return {}
     return {p["name"]: p for p in plan_document["partitions"]}
+
+
+def placements(partition: dict[str, Any] | None) -> dict[str, str]:
+    """A plan document partition's {node: its leaf switch or block}; flat partitions place no node."""
+    if not partition:
+        return {}
+    units = [s for s in partition.get("switches", []) if not s.get("switches")] + partition.get("blocks", [])
+    return {node: unit["name"] for unit in units for node in unit.get("nodes", [])}
+
+
+def plan_moves(old: dict[str, Any] | None, new: dict[str, Any]) -> list[NodeMove]:
+    """Nodes in both plans of a partition whose leaf or block changed (joins and leaves are added/removed)."""
+    before, after = placements(old), placements(new)
+    return [
+        NodeMove(node=node, before=before[node], after=after[node])
+        for node in sorted(before.keys() & after.keys())
+        if before[node] != after[node]
+    ]
 
 
 def _audit_id(cluster: str, partition: str, plan_sha256: str, outcome: Outcome, reference: str) -> str:
@@ -51,6 +70,11 @@ def build_records(
         old_nodes = set(old["nodes"]) if old else set()
         new_nodes = set(partition["nodes"])
         added, removed = sorted(new_nodes - old_nodes), sorted(old_nodes - new_nodes)
+        if unchanged:  # a drift repair: what the verify found live, for this partition's nodes
+            moved = [move for move in delivery.repair_moves if move.node in new_nodes]
+        else:
+            moved = plan_moves(old, partition)
+        warnings = [*desired.get("warnings", []), *partition.get("warnings", [])]
         records.append(
             AuditRecord(
                 audit_id=_audit_id(cluster_name, name, desired["sha256"], outcome, delivery.handle.reference),
@@ -68,6 +92,8 @@ def build_records(
                 nodes_removed=removed[:MAX_LISTED_NODES],
                 nodes_added_count=len(added),
                 nodes_removed_count=len(removed),
+                nodes_moved=moved[:MAX_LISTED_NODES],
+                nodes_moved_count=len(moved),
                 node_count=len(new_nodes),
                 switch_count=len(partition.get("switches", [])),
                 block_count=len(partition.get("blocks", [])),
@@ -78,9 +104,8 @@ def build_records(
                 target=delivery.handle.target,
                 outcome=outcome,
                 error=error,
-                warnings=[
-                    w[:MAX_WARNING_CHARS] for w in [*desired.get("warnings", []), *partition.get("warnings", [])]
-                ][:MAX_WARNINGS],
+                warnings=[w[:MAX_WARNING_CHARS] for w in warnings][:MAX_WARNINGS],
+                folds=[w[:MAX_WARNING_CHARS] for w in warnings if f" partition {name} {FOLDED} " in w],
                 generation=delivery.generation,
                 requested_at=delivery.handle.sent_at,
                 completed_at=completed_at,

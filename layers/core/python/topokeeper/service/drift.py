@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from topokeeper.config import ClusterConfig, Mode, Orchestrator
 from topokeeper.errors import Retryable
-from topokeeper.ports import ApplyResult, Metric, Outcome, Trigger
+from topokeeper.ports import ApplyResult, Metric, NodeMove, Outcome, Trigger
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.reconcile import ControllerDeps, ReconcileReport, missing_topology, plan_cluster
 from topokeeper.service.signing import for_reading
@@ -31,6 +31,7 @@ class DriftReport(BaseModel):
     drift: int | None
     action: Literal["none", "reported", "reconcile-requested"]
     detail: list[dict[str, object]] = []
+    moved: list[NodeMove] = []  # nodes in another leaf or block live than in the plan
     error: str | None = None
     requested_by: list[Trigger] = []  # HyperPod's own topology changes (their CloudTrail events) that asked for it
     verify_request: str | None = None  # the fresh verify asked of the head node for them (its report names it)
@@ -55,6 +56,17 @@ def drifted_partitions(result: ApplyResult, bundle: Bundle) -> list[str]:
     if any(item.get("what") in ("file", "plugin") for item in result.drift):
         return sorted(p for p, t in bundle.partitions.items() if t is not None or bundle.topology_plugin)
     return []
+
+
+def live_moves(result: ApplyResult) -> list[NodeMove]:
+    """What a verify found in another leaf or block than planned (the applier's read-back ``moved``)."""
+    moves = {
+        str(item["node"]): NodeMove(node=str(item["node"]), before=item.get("live"), after=item.get("planned"))
+        for entry in result.readback.values()
+        for item in entry.get("moved", [])
+        if isinstance(item, dict) and item.get("node")
+    }
+    return [moves[node] for node in sorted(moves)]
 
 
 def live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift", "unknown"]:
@@ -112,6 +124,7 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
     if table is not None:  # plan with the head node's bindings as they are now: a re-bound node is a change
         save_fields(deps.state, cluster.name, {"slurm_nodes": table})
         state = state.model_copy(update={"slurm_nodes": table})
+    moved = live_moves(live_result) if live == "drift" else []
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     aws: Literal["current", "changed"] = "current" if rendered.sha256 == state.desired_sha256 else "changed"
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing_topology(rendered))
@@ -126,7 +139,10 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
             save_fields(
                 deps.state,
                 cluster.name,
-                lambda fresh: {"repair_partitions": sorted(set(fresh.repair_partitions) | set(repair))},
+                lambda fresh: {
+                    "repair_partitions": sorted(set(fresh.repair_partitions) | set(repair)),
+                    "repair_moves": moved or fresh.repair_moves,
+                },
             )
         action = "reconcile-requested"
     elif aws == "changed":
@@ -152,6 +168,7 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
         drift=drift,
         action=action,
         detail=live_result.drift,
+        moved=moved,
         error=live_result.error if live == "unknown" else None,
         requested_by=requested_by or [],
         verify_request=request if not writing else None,

@@ -206,6 +206,8 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
 
     def record(fresh: ClusterState) -> dict[str, object]:
         fields = {**update, "repair_partitions": [p for p in fresh.repair_partitions if p not in repaired]}
+        if repaired:
+            fields["repair_moves"] = [move for move in fresh.repair_moves if move not in state.repair_moves]
         if claimed is not None:
             if fresh.pending is not None and fresh.pending.handle == claimed.handle:
                 # Keep what others added to the claim meanwhile (a message waiting behind it).
@@ -291,6 +293,7 @@ def _claim_delivery(
         previous_plan_sha256=state.applied_sha256,
         repair=state.repair_partitions,
         bundle_generation=next_generation(state.bundle_generation, now),
+        repair_moves=state.repair_moves,
     )
     try:
         # Conditional on the state read: a generation is never handed out twice.

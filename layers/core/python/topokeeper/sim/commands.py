@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from topokeeper.narrate import cut, record_text
 from topokeeper.operator_files import prepare_out_dir
-from topokeeper.sim.scenario import load_scenario
+from topokeeper.sim.scenario import Scenario, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 DEMO_SCENARIO = SCENARIOS / "demo.yaml"
@@ -31,6 +37,9 @@ def _quiet_libraries() -> None:
     # The functions log JSON for CloudWatch; on a terminal the timeline says the same in one line.
     logging.getLogger("topokeeper").setLevel(logging.WARNING)
     logging.getLogger("topokeeper.sim").setLevel(logging.INFO)
+
+
+_SHOWN_LINES, _SHOWN_WIDTH = 12, 150  # of scontrol show topology per partition and step
 
 
 def _print_step(step: Any, show: bool) -> None:
@@ -62,18 +71,16 @@ def _print_step(step: Any, show: bool) -> None:
         return
     for record in step.audit_records:
         print(
-            f"   UpdatePartitionTopology {record['partition']:<12} {record['reason']:<12} {record['outcome']:<8}"
-            f" {record['kind']:<5} nodes {record['node_count']:>4} +{record['nodes_added_count']}"
-            f"/-{record['nodes_removed_count']}  {str(record['before_sha256'] or '-')[:12]}"
-            f" -> {record['after_sha256'][:12]}"
+            f"   UpdatePartitionTopology {str(record['before_sha256'] or '-')[:12]} -> {record['after_sha256'][:12]}"
+            f" {record_text(record)}"
         )
     for partition, text in sorted(step.live_topology.items()):
         lines = text.splitlines() or ["(flat: no switches or blocks)"]
         print(f"   scontrol show topology ({partition}):")
-        for line in lines[:12]:
-            print(f"     {line[:150]}")
-        if len(lines) > 12:
-            print(f"     ... {len(lines) - 12} more lines")
+        for line in lines[:_SHOWN_LINES]:
+            print(f"     {cut(line, _SHOWN_WIDTH)}")
+        if len(lines) > _SHOWN_LINES:
+            print(f"     [... {len(lines) - _SHOWN_LINES} more lines: result.json has them all]")
 
 
 def _print_kueue(kueue: Any, show: bool) -> None:
@@ -93,8 +100,9 @@ def _print_kueue(kueue: Any, show: bool) -> None:
         print("\n".join(f"   {line}" for line in kueue.labels_table.splitlines()))
 
 
-def run(scenario_path: Path, out: Path, *, show: bool) -> int:
-    # Bad input is refused before anything loads or starts (choosing the head node may start a chroot).
+def _prepare(scenario_path: Path, out: Path) -> tuple[Scenario, str | None]:
+    """The scenario and the head node kind ("chroot" or "file"), or None when it cannot run (said on stderr).
+    Bad input is refused before anything loads or starts (choosing the head node may start a chroot)."""
     scenario = load_scenario(scenario_path)
     prepare_out_dir(out)
     # The functions log JSON for CloudWatch; here the story prints the same in readable lines.
@@ -102,8 +110,6 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
     # Imported here, not at the top: the simulator needs moto (the sim extra), which plan and show do not.
     from topokeeper.sim.head_node import choose_head_node  # noqa: PLC0415
     from topokeeper.sim.lambda_host import functions_dir  # noqa: PLC0415
-    from topokeeper.sim.report import write_report  # noqa: PLC0415
-    from topokeeper.sim.simulator import simulate, write_result  # noqa: PLC0415
     from topokeeper.sim.slurm_chroot import HarnessError  # noqa: PLC0415
 
     try:
@@ -111,27 +117,50 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
         head_node = choose_head_node()
     except HarnessError as error:
         print(f"topokeeper: {error}", file=sys.stderr)
-        return 1
+        return scenario, None
     if head_node.note:
         print(f"topokeeper: {head_node.note}", file=sys.stderr)
     _quiet_libraries()
+    return scenario, head_node.kind
+
+
+@contextlib.contextmanager
+def _story_on_stderr() -> Iterator[None]:
     handler = _Story()
     handler.setFormatter(logging.Formatter("%(message)s"))
     story = logging.getLogger("topokeeper.sim")
     story.addHandler(handler)
     story.propagate = False  # not also through the functions' JSON handler on the parent logger
-    started = time.monotonic()
     try:
-        result = simulate(
-            scenario, progress=lambda message: print(f"-- {message}", file=sys.stderr), head_node=head_node.kind
-        )
+        yield
     finally:
         story.removeHandler(handler)
         story.propagate = True
-    for step in result.steps:
-        _print_step(step, show)
+
+
+def run(scenario_path: Path, out: Path, *, show: bool, as_json: bool = False) -> int:
+    """Play a scenario; with ``as_json`` stdout is one JSON document (``{"written": [...], "result": {...}}``,
+    the result as result.json holds it) and the story stays on stderr."""
+    scenario, head_node = _prepare(scenario_path, out)
+    if head_node is None:
+        return 1
+    from topokeeper.sim.report import write_report  # noqa: PLC0415 (moto: see _prepare)
+    from topokeeper.sim.simulator import simulate, write_result  # noqa: PLC0415
+
+    started = time.monotonic()
+    with _story_on_stderr():
+        result = simulate(
+            scenario,
+            progress=lambda message: print(f"-- {message}", file=sys.stderr),
+            head_node=head_node,
+            on_step=(lambda _: None) if as_json else (lambda step: _print_step(step, show)),
+        )
     outputs = [write_result(result, out), write_report(result, out)]
     totals = result.totals
+    if as_json:
+        document = {"written": [str(path) for path in outputs], "result": result.model_dump(mode="json")}
+        print(json.dumps(document, indent=2))
+        return 0 if totals["converged"] is not False else 1
     print(
         f"{scenario.cluster.name}: {totals['simulated_seconds']:.0f}s simulated in {time.monotonic() - started:.1f}s,"
         f" {totals['head_node_writes']} head-node writes, {totals['audit_records']} audit records,"
@@ -143,7 +172,44 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    return run(args.scenario, args.out, show=args.show)
+    return run(args.scenario, args.out, show=args.show, as_json=args.json)
+
+
+def run_emulator(scenario_path: Path, out: Path) -> int:
+    """``topokeeper emulator``: the scenario's cluster created and its first plan applied on emulated AWS and a
+    head node, then kept running (its clock in step with the wall clock) for the operator CLI until SIGINT or
+    SIGTERM. SSM commands run on the head node at once."""
+    scenario, head_node = _prepare(scenario_path, out)
+    if head_node is None:
+        return 1
+    from topokeeper.sim.world import running  # noqa: PLC0415 (moto: see _prepare)
+
+    stop = threading.Event()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: stop.set())
+    with _story_on_stderr(), running(scenario, head_node=head_node) as world:
+        world.settle()
+        world.ssm_synchronous = True  # the CLI waits in real time, outside simulated time
+        deployment = out / "deployment.json"
+        deployment.write_text(world.stack.deployment.model_dump_json(indent=2) + "\n")
+        environment = " ".join(f"{key}={value}" for key, value in sorted(world.emulator.env().items()))
+        name = world.cluster.name
+        print(f"emulated AWS at {world.emulator.endpoint_url}: cluster {name}, head node {world.head_node_id}")
+        print(f"  ({world.head.description}), plan {str(world.runtime.state.get(name).applied_sha256)[:12]} applied")
+        print(f"wrote {deployment}")
+        print(f"in another shell:\n  export {environment}")
+        print(f"  topokeeper audit --cluster {name} --deployment {deployment}")
+        print("Ctrl-C stops the emulator.", flush=True)
+        while not stop.wait(_TICK_SECONDS):
+            world.clock.advance(_TICK_SECONDS)  # DescribeInstanceTopology's token bucket refills as in AWS
+    return 0
+
+
+_TICK_SECONDS = 0.5
+
+
+def _cmd_emulator(args: argparse.Namespace) -> int:
+    return run_emulator(args.scenario, args.out)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -158,6 +224,9 @@ def register(commands: Any) -> None:
     simulate.add_argument("--scenario", type=Path, required=True, help="scenario YAML")
     simulate.add_argument("--out", type=Path, required=True, help="directory for result.json and report.html")
     simulate.add_argument("--show", action="store_true", help="print live topology and audit records per step")
+    simulate.add_argument(
+        "--json", action="store_true", help='print {"written": [paths], "result": result.json\'s document} instead'
+    )
     simulate.set_defaults(run=_cmd_simulate)
     demo = commands.add_parser("demo", help="the demo story (simulate the embedded demo scenario)")
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="directory for the report")
@@ -168,3 +237,11 @@ def register(commands: Any) -> None:
         help="enforce: topokeeper writes the topology; verify: HyperPod writes it (emulated), topokeeper verifies",
     )
     demo.set_defaults(run=_cmd_demo)
+    emulator = commands.add_parser(
+        "emulator", help="emulated AWS with a deployed stack and a cluster, for the operator CLI (until Ctrl-C)"
+    )
+    emulator.add_argument(
+        "--scenario", type=Path, default=DEMO_SCENARIO, help="the cluster to create (default: the demo's)"
+    )
+    emulator.add_argument("--out", type=Path, default=Path("out/emulator"), help="directory for deployment.json")
+    emulator.set_defaults(run=_cmd_emulator)

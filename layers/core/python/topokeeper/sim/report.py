@@ -1,19 +1,26 @@
 """The simulation report: one self-contained HTML page an operator reads after ``make demo``.
 
-It shows the scenario and totals, a timeline per step, every ``UpdatePartitionTopology`` audit record,
-the live ``scontrol show topology`` per partition and a Mermaid picture of each partition of the final
-plan. It opens without network access: Mermaid comes from the npm package that ``make install`` brings
-and is inlined, and the page loads nothing else. Every text is escaped: names and texts come from AWS.
+Summary first (the scenario, the totals, one row per partition: kind, size, leaves or blocks, the largest
+job one leaf or block fits, what moved), then a timeline per step, every ``UpdatePartitionTopology`` audit
+record with what moved and why, the live ``scontrol show topology`` per partition, and per partition of the
+final plan a Mermaid picture and its leaf or block table. It stays readable at 10,000 nodes: runs of
+like timeline entries fold into one row, the picture shows switches and blocks with counts (collapsed
+beyond ``MAX_BOXES``), and node lists open on demand. It opens without network access: Mermaid comes from
+the npm package that ``make install`` brings and is inlined, and the page loads nothing else. Every text is
+escaped: names and texts come from AWS.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from html import escape
 from pathlib import Path
 from typing import Any
 
+from topokeeper.domain.hostlist import compress
+from topokeeper.narrate import moves_text, nodes_text, triggers_text
 from topokeeper.sim.simulator import SimulationResult, StepResult
 
 # The IIFE build defines the global ``mermaid``; package.json pins the package, ``npm ci`` installs it.
@@ -22,6 +29,10 @@ REPORT_FILE = "report.html"
 _SHORT_SHA = 12
 _CALL_COLUMNS = 4
 _NONE = "&ndash;"  # shown for an absent value
+MAX_BOXES = 24  # boxes per partition picture before leaves or blocks are drawn as counts
+_WIDE_FAN = 6  # children of one box beyond which a picture is drawn left to right
+_RUN = 3  # consecutive timeline entries of one kind beyond this fold into one row
+_LISTED = 200  # entries of a folded run listed on demand (result.json has them all)
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; color: #1f2328; margin: 0 auto; padding: 1.5rem; max-width: 1400px; }
@@ -44,6 +55,8 @@ pre.mermaid { background: #fff; border: 1px solid #d0d7de; padding: .5rem; overf
 .yes { color: #1a7f37; font-weight: 600; }
 .no { color: #cf222e; font-weight: 600; }
 .na { color: #656d76; }
+details > summary { cursor: pointer; color: #0969da; }
+.hosts { font-family: ui-monospace, monospace; font-size: 12px; overflow-wrap: anywhere; max-width: 60rem; }
 """
 
 
@@ -63,6 +76,8 @@ def render_report(result: SimulationResult, mermaid_js: str) -> str:
         "<body>",
         f"<h1>{escape(title)}</h1>",
         *_header(result),
+        '<h2 id="partitions">Partitions of the final plan</h2>',
+        _partitions(result),
         '<h2 id="timeline">Timeline</h2>',
         *(line for index, step in enumerate(result.steps) for line in _step(index, step)),
         '<h2 id="audit">Audit records (UpdatePartitionTopology)</h2>',
@@ -71,13 +86,21 @@ def render_report(result: SimulationResult, mermaid_js: str) -> str:
         *_live(result.steps[-1].live_topology),
         '<h2 id="plan">Final plan per partition</h2>',
         f'<p>plan sha256 <span class="mono">{_text(result.desired["sha256"])}</span></p>',
-        *_diagrams(result.mermaid),
+        *_diagrams(result.desired),
         f"<script>{_inlinable(mermaid_js)}</script>",
-        '<script>mermaid.initialize({startOnLoad: true, securityLevel: "strict"});</script>',
+        f"<script>{_START}</script>",
         "</body>",
         "</html>",
     ]
     return "\n".join(parts) + "\n"
+
+
+# Started by hand so the page can say when every diagram is drawn (and how tall it then is, for tests).
+_START = (
+    'mermaid.initialize({startOnLoad: false, securityLevel: "strict"}); '
+    "mermaid.run().finally(() => { document.body.dataset.renderedHeight = "
+    "String(document.documentElement.scrollHeight); });"
+)
 
 
 def write_report(result: SimulationResult, out_dir: Path, *, mermaid_path: Path = MERMAID_JS) -> Path:
@@ -173,11 +196,7 @@ def _step(index: int, step: StepResult) -> list[str]:
         ("alarm", _text(step.alarm)),
         ("AWS calls", _text(sum(step.aws_calls.values()))),
     ]
-    timeline = _table(
-        ["t", "kind", "what happened"],
-        ([_seconds(entry["t"]), _text(entry["kind"]), _text(entry["text"])] for entry in step.timeline),
-        numeric={0},
-    )
+    timeline = _table(["t", "kind", "what happened"], _timeline_rows(step.timeline), numeric={0})
     return [
         f'<section id="step-{index}">',
         f"<h3>{index}. {escape(step.step)}</h3>",
@@ -186,6 +205,30 @@ def _step(index: int, step: StepResult) -> list[str]:
         _calls(step.aws_calls),
         "</section>",
     ]
+
+
+def _timeline_rows(timeline: list[dict[str, Any]]) -> Iterable[list[str]]:
+    """One row per entry; a run of more than ``_RUN`` entries of one kind is one row: the first entry, and the
+    rest on demand."""
+    runs: list[list[dict[str, Any]]] = []
+    for entry in timeline:
+        if runs and runs[-1][0]["kind"] == entry["kind"]:
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    for run in runs:
+        if len(run) <= _RUN:
+            yield from ([_seconds(e["t"]), _text(e["kind"]), _text(e["text"])] for e in run)
+            continue
+        first, last = run[0], run[-1]
+        listed = "".join(f"<li>{_seconds(e['t'])} {_text(e['text'])}</li>" for e in run[1:_LISTED])
+        more = f"<li>and {len(run) - _LISTED} more (result.json has every one)</li>" if len(run) > _LISTED else ""
+        yield [
+            f"{_seconds(first['t'])} → {_seconds(last['t'])}",
+            f"{_text(first['kind'])} x{len(run)}",
+            f"{_text(first['text'])}<details><summary>the other {len(run) - 1}</summary><ul>{listed}{more}</ul>"
+            "</details>",
+        ]
 
 
 def _calls(calls: Mapping[str, int]) -> str:
@@ -209,11 +252,11 @@ def _calls(calls: Mapping[str, int]) -> str:
 
 def _audit(steps: list[StepResult]) -> list[str]:
     headers = ["step", "completed_at", "partition", "reason", "kind", "outcome", "nodes", "+added", "-removed"]
-    headers += ["before → after sha256", "channel", "delivery reference"]
+    headers += ["moved", "what moved", "why", "before → after sha256", "channel", "delivery reference"]
     rows = [_audit_row(index, step.step, record) for index, step in enumerate(steps) for record in step.audit_records]
     if not rows:
         return ["<p>No audit records.</p>"]
-    return [f'<div class="wide">{_table(headers, rows, css="audit", numeric={6, 7, 8})}</div>']
+    return [f'<div class="wide">{_table(headers, rows, css="audit", numeric={6, 7, 8, 9})}</div>']
 
 
 def _audit_row(index: int, step: str, record: Mapping[str, Any]) -> list[str]:
@@ -231,10 +274,41 @@ def _audit_row(index: int, step: str, record: Mapping[str, Any]) -> list[str]:
         _text(record["node_count"]),
         _text(record["nodes_added_count"]),
         _text(record["nodes_removed_count"]),
+        _text(record.get("nodes_moved_count", 0)),
+        _what_moved(record),
+        _why(record),
         f'<span class="mono">{shas}</span>',
         _text(record["channel"]),
         f'<span class="mono">{_text(record["delivery_reference"])}</span>',
     ]
+
+
+def _what_moved(record: Mapping[str, Any]) -> str:
+    """Added, removed and moved nodes: a short line, every listed name on demand."""
+    parts = []
+    for sign, key in (("+", "nodes_added"), ("-", "nodes_removed")):
+        count = record[f"{key}_count"]
+        if count:
+            parts.append(_on_demand(f"{sign}{count} {nodes_text(record[key], 3, count)}", compress(record[key]), count))
+    moved, count = record.get("nodes_moved", []), record.get("nodes_moved_count", 0)
+    if count:
+        parts.append(_on_demand(f"moved {count}: {moves_text(moved, count, 1)}", moves_text(moved, count, len(moved))))
+    for fold in record.get("folds", []):
+        parts.append(f"<small>folded: {_text(fold)}</small>")
+    return "<br>".join(parts) or '<span class="na">no node added, removed or moved</span>'
+
+
+def _on_demand(summary: str, full: str, count: int | None = None) -> str:
+    if summary == full:
+        return _text(summary)
+    listed = "" if count is None else f" ({count} in all; the record lists at most 200)"
+    return f'<details><summary>{_text(summary)}</summary><div class="hosts">{_text(full)}{listed}</div></details>'
+
+
+def _why(record: Mapping[str, Any]) -> str:
+    if record["reason"] == "drift-repair":
+        return "repairs live drift"
+    return _text(triggers_text(record["triggers"], record["trigger_count"]))
 
 
 def _short(sha256: str | None) -> str:
@@ -244,15 +318,172 @@ def _short(sha256: str | None) -> str:
 def _live(topology: Mapping[str, str]) -> list[str]:
     lines = []
     for partition, text in sorted(topology.items()):
-        lines.append(f"<h3>{escape(partition)}</h3>")
-        lines.append(f'<pre class="live">{escape(text) if text else "(no topology entries)"}</pre>')
+        count = len(text.splitlines())
+        lines.append(
+            f"<details><summary>{escape(partition)}: {count} line{'' if count == 1 else 's'}</summary>"
+            f'<pre class="live">{escape(text) if text else "(no topology entries)"}</pre></details>'
+        )
     return lines
 
 
-def _diagrams(mermaid: Mapping[str, str]) -> list[str]:
+# ----------------------------------------------------------------------------- partitions of the final plan
+
+
+def _leaves(partition: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """(name, nodes) of each leaf switch or block of a plan document partition; none for a flat one."""
+    if partition.get("blocks"):
+        return [(block["name"], list(block["nodes"])) for block in partition["blocks"]]
+    return [(s["name"], list(s["nodes"])) for s in partition.get("switches", []) if not s.get("switches")]
+
+
+def _unit(partition: Mapping[str, Any], count: int = 1) -> str:
+    if partition.get("blocks"):
+        return "block" if count == 1 else "blocks"
+    return "leaf" if count == 1 else "leaves"
+
+
+def _partitions(result: SimulationResult) -> str:
+    moved: dict[str, int] = {}
+    records: dict[str, int] = {}
+    for step in result.steps:
+        for record in step.audit_records:
+            records[record["partition"]] = records.get(record["partition"], 0) + 1
+            moved[record["partition"]] = moved.get(record["partition"], 0) + record.get("nodes_moved_count", 0)
+    rows = []
+    for partition in sorted(result.desired["partitions"], key=lambda p: p["name"]):
+        leaves = _leaves(partition)
+        largest = max((len(nodes) for _, nodes in leaves), default=0)
+        rows.append(
+            [
+                f'<a href="#plan-{escape(partition["name"])}">{escape(partition["name"])}</a>',
+                _text(partition["kind"]),
+                _text(partition["node_count"]),
+                _text(f"{len(leaves)} {_unit(partition, len(leaves))}" if leaves else None),
+                _text(largest or None),
+                _text(records.get(partition["name"], 0)),
+                _text(moved.get(partition["name"], 0)),
+                "<br>".join(_text(w) for w in partition.get("warnings", [])) or _NONE,
+            ]
+        )
+    headers = ["partition", "kind", "nodes", "leaves / blocks", "largest job in one leaf / block", "audit records"]
+    headers += ["nodes moved", "warnings"]
+    warnings = "".join(f"<li>{_text(w)}</li>" for w in result.desired.get("warnings", []))
+    return _table(headers, rows, numeric={2, 4, 5, 6}) + (f"<ul>{warnings}</ul>" if warnings else "")
+
+
+def _diagrams(desired: Mapping[str, Any]) -> list[str]:
     lines = []
-    for partition, flowchart in sorted(mermaid.items()):
-        lines.append(f"<h3>{escape(partition)}</h3>")
+    for partition in sorted(desired["partitions"], key=lambda p: p["name"]):
+        name = escape(partition["name"])
+        lines.append(f'<h3 id="plan-{name}">{name}</h3>')
         # Mermaid reads the container's text with entities decoded, so escaped labels render as written.
-        lines.append(f'<pre class="mermaid">{escape(flowchart)}</pre>')
+        lines.append(f'<pre class="mermaid">{escape(partition_flowchart(partition))}</pre>')
+        leaves = _leaves(partition)
+        if leaves:
+            rows = [
+                [_text(unit), _text(len(nodes)), f'<span class="hosts">{_text(compress(nodes))}</span>']
+                for unit, nodes in leaves
+            ]
+            table = _table([_unit(partition), "nodes", "hostlist"], rows, numeric={1})
+            lines.append(
+                f"<details><summary>{len(leaves)} {_unit(partition, len(leaves))} and their nodes</summary>"
+                f"{table}</details>"
+            )
+        else:
+            lines.append(_on_demand(f"{partition['node_count']} nodes", compress(partition["nodes"])))
     return lines
+
+
+def _label(text: str) -> str:
+    """A Mermaid label: its own quotes as entities (the whole chart is HTML-escaped after)."""
+    return text.replace('"', "#quot;")
+
+
+def partition_flowchart(partition: Mapping[str, Any]) -> str:
+    """A plan document partition as a Mermaid flowchart of switches and blocks with their node counts. Beyond
+    ``MAX_BOXES`` boxes, the lowest switch levels (or the blocks) are drawn as counts per parent."""
+    title = f"{partition['name']} · {partition['kind']} · {partition['node_count']} nodes"
+    if partition.get("blocks"):
+        boxes = _block_boxes(partition)
+    elif partition.get("switches"):
+        boxes = _switch_boxes(partition["switches"])
+    else:
+        boxes = [f'    flat["flat (cluster default) · {partition["node_count"]} nodes"]']
+    fans = Counter(line.split()[0] for line in boxes if " --> " in line or " -.- " in line)
+    # Siblings sit side by side: a wide fan drawn top-down is a strip, drawn left to right a column.
+    direction = "LR" if max(fans.values(), default=0) > _WIDE_FAN else "TB"
+    return (
+        "\n".join(
+            [
+                f"flowchart {direction}",
+                f'  subgraph p["{_label(title)}"]',
+                f"    direction {direction}",
+                *boxes,
+                "  end",
+            ]
+        )
+        + "\n"
+    )
+
+
+def _block_boxes(partition: Mapping[str, Any]) -> list[str]:
+    sizes = ",".join(str(size) for size in partition.get("block_sizes", []))
+    lines = [f'    sizes[/"block_sizes {_label(sizes)}"/]']
+    blocks = partition["blocks"]
+    if len(blocks) <= MAX_BOXES:
+        for number, block in enumerate(blocks):
+            lines.append(f'    b{number}[["{_label(block["name"])} · {len(block["nodes"])} nodes"]]')
+            lines.append(f"    sizes -.- b{number}")
+        return lines
+    by_size: dict[int, int] = {}
+    for block in blocks:
+        by_size[len(block["nodes"])] = by_size.get(len(block["nodes"]), 0) + 1
+    for number, (size, count) in enumerate(sorted(by_size.items(), reverse=True)):
+        lines.append(f'    g{number}[["{count} blocks of {size} node{"s" if size != 1 else ""}"]]')
+        lines.append(f"    sizes -.- g{number}")
+    return lines
+
+
+def _switch_boxes(switches: list[dict[str, Any]]) -> list[str]:
+    by_name = {s["name"]: s for s in switches}
+    children = {child for s in switches for child in s.get("switches", [])}
+    levels = [[s["name"] for s in switches if s["name"] not in children]]
+    while True:
+        below = [child for name in levels[-1] for child in by_name[name].get("switches", []) if child in by_name]
+        if not below:
+            break
+        levels.append(below)
+    depth, shown = 0, len(levels[0])  # the deepest level whose boxes, with those above, fit MAX_BOXES
+    while depth + 1 < len(levels) and shown + len(levels[depth + 1]) <= MAX_BOXES:
+        depth += 1
+        shown += len(levels[depth])
+    ids = {name: f"s{number}" for number, name in enumerate(name for level in levels[: depth + 1] for name in level)}
+    lines = []
+    for name, box in ids.items():
+        nodes = by_name[name].get("nodes", [])
+        label = f"{name} · {len(nodes)} nodes" if nodes and not by_name[name].get("switches") else name
+        lines.append(
+            f'    {box}["{_label(label)}"]' if by_name[name].get("switches") else f'    {box}(["{_label(label)}"])'
+        )
+    for name, box in ids.items():
+        for child in by_name[name].get("switches", []):
+            if child in ids:
+                lines.append(f"    {box} --> {ids[child]}")
+    if depth + 1 < len(levels):  # the levels below as counts per switch of the last level shown
+        for number, name in enumerate(levels[depth]):
+            leaves, nodes = _below(name, by_name)
+            lines.append(f'    c{number}(["{leaves} leaves · {nodes} nodes"])')
+            lines.append(f"    {ids[name]} --> c{number}")
+    return lines
+
+
+def _below(name: str, by_name: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:
+    """(leaf switches, nodes) under a switch."""
+    stack, leaves, nodes = [name], 0, 0
+    while stack:
+        switch = by_name[stack.pop()]
+        children = [child for child in switch.get("switches", []) if child in by_name]
+        if not children:
+            leaves, nodes = leaves + 1, nodes + len(switch.get("nodes", []))
+        stack += children
+    return leaves, nodes

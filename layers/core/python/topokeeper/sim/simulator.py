@@ -92,7 +92,8 @@ class Story:
         timeline_start = len(world.timeline)
         world.note("step", f"{index}: {action} {getattr(step, action).model_dump(exclude_defaults=False)}")
         self.progress(f"step {index}: {action}")
-        self._act(step)
+        with world.emulator.calls.uncounted():  # the operator's (or HyperPod's) actions, not topokeeper's calls
+            self._act(step)
         if step.wait is not None:
             world.settle(until=started + step.wait.seconds, quiet=False)
         else:
@@ -187,7 +188,9 @@ class Story:
             desired_sha256, node_count = desired.sha256, len(desired.plan.nodes)
             converged, seconds = self._convergence(desired, started)
             alarm = world.metrics.state(world.cluster.name, Metric.TOPOLOGY_DRIFT)
-        records = [r for r in world.runtime.audit.history(world.cluster.name, 1000) if _after(r, world, started)]
+        with world.emulator.calls.uncounted():
+            history = world.runtime.audit.history(world.cluster.name, 1000)
+        records = [r for r in history if _after(r, world, started)]
         drift = world.metrics.peak(world.cluster.name, Metric.TOPOLOGY_DRIFT, started)
         return StepResult(
             step=action,
@@ -239,26 +242,40 @@ def _after(record: dict[str, Any], world: World, started: float) -> bool:
 
 
 def simulate(
-    scenario: Scenario, *, progress: Callable[[str], None] = lambda _: None, head_node: str | None = None
+    scenario: Scenario,
+    *,
+    progress: Callable[[str], None] = lambda _: None,
+    head_node: str | None = None,
+    on_step: Callable[[StepResult], None] = lambda _: None,
 ) -> SimulationResult:
-    """Play ``scenario``; ``head_node`` "chroot" or "file" as ``world.choose_head_node`` takes it."""
+    """Play ``scenario``; ``head_node`` "chroot" or "file" as ``world.choose_head_node`` takes it; ``on_step``
+    sees each step's result as soon as the step ends."""
     # Imported here: the world loads moto (seconds of CPU), which the result models and the report do not need.
     from topokeeper.sim.world import running  # noqa: PLC0415
 
     with running(scenario, head_node=head_node) as world:
-        return play(world, scenario, progress)
+        return play(world, scenario, progress, on_step)
 
 
-def play(world: World, scenario: Scenario, progress: Callable[[str], None]) -> SimulationResult:
+def play(
+    world: World,
+    scenario: Scenario,
+    progress: Callable[[str], None],
+    on_step: Callable[[StepResult], None] = lambda _: None,
+) -> SimulationResult:
     story = Story(world, progress)
     progress("creating the cluster")
+    # The emulator's own setup (the stack's bucket, tables and queues, the cluster) is not topokeeper's work.
+    world.emulator.calls.reset()
     started = world.clock.monotonic()
     world.settle()
     steps = [story.measure("create", started, 0)]
+    on_step(steps[0])
     for index, step in enumerate(scenario.steps, start=1):
         result = story.play(index, step)
         if result is not None:
             steps.append(result)
+            on_step(result)
     totals = {
         "simulated_seconds": round(world.clock.monotonic(), 3),
         "events_sent": sum(s.events_sent for s in steps),

@@ -31,6 +31,7 @@ from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.constants import AGENT_SOURCE
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
+from topokeeper.narrate import drift_text, membership_changes, record_text
 from topokeeper.ports import Channel, Outcome
 from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.service.drift import DriftReport
@@ -122,6 +123,9 @@ class World:
         )
         self.cluster = cluster
         self.functions = LambdaHost(self)
+        # The nodes as of the last event the timeline described ({instance id: (host name, group)}).
+        self._members: dict[str, tuple[str, str]] = {}
+        self._partition_of = {g.name: g.partition for g in spec.instance_groups if g.partition}
 
     # ----------------------------------------------------------------- setup and teardown
 
@@ -279,10 +283,7 @@ class World:
             self.counters.head_node_writes += 1
         if document.get("reconfigured"):
             self.counters.reconfigures += 1
-        error = f" ({document['error']})" if document.get("error") else ""
-        self.note(
-            "apply", f"head node: {document.get('outcome')} {str(document.get('after_sha256') or '')[:12]}{error}"
-        )
+        self.note("apply", _apply_text(document))
 
     def _install_agent(self) -> None:
         config = {
@@ -313,10 +314,12 @@ class World:
             try:
                 reports = self.functions.invoke("drift", {})
                 for report in reports:
+                    moved = report.get("moved") or []
+                    what = f" ({drift_text(moved, self.partitions())})" if moved else ""
                     self.note(
                         "drift",
-                        f"live {report['live']}, AWS {report['aws']}, drift {report['drift']}, {report['action']}"
-                        + differences(report.get("detail") or []),
+                        f"live {report['live']}{what}, AWS {report['aws']}, drift {report['drift']},"
+                        f" {report['action']}" + differences(report.get("detail") or []),
                     )
             except Exception as error:  # the Lambda would fail; the world goes on
                 self.note("error", f"drift function failed: {error}")
@@ -336,11 +339,11 @@ class World:
             self.counters.events_sent += 1
             if result and result.get("status") == "queued":
                 self.counters.last_event_at = self.clock.monotonic()
-            self.note(
-                "event",
-                f"{event.get('detail-type')}: {result.get('status') if result else '?'} "
-                f"{result.get('reason', '') if result else ''}"[:160],
-            )
+            members = {n.instance_id: (n.slurm_name, n.group) for n in self.emulator.hyperpod.nodes(self.cluster.name)}
+            changes = membership_changes(self._members, members, self._partition_of)
+            self._members = members
+            status = f"{result.get('status')} ({result.get('reason', '')})" if result else "?"
+            self.note("event", f"{event.get('detail-type')}: {status}; {changes}")
         elif function == stack_spec.RESULT and result:
             self._record_result(event, result)
 
@@ -376,7 +379,12 @@ class World:
             self.apply_times[state.applied_sha256] = self.clock.monotonic()
         else:
             self.counters.apply_failures += 1
-        self.note("result", f"{outcome}; {report.get('audit_records', 0)} audit record(s)")
+        count = int(report.get("audit_records", 0) or 0)
+        self.note("result", f"{outcome}; {count} audit record(s)")
+        with self.emulator.calls.uncounted():  # the simulator reading the history, not topokeeper
+            records = self.runtime.audit.history(self.cluster.name, count) if count else []
+        for record in sorted(records, key=lambda r: str(r["partition"])):
+            self.note("audit", record_text(record))
 
     # ----------------------------------------------------------------- running
 
@@ -443,6 +451,22 @@ def differences(detail: list[dict[str, Any]]) -> str:
     text = "".join(f"; {item.get('name')}: {item.get('detail')}" for item in grouping[:3])
     if naming and not grouping:
         text += f"; {len(naming)} naming difference(s) only (another writer's switch, block and topology names)"
+    return text
+
+
+def _apply_text(document: dict[str, Any]) -> str:
+    """The head node's apply in one line: the plan, the file, the partitions, the reconfigure, any error."""
+    sha = str(document.get("after_sha256") or document.get("plan_sha256") or "")[:12]
+    file = "/".join(str(part) for part in (document.get("config_dir"), document.get("slurm_format")) if part)
+    changed = document.get("partitions_changed") or []
+    text = f"head node: {document.get('outcome')} plan {sha}"
+    if file:
+        text += f" to {file}"
+    if changed:
+        text += f" (slurm.conf Topology= of {', '.join(changed)})"
+    text += ", scontrol reconfigure" if document.get("reconfigured") else ", no reconfigure"
+    if document.get("error"):
+        text += f"; error: {document['error']}"
     return text
 
 

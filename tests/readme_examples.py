@@ -1,0 +1,95 @@
+"""The README's examples as data: its code blocks, the topokeeper commands in them, and a matcher for shown
+output, so tests can run them and the README cannot drift from the code."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+_FENCE = re.compile(r"^```(\w*)\s*$")
+_PROGRAMS = ("topokeeper", ".venv/bin/topokeeper")
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # of the opening fence, 1-based
+    lang: str
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Command:
+    line: int  # in README.md
+    text: str
+    argv: tuple[str, ...]  # after the program name
+    block: int  # index of its block in blocks()
+
+
+def blocks(text: str | None = None) -> list[Block]:
+    lines = (README.read_text() if text is None else text).splitlines()
+    found, index = [], 0
+    while index < len(lines):
+        fence = _FENCE.match(lines[index])
+        if fence is None:
+            index += 1
+            continue
+        end = index + 1
+        while end < len(lines) and not lines[end].startswith("```"):
+            end += 1
+        found.append(Block(index + 1, fence.group(1), tuple(lines[index + 1 : end])))
+        index = end + 1
+    return found
+
+
+def _argv(text: str) -> tuple[str, ...] | None:
+    """A command line's arguments, placeholders made concrete: ``<the stack's key>`` -> PLACEHOLDER,
+    ``[--dry-run]`` -> ``--dry-run``; a redirection ends it."""
+    text = re.sub(r"<[^<>]*>", "PLACEHOLDER", text)
+    text = re.sub(r"\[(--[\w-]+)\]", r"\1", text)
+    words = shlex.split(text, comments=True)
+    if not words or words[0] not in _PROGRAMS:
+        return None
+    words = words[1:]
+    for stop in (">", "|", "&&"):
+        if stop in words:
+            words = words[: words.index(stop)]
+    return tuple(words)
+
+
+def commands(text: str | None = None) -> list[Command]:
+    """Every topokeeper command in a bash or sh block (continuation lines joined)."""
+    found = []
+    for number, block in enumerate(blocks(text)):
+        if block.lang not in ("bash", "sh"):
+            continue
+        pending, start = "", 0
+        for offset, line in enumerate(block.lines):
+            if not pending:
+                start = block.line + 1 + offset
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            whole, pending = pending + line, ""
+            argv = _argv(whole.strip())
+            if argv is not None:
+                found.append(Command(start, whole.strip(), argv, number))
+    return found
+
+
+def shown_pattern(shown: list[str] | tuple[str, ...]) -> re.Pattern[str]:
+    """Shown output as a pattern of the whole output: ``...`` inside a line is any text, a line of just
+    ``...`` any number of lines; the rest is literal."""
+    parts = []
+    for line in shown:
+        if line.strip() == "...":
+            parts.append(r"(?:[^\n]*\n)*?")
+        else:
+            parts.append(".*?".join(re.escape(piece) for piece in line.split("...")) + r"\n")
+    return re.compile("".join(parts))
+
+
+def matches_shown(shown: list[str] | tuple[str, ...], output: str) -> bool:
+    return shown_pattern(shown).fullmatch(output if output.endswith("\n") else output + "\n") is not None
