@@ -53,8 +53,9 @@ def _print_step(step: Any, show: bool) -> None:
         f"  alarm {'raised, now ' if step.alarm_raised else ''}{step.alarm}"
     )
     for entry in step.timeline:
-        # What HyperPod did itself and what topokeeper's verify compared and concluded (verify mode's story).
-        if entry["kind"] in ("hyperpod", "bug", "verify", "drift"):
+        # What HyperPod did itself and what topokeeper's verify compared and concluded (verify mode's story;
+        # drift lines are in the story already).
+        if entry["kind"] in ("hyperpod", "bug", "verify"):
             print(f"   t={entry['t']:.0f}s {entry['kind']}: {entry['text']}")
     if step.kueue is not None:
         _print_kueue(step.kueue, show)

@@ -86,7 +86,7 @@ def render_report(result: SimulationResult, mermaid_js: str) -> str:
         *_live(result.steps[-1].live_topology),
         '<h2 id="plan">Final plan per partition</h2>',
         f'<p>plan sha256 <span class="mono">{_text(result.desired["sha256"])}</span></p>',
-        *_diagrams(result.desired),
+        *(_diagrams(result.desired) if "partitions" in result.desired else _flowcharts(result.mermaid)),
         f"<script>{_inlinable(mermaid_js)}</script>",
         f"<script>{_START}</script>",
         "</body>",
@@ -343,6 +343,8 @@ def _unit(partition: Mapping[str, Any], count: int = 1) -> str:
 
 
 def _partitions(result: SimulationResult) -> str:
+    if "partitions" not in result.desired:  # EKS: Kueue Topologies, drawn as the layer map below
+        return f"<p>{_NONE}</p>"
     moved: dict[str, int] = {}
     records: dict[str, int] = {}
     for step in result.steps:
@@ -369,6 +371,16 @@ def _partitions(result: SimulationResult) -> str:
     headers += ["nodes moved", "warnings"]
     warnings = "".join(f"<li>{_text(w)}</li>" for w in result.desired.get("warnings", []))
     return _table(headers, rows, numeric={2, 4, 5, 6}) + (f"<ul>{warnings}</ul>" if warnings else "")
+
+
+def _flowcharts(mermaid: Mapping[str, str]) -> list[str]:
+    """Flowcharts already drawn (the EKS layer map), one per name."""
+    lines = []
+    for name, flowchart in sorted(mermaid.items()):
+        lines.append(f"<h3>{escape(name)}</h3>")
+        # Mermaid reads the container's text with entities decoded, so escaped labels render as written.
+        lines.append(f'<pre class="mermaid">{escape(flowchart)}</pre>')
+    return lines
 
 
 def _diagrams(desired: Mapping[str, Any]) -> list[str]:

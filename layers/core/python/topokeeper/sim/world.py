@@ -319,7 +319,7 @@ class World:
                     self.note(
                         "drift",
                         f"live {report['live']}{what}, AWS {report['aws']}, drift {report['drift']},"
-                        f" {report['action']}" + differences(report.get("detail") or []),
+                        f" {report['action']}" + ("" if moved else differences(report.get("detail") or [])),
                     )
             except Exception as error:  # the Lambda would fail; the world goes on
                 self.note("error", f"drift function failed: {error}")
