@@ -43,6 +43,10 @@ from topokeeper.service.ingest import IngestDeps
 from topokeeper.service.reconcile import ControllerDeps
 from topokeeper.service.result import ResultDeps
 
+# What a reconcile needs after discovery: planning 20,000 nodes, the plan to S3, the claim, SendCommand, the
+# state; and one last batch of DescribeInstanceTopology (5 pages) started just before the deadline.
+AFTER_DISCOVERY_SECONDS = 40
+
 
 class SystemClock:
     def now(self) -> datetime:
@@ -184,7 +188,13 @@ class Runtime:
             instance_tags=self.instance_tags,
         )
 
-    def reconcile_deps(self) -> ControllerDeps:
+    def reconcile_deps(self, remaining_seconds: float | None = None) -> ControllerDeps:
+        """``remaining_seconds``: the invocation's time left; discovery stops in time to plan and deliver."""
+        self.topology_reader.deadline = (
+            None
+            if remaining_seconds is None
+            else self.clock.now() + timedelta(seconds=remaining_seconds - AFTER_DISCOVERY_SECONDS)
+        )
         return ControllerDeps(
             settings=self.settings,
             state=self.state,

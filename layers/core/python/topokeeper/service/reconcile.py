@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Mode, Settings
 from topokeeper.engine.planner import plan
-from topokeeper.engine.snapshot import build_snapshot
+from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot
 from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, TopokeeperError
 from topokeeper.ports import (
     Clock,
@@ -113,6 +113,7 @@ class ReconcileReport(BaseModel):
     plan_sha256: str | None = None
     delivery_reference: str | None = None
     nodes_without_topology: int = 0
+    undescribed: int = 0  # instances discovery did not reach in this invocation: a continuation is queued
     defer_seconds: float | None = None  # deferred: hide the message this long
     reason: str = ""  # deferred: why
     behind_delivery: bool = False  # deferred behind a delivery in flight, whose result resumes the message
@@ -121,7 +122,10 @@ class ReconcileReport(BaseModel):
 
 def plan_cluster(cluster: ClusterConfig, state: ClusterState, facts: FactsSource) -> RenderedPlan:
     """Facts -> rendered plan; the head node's own Slurm version wins over the configured one."""
-    raw = facts.read(cluster.name)
+    return plan_facts(cluster, state, facts.read(cluster.name))
+
+
+def plan_facts(cluster: ClusterConfig, state: ClusterState, raw: AwsSnapshot) -> RenderedPlan:
     version = state.slurm_version or cluster.slurm_version
     return render(plan(build_snapshot(raw, cluster.planner_config, version)))
 
@@ -151,7 +155,8 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     if coalesced > 0:
         deps.metrics.emit(cluster.name, Metric.EVENTS_COALESCED, coalesced)
 
-    rendered = plan_cluster(cluster, state, deps.facts(cluster))
+    raw = deps.facts(cluster).read(cluster.name)
+    rendered = plan_facts(cluster, state, raw)
     if rendered.sha256 != state.desired_sha256:  # plans are content-addressed: one put per new plan
         deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
     missing = missing_topology(rendered)
@@ -160,7 +165,8 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     update: dict[str, object] = {
         "reconciled_generation": state.generation,
         "desired_sha256": rendered.sha256,
-        "topology_retries": state.topology_retries + 1 if missing else 0,
+        # A discovery cut short is progress, not a retry: it continues until every instance was asked.
+        "topology_retries": (state.topology_retries + int(not raw.undescribed)) if missing else 0,
     }
     action, reference = "unchanged", None
     claimed: PendingDelivery | None = None
@@ -201,7 +207,17 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
     queue_next_cycle(deps.state, deps.queue, cluster.name)
 
-    if missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
+    if raw.undescribed:
+        request_reconcile(
+            deps.state,
+            deps.queue,
+            cluster.name,
+            now,
+            reason="retry",
+            detail_type="Discovery Continues",
+            summary=f"{raw.undescribed} instance(s) not described yet: the next reconcile continues from the cache",
+        )
+    elif missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
         request_reconcile(
             deps.state,
             deps.queue,
@@ -219,6 +235,7 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         plan_sha256=rendered.sha256,
         delivery_reference=reference,
         nodes_without_topology=missing,
+        undescribed=raw.undescribed,
         managed_updates=[t for t in state.triggers if is_managed_topology_update(t)],
     )
 
