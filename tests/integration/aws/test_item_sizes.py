@@ -1,15 +1,29 @@
-"""What grows with the cluster stays under DynamoDB's 400 KB item limit (the emulator refuses larger items, as
-DynamoDB does): an audit record names every node a partition gained or lost, so a 20,000-node partition's first
-record is larger than one item; the history keeps it whole, split, and reads it back across Query pages."""
+"""DynamoDB items do not grow with the cluster (the emulator refuses an item over 400 KB, as DynamoDB does), but
+their number does: the history reads across Query's 1 MB pages.
+
+What bounds each item: the cluster state keeps 20 triggers (and 20 with the delivery in flight) and one agent
+verify result, which arrived in one event (the agent cuts its detail to 200 KiB); a node facts item is one
+instance; an audit record lists at most 200 added and 200 removed nodes and 20 warnings (counts exact).
+"""
 
 from __future__ import annotations
 
-import random
+from datetime import timedelta
 
 import pytest
 
-from tests.integration.aws.test_adapters import TABLE, _records, _rendered, _trail
-from topokeeper.ports import AuditRecord
+from tests.integration.aws.test_adapters import TABLE, _large, _records, _rendered, _trail
+from topokeeper.adapters.dynamodb import DynamoStateStore
+from topokeeper.agent.agent import MAX_DETAIL_BYTES
+from topokeeper.ports import (
+    MAX_TRIGGERS,
+    ApplyResult,
+    Channel,
+    DeliveryHandle,
+    Outcome,
+    PendingDelivery,
+    Trigger,
+)
 from topokeeper.sim.aws_emulator import AwsEmulator, ManualClock
 from topokeeper.sim.stack import create_state_table
 
@@ -20,44 +34,44 @@ def table(aws: AwsEmulator) -> str:
     return TABLE
 
 
-def _incompressible(record: AuditRecord, index: int, names: int) -> AuditRecord:
-    """Node names that compression cannot shrink: the record must be split, not only compressed."""
-    rng = random.Random(index)
-    added = [f"n{rng.getrandbits(128):032x}" for _ in range(names)]
-    return record.model_copy(
-        update={"audit_id": f"{index:032d}", "nodes_added": added, "nodes_added_count": names, "node_count": names}
+def test_the_largest_cluster_state_fits_one_item(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
+    store = DynamoStateStore(aws.client("dynamodb"), table)
+    # Triggers as ingest keeps them, with summaries far longer than ingest writes
+    for number in range(MAX_TRIGGERS + 5):
+        trigger = Trigger(
+            source="aws.sagemaker", detail_type="SageMaker HyperPod Cluster State Change",
+            event_id=f"{number:036d}", time=clock.now(), summary="s" * 1000,
+        )  # fmt: skip
+        state = store.record_change("big", trigger, clock.now())
+    # The agent's largest verify report: a detail of 200 KiB, most of it the diff
+    verify = ApplyResult(outcome=Outcome.DRIFT, applier_version="1.0.0", diff="-" * (MAX_DETAIL_BYTES - 2000))
+    handle = DeliveryHandle(
+        channel=Channel.SSM, cluster="big", plan_sha256="a" * 64, reference="r" * 36, target="mi-" + "0" * 17,
+        sent_at=clock.now(),
+    )  # fmt: skip
+    pending = PendingDelivery(
+        handle=handle, generation=state.generation, triggers=state.triggers, trigger_count=state.trigger_count
     )
+    largest = state.model_copy(update={"last_verify": verify, "last_verify_at": clock.now(), "pending": pending})
 
+    store.save(largest)
 
-def test_a_record_larger_than_an_item_is_stored_whole(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
-    base = _records(_rendered(), "cmd-1", clock)[0]
-    # 20,000 host names as HyperPod names them: about 460 KB of JSON, over DynamoDB's 400 KB
-    hosts = [f"ip-10-{1 + i // 65000}-{i // 250 % 256}-{i % 250}" for i in range(20_000)]
-    named = base.model_copy(update={"audit_id": "1" * 32, "nodes_added": hosts, "nodes_added_count": len(hosts)})
-    # 40,000 names compression cannot shrink: about 1.4 MB, more than three items even compressed
-    random_names = _incompressible(base, 2, 40_000)
-    trail = _trail(aws, table)
-
-    assert trail.publish([named, random_names]) == 2
-
-    history = trail.history(base.cluster_name)
-    assert {entry["audit_id"]: entry for entry in history} == {
-        named.audit_id: named.document(),
-        random_names.audit_id: random_names.document(),
-    }
+    stored = store.get("big")
+    assert stored.last_verify == verify and stored.pending == pending
+    assert len(stored.triggers) == MAX_TRIGGERS and stored.trigger_count == MAX_TRIGGERS + 5
 
 
 def test_history_reads_across_query_pages(aws: AwsEmulator, clock: ManualClock, table: str) -> None:
-    """Query answers at most 1 MB a page: a history of large records needs more than one."""
-    base = _records(_rendered(), "cmd-1", clock)[0]
+    """Query answers at most 1 MB a page; twenty records of 60 KB (200 long node names each) need two."""
     records = []
-    for index in range(5):
-        clock.advance(60)
-        records.append(_incompressible(_records(_rendered(), f"cmd-{index}", clock)[0], 10 + index, 8_000))
+    for index in range(20):
+        clock.advance(timedelta(minutes=1).total_seconds())
+        records.append(_large(_records(_rendered(), f"cmd-{index}", clock)[0], index, names=200, name_length=300))
     trail = _trail(aws, table)
-    assert trail.publish(records) == 5
+    assert trail.publish(records) == 20
 
-    history = trail.history(base.cluster_name)
+    history = trail.history(records[0].cluster_name, limit=1000)
 
     assert [entry["audit_id"] for entry in history] == [r.audit_id for r in reversed(records)]
     assert history[0] == records[-1].document()
+    assert len(trail.history(records[0].cluster_name, limit=5)) == 5

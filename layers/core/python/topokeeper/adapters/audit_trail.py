@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import zlib
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -24,11 +23,6 @@ PUT_EVENTS_BATCH = 10
 PUT_EVENTS_MAX_BYTES = 256 * 1024
 PUT_AUDIT_EVENTS_BATCH = 100
 _TRIMMED_ERROR_CHARS = 1000
-# A history record names every node its partition gained or lost: larger than one DynamoDB item (400 KB) from
-# about 20,000 nodes. Above this size it is stored compressed, in parts of this size under the same partition
-# key (sort key ``AUDITPART#...``), written in one transaction with its marker (TransactWriteItems: 4 MB).
-HISTORY_ITEM_BYTES = 350_000
-MAX_HISTORY_PARTS = 10
 
 
 def put_events_entry_size(entry: Mapping[str, Any]) -> int:
@@ -109,38 +103,24 @@ class AuditTrail:
 
     @aws_errors()
     def history(self, cluster: str, limit: int = 50) -> list[dict[str, Any]]:
-        """The newest audit records of a cluster first (Query pages hold 1 MB: a few large records each)."""
-        heads: list[dict[str, Any]] = []
+        """The newest audit records of a cluster first, across Query's 1 MB pages (a page holds ~100 records
+        of a large cluster: 200 node names a list)."""
+        items: list[dict[str, Any]] = []
         page: dict[str, Any] = {}
-        while len(heads) < limit:
+        while len(items) < limit:
             response = self._db.query(
                 TableName=self._table,
                 KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
                 ExpressionAttributeValues={":pk": {"S": f"CLUSTER#{cluster}"}, ":prefix": {"S": "AUDIT#"}},
                 ScanIndexForward=False,
-                Limit=limit - len(heads),
+                Limit=limit - len(items),
                 **page,
             )
-            heads.extend(response.get("Items", []))
+            items.extend(response.get("Items", []))
             if "LastEvaluatedKey" not in response:
                 break
             page = {"ExclusiveStartKey": response["LastEvaluatedKey"]}
-        return [self._history_record(item) for item in heads]
-
-    def _history_record(self, head: dict[str, Any]) -> dict[str, Any]:
-        if "record" in head:
-            document: dict[str, Any] = json.loads(head["record"]["S"])
-            return document
-        keys = [part_key(head, number) for number in range(1, int(head["parts"]["N"]))]
-        chunks = {head["sk"]["S"]: head["record_zlib"]["B"]}
-        request: dict[str, Any] = {self._table: {"Keys": keys}} if keys else {}
-        while request:  # at most MAX_HISTORY_PARTS keys: one BatchGetItem, and its unprocessed keys
-            response = self._db.batch_get_item(RequestItems=request)
-            chunks.update({item["sk"]["S"]: item["chunk"]["B"] for item in response["Responses"].get(self._table, [])})
-            request = response.get("UnprocessedKeys") or {}
-        ordered = [head["sk"]["S"], *(key["sk"]["S"] for key in keys)]
-        document = json.loads(zlib.decompress(b"".join(chunks[sk] for sk in ordered)))
-        return document
+        return [json.loads(item["record"]["S"]) for item in items]
 
     def _seen(self, audit_id: str) -> bool:
         key = {"pk": {"S": f"AUDITID#{audit_id}"}, "sk": {"S": "AUDITID"}}
@@ -149,8 +129,11 @@ class AuditTrail:
     def _store(self, record: AuditRecord) -> bool:
         expires = str(int((record.completed_at + self._retention).timestamp()))
         marker = {"pk": {"S": f"AUDITID#{record.audit_id}"}, "sk": {"S": "AUDITID"}, "expires_at": {"N": expires}}
-        key = audit_history_key(record.cluster_name, record.completed_at, record.partition, record.audit_id)
-        history = [{**item, "expires_at": {"N": expires}} for item in history_items(key, record.document())]
+        history = {
+            **audit_history_key(record.cluster_name, record.completed_at, record.partition, record.audit_id),
+            "record": {"S": json.dumps(record.document(), sort_keys=True)},
+            "expires_at": {"N": expires},
+        }
         try:
             self._db.transact_write_items(
                 TransactItems=[
@@ -161,7 +144,7 @@ class AuditTrail:
                             "ConditionExpression": "attribute_not_exists(pk)",
                         }
                     },
-                    *({"Put": {"TableName": self._table, "Item": item}} for item in history),
+                    {"Put": {"TableName": self._table, "Item": history}},
                 ]
             )
         except ClientError as error:
@@ -219,27 +202,6 @@ class AuditTrail:
             if response.get("failed"):
                 codes = sorted({f.get("errorCode") for f in response["failed"]})
                 raise Retryable(f"PutAuditEvents failed for {len(response['failed'])} record(s): {codes}")
-
-
-def part_key(head: dict[str, Any], number: int) -> dict[str, Any]:
-    """The key of a large history record's part ``number`` (1...): outside the ``AUDIT#`` prefix the history
-    queries, so a page of records holds no parts."""
-    return {"pk": head["pk"], "sk": {"S": f"AUDITPART#{head['sk']['S'].removeprefix('AUDIT#')}#{number:02d}"}}
-
-
-def history_items(key: dict[str, Any], document: dict[str, Any]) -> list[dict[str, Any]]:
-    """The history items of one record: one with its JSON, or (larger than an item) its compressed JSON in
-    parts. A record too large even for ``MAX_HISTORY_PARTS`` parts keeps its node lists cut, counts exact."""
-    text = json.dumps(document, sort_keys=True).encode()
-    if len(text) <= HISTORY_ITEM_BYTES:
-        return [{**key, "record": {"S": text.decode()}}]
-    packed = zlib.compress(text, 6)
-    if len(packed) > HISTORY_ITEM_BYTES * MAX_HISTORY_PARTS:
-        fitted = fitted_detail(document, HISTORY_ITEM_BYTES * MAX_HISTORY_PARTS)
-        packed = zlib.compress(json.dumps(fitted, sort_keys=True).encode(), 6)
-    chunks = [packed[start : start + HISTORY_ITEM_BYTES] for start in range(0, len(packed), HISTORY_ITEM_BYTES)]
-    head = {**key, "record_zlib": {"B": chunks[0]}, "parts": {"N": str(len(chunks))}}
-    return [head, *({**part_key(key, n), "chunk": {"B": chunk}} for n, chunk in enumerate(chunks[1:], start=1))]
 
 
 def cloudtrail_lake_event(record: AuditRecord, account: str, function_arn: str) -> dict[str, Any]:

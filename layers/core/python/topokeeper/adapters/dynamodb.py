@@ -5,8 +5,6 @@ Access patterns (item: pk / sk; who uses it):
 - cluster state: ``CLUSTER#<name>`` / ``STATE``; every function: get, atomic change counter, versioned save.
 - node facts cache: ``CLUSTER#<name>`` / ``NODE#<instance-id>``; reconcile: BatchGetItem by instance id.
 - audit history: ``CLUSTER#<name>`` / ``AUDIT#<completed-at>#<partition>#<id>``; newest first by Query.
-  A record larger than an item (a partition of ~20,000 nodes created at once) is compressed into parts
-  ``AUDITPART#<completed-at>#<partition>#<id>#<n>`` (``topokeeper.adapters.audit_trail.history_items``).
 - audit marker: ``AUDITID#<id>`` / ``AUDITID``; each record once (one transaction with its history item).
 - event seen: ``EVENT#<event-id>`` / ``EVENT``; ingest drops redelivered events (1-day TTL).
 - rate token: ``RATE#DescribeInstanceTopology`` / ``RATE``; one call per second across the account.
