@@ -96,7 +96,14 @@ def is_complete(item: dict[str, Any]) -> bool:
 
 
 class InstanceTopologyReader:
-    def __init__(self, ec2: Any, cache: NodeFactsCache, limiter: RateLimiter, now: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        ec2: Any,
+        cache: NodeFactsCache,
+        limiter: RateLimiter,
+        now: Callable[[], datetime],
+        deadline: datetime | None = None,
+    ) -> None:
         self._ec2 = ec2
         self._cache = cache
         self._limiter = limiter
@@ -104,7 +111,7 @@ class InstanceTopologyReader:
         self.calls = 0
         self.not_visible: list[str] = []  # of the last read: asked for, but not in the account's answer
         self.undescribed: list[str] = []  # of the last read: not asked for before the deadline
-        self.deadline: datetime | None = None  # no batch starts after this (the invocation's time is up)
+        self.deadline = deadline  # no batch starts after this (the invocation's time is up)
 
     @aws_errors()
     def read(
