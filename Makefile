@@ -78,8 +78,10 @@ demo: install
 	@$(MAKE) --no-print-directory install-system || echo "demo: Debian packages not installed (no root or sudo?): the head node falls back to a file-only stand-in"
 	$(BIN)/topokeeper demo --out out/demo
 
+# docs/performance/scale.md: the largest cluster each limit allows, the planner to 100k, 20,000 nodes simulated.
 bench: install
 	$(BIN)/python bench/plan_scaling.py
+	$(BIN)/python -m bench.scale --simulate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
