@@ -9,12 +9,18 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from tests.fakes import FakeClock, FakeFacts, MemoryNodeFactsCache
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper import runtime as runtime_module
 from topokeeper.adapters.ec2 import InstanceTopologyReader
+from topokeeper.adapters.hyperpod import HyperPodFacts
+from topokeeper.config import Settings
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.ports import ApplyResult, Outcome
+from topokeeper.runtime import AFTER_DISCOVERY_SECONDS, DRIFT_DISCOVERY_SECONDS, LambdaEnvironment, Runtime
 from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
 
@@ -139,3 +145,29 @@ def test_reconcile_delivers_what_it_found_and_queues_the_rest_without_spending_r
     assert len(controller.queue.sent) == 1  # finished: nothing more queued
     assert len(facts.ec2.calls) == 50
     assert len(controller.channel.delivered) == 2
+
+
+def test_each_function_reads_with_its_own_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reconcile's from the invocation's time left, drift's per cluster; neither resets the other's (the
+    simulator runs the drift function inside a reconcile's sleep)."""
+    monkeypatch.setattr(runtime_module, "client", lambda service, region=None: object())
+    settings = Settings.model_validate({"clusters": [{"name": CLUSTER}]})
+    env = LambdaEnvironment(
+        TOPOKEEPER_CONFIG=settings.to_env(),
+        TABLE_NAME="topokeeper-state",
+        BUCKET_NAME="topokeeper-plans",
+        QUEUE_URL="https://sqs.us-east-1.amazonaws.com/123456789012/topokeeper-work.fifo",
+    )
+    clock = FakeClock()
+    runtime = Runtime(env=env, settings=settings, clock=clock)
+    cluster = settings.clusters[0]
+    started = clock.now()
+
+    reconcile_facts = runtime.reconcile_deps(remaining_seconds=180).facts(cluster)
+    clock.advance(30)
+    drift_facts = runtime.drift_deps().facts(cluster)
+
+    assert isinstance(reconcile_facts, HyperPodFacts) and isinstance(drift_facts, HyperPodFacts)
+    assert reconcile_facts._topology.deadline == started + timedelta(seconds=180 - AFTER_DISCOVERY_SECONDS)
+    assert drift_facts._topology.deadline == clock.now() + timedelta(seconds=DRIFT_DISCOVERY_SECONDS)
+    assert runtime.reconcile_deps().facts(cluster)._topology.deadline is None
