@@ -79,10 +79,12 @@ demo: install
 	$(BIN)/topokeeper demo --out out/demo
 	$(BIN)/topokeeper demo --mode verify --out out/demo-verify
 
+# docs/performance/scale.md: the largest cluster each limit allows, the planner to 100k, 20,000 nodes simulated.
 bench: install
 	$(BIN)/python bench/plan_scaling.py
 	# The simulation report at 10,000 nodes in headless Chromium (make test runs it at 1,000).
 	TOPOKEEPER_REPORT_NODES=10000 $(BIN)/pytest -q tests/e2e/test_report_in_chromium.py -k scale
+	$(BIN)/python -m bench.scale --simulate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -24,7 +24,7 @@ VERIFY_BUDGET_MILLIS = 130_000
 
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
-    deps = lambda_runtime().reconcile_deps()
+    deps = lambda_runtime().reconcile_deps(context.get_remaining_time_in_millis() / 1000)
     newest = newest_generations(record.get("body", "") for record in event.get("Records", []))
 
     def record_handler(record: SQSRecord) -> None:

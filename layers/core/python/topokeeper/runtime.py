@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -45,6 +46,12 @@ from topokeeper.service.ingest import IngestDeps
 from topokeeper.service.reconcile import ControllerDeps
 from topokeeper.service.result import ResultDeps
 from topokeeper.service.signing import trusted_key_document
+
+# What a reconcile needs after discovery: planning 20,000 nodes, the plan to S3, the claim, SendCommand, the
+# state; and one last batch of DescribeInstanceTopology (5 pages) started just before the deadline.
+AFTER_DISCOVERY_SECONDS = 40
+# The drift function (10 minutes) gives each cluster's discovery this long; what is left, reconcile continues.
+DRIFT_DISCOVERY_SECONDS = 120
 
 
 class SystemClock:
@@ -111,18 +118,18 @@ class Runtime:
             return self.work_queue
         return SqsWorkQueue(client("sqs"), self.env.queue_url, self.env.dead_letter_queue_url)
 
-    @cached_property
-    def topology_reader(self) -> InstanceTopologyReader:
+    def topology_reader(self, deadline: datetime | None = None) -> InstanceTopologyReader:
         limiter = DynamoRateLimiter(
             client("dynamodb"), self.env.table, now=lambda: self.clock.now().timestamp(), sleep=self.sleep
         )
         cache = DynamoNodeFactsCache(client("dynamodb"), self.env.table)
-        return InstanceTopologyReader(client("ec2"), cache, limiter, self.clock.now)
+        return InstanceTopologyReader(client("ec2"), cache, limiter, self.clock.now, deadline)
 
-    def facts(self, cluster: ClusterConfig) -> FactsSource:
+    def facts(self, cluster: ClusterConfig, deadline: datetime | None = None) -> FactsSource:
+        """``deadline``: no DescribeInstanceTopology batch starts after it (the read continues next time)."""
         if cluster.orchestrator is Orchestrator.EC2:
-            return Ec2ClusterFacts(client("ec2"), self.topology_reader, cluster.ec2)
-        return HyperPodFacts(client("sagemaker"), client("s3"), self.topology_reader)
+            return Ec2ClusterFacts(client("ec2"), self.topology_reader(deadline), cluster.ec2)
+        return HyperPodFacts(client("sagemaker"), client("s3"), self.topology_reader(deadline))
 
     def channel(self, cluster: ClusterConfig) -> DeliveryChannel:
         if cluster.effective_channel is Channel.SSM:
@@ -200,7 +207,16 @@ class Runtime:
             instance_tags=self.instance_tags,
         )
 
-    def reconcile_deps(self) -> ControllerDeps:
+    def reconcile_deps(self, remaining_seconds: float | None = None) -> ControllerDeps:
+        """``remaining_seconds``: the invocation's time left; discovery stops in time to plan and deliver."""
+        deadline = (
+            None
+            if remaining_seconds is None
+            else self.clock.now() + timedelta(seconds=remaining_seconds - AFTER_DISCOVERY_SECONDS)
+        )
+        return self._controller_deps(lambda cluster: self.facts(cluster, deadline))
+
+    def _controller_deps(self, facts: Callable[[ClusterConfig], FactsSource]) -> ControllerDeps:
         return ControllerDeps(
             settings=self.settings,
             state=self.state,
@@ -208,7 +224,7 @@ class Runtime:
             queue=self.queue,
             metrics=self.metrics,
             clock=self.clock,
-            facts=self.facts,
+            facts=facts,
             channel=self.channel,
             signer=self.signer,
             kueue=self.plans,
@@ -228,8 +244,11 @@ class Runtime:
         )
 
     def drift_deps(self) -> ControllerDeps:
-        # One ``<function>_deps`` per Lambda; drift reads what reconcile reads.
-        return self.reconcile_deps()
+        # One ``<function>_deps`` per Lambda; drift reads what reconcile reads, each cluster's discovery
+        # bounded on its own (the function checks every cluster, and waits for each verify).
+        return self._controller_deps(
+            lambda cluster: self.facts(cluster, self.clock.now() + timedelta(seconds=DRIFT_DISCOVERY_SECONDS))
+        )
 
 
 _installed: Runtime | None = None

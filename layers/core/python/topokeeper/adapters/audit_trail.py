@@ -136,18 +136,27 @@ class AuditTrail:
 
     @aws_errors()
     def history(self, cluster: str, limit: int = 50, event_name: str = AUDIT_DETAIL_TYPE) -> list[dict[str, Any]]:
-        """The newest audit records of one kind of a cluster first."""
-        response = self._db.query(
-            TableName=self._table,
-            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
-            ExpressionAttributeValues={
-                ":pk": {"S": f"CLUSTER#{cluster}"},
-                ":prefix": {"S": history_prefix(event_name)},
-            },
-            ScanIndexForward=False,
-            Limit=limit,
-        )
-        return [json.loads(item["record"]["S"]) for item in response.get("Items", [])]
+        """The newest audit records of one kind of a cluster first, across Query's 1 MB pages (a page holds ~100 records
+        of a large cluster: 200 node names a list)."""
+        items: list[dict[str, Any]] = []
+        page: dict[str, Any] = {}
+        while len(items) < limit:
+            response = self._db.query(
+                TableName=self._table,
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+                ExpressionAttributeValues={
+                    ":pk": {"S": f"CLUSTER#{cluster}"},
+                    ":prefix": {"S": history_prefix(event_name)},
+                },
+                ScanIndexForward=False,
+                Limit=limit - len(items),
+                **page,
+            )
+            items.extend(response.get("Items", []))
+            if "LastEvaluatedKey" not in response:
+                break
+            page = {"ExclusiveStartKey": response["LastEvaluatedKey"]}
+        return [json.loads(item["record"]["S"]) for item in items]
 
     def _seen(self, audit_id: str) -> bool:
         key = {"pk": {"S": f"AUDITID#{audit_id}"}, "sk": {"S": "AUDITID"}}

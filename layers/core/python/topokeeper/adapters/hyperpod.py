@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors, error_code
-from topokeeper.adapters.ec2 import InstanceTopologyReader, not_visible_warning
+from topokeeper.adapters.ec2 import InstanceTopologyReader, not_visible_warning, undescribed_warning
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.errors import InputError
@@ -63,7 +63,9 @@ class HyperPodFacts:
                 "nodes": nodes,
                 "instance_topology": topology,
                 "slurm": {"partitions": {} if eks else self._legacy_mapping(described)},
-                "warnings": not_visible_warning(self._topology.not_visible),
+                "warnings": not_visible_warning(self._topology.not_visible)
+                + undescribed_warning(self._topology.undescribed, len(capable)),
+                "undescribed": len(self._topology.undescribed),
             }
         )
 

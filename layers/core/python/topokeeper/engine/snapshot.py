@@ -113,6 +113,8 @@ class AwsSnapshot(_Aws):
     instance_topology: list[AwsInstanceTopology] = Field(default_factory=list)
     slurm: SnapshotSlurm = SnapshotSlurm()
     warnings: list[str] = Field(default_factory=list)  # what reading the facts found (plan and audit carry them)
+    # Instances whose topology discovery has not reached yet (its time ran out): the next read continues.
+    undescribed: int = Field(0, ge=0)
 
 
 def parse_snapshot_document(document: Any) -> AwsSnapshot:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.engine.planner import plan
-from topokeeper.engine.snapshot import build_snapshot
+from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot
 from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, TopokeeperError
 from topokeeper.ports import (
     AuditSink,
@@ -121,6 +121,7 @@ class ReconcileReport(BaseModel):
     plan_sha256: str | None = None
     delivery_reference: str | None = None
     nodes_without_topology: int = 0
+    undescribed: int = 0  # instances discovery did not reach in this invocation: a continuation is queued
     defer_seconds: float | None = None  # deferred: hide the message this long
     reason: str = ""  # deferred: why
     behind_delivery: bool = False  # deferred behind a delivery in flight, whose result resumes the message
@@ -128,9 +129,13 @@ class ReconcileReport(BaseModel):
 
 
 def plan_cluster(cluster: ClusterConfig, state: ClusterState, facts: FactsSource) -> RenderedPlan:
-    """Facts -> rendered plan; the head node's own Slurm version wins over the configured one. On EC2 the
-    head node's node table names the nodes (ParallelCluster binds ``<queue>-st|dy-<cr>-<n>`` by NodeAddr)."""
-    raw = facts.read(cluster.name)
+    """Facts -> rendered plan; the head node's own Slurm version wins over the configured one."""
+    return plan_facts(cluster, state, facts.read(cluster.name))
+
+
+def plan_facts(cluster: ClusterConfig, state: ClusterState, raw: AwsSnapshot) -> RenderedPlan:
+    """Read facts -> rendered plan. On EC2 the head node's node table names the nodes (ParallelCluster binds
+    ``<queue>-st|dy-<cr>-<n>`` by NodeAddr)."""
     if cluster.orchestrator is Orchestrator.EC2 and state.slurm_nodes is not None and raw.slurm.nodes is None:
         raw = raw.model_copy(update={"slurm": raw.slurm.model_copy(update={"nodes": state.slurm_nodes})})
     version = state.slurm_version or cluster.slurm_version
@@ -166,7 +171,8 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
 
         return reconcile_eks(cluster, state, request, deps)
 
-    rendered = plan_cluster(cluster, state, deps.facts(cluster))
+    raw = deps.facts(cluster).read(cluster.name)
+    rendered = plan_facts(cluster, state, raw)
     if rendered.sha256 != state.desired_sha256:  # plans are content-addressed: one put per new plan
         deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
     missing = missing_topology(rendered)
@@ -175,7 +181,8 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     update: dict[str, object] = {
         "reconciled_generation": state.generation,
         "desired_sha256": rendered.sha256,
-        "topology_retries": state.topology_retries + 1 if missing else 0,
+        # A discovery cut short is progress, not a retry: it continues until every instance was asked.
+        "topology_retries": (state.topology_retries + int(not raw.undescribed)) if missing else 0,
     }
     action, reference = "unchanged", None
     claimed: PendingDelivery | None = None
@@ -187,18 +194,7 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
             return _deferred(
                 cluster.name, request, _wait(CLAIM_RACE_SECONDS, "the cluster's state changed while planning")
             )
-        try:
-            bundle = rendered.bundle
-            if deps.signer is not None:
-                bundle = sign_bundle(bundle, delivery.bundle_generation or 1, "apply", deps.signer)
-            handle = deps.channel(cluster).deliver(bundle)
-        except TopokeeperError:
-            # AWS answered with an error (or the channel refused before sending): no command exists, so
-            # nothing will ever finish this claim. Any other failure (a read timeout after SendCommand) may
-            # have delivered: the claim stays until a result for its plan finishes it or the delivery
-            # timeout passes, rather than risk two applies at once.
-            _release_claim(deps, cluster.name, delivery)
-            raise
+        handle = _send(deps, cluster, rendered, delivery)
         action, reference = "delivered", handle.reference
         claimed, update["pending"] = delivery, delivery.model_copy(update={"handle": handle})
         update["last_write_at"] = now
@@ -217,7 +213,7 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         return fields
 
     save_fields(deps.state, cluster.name, record)
-    close_cycle(deps, cluster.name, state, now=now, missing=missing, started=started)
+    close_cycle(deps, cluster.name, state, now=now, missing=missing, started=started, undescribed=raw.undescribed)
     return ReconcileReport(
         cluster=cluster.name,
         generation=request.generation,
@@ -225,19 +221,56 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         plan_sha256=rendered.sha256,
         delivery_reference=reference,
         nodes_without_topology=missing,
+        undescribed=raw.undescribed,
         managed_updates=[t for t in state.triggers if is_managed_topology_update(t)],
     )
 
 
+def _send(
+    deps: ControllerDeps, cluster: ClusterConfig, rendered: RenderedPlan, delivery: PendingDelivery
+) -> DeliveryHandle:
+    """Sign the claimed plan's bundle (when the stack has a key) and deliver it."""
+    try:
+        bundle = rendered.bundle
+        if deps.signer is not None:
+            bundle = sign_bundle(bundle, delivery.bundle_generation or 1, "apply", deps.signer)
+        return deps.channel(cluster).deliver(bundle)
+    except TopokeeperError:
+        # AWS answered with an error (or the channel refused before sending): no command exists, so
+        # nothing will ever finish this claim. Any other failure (a read timeout after SendCommand) may
+        # have delivered: the claim stays until a result for its plan finishes it or the delivery
+        # timeout passes, rather than risk two applies at once.
+        _release_claim(deps, cluster.name, delivery)
+        raise
+
+
 def close_cycle(
-    deps: ControllerDeps, cluster: str, state: ClusterState, *, now: datetime, missing: int, started: float
+    deps: ControllerDeps,
+    cluster: str,
+    state: ClusterState,
+    *,
+    now: datetime,
+    missing: int,
+    started: float,
+    undescribed: int = 0,
 ) -> None:
-    """After a reconcile saved its state: forget its triggers, queue what arrived meanwhile, ask again for
-    topology data not reported yet, and time it."""
+    """After a reconcile saved its state: forget its triggers, queue what arrived meanwhile, continue a
+    discovery cut short by its deadline (without spending a topology retry), ask again for topology data not
+    reported yet, and time it."""
     deps.state.consume_triggers(cluster, state.generation)
     # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
     queue_next_cycle(deps.state, deps.queue, cluster)
-    if missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
+    if undescribed:
+        request_reconcile(
+            deps.state,
+            deps.queue,
+            cluster,
+            now,
+            reason="retry",
+            detail_type="Discovery Continues",
+            summary=f"{undescribed} instance(s) not described yet: the next reconcile continues from the cache",
+        )
+    elif missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
         request_reconcile(
             deps.state,
             deps.queue,

@@ -75,8 +75,10 @@ class LambdaContext:
     log_group_name: str = ""
     log_stream_name: str = ""
 
+    timeout_millis: int = 300_000
+
     def get_remaining_time_in_millis(self) -> int:
-        return 300_000
+        return self.timeout_millis
 
 
 class SimWorkQueue(SqsWorkQueue):
@@ -127,7 +129,8 @@ class LambdaHost:
         return SimWorkQueue(self, client("sqs"), stack.queue_url, stack.dead_letter_url)
 
     def invoke(self, function: str, event: Any) -> Any:
-        return self.handlers[function](event, LambdaContext(function))
+        timeout = spec.RECONCILE_TIMEOUT_SECONDS * 1000 if function == spec.RECONCILE else 300_000
+        return self.handlers[function](event, LambdaContext(function, timeout_millis=timeout))
 
     def drain(self) -> int:
         return self._drain_inbox(spec.INGEST) + self._drain_inbox(spec.RESULT) + self._drain_work()
