@@ -18,7 +18,7 @@ steps:
 """
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "scale-1000.yaml", "full-story.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "scale-1000.yaml", "burst-1000.yaml", "full-story.yaml"])
 def test_shipped_scenarios_load(name: str) -> None:
     assert load_scenario(SCENARIOS / name).steps
 

@@ -42,6 +42,12 @@ def _print_step(step: Any, show: bool) -> None:
         f"  converged {converged}{seconds}  drift {step.drift if step.drift is not None else '-'}"
         f"  alarm {'raised, now ' if step.alarm_raised else ''}{step.alarm}"
     )
+    latency = step.node_latency_seconds
+    if latency is not None and latency.max is not None:
+        print(
+            f"   node to live topology: {latency.nodes} nodes, p50 {latency.p50:.1f}s, max {latency.max:.1f}s"
+            f" ({latency.slowest}), not placed yet {latency.unplaced}"
+        )
     if not show:
         return
     for record in step.audit_records:
@@ -60,7 +66,7 @@ def _print_step(step: Any, show: bool) -> None:
             print(f"     ... {len(lines) - 12} more lines")
 
 
-def run(scenario_path: Path, out: Path, *, show: bool) -> int:
+def run(scenario_path: Path, out: Path, *, show: bool, baseline: str | None = None) -> int:
     # Bad input is refused before anything loads or starts (choosing the head node may start a chroot).
     scenario = load_scenario(scenario_path)
     prepare_out_dir(out)
@@ -90,7 +96,10 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
     started = time.monotonic()
     try:
         result = simulate(
-            scenario, progress=lambda message: print(f"-- {message}", file=sys.stderr), head_node=head_node.kind
+            scenario,
+            progress=lambda message: print(f"-- {message}", file=sys.stderr),
+            head_node=head_node.kind,
+            baseline="full-rescan" if baseline == "full-rescan" else None,
         )
     finally:
         story.removeHandler(handler)
@@ -110,7 +119,7 @@ def run(scenario_path: Path, out: Path, *, show: bool) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    return run(args.scenario, args.out, show=args.show)
+    return run(args.scenario, args.out, show=args.show, baseline=args.baseline)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -125,6 +134,11 @@ def register(commands: Any) -> None:
     simulate.add_argument("--scenario", type=Path, required=True, help="scenario YAML")
     simulate.add_argument("--out", type=Path, required=True, help="directory for result.json and report.html")
     simulate.add_argument("--show", action="store_true", help="print live topology and audit records per step")
+    simulate.add_argument(
+        "--baseline",
+        choices=["full-rescan"],
+        help="play it as the public generators would: rescan, rewrite and reconfigure on every event",
+    )
     simulate.set_defaults(run=_cmd_simulate)
     demo = commands.add_parser("demo", help="the demo story (simulate the embedded demo scenario)")
     demo.add_argument("--out", type=Path, default=Path("out/demo"), help="directory for the report")

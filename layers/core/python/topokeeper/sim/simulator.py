@@ -22,10 +22,11 @@ from topokeeper.config import Mode
 from topokeeper.ports import Metric, Outcome
 from topokeeper.render.bundle import RenderedPlan
 from topokeeper.render.mermaid import render_partition_mermaid
+from topokeeper.sim.latency import NodeLatency, summarize
 from topokeeper.sim.scenario import Scenario, Step
 
 if TYPE_CHECKING:
-    from topokeeper.sim.world import World
+    from topokeeper.sim.world import Baseline, World
 
 
 class StepResult(BaseModel):
@@ -51,6 +52,9 @@ class StepResult(BaseModel):
     live_topology: dict[str, str]
     nodes: int
     timeline: list[dict[str, Any]] = Field(default_factory=list)
+    # Launch to the live topology, for the nodes launched during the step (see topokeeper.sim.latency).
+    node_latency_seconds: NodeLatency | None = None
+    node_latencies: dict[str, float] = Field(default_factory=dict)  # node name -> seconds
 
 
 class SimulationResult(BaseModel):
@@ -167,6 +171,13 @@ class Story:
         records = [r for r in world.runtime.audit.history(world.cluster.name, 1000) if _after(r, world, started)]
         alarm = world.metrics.state(world.cluster.name, Metric.TOPOLOGY_DRIFT)
         drift = world.metrics.peak(world.cluster.name, Metric.TOPOLOGY_DRIFT, started)
+        world.observe_latency()
+        latencies, unplaced = world.latency.between(started, world.clock.monotonic())
+        latency = summarize(latencies, unplaced) if latencies or unplaced else None
+        if latency is not None and latency.slowest is not None:
+            world.note(
+                "latency", f"slowest node {latency.slowest}: {latency.max:.1f}s from launch to the live topology"
+            )
         return StepResult(
             step=action,
             started_at=round(started, 3),
@@ -190,6 +201,8 @@ class Story:
             live_topology=world.head.live_topology(),
             nodes=len(desired.plan.nodes),
             timeline=world.timeline[timeline_start:],
+            node_latency_seconds=latency,
+            node_latencies=latencies,
         )
 
     def _convergence(self, desired: RenderedPlan, started: float) -> tuple[bool | None, float | None]:
@@ -215,13 +228,18 @@ def _after(record: dict[str, Any], world: World, started: float) -> bool:
 
 
 def simulate(
-    scenario: Scenario, *, progress: Callable[[str], None] = lambda _: None, head_node: str | None = None
+    scenario: Scenario,
+    *,
+    progress: Callable[[str], None] = lambda _: None,
+    head_node: str | None = None,
+    baseline: Baseline | None = None,
 ) -> SimulationResult:
-    """Play ``scenario``; ``head_node`` "chroot" or "file" as ``world.choose_head_node`` takes it."""
+    """Play ``scenario``; ``head_node`` "chroot" or "file" as ``world.choose_head_node`` takes it; ``baseline``
+    "full-rescan" plays it as the public generators would (``World._rescan_everything``)."""
     # Imported here: the world loads moto (seconds of CPU), which the result models and the report do not need.
     from topokeeper.sim.world import running  # noqa: PLC0415
 
-    with running(scenario, head_node=head_node) as world:
+    with running(scenario, head_node=head_node, baseline=baseline) as world:
         return play(world, scenario, progress)
 
 
@@ -236,6 +254,7 @@ def play(world: World, scenario: Scenario, progress: Callable[[str], None]) -> S
         if result is not None:
             steps.append(result)
     final = world.desired()
+    latencies, unplaced = world.latency.between(0.0, world.clock.monotonic())
     totals = {
         "simulated_seconds": round(world.clock.monotonic(), 3),
         "events_sent": sum(s.events_sent for s in steps),
@@ -246,6 +265,9 @@ def play(world: World, scenario: Scenario, progress: Callable[[str], None]) -> S
         "audit_records": sum(len(s.audit_records) for s in steps),
         "aws_calls": _sum_calls(steps),
         "converged": steps[-1].converged,
+        "node_latency_seconds": summarize(latencies, unplaced).model_dump(),
+        "topology_report_delay_seconds": scenario.timing.topology_report_delay_seconds,
+        "baseline": world.baseline,
     }
     return SimulationResult(
         scenario=scenario.model_dump(mode="json"),
