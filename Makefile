@@ -78,8 +78,11 @@ demo: install
 	@$(MAKE) --no-print-directory install-system || echo "demo: Debian packages not installed (no root or sudo?): the head node falls back to a file-only stand-in"
 	$(BIN)/topokeeper demo --out out/demo
 
-bench: install
+# Speed goals, measured (never timed tests). Each bench that reports writes its own section of
+# docs/performance.md (bench/performance_doc.py assembles the file from docs/performance/*.md).
+bench: install install-system
 	$(BIN)/python bench/plan_scaling.py
+	$(BIN)/python -m bench.latency
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

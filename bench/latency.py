@@ -7,6 +7,7 @@ asked for, and each twice: topokeeper with its default settings, and the full-re
 generators do on every event). Writes the "Latency" section of docs/performance.md and out/bench/latency.json.
 
 Run: .venv/bin/python -m bench.latency [--delays 0,30] [--stories rolling,burst] [--no-baseline] [--no-doc]
+     [--out FILE]; or --records FILE... to write the section from earlier runs' records without running.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def measure(story: str, delay: float, baseline: bool) -> dict[str, Any]:
 
 
 def record(story: str, delay: float, baseline: bool, result: SimulationResult, wall: float) -> dict[str, Any]:
-    """The figures of the steps after the cluster's creation (the scale-up and the wait after it)."""
-    steps = result.steps[1:]
-    scale = steps[0]
+    """The figures of the steps after the cluster's creation (latency: the scale-up's nodes)."""
+    steps = [step for step in result.steps if step.step != "create"]
+    scale = next(step for step in steps if step.step == "scale")
     latencies = sorted(scale.node_latencies.values())
     summary = scale.node_latency_seconds
     calls: dict[str, int] = {}
@@ -79,7 +80,7 @@ def record(story: str, delay: float, baseline: bool, result: SimulationResult, w
         "reconciles": sum(s.reconciles for s in steps),
         "describe_instance_topology": calls.get("DescribeInstanceTopology", 0),
         "aws_calls": sum(calls.values()),
-        "api_floor_seconds": api_floor_seconds(scale.events_sent),
+        "api_floor_seconds": api_floor_seconds(summary.nodes + summary.unplaced if summary else 0),
         "converged": steps[-1].converged,
         "simulated_seconds": round(steps[-1].ended_at - scale.started_at, 1),
         "wall_seconds": round(wall, 1),
@@ -234,7 +235,13 @@ def main() -> None:
     parser.add_argument("--stories", default=",".join(STORIES))
     parser.add_argument("--no-baseline", action="store_true", help="only topokeeper, not the full-rescan baseline")
     parser.add_argument("--no-doc", action="store_true", help="print, but do not write docs/performance.md")
+    parser.add_argument("--out", type=Path, default=OUT, help="where the runs' records go (JSON)")
+    parser.add_argument("--records", type=Path, nargs="+", help="render these records instead of running")
     args = parser.parse_args()
+    if args.records:
+        entries = [entry for path in args.records for entry in json.loads(path.read_text())]
+        print(f"wrote {write_section('latency', section(entries))}")
+        return
     logging.disable(logging.CRITICAL)
     entries = []
     for story in args.stories.split(","):
@@ -251,8 +258,8 @@ def main() -> None:
                     f" goals {'met' if met else 'NOT met'}  ({entry['wall_seconds']} s wall)",
                     flush=True,
                 )
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(entries, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(entries, indent=2) + "\n")
     if not args.no_doc:
         print(f"wrote {write_section('latency', section(entries))}")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.integration.backend.conftest import small_scenario
 from topokeeper.sim.scenario import Scenario
 from topokeeper.sim.simulator import SimulationResult, simulate
 
@@ -13,26 +14,13 @@ DELAY = 20.0  # seconds EC2 answers a new instance without network nodes
 
 
 def _rolling(head_node: str) -> SimulationResult:
+    """The backend tests' cluster; its 8 p5 nodes grow to 32 over three minutes."""
     scenario = Scenario.model_validate(
         {
-            "cluster": {
-                "name": "rolling",
-                "instance_groups": [
-                    {"name": "controller", "type": "ml.m5.xlarge", "count": 1, "role": "controller"},
-                    {
-                        "name": "p5",
-                        "type": "ml.p5.48xlarge",
-                        "count": 4,
-                        "partition": "ml-p5",
-                        "network": {"nodes_per_leaf": 4, "leaves_per_spine": 4},
-                    },
-                    {"name": "cpu", "type": "ml.c6i.4xlarge", "count": 2, "partition": "cpu"},
-                ],
-            },
-            "steps": [{"scale": {"group": "p5", "to": 28, "over_seconds": 180}}],
+            **small_scenario().model_dump(mode="json"),
+            "steps": [{"scale": {"group": "p5", "to": 32, "over_seconds": 180}}],
             # The drift schedule at its finest: it runs twice while the nodes arrive.
             "timing": {"topology_report_delay_seconds": DELAY, "drift_interval_seconds": 60},
-            "drift_alarm_periods": 1,
         }
     )
     return simulate(scenario, head_node=head_node)
@@ -47,7 +35,7 @@ def test_every_new_node_is_measured_from_launch_to_a_head_node_write(rolling: Si
     create, scale = rolling.steps
     latency = scale.node_latency_seconds
     assert latency is not None
-    assert (latency.nodes, latency.unplaced, len(scale.node_latencies)) == (24, 0, 24)  # CPU nodes have no topology
+    assert (latency.nodes, latency.unplaced, len(scale.node_latencies)) == (24, 0, 24)
     assert all(seconds >= DELAY for seconds in scale.node_latencies.values())  # not before EC2 reported it
     assert latency.max == max(scale.node_latencies.values()) == scale.node_latencies[latency.slowest or ""]
     assert latency.p50 is not None and latency.p50 <= (latency.p99 or 0) <= latency.max
@@ -59,9 +47,10 @@ def test_every_new_node_is_measured_from_launch_to_a_head_node_write(rolling: Si
     launched = {entry["t"] for entry in scale.timeline if entry["kind"] == "event"}
     assert launched  # and a launch is an event: each latency ends on an apply
     assert all(any(abs(t - s - a) < 1 for t in applies for a in launched) for s in scale.node_latencies.values())
-    assert create.node_latency_seconds is not None and create.node_latency_seconds.nodes == 4
+    # Created: 8 p5 and 18 p6e-gb200 measured; the 2 CPU nodes have no topology to appear in.
+    assert create.node_latency_seconds is not None and create.node_latency_seconds.nodes == 26
     totals = rolling.totals
-    assert (totals["node_latency_seconds"]["nodes"], totals["topology_report_delay_seconds"]) == (28, DELAY)
+    assert (totals["node_latency_seconds"]["nodes"], totals["topology_report_delay_seconds"]) == (50, DELAY)
 
 
 def test_the_drift_check_calls_the_scale_up_pending_not_drift(rolling: SimulationResult) -> None:
