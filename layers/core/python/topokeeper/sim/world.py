@@ -87,6 +87,7 @@ class World:
         self.ssm_synchronous = False
         self.apply_times: dict[str, float] = {}  # plan sha256 -> when the head node confirmed it
         self.latency = LatencyTracker()
+        self._asleep = 0  # functions sleeping now (the agenda runs while they wait)
         self.event_filter: Callable[[dict[str, Any]], list[dict[str, Any]]] = lambda event: [event]
         # Deterministic simulation, not security: the same scenario and seed tell the same story.
         self.random = random.Random(spec.seed)  # noqa: S311
@@ -201,7 +202,11 @@ class World:
 
     def sleep(self, seconds: float) -> None:
         """A function waits: time passes and whatever falls due meanwhile runs."""
-        self.advance(seconds)
+        self._asleep += 1
+        try:
+            self.advance(seconds)
+        finally:
+            self._asleep -= 1
 
     def advance(self, seconds: float) -> None:
         target = self.clock.monotonic() + max(seconds, 0.0)
@@ -291,6 +296,11 @@ class World:
         interval = self.scenario.timing.drift_interval_seconds  # the schedule's rate (see __init__)
 
         def check() -> None:
+            if self._asleep:
+                # Another function is waiting for its DescribeInstanceTopology slot; run this one after it, as
+                # the shared rate limiter would order them (nested here, it would take that slot's token).
+                self.agenda.add(self.clock.monotonic() + 1, check, periodic=True)
+                return
             try:
                 reports = self.functions.invoke("drift", {})
                 for report in reports:
