@@ -79,12 +79,14 @@ demo: install
 	$(BIN)/topokeeper demo --out out/demo
 	$(BIN)/topokeeper demo --mode verify --out out/demo-verify
 
-# docs/performance/scale.md: the largest cluster each limit allows, the planner to 100k, 20,000 nodes simulated.
-bench: install
+# Speed goals, measured (never timed tests). Each bench that reports writes its own section of
+# docs/performance.md (bench/performance_doc.py assembles the file from docs/performance/*.md).
+bench: install install-system
 	$(BIN)/python bench/plan_scaling.py
 	# The simulation report at 10,000 nodes in headless Chromium (make test runs it at 1,000).
 	TOPOKEEPER_REPORT_NODES=10000 $(BIN)/pytest -q tests/e2e/test_report_in_chromium.py -k scale
 	$(BIN)/python -m bench.scale --simulate
+	$(BIN)/python -m bench.latency
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -52,6 +52,7 @@ def _assert_the_story(result: SimulationResult) -> None:
     assert (scale.events_sent, scale.reconciles, scale.head_node_writes, scale.converged) == (8, 1, 1, True)
     (grown,) = scale.audit_records
     assert (grown["partition"], grown["nodes_added_count"], grown["node_count"]) == ("ml-p5", 8, 24)
+    assert scale.node_latency_seconds is not None and scale.node_latency_seconds.nodes == 8  # launch to live
 
     replace = steps["replace"]  # same host name, new instance, another UltraServer: the block changes
     (moved,) = replace.audit_records

@@ -20,7 +20,16 @@ steps:
 
 
 @pytest.mark.parametrize(
-    "name", ["demo.yaml", "verify-mode.yaml", "scale-1000.yaml", "full-story.yaml", "eks.yaml", "login.yaml"]
+    "name",
+    [
+        "demo.yaml",
+        "verify-mode.yaml",
+        "scale-1000.yaml",
+        "burst-1000.yaml",
+        "full-story.yaml",
+        "eks.yaml",
+        "login.yaml",
+    ],
 )
 def test_shipped_scenarios_load(name: str) -> None:
     assert load_scenario(SCENARIOS / name).steps

@@ -50,6 +50,14 @@ def test_debounce_is_bounded_by_max_wait() -> None:
     assert decide(state, _request(), NOW, SETTINGS).decision is Decision.PROCEED
 
 
+def test_a_debounce_wait_ends_when_the_oldest_change_has_waited_max_wait() -> None:
+    """Changes keep arriving: the message comes back when max_wait is reached, not a whole debounce later."""
+    state = _state(last_event_at=NOW - timedelta(seconds=1), first_pending_at=NOW - timedelta(seconds=296))
+    verdict = decide(state, _request(), NOW, SETTINGS)
+    assert verdict.decision is Decision.DEFERRED
+    assert verdict.defer_seconds == pytest.approx(4)
+
+
 def test_minimum_interval_between_writes() -> None:
     state = _state(last_write_at=NOW - timedelta(seconds=45))
     verdict = decide(state, _request(), NOW, SETTINGS)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.events import CLOUDTRAIL_DETAIL_TYPE, MANAGED_TOPOLOGY_EVENT, TopokeeperEvent
 from topokeeper.ports import ApplyResult, Metric, NodeMove, Outcome
 from topokeeper.service.drift import check_drift, verify_managed_updates
 from topokeeper.service.ingest import ingest
-from topokeeper.service.reconcile import ReconcileReport, reconcile
+from topokeeper.service.reconcile import DELIVERY_TIMEOUT, ReconcileReport, reconcile
 
 
 def _applied(controller: Controller) -> None:
@@ -72,12 +74,68 @@ def test_a_lost_event_is_found_by_planning_again() -> None:
     assert len(controller.queue.sent) == 1
 
 
-def test_a_delivery_in_flight_is_not_judged() -> None:
+def test_a_delivery_in_flight_is_pending_not_judged() -> None:
     controller = Controller()
     reconcile(controller.change(), controller.deps())
     report = check_drift(controller.cluster, controller.deps())
-    assert (report.live, report.drift, report.action) == ("unknown", None, "none")
+    assert (report.live, report.drift, report.action) == ("pending", 0, "none")
     assert controller.channel.verified == 0
+    assert controller.metrics.values(Metric.TOPOLOGY_DRIFT) == [0]
+
+
+def test_a_delivery_past_its_timeout_is_no_longer_pending() -> None:
+    controller = Controller()
+    reconcile(controller.change(), controller.deps())
+    controller.clock.advance(DELIVERY_TIMEOUT.total_seconds())
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.live, report.drift, report.action) == ("unknown", None, "none")
+    assert controller.metrics.values(Metric.TOPOLOGY_DRIFT) == []
+
+
+def _scaling(controller: Controller, *, waited: float) -> None:
+    """Applied; then AWS changed and its event arrived (queued, not reconciled yet) ``waited`` seconds ago."""
+    _applied(controller)
+    controller.facts.move(0, 1)
+    controller.change("e-scale")
+    controller.queue.sent.clear()
+    controller.clock.advance(waited)
+
+
+@pytest.mark.parametrize("max_wait", [0, 30, 300])
+def test_changes_newer_than_the_last_reconcile_and_younger_than_the_window_are_pending(max_wait: int) -> None:
+    controller = Controller(max_wait_seconds=max_wait)
+    window = max_wait + DELIVERY_TIMEOUT.total_seconds()
+    _scaling(controller, waited=window - 1)
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.live, report.aws, report.drift, report.action) == ("in_sync", "pending", 0, "none")
+    assert controller.metrics.values(Metric.TOPOLOGY_DRIFT) == [0]
+    assert controller.queue.sent == []  # the change's own message is on its way
+
+
+@pytest.mark.parametrize("max_wait", [0, 30, 300])
+def test_changes_older_than_the_window_are_drift(max_wait: int) -> None:
+    controller = Controller(max_wait_seconds=max_wait)
+    _scaling(controller, waited=max_wait + DELIVERY_TIMEOUT.total_seconds())
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.aws, report.drift, report.action) == ("changed", 1, "reconcile-requested")
+    assert controller.metrics.values(Metric.TOPOLOGY_DRIFT) == [1]
+
+
+def test_the_window_counts_from_the_oldest_change_not_the_newest() -> None:
+    controller = Controller(max_wait_seconds=30)
+    _scaling(controller, waited=30 + DELIVERY_TIMEOUT.total_seconds() - 5)
+    controller.change("e-later")  # a fresh change does not restart the window of the older one
+    controller.clock.advance(10)
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.aws, report.drift) == ("changed", 1)
+
+
+def test_a_change_already_reconciled_does_not_excuse_a_difference() -> None:
+    controller = Controller()
+    _applied(controller)  # its change is reconciled
+    controller.facts.move(0, 1)  # and then AWS changed without an event
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.aws, report.drift) == ("changed", 1)
 
 
 def test_a_write_that_did_not_land_is_tried_again() -> None:

@@ -213,7 +213,7 @@ class Settings(BaseModel):
     clusters: list[ClusterConfig] = Field(min_length=1)
     debounce_seconds: int = Field(10, ge=0, le=900)
     min_write_interval_seconds: int = Field(60, ge=0, le=3600)
-    max_wait_seconds: int = Field(300, ge=0, le=3600)
+    max_wait_seconds: int = Field(30, ge=0, le=3600)
     drift_schedule: str = "rate(15 minutes)"
     drift_alarm_periods: int = Field(2, ge=1, le=100)
     alarm_email: str | None = None

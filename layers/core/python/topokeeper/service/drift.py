@@ -1,23 +1,32 @@
 """Drift: on a schedule, compare the live topology with the desired plan, and the plan with AWS now.
 
 Live drift is a hand edit or another writer on the head node; AWS drift is a change whose event was
-lost. Both set ``TopologyDrift`` to 1. In enforce mode drift triggers a reconcile (live drift also
-forgets the applied hash, so the plan is written again); in verify mode it is only reported, so
-topokeeper never fights HyperPod's own topology management.
+lost. Both set ``TopologyDrift`` to 1. A difference that changes in progress explain is ``pending``, not drift
+(``TopologyDrift`` 0): a delivery in flight (live), or changes newer than the last reconcile whose oldest is
+younger than ``max_wait_seconds`` plus the delivery timeout (AWS), as during a rolling scale-up. In enforce
+mode drift triggers a reconcile (live drift also forgets the applied hash, so the plan is written again); in
+verify mode it is only reported, so topokeeper never fights HyperPod's own topology management.
 """
 
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from topokeeper.config import ClusterConfig, Mode, Orchestrator
+from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.errors import Retryable
-from topokeeper.ports import ApplyResult, Metric, NodeMove, Outcome, Trigger
+from topokeeper.ports import ApplyResult, ClusterState, Metric, NodeMove, Outcome, Trigger
 from topokeeper.render.bundle import Bundle
-from topokeeper.service.reconcile import ControllerDeps, ReconcileReport, missing_topology, plan_cluster
+from topokeeper.service.reconcile import (
+    DELIVERY_TIMEOUT,
+    ControllerDeps,
+    ReconcileReport,
+    missing_topology,
+    plan_cluster,
+)
 from topokeeper.service.signing import for_reading
 from topokeeper.service.state import request_reconcile, save_fields
 
@@ -26,8 +35,8 @@ DRIFT_CHECK = "Topology Drift Check"
 
 class DriftReport(BaseModel):
     cluster: str
-    live: Literal["in_sync", "drift", "unknown", "not-applicable"]  # not-applicable: EKS, no head node
-    aws: Literal["current", "changed", "unknown"]
+    live: Literal["in_sync", "drift", "pending", "unknown", "not-applicable"]  # not-applicable: EKS, no head node
+    aws: Literal["current", "changed", "pending", "unknown"]
     drift: int | None
     action: Literal["none", "reported", "reconcile-requested"]
     detail: list[dict[str, object]] = []
@@ -69,7 +78,28 @@ def live_moves(result: ApplyResult) -> list[NodeMove]:
     return [moves[node] for node in sorted(moves)]
 
 
-def live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift", "unknown"]:
+def pending_window(settings: Settings) -> timedelta:
+    """How long changes newer than the last reconcile may explain a difference before it counts as drift: the
+    reconcile may wait ``max_wait_seconds`` for them, then its delivery up to the delivery timeout."""
+    return timedelta(seconds=settings.max_wait_seconds) + DELIVERY_TIMEOUT
+
+
+def aws_status(
+    state: ClusterState, planned_sha256: str, now: datetime, settings: Settings
+) -> Literal["current", "changed", "pending"]:
+    """AWS against the desired plan: the same, changed by changes still on their way (pending), or changed
+    with nothing on its way to explain it (a lost event, or changes stuck longer than the window)."""
+    if planned_sha256 == state.desired_sha256:
+        return "current"
+    oldest = state.first_pending_at or state.last_event_at
+    if state.has_unreconciled_changes and oldest is not None and now - oldest < pending_window(settings):
+        return "pending"
+    return "changed"
+
+
+def live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift", "pending", "unknown"]:
+    if result.outcome is Outcome.PENDING:
+        return "pending"
     if result.outcome is Outcome.IN_SYNC:
         return "in_sync"
     if result.outcome is Outcome.DRIFT:
@@ -109,27 +139,30 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
         )
 
     bundle = deps.plans.bundle(cluster.name, state.desired_sha256)
-    writing = state.pending is not None or (
-        cluster.effective_mode is Mode.ENFORCE and state.applied_sha256 != state.desired_sha256
-    )
+    in_flight = state.pending is not None and now - state.pending.handle.sent_at < DELIVERY_TIMEOUT
+    not_landed = cluster.effective_mode is Mode.ENFORCE and state.applied_sha256 != state.desired_sha256
+    writing = state.pending is not None or not_landed
     if writing:
         # The head node is being brought to the plan: comparing it now would report a change as drift.
-        live_result = ApplyResult.from_channel(Outcome.PENDING, "a delivery is in flight")
+        live_result = ApplyResult.from_channel(
+            Outcome.PENDING, "a delivery is in flight" if in_flight else "the last write did not land"
+        )
     else:
         live_result = deps.channel(cluster).verify(
             for_reading(bundle, state.bundle_generation, deps.signer), request=request
         )
-    live = live_status(live_result, cluster.effective_mode)
+    # A write that did not land, or whose delivery outlived its timeout, is no change on its way.
+    live = live_status(live_result, cluster.effective_mode) if in_flight or not writing else "unknown"
     table = live_result.node_table()
     if table is not None:  # plan with the head node's bindings as they are now: a re-bound node is a change
         save_fields(deps.state, cluster.name, {"slurm_nodes": table})
         state = state.model_copy(update={"slurm_nodes": table})
     moved = live_moves(live_result) if live == "drift" else []
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
-    aws: Literal["current", "changed"] = "current" if rendered.sha256 == state.desired_sha256 else "changed"
+    aws = aws_status(state, rendered.sha256, now, deps.settings)
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing_topology(rendered))
 
-    drift: int | None = 1 if live == "drift" or aws == "changed" else (0 if live == "in_sync" else None)
+    drift: int | None = 1 if live == "drift" or aws == "changed" else (0 if live in ("in_sync", "pending") else None)
     if drift is not None:
         deps.metrics.emit(cluster.name, Metric.TOPOLOGY_DRIFT, drift)
     action: Literal["none", "reported", "reconcile-requested"] = "none"

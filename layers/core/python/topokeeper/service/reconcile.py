@@ -88,7 +88,9 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
         quiet = (now - state.last_event_at).total_seconds()
         waited = (now - state.first_pending_at).total_seconds()
         if quiet < settings.debounce_seconds and waited < settings.max_wait_seconds:
-            return _wait(settings.debounce_seconds - quiet, "debounce: changes are still arriving")
+            # Back when it is quiet or when the oldest change has waited long enough, whichever comes first.
+            wait = min(settings.debounce_seconds - quiet, settings.max_wait_seconds - waited)
+            return _wait(wait, "debounce: changes are still arriving")
     if state.last_write_at is not None:
         since_write = (now - state.last_write_at).total_seconds()
         if since_write < settings.min_write_interval_seconds:

@@ -66,7 +66,9 @@ class ResultReport(BaseModel):
     audit_records: int = 0
     reason: str = ""
     verify_request: str | None = None  # the fresh verify this report answered (asked after HyperPod's own update)
-    live: Literal["in_sync", "drift", "unknown"] | None = None  # its verdict, when judged against the current plan
+    live: Literal["in_sync", "drift", "pending", "unknown"] | None = (
+        None  # its verdict, when judged against the current plan
+    )
 
 
 def _slurm_version(result: ApplyResult) -> str | None:
@@ -206,7 +208,7 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
 
 def _fresh_verify(
     cluster: ClusterConfig, state: ClusterState, report: AgentResultDetail, deps: ResultDeps
-) -> Literal["in_sync", "drift", "unknown"] | None:
+) -> Literal["in_sync", "drift", "pending", "unknown"] | None:
     """A verify the backend asked for when HyperPod changed the topology itself: its verdict is the drift
     metric now (the scheduled check also compares the plan with AWS; this one judges the head node only).
     None: no request, or answered for another plan than the current one."""

@@ -68,6 +68,12 @@ def _print_step(step: Any, show: bool) -> None:
                 f"   UpdateLoginTargets registered {', '.join(record['registered']) or '-'}"
                 f" deregistered {', '.join(record['deregistered']) or '-'} -> {record['target_count']} targets"
             )
+    latency = step.node_latency_seconds
+    if latency is not None and latency.max is not None:
+        print(
+            f"   node to live topology: {latency.nodes} nodes, p50 {latency.p50:.1f}s, max {latency.max:.1f}s"
+            f" ({latency.slowest}), not placed yet {latency.unplaced}"
+        )
     if not show:
         return
     for record in step.audit_records:
@@ -139,9 +145,10 @@ def _story_on_stderr() -> Iterator[None]:
         story.propagate = True
 
 
-def run(scenario_path: Path, out: Path, *, show: bool, as_json: bool = False) -> int:
+def run(scenario_path: Path, out: Path, *, show: bool, as_json: bool = False, baseline: str | None = None) -> int:
     """Play a scenario; with ``as_json`` stdout is one JSON document (``{"written": [...], "result": {...}}``,
-    the result as result.json holds it) and the story stays on stderr."""
+    the result as result.json holds it) and the story stays on stderr; ``baseline`` "full-rescan" plays it as
+    the public generators would."""
     scenario, head_node = _prepare(scenario_path, out)
     if head_node is None:
         return 1
@@ -155,6 +162,7 @@ def run(scenario_path: Path, out: Path, *, show: bool, as_json: bool = False) ->
             progress=lambda message: print(f"-- {message}", file=sys.stderr),
             head_node=head_node,
             on_step=(lambda _: None) if as_json else (lambda step: _print_step(step, show)),
+            baseline="full-rescan" if baseline == "full-rescan" else None,
         )
     outputs = [write_result(result, out), write_report(result, out)]
     totals = result.totals
@@ -173,7 +181,7 @@ def run(scenario_path: Path, out: Path, *, show: bool, as_json: bool = False) ->
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    return run(args.scenario, args.out, show=args.show, as_json=args.json)
+    return run(args.scenario, args.out, show=args.show, as_json=args.json, baseline=args.baseline)
 
 
 def run_emulator(scenario_path: Path, out: Path) -> int:
@@ -227,6 +235,11 @@ def register(commands: Any) -> None:
     simulate.add_argument("--show", action="store_true", help="print live topology and audit records per step")
     simulate.add_argument(
         "--json", action="store_true", help='print {"written": [paths], "result": result.json\'s document} instead'
+    )
+    simulate.add_argument(
+        "--baseline",
+        choices=["full-rescan"],
+        help="play it as the public generators would: rescan, rewrite and reconfigure on every event",
     )
     simulate.set_defaults(run=_cmd_simulate)
     demo = commands.add_parser("demo", help="the demo story (simulate the embedded demo scenario)")

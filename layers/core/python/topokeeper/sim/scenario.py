@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from topokeeper.config import Mode
+from topokeeper.config import Mode, Settings
 from topokeeper.domain.models import ClusterName, SlurmVersion
 from topokeeper.domain.names import SlurmName
 from topokeeper.errors import InputError
@@ -161,19 +161,22 @@ class Timing(_Strict):
     step_timeout_seconds: float = Field(1800.0, gt=0)
     # How long after a node change the emulated HyperPod rewrites a managed topology (an assumption).
     hyperpod_topology_seconds: float = Field(90.0, ge=0)
+    # EC2's DescribeInstanceTopology answers a new instance without network nodes for this long after launch
+    # ("not yet available"); it shapes every node-to-topology latency, so reports state it beside them.
+    topology_report_delay_seconds: float = Field(0.0, ge=0)
 
 
 class Scenario(_Strict):
     cluster: ClusterSpec
     steps: list[Annotated[Step, Field()]] = Field(default_factory=list)
     timing: Timing = Timing()
-    debounce_seconds: int = Field(10, ge=0)
-    min_write_interval_seconds: int = Field(60, ge=0)
+    # The deployment's settings unless the scenario says otherwise.
+    debounce_seconds: int = Field(Settings.model_fields["debounce_seconds"].default, ge=0)
+    min_write_interval_seconds: int = Field(Settings.model_fields["min_write_interval_seconds"].default, ge=0)
+    max_wait_seconds: int = Field(Settings.model_fields["max_wait_seconds"].default, ge=0)
     drift_alarm_periods: int = Field(2, ge=1)
     # false: HyperPod nodes live in SageMaker's service account, DescribeInstanceTopology does not know them
     expose_hyperpod_nodes: bool = True
-    # DescribeInstanceTopology answers "not yet" for a new instance this long after its launch
-    new_instance_topology_delay_seconds: float = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _groups_exist(self) -> Scenario:

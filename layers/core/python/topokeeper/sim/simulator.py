@@ -24,11 +24,12 @@ from topokeeper.render.bundle import RenderedPlan
 from topokeeper.render.mermaid import render_partition_mermaid
 from topokeeper.sim.aws.alarms import AlarmState
 from topokeeper.sim.eks import KueueStep, final_view, step_view
+from topokeeper.sim.latency import NodeLatency, summarize
 from topokeeper.sim.login_endpoint import LoginStep
 from topokeeper.sim.scenario import Scenario, Step
 
 if TYPE_CHECKING:
-    from topokeeper.sim.world import World
+    from topokeeper.sim.world import Baseline, World
 
 
 class StepResult(BaseModel):
@@ -56,6 +57,9 @@ class StepResult(BaseModel):
     timeline: list[dict[str, Any]] = Field(default_factory=list)
     kueue: KueueStep | None = None  # an EKS cluster's published Kueue objects (it has no head node)
     login: LoginStep | None = None  # the login endpoint's targets, when the scenario has one
+    # Launch to the live topology, for the nodes launched during the step (see topokeeper.sim.latency).
+    node_latency_seconds: NodeLatency | None = None
+    node_latencies: dict[str, float] = Field(default_factory=dict)  # node name -> seconds
 
 
 class SimulationResult(BaseModel):
@@ -192,6 +196,13 @@ class Story:
             history = world.runtime.audit.history(world.cluster.name, 1000)
         records = [r for r in history if _after(r, world, started)]
         drift = world.metrics.peak(world.cluster.name, Metric.TOPOLOGY_DRIFT, started)
+        world.observe_latency()
+        latencies, unplaced = world.latency.between(started, world.clock.monotonic())
+        latency = summarize(latencies, unplaced) if latencies or unplaced else None
+        if latency is not None and latency.slowest is not None:
+            world.note(
+                "latency", f"slowest node {latency.slowest}: {latency.max:.1f}s from launch to the live topology"
+            )
         return StepResult(
             step=action,
             started_at=round(started, 3),
@@ -217,6 +228,8 @@ class Story:
             timeline=world.timeline[timeline_start:],
             kueue=kueue,
             login=world.login.step(started, lambda r, t: _after(r, world, t)) if world.login else None,
+            node_latency_seconds=latency,
+            node_latencies=latencies,
         )
 
     def _convergence(self, desired: RenderedPlan, started: float) -> tuple[bool | None, float | None]:
@@ -247,13 +260,15 @@ def simulate(
     progress: Callable[[str], None] = lambda _: None,
     head_node: str | None = None,
     on_step: Callable[[StepResult], None] = lambda _: None,
+    baseline: Baseline | None = None,
 ) -> SimulationResult:
     """Play ``scenario``; ``head_node`` "chroot" or "file" as ``world.choose_head_node`` takes it; ``on_step``
-    sees each step's result as soon as the step ends."""
+    sees each step's result as soon as the step ends; ``baseline`` "full-rescan" plays it as the public
+    generators would (``World._rescan_everything``)."""
     # Imported here: the world loads moto (seconds of CPU), which the result models and the report do not need.
     from topokeeper.sim.world import running  # noqa: PLC0415
 
-    with running(scenario, head_node=head_node) as world:
+    with running(scenario, head_node=head_node, baseline=baseline) as world:
         return play(world, scenario, progress, on_step)
 
 
@@ -276,6 +291,7 @@ def play(
         if result is not None:
             steps.append(result)
             on_step(result)
+    latencies, unplaced = world.latency.between(0.0, world.clock.monotonic())
     totals = {
         "simulated_seconds": round(world.clock.monotonic(), 3),
         "events_sent": sum(s.events_sent for s in steps),
@@ -286,6 +302,9 @@ def play(
         "audit_records": sum(len(s.audit_records) + len(s.kueue.audit_records if s.kueue else []) for s in steps),
         "aws_calls": _sum_calls(steps),
         "converged": steps[-1].converged,
+        "node_latency_seconds": summarize(latencies, unplaced).model_dump(),
+        "topology_report_delay_seconds": scenario.timing.topology_report_delay_seconds,
+        "baseline": world.baseline,
     }
     return SimulationResult(
         scenario=scenario.model_dump(mode="json"),

@@ -19,16 +19,19 @@ import json
 import logging
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from topokeeper import stack_spec
 from topokeeper.adapters.aws import client
+from topokeeper.adapters.dynamodb import DynamoRateLimiter
+from topokeeper.adapters.ec2 import InstanceTopologyReader
 from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.constants import AGENT_SOURCE
+from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
 from topokeeper.narrate import drift_text, membership_changes, record_text
@@ -47,12 +50,14 @@ from topokeeper.sim.eks import NoHeadNode
 from topokeeper.sim.file_head_node import FileHeadNode
 from topokeeper.sim.head_node import ChrootHeadNode, HeadNode, choose_head_node
 from topokeeper.sim.lambda_host import LambdaHost
+from topokeeper.sim.latency import LatencyTracker, topology_node_names
 from topokeeper.sim.login_endpoint import SimLoginEndpoint
 from topokeeper.sim.monitoring import SimMetrics
 from topokeeper.sim.scenario import Scenario
 from topokeeper.sim.stack import BUCKET, SimStack, create_stack
 
 log = logging.getLogger("topokeeper.sim")
+Baseline = Literal["full-rescan"]  # what the simulator can model besides topokeeper itself
 
 
 @dataclass
@@ -75,8 +80,10 @@ class World:
         name: str | None = None,
         configured_slurm_version: str | None = None,
         head_node: str | None = None,
+        baseline: Baseline | None = None,
     ) -> None:
         self.scenario = scenario
+        self.baseline = baseline
         spec = scenario.cluster
         self.clock = ManualClock()
         self.agenda = Agenda()
@@ -86,6 +93,8 @@ class World:
         self.ssm_synchronous = False
         self.apply_times: dict[str, float] = {}  # plan sha256 -> when the head node confirmed it
         self.open_verify_requests: set[str] = set()  # fresh verifies asked of the agent, not answered yet
+        self.latency = LatencyTracker()
+        self._asleep = 0  # functions sleeping now (the agenda runs while they wait)
         self.event_filter: Callable[[dict[str, Any]], list[dict[str, Any]]] = lambda event: [event]
         # Deterministic simulation, not security: the same scenario and seed tell the same story.
         self.random = random.Random(spec.seed)  # noqa: S311
@@ -93,7 +102,6 @@ class World:
         self._saved_environment: dict[str, str | None] = {}
         self.emulator = AwsEmulator(seed=spec.seed, clock=self.clock)
         self.emulator.network.expose_hyperpod_nodes = scenario.expose_hyperpod_nodes
-        self.emulator.network.new_instance_delay_seconds = scenario.new_instance_topology_delay_seconds
         self.slurm_format = SlurmVersion.parse(spec.slurm_version).format
         node_name = name or f"sim-{spec.name}"
         self.head: HeadNode
@@ -113,10 +121,13 @@ class World:
             # What the operator configured; the head node may run another version (it reports its own).
             slurm_version=configured_slurm_version or spec.slurm_version,
         )
+        # The full-rescan baseline reacts to every event at once (see _rescan_everything).
+        pacing = baseline is None
         self.settings = Settings(
             clusters=[cluster],
-            debounce_seconds=scenario.debounce_seconds,
-            min_write_interval_seconds=scenario.min_write_interval_seconds,
+            debounce_seconds=scenario.debounce_seconds if pacing else 0,
+            min_write_interval_seconds=scenario.min_write_interval_seconds if pacing else 0,
+            max_wait_seconds=scenario.max_wait_seconds if pacing else 0,
             # The stack's schedule (and so its drift alarm's period) at the scenario's drift interval.
             drift_schedule=stack_spec.rate_expression(scenario.timing.drift_interval_seconds),
             drift_alarm_periods=scenario.drift_alarm_periods,
@@ -143,6 +154,7 @@ class World:
             self._saved_environment.setdefault(LOGIN_TARGET_GROUPS_ENV, os.environ.get(LOGIN_TARGET_GROUPS_ENV))
             os.environ[LOGIN_TARGET_GROUPS_ENV] = json.dumps({self.cluster.name: self.login.target_group_arn})
         self.stack: SimStack = create_stack(self.settings)
+        self.emulator.network.new_instance_delay_seconds = self.scenario.timing.topology_report_delay_seconds
         create_hyperpod_cluster(self.emulator, self.scenario.cluster)
         self.head.start(self.partitions())
         if self.scenario.cluster.managed_topology:
@@ -155,6 +167,8 @@ class World:
             sleep=self.sleep,
             work_queue=self.functions.work_queue(),
         )
+        if self.baseline == "full-rescan":
+            self._rescan_everything()
         install_runtime(self.runtime)
         self.emulator.ssm.on_command = self._on_command
         self.emulator.ssm.strict_targets = True
@@ -164,6 +178,21 @@ class World:
         if self.cluster.effective_channel is Channel.AGENT:
             self._install_agent()
         self.note("start", f"cluster {self.cluster.name}: {len(self.emulator.hyperpod.nodes(self.cluster.name))} nodes")
+
+    def _rescan_everything(self) -> None:
+        """What the public generators do on every event (aws-samples' generator, topograph): describe every
+        instance's topology again, render, write and reconfigure. Modelled with topokeeper's own pipeline
+        without its pacing (no debounce, wait or write interval) and without its node-facts cache; writes
+        stay one at a time, as a generator's runs do."""
+        limiter = DynamoRateLimiter(
+            client("dynamodb"), self.runtime.env.table, now=lambda: self.clock.now().timestamp(), sleep=self.sleep
+        )
+        no_cache = _NoCache()
+
+        def reader(deadline: datetime | None = None) -> InstanceTopologyReader:
+            return InstanceTopologyReader(client("ec2"), no_cache, limiter, self.clock.now, deadline)
+
+        self.runtime.topology_reader = reader  # type: ignore[method-assign]
 
     def stop(self) -> None:
         install_runtime(None)
@@ -225,7 +254,11 @@ class World:
 
     def sleep(self, seconds: float) -> None:
         """A function waits: time passes and whatever falls due meanwhile runs."""
-        self.advance(seconds)
+        self._asleep += 1
+        try:
+            self.advance(seconds)
+        finally:
+            self._asleep -= 1
 
     def advance(self, seconds: float) -> None:
         target = self.clock.monotonic() + max(seconds, 0.0)
@@ -281,6 +314,7 @@ class World:
             return
         if document.get("outcome") == Outcome.APPLIED.value:
             self.counters.head_node_writes += 1
+            self.observe_latency()
         if document.get("reconfigured"):
             self.counters.reconfigures += 1
         self.note("apply", _apply_text(document))
@@ -311,6 +345,11 @@ class World:
         interval = self.scenario.timing.drift_interval_seconds  # the schedule's rate (see __init__)
 
         def check() -> None:
+            if self._asleep:
+                # Another function is waiting for its DescribeInstanceTopology slot; run this one after it, as
+                # the shared rate limiter would order them (nested here, it would take that slot's token).
+                self.agenda.add(self.clock.monotonic() + 1, check, periodic=True)
+                return
             try:
                 reports = self.functions.invoke("drift", {})
                 for report in reports:
@@ -386,6 +425,17 @@ class World:
         for record in sorted(records, key=lambda r: str(r["partition"])):
             self.note("audit", record_text(record))
 
+    def observe_latency(self) -> None:
+        """Note the nodes launched so far and which of them the live topology now places."""
+        now = self.clock.monotonic()
+        offset = self.clock.now().timestamp() - now  # wall time of monotonic 0
+        nodes = self.emulator.hyperpod.nodes(self.cluster.name)
+        for node in nodes:
+            if node.replaces is None and lookup(node.instance_type).capability is not Capability.NONE:
+                self.latency.launched(node.instance_id, node.slurm_name, node.launch_time.timestamp() - offset)
+        self.latency.forget_except(node.instance_id for node in nodes)
+        self.latency.observe(topology_node_names(self.head.live_topology()), now)
+
     # ----------------------------------------------------------------- running
 
     def settle(self, *, until: float | None = None, quiet: bool = True) -> None:
@@ -394,7 +444,9 @@ class World:
         while True:
             before = self.emulator.calls.total
             worked = self.functions.drain()
-            self.clock.advance((self.emulator.calls.total - before) * self.scenario.timing.api_call_seconds)
+            calls = self.emulator.calls.total - before - self.functions.concurrent_calls
+            self.functions.concurrent_calls = 0
+            self.clock.advance(calls * self.scenario.timing.api_call_seconds)
             if worked:
                 continue
             if quiet and self.is_quiet():
@@ -468,6 +520,16 @@ def _apply_text(document: dict[str, Any]) -> str:
     if document.get("error"):
         text += f"; error: {document['error']}"
     return text
+
+
+class _NoCache:
+    """A node-facts cache that keeps nothing: every read describes every instance again."""
+
+    def get_many(self, cluster: str, instance_ids: Iterable[str]) -> dict[str, dict[str, object]]:
+        return {}
+
+    def put_many(self, cluster: str, items: dict[str, dict[str, object]], now: datetime) -> None:
+        return None
 
 
 @contextmanager
