@@ -12,6 +12,10 @@ def test_the_applier_accepts_the_bundle_schema_the_package_writes() -> None:
     assert applier.BUNDLE_SCHEMA == constants.BUNDLE_SCHEMA
 
 
+def test_the_applier_checks_the_signature_algorithm_the_package_signs_with() -> None:
+    assert applier.SIGNATURE_ALGORITHM == constants.SIGNATURE_ALGORITHM
+
+
 def test_the_agent_speaks_the_package_s_event_names_and_bundle_schema() -> None:
     assert agent.BUNDLE_SCHEMA == constants.BUNDLE_SCHEMA
     assert agent.SOURCE_PREFIX == constants.AGENT_SOURCE

@@ -25,6 +25,10 @@ AGENT_APPLY_DETAIL_TYPE = "Topology Apply Result"
 AGENT_VERIFY_DETAIL_TYPE = "Topology Verify Result"
 
 
+# How bundles are signed (KMS SigningAlgorithm); the applier checks exactly this.
+SIGNATURE_ALGORITHM = "RSASSA_PKCS1_V1_5_SHA_256"
+
+
 def agent_source(cluster: str) -> str:
     """The event source only ``cluster``'s agent may send (its IAM policy's events:source condition)."""
     return f"{AGENT_SOURCE}.{cluster}"

@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any
 
 from topokeeper.adapters.aws import aws_errors
-from topokeeper.applier.applier import SIGNATURE_ALGORITHM
+from topokeeper.constants import SIGNATURE_ALGORITHM
 from topokeeper.errors import Permanent
 
 SHA256_DIGEST_BYTES = 32

@@ -12,7 +12,8 @@ import hashlib
 from datetime import datetime
 from typing import Literal
 
-from topokeeper.applier.applier import SIGNATURE_ALGORITHM, TRUSTED_KEY_SCHEMA, signed_bytes
+from topokeeper.applier.applier import TRUSTED_KEY_SCHEMA, signed_bytes
+from topokeeper.constants import SIGNATURE_ALGORITHM
 from topokeeper.ports import BundleSigner
 from topokeeper.render.bundle import Bundle, BundleSignature
 
