@@ -127,3 +127,29 @@ def test_an_agents_verify_report_stores_the_table_once() -> None:
     state = controller.now_state()
     assert report.status == "verify-recorded" and state.slurm_nodes == _table(REBOUND)
     assert state.last_verify is not None and state.last_verify.slurm_nodes is None
+
+
+def test_stale_bindings_with_a_cut_node_table_fail_rather_than_replan_the_same_stale_table() -> None:
+    # Over 200 Slurm nodes the applier cuts slurm_nodes from its document: a replan would bind from the
+    # stored (stale) table again, be refused again, and loop SendCommand after SendCommand.
+    controller = _parallelcluster()
+    reconcile(controller.change(), controller.deps())
+    pending = controller.now_state().pending
+    assert pending is not None
+    sent = len(controller.queue.sent)
+    controller.ssm_results[pending.handle.reference] = ApplyResult.model_validate(
+        {
+            "outcome": "stale_bindings",
+            "applier_version": "1.0.0",
+            "error": "2 node(s) not at the NodeAddr planned: ...",
+            "slurm_nodes": _rows(REBOUND)[:3],
+            "dropped": {"slurm_nodes": 6},
+        }
+    )
+
+    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+
+    state = controller.now_state()
+    assert state.pending is None and state.slurm_nodes == _table(BOUND)
+    assert len(controller.queue.sent) == sent  # no replan with the table it was just refused for
+    assert controller.metrics.values(Metric.APPLY_FAILURES) == [1]  # stuck until a whole table arrives: alarmed
