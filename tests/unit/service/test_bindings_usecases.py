@@ -10,7 +10,7 @@ from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.constants import AGENT_VERIFY_DETAIL_TYPE, agent_source
 from topokeeper.engine.snapshot import SlurmNodeRecord
 from topokeeper.ports import ApplyResult, Channel, Metric, Outcome
-from topokeeper.service.drift import check_drift
+from topokeeper.service.drift import check_drift, pending_window
 from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
 from topokeeper.service.state import save_fields
@@ -111,8 +111,20 @@ def test_the_drift_check_refreshes_the_table_and_a_rebinding_is_a_change_to_plan
     )
     report = check_drift(controller.cluster, controller.deps())
 
-    assert (report.live, report.aws, report.action) == ("in_sync", "changed", "reconcile-requested")
+    # The powered-down node's topology retry is still queued: the difference is pending, and that reconcile
+    # plans with the table this check stored.
+    assert (report.live, report.aws, report.action) == ("in_sync", "pending", "none")
     assert controller.now_state().slurm_nodes == _table(REBOUND)
+    assert reconcile(controller.queue.sent[-1], controller.deps()).action == "delivered"
+    assert controller.channel.delivered[-1].bindings == REBOUND
+
+    controller.clock.advance(int(pending_window(controller.deps().settings).total_seconds()) + 1)
+    save_fields(controller.state, CLUSTER, {"pending": None, "slurm_nodes": _table(BOUND)})
+    controller.channel.verify_result = ApplyResult(
+        outcome=Outcome.IN_SYNC, applier_version="1.0.0", slurm_nodes=_rows(BOUND)
+    )
+    report = check_drift(controller.cluster, controller.deps())  # nothing on its way explains it any more
+    assert (report.aws, report.action) == ("changed", "reconcile-requested")
 
 
 def test_an_agents_verify_report_stores_the_table_once() -> None:
