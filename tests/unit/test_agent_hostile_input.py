@@ -349,3 +349,35 @@ def test_a_put_events_answer_that_crashed_the_report_is_an_agent_error_or_succes
             aws.put_event(agent.APPLY_RESULT, {"cluster": CLUSTER})
     else:
         aws.put_event(agent.APPLY_RESULT, {"cluster": CLUSTER})  # no FailedEntryCount to read: sent
+
+
+class HostileVerifyRequest(FakeAws):
+    """The bundle is new; beside it lies a verify request of hostile bytes."""
+
+    def __init__(self, bundle: agent.S3Object, request: bytes) -> None:
+        super().__init__(bundle)
+        self.request = request
+
+    def get_verify_request_if_changed(self, etag: str | None) -> agent.S3Object | None:
+        return agent.S3Object(self.request, '"request-1"', None)
+
+
+@pytest.mark.parametrize("request_body", [b"[" * 100_000, b'{"request_id":' * 30_000, b"\xff" * 10, b"[1]"])
+def test_a_hostile_verify_request_never_stops_the_bundle_being_applied(tmp_path: Path, request_body: bytes) -> None:
+    config = agent.Config(cluster=CLUSTER, bucket="b", region="us-east-1", state_dir=str(tmp_path))
+    poller = agent.Agent(config)
+    poller._aws = HostileVerifyRequest(agent.S3Object(bundle_body(BUNDLE), '"etag-1"', None), request_body)  # type: ignore[assignment]
+    modes: list[str] = []
+
+    def run_applier(config: agent.Config, mode: str, path: str, plan_sha256: str | None) -> dict[str, Any]:
+        modes.append(mode)
+        return agent.agent_result("applied", mode, plan_sha256, "")
+
+    original = agent.run_applier
+    agent.run_applier = run_applier  # type: ignore[assignment]
+    try:
+        poller.cycle()
+    finally:
+        agent.run_applier = original  # type: ignore[assignment]
+    assert modes == ["apply"]  # the request is skipped as unreadable; the bundle applied all the same
+    assert agent.load_state(str(tmp_path / "state.json")).request_id is None

@@ -210,6 +210,14 @@ def test_the_trusted_key_file_must_be_present_and_writable_by_root_only(tmp_path
         applier.read_trusted_key(str(tmp_path / "bad.json"))
 
 
+def test_a_trusted_key_that_is_no_regular_file_is_refused_at_once(tmp_path: Path) -> None:
+    # A FIFO with no writer would block the open until SIGKILL; a device could be read forever.
+    fifo = tmp_path / "key.json"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(BadSignature, match="not a regular file"):
+        applier.read_trusted_key(str(fifo))
+
+
 def test_a_forged_bundle_is_bad_signature_with_exit_2_before_anything_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -97,3 +97,16 @@ def test_no_tagged_node_sends_nothing_and_a_bad_tag_names_the_option(
     assert aws.client("ssm").list_commands()["Commands"] == []
     assert _install("no-value") != 0
     assert "--tag" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["*", "cf?", "c*"])
+def test_a_tag_value_with_an_ec2_filter_wildcard_is_refused_before_anything_is_sent(
+    aws: AwsEmulator, cli: list[CommandInvocationRequest], capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    # EC2 filter values treat * and ? as wildcards: "*" would send the installer to every tagged instance.
+    _instances(aws, 1, {TAG: "cfd"})
+    _instances(aws, 1, {TAG: "other"})
+
+    assert _install(f"{TAG}={value}") != 0
+
+    assert cli == [] and "--tag" in capsys.readouterr().err

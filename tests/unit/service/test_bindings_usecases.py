@@ -10,7 +10,7 @@ from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.constants import AGENT_VERIFY_DETAIL_TYPE, agent_source
 from topokeeper.engine.snapshot import SlurmNodeRecord
 from topokeeper.ports import ApplyResult, Channel, Metric, Outcome
-from topokeeper.service.drift import check_drift
+from topokeeper.service.drift import check_drift, pending_window
 from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
 from topokeeper.service.state import save_fields
@@ -111,8 +111,20 @@ def test_the_drift_check_refreshes_the_table_and_a_rebinding_is_a_change_to_plan
     )
     report = check_drift(controller.cluster, controller.deps())
 
-    assert (report.live, report.aws, report.action) == ("in_sync", "changed", "reconcile-requested")
+    # The powered-down node's topology retry is still queued: the difference is pending, and that reconcile
+    # plans with the table this check stored.
+    assert (report.live, report.aws, report.action) == ("in_sync", "pending", "none")
     assert controller.now_state().slurm_nodes == _table(REBOUND)
+    assert reconcile(controller.queue.sent[-1], controller.deps()).action == "delivered"
+    assert controller.channel.delivered[-1].bindings == REBOUND
+
+    controller.clock.advance(int(pending_window(controller.deps().settings).total_seconds()) + 1)
+    save_fields(controller.state, CLUSTER, {"pending": None, "slurm_nodes": _table(BOUND)})
+    controller.channel.verify_result = ApplyResult(
+        outcome=Outcome.IN_SYNC, applier_version="1.0.0", slurm_nodes=_rows(BOUND)
+    )
+    report = check_drift(controller.cluster, controller.deps())  # nothing on its way explains it any more
+    assert (report.aws, report.action) == ("changed", "reconcile-requested")
 
 
 def test_an_agents_verify_report_stores_the_table_once() -> None:
@@ -127,3 +139,29 @@ def test_an_agents_verify_report_stores_the_table_once() -> None:
     state = controller.now_state()
     assert report.status == "verify-recorded" and state.slurm_nodes == _table(REBOUND)
     assert state.last_verify is not None and state.last_verify.slurm_nodes is None
+
+
+def test_stale_bindings_with_a_cut_node_table_fail_rather_than_replan_the_same_stale_table() -> None:
+    # Over 200 Slurm nodes the applier cuts slurm_nodes from its document: a replan would bind from the
+    # stored (stale) table again, be refused again, and loop SendCommand after SendCommand.
+    controller = _parallelcluster()
+    reconcile(controller.change(), controller.deps())
+    pending = controller.now_state().pending
+    assert pending is not None
+    sent = len(controller.queue.sent)
+    controller.ssm_results[pending.handle.reference] = ApplyResult.model_validate(
+        {
+            "outcome": "stale_bindings",
+            "applier_version": "1.0.0",
+            "error": "2 node(s) not at the NodeAddr planned: ...",
+            "slurm_nodes": _rows(REBOUND)[:3],
+            "dropped": {"slurm_nodes": 6},
+        }
+    )
+
+    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+
+    state = controller.now_state()
+    assert state.pending is None and state.slurm_nodes == _table(BOUND)
+    assert len(controller.queue.sent) == sent  # no replan with the table it was just refused for
+    assert controller.metrics.values(Metric.APPLY_FAILURES) == [1]  # stuck until a whole table arrives: alarmed

@@ -260,3 +260,14 @@ def test_the_eks_reconcile_imports_nothing_the_lambda_layer_lacks() -> None:
     code = "import sys; sys.modules['yaml'] = None; import topokeeper.service.eks, topokeeper.runtime"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_discovery_cut_short_continues_at_once_without_spending_a_topology_retry(eks: EksController) -> None:
+    eks.facts.document["instance_topology"].pop(5)  # not described: the invocation's time ran out first
+    eks.facts.document["undescribed"] = 1
+
+    report = reconcile(eks.change("e-1"), eks.deps())
+
+    assert (report.action, report.undescribed) == ("published", 1)
+    assert eks.state.get(CLUSTER).topology_retries == 0
+    assert eks.state.get(CLUSTER).triggers[-1].detail_type == "Discovery Continues"

@@ -833,7 +833,7 @@ class Agent:
         state.request_etag = fetched.etag
         try:
             request_id = json.loads(fetched.body[:MAX_VERIFY_REQUEST_BYTES].decode("utf-8")).get("request_id")
-        except (UnicodeDecodeError, ValueError, AttributeError):
+        except (UnicodeDecodeError, ValueError, AttributeError, RecursionError):  # json recurses per nesting level
             request_id = None
         if not isinstance(request_id, str) or not request_id or len(request_id) > 200:
             log("verify_request.unreadable", level="warning", etag=fetched.etag)

@@ -597,9 +597,11 @@ def rsa_public_key(der: bytes) -> Tuple[int, int]:
 def read_trusted_key(path: str) -> TrustedKey:
     """The head node's public key file; it must be root's (this user's) and writable by no one else."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block
         with os.fdopen(fd, "rb") as reader:
             found = os.fstat(reader.fileno())
+            if not stat.S_ISREG(found.st_mode):
+                raise ValueError("not a regular file")
             if found.st_uid != os.geteuid() or found.st_mode & 0o022:
                 raise ValueError(
                     "owner uid %d, mode %04o: must be this user's, writable by no one else"

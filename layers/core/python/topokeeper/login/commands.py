@@ -70,6 +70,8 @@ def _cmd_install_run_command(args: argparse.Namespace) -> int:
         raise InputError("--tag", f"expected KEY=VALUE with an EC2 tag key: {args.tag!r}") from None
     if not value or len(value) > 256:
         raise InputError("--tag", f"expected KEY=VALUE with a value of 1 to 256 characters: {args.tag!r}")
+    if set(value) & {"*", "?"}:  # EC2 filter wildcards: "*" would reach every instance with the tag key
+        raise InputError("--tag", f"the value may not contain * or ? (EC2 filter wildcards): {args.tag!r}")
     script = install_script(args.secret_arn, args.secret_region)
     instances = tagged_login_instances(client("ec2"), key, value)
     if not instances:

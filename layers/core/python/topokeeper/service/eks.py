@@ -28,12 +28,13 @@ MAX_LISTED = 200  # like the partition records: lists are cut, counts stay exact
 EKS_DRIFT_CHECK = "Kueue Drift Check"
 
 
-def publication_for(cluster: ClusterConfig, deps: ControllerDeps) -> tuple[KueuePublication, str | None]:
-    """The cluster's Kueue files from the facts now, and its ARN; emits ``NodesWithoutTopologyData``."""
+def publication_for(cluster: ClusterConfig, deps: ControllerDeps) -> tuple[KueuePublication, str | None, int]:
+    """The cluster's Kueue files from the facts now, its ARN, and how many instances discovery did not reach
+    in this invocation; emits ``NodesWithoutTopologyData``."""
     raw = deps.facts(cluster).read(cluster.name)
     publication = publish_kueue(eks_nodes(raw))
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY_DATA, len(publication.nodes_without_topology_data))
-    return publication, raw.describe_cluster.ClusterArn or cluster.arn
+    return publication, raw.describe_cluster.ClusterArn or cluster.arn, raw.undescribed
 
 
 def _ports(deps: ControllerDeps) -> tuple[KueueStore, AuditSink]:
@@ -48,7 +49,7 @@ def reconcile_eks(
     """Called by ``reconcile`` once it decided to proceed."""
     started = time.monotonic()
     now = deps.clock.now()
-    publication, arn = publication_for(cluster, deps)
+    publication, arn, undescribed = publication_for(cluster, deps)
     missing = len(publication.nodes_without_topology_data)
     action = "unchanged"
     if publication.sha256 != state.desired_sha256:
@@ -79,17 +80,18 @@ def reconcile_eks(
             "reconciled_generation": state.generation,
             "desired_sha256": publication.sha256,
             "applied_sha256": publication.sha256,  # published is applied: nothing else receives it
-            "topology_retries": state.topology_retries + 1 if missing else 0,
+            "topology_retries": (state.topology_retries + int(not undescribed)) if missing else 0,
             **({"last_write_at": now} if action == "published" else {}),
         },
     )
-    close_cycle(deps, cluster.name, state, now=now, missing=missing, started=started)
+    close_cycle(deps, cluster.name, state, now=now, missing=missing, started=started, undescribed=undescribed)
     return ReconcileReport(
         cluster=cluster.name,
         generation=request.generation,
         action=action,
         plan_sha256=publication.sha256,
         nodes_without_topology=missing,
+        undescribed=undescribed,
     )
 
 
@@ -145,7 +147,7 @@ def check_eks_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: 
     """No live side to verify: only whether AWS changed since the last publication (a lost event)."""
     now = deps.clock.now()
     state = deps.state.get(cluster.name)
-    publication, _ = publication_for(cluster, deps)
+    publication, _, _ = publication_for(cluster, deps)
     changed = publication.sha256 != state.desired_sha256
     if changed:
         request_reconcile(

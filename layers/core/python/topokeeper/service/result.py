@@ -277,11 +277,14 @@ def finish_delivery(
 
     observed = observed_fields(result)
     update: dict[str, object] = dict(observed)
+    # Stale bindings are planned again with the table the result brought; a cut one (over the applier's 200
+    # rows) would bind the stored, stale table again and be refused again, in a loop: a failure instead.
+    replan_bindings = result.outcome is Outcome.STALE_BINDINGS and "slurm_nodes" in observed
     if result.outcome in SUCCESS:
         update["applied_sha256"] = pending.handle.plan_sha256
         if result.outcome is Outcome.APPLIED:
             deps.metrics.emit(cluster.name, Metric.TOPOLOGY_UPDATES, len(records))
-    elif result.outcome is not Outcome.STALE_BINDINGS:  # not a failure: the plan is redone at once
+    elif not replan_bindings:  # a failure, unless the plan is redone at once (below)
         deps.metrics.emit(cluster.name, Metric.APPLY_FAILURES, 1)
         if result.outcome in AUTHENTICITY_REFUSALS:
             deps.metrics.emit(cluster.name, Metric.BUNDLE_REFUSALS, 1)
@@ -308,7 +311,7 @@ def finish_delivery(
     retry: tuple[str, str] | None = None
     if result.outcome is Outcome.REFUSED and update.get("slurm_version") not in (None, state.slurm_version):
         retry = "Slurm Version Learned", f"head node runs Slurm {update['slurm_version']}"
-    elif result.outcome is Outcome.STALE_BINDINGS:
+    elif replan_bindings:
         retry = "Slurm Node Bindings Changed", (result.error or "stale bindings")[:200]
     if retry is not None:
         request_reconcile(
