@@ -33,6 +33,7 @@ APPLIER_RESULT_KEYS = frozenset(
         "applier_version",
         "signature",
         "generation",
+        "managed_by",
     }
 )
 

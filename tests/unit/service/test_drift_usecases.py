@@ -242,3 +242,14 @@ def test_live_drift_names_the_moved_nodes_and_the_repair_carries_them() -> None:
     state = controller.now_state()
     assert state.pending is not None and state.pending.repair_moves == [expected]
     assert state.repair_moves == []
+
+
+def test_drift_on_a_cluster_whose_topology_parallelcluster_writes_is_only_reported() -> None:
+    controller = Controller(orchestrator="ec2")
+    _applied(controller)
+    drift = [{"what": "grouping", "name": "gpu"}]
+    _verify(controller, Outcome.DRIFT, grouping_drift=True, drift=drift, managed_by="parallelcluster")
+    report = check_drift(controller.cluster, controller.deps())
+    assert (report.live, report.drift, report.action) == ("drift", 1, "reported")
+    state = controller.now_state()
+    assert state.managed_by == "parallelcluster" and state.repair_partitions == [] and controller.queue.sent == []

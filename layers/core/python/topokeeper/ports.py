@@ -89,6 +89,8 @@ class ApplyResult(BaseModel):
     truncated: bool = False  # the agent sent only a summary to fit one event
     # slurmctld's node table: [NodeName, NodeAddr, NodeHostName, "partition,..."] (dropped.slurm_nodes: cut)
     slurm_nodes: list[list[str]] | None = None
+    # Who else writes the live topology file ("parallelcluster": its generated topology.conf); apply refuses then.
+    managed_by: Literal["parallelcluster"] | None = None
 
     def node_table(self) -> list[SlurmNodeRecord] | None:
         """The head node's whole node table, or None when it did not send one or had to cut it."""
@@ -290,6 +292,8 @@ class ClusterState(BaseModel):
     bundle_generation: int = 0  # the last generation signed for delivery: only grows (service/signing.py)
     # The head node's node table as last reported (apply, verify): ParallelCluster's names are planned from it.
     slurm_nodes: list[SlurmNodeRecord] | None = None
+    # Set once a head node reported a topology file another tool writes: the cluster is verify from then on.
+    managed_by: str | None = None
     version: int = 0  # optimistic concurrency
 
     @field_validator("last_verify", mode="before")

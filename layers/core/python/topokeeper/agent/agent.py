@@ -636,6 +636,7 @@ _SUMMARY_KEYS = (
     "partitions_changed",
     "grouping_drift",
     "applier_version",
+    "managed_by",  # ParallelCluster writes the topology: the backend keeps the cluster in verify
 )
 
 

@@ -28,7 +28,7 @@ from topokeeper.service.reconcile import (
     plan_cluster,
 )
 from topokeeper.service.signing import for_reading
-from topokeeper.service.state import request_reconcile, save_fields
+from topokeeper.service.state import cluster_mode, request_reconcile, save_fields
 
 DRIFT_CHECK = "Topology Drift Check"
 
@@ -111,6 +111,20 @@ def live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift", 
     return "unknown"
 
 
+def _observed(deps: ControllerDeps, cluster: str, state: ClusterState, live_result: ApplyResult) -> ClusterState:
+    """Keep what the verify told about the head node: its node table (plan with the bindings as they are now:
+    a re-bound node is a change) and a topology file another tool writes (the cluster is verify from now)."""
+    fields: dict[str, object] = {}
+    table = live_result.node_table()
+    if table is not None:
+        fields["slurm_nodes"] = table
+    if live_result.managed_by is not None:
+        fields["managed_by"] = live_result.managed_by
+    if fields:
+        save_fields(deps.state, cluster, fields)
+    return state.model_copy(update=fields)
+
+
 def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list[Trigger] | None = None) -> DriftReport:
     if cluster.orchestrator is Orchestrator.EKS:
         from topokeeper.service.eks import check_eks_drift  # noqa: PLC0415 (it builds on this module)
@@ -140,7 +154,7 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
 
     bundle = deps.plans.bundle(cluster.name, state.desired_sha256)
     in_flight = state.pending is not None and now - state.pending.handle.sent_at < DELIVERY_TIMEOUT
-    not_landed = cluster.effective_mode is Mode.ENFORCE and state.applied_sha256 != state.desired_sha256
+    not_landed = cluster_mode(cluster, state) is Mode.ENFORCE and state.applied_sha256 != state.desired_sha256
     writing = state.pending is not None or not_landed
     if writing:
         # The head node is being brought to the plan: comparing it now would report a change as drift.
@@ -151,12 +165,9 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
         live_result = deps.channel(cluster).verify(
             for_reading(bundle, state.bundle_generation, deps.signer), request=request
         )
+    state = _observed(deps, cluster.name, state, live_result)
     # A write that did not land, or whose delivery outlived its timeout, is no change on its way.
-    live = live_status(live_result, cluster.effective_mode) if in_flight or not writing else "unknown"
-    table = live_result.node_table()
-    if table is not None:  # plan with the head node's bindings as they are now: a re-bound node is a change
-        save_fields(deps.state, cluster.name, {"slurm_nodes": table})
-        state = state.model_copy(update={"slurm_nodes": table})
+    live = live_status(live_result, cluster_mode(cluster, state)) if in_flight or not writing else "unknown"
     moved = live_moves(live_result) if live == "drift" else []
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     aws = aws_status(state, rendered.sha256, now, deps.settings)
@@ -166,7 +177,7 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
     if drift is not None:
         deps.metrics.emit(cluster.name, Metric.TOPOLOGY_DRIFT, drift)
     action: Literal["none", "reported", "reconcile-requested"] = "none"
-    if drift == 1 and cluster.effective_mode is Mode.ENFORCE:
+    if drift == 1 and cluster_mode(cluster, state) is Mode.ENFORCE:
         if live == "drift":
             repair = drifted_partitions(live_result, bundle) or sorted(bundle.partitions)
             save_fields(

@@ -92,6 +92,8 @@ def observed_fields(result: ApplyResult) -> dict[str, object]:
     table = result.node_table()
     if table is not None:
         fields["slurm_nodes"] = table
+    if result.managed_by is not None:  # kept once seen: the cluster stays verify (service.state.cluster_mode)
+        fields["managed_by"] = result.managed_by
     return fields
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
+from topokeeper.config import ClusterConfig, Mode
 from topokeeper.errors import ConcurrentUpdate
 from topokeeper.ports import ClusterState, ReconcileRequest, StateStore, Trigger, WorkQueue
 
@@ -29,6 +30,12 @@ def save_fields(store: StateStore, cluster: str, update: Update, attempts: int =
             failures += 1
             if failures >= attempts:
                 raise
+
+
+def cluster_mode(cluster: ClusterConfig, state: ClusterState) -> Mode:
+    """Verify once the head node reported a topology file another tool writes (ParallelCluster's generated
+    topology.conf, whose apply the applier refuses: we never fight it); else the configured mode."""
+    return Mode.VERIFY if state.managed_by is not None else cluster.effective_mode
 
 
 def queue_next_cycle(store: StateStore, queue: WorkQueue, cluster: str) -> None:
