@@ -43,7 +43,14 @@ class PlanBucket(Construct):
                 s3.LifecycleRule(
                     noncurrent_version_expiration=Duration.days(noncurrent_days),
                     abort_incomplete_multipart_upload_after=Duration.days(7),
-                )
+                ),
+                # What the SSM channel stages for one command (the applier, a large bundle) is fetched within
+                # the command's timeout by a presigned URL: nothing to keep once that has passed.
+                s3.LifecycleRule(
+                    prefix="payloads/",
+                    expiration=Duration.days(1),
+                    noncurrent_version_expiration=Duration.days(1),
+                ),
             ],
             removal_policy=RemovalPolicy.RETAIN,
         )

@@ -104,9 +104,11 @@ def test_the_plan_bucket(example: Synthesized) -> None:
         "IgnorePublicAcls": True,
         "RestrictPublicBuckets": True,
     }
-    (rule,) = properties["LifecycleConfiguration"]["Rules"]
+    rule, staged = properties["LifecycleConfiguration"]["Rules"]
     assert rule["NoncurrentVersionExpiration"] == {"NoncurrentDays": example.settings.audit_retention_days}
-    assert rule["Status"] == "Enabled"
+    assert rule["Status"] == "Enabled" and "Prefix" not in rule
+    # What one SSM command fetched (applier, large bundle) expires; plans and audit evidence do not.
+    assert (staged["Prefix"], staged["ExpirationInDays"], staged["Status"]) == ("payloads/", 1, "Enabled")
     example.template.has_resource_properties(
         "AWS::S3::BucketPolicy",
         {

@@ -13,6 +13,7 @@ import pytest
 from tests.integration.backend.conftest import small_scenario
 from topokeeper.adapters.ec2 import LocalRateLimiter
 from topokeeper.cli import main
+from topokeeper.sim.stack import BUCKET
 from topokeeper.sim.world import World
 
 pytestmark = pytest.mark.slurm
@@ -45,14 +46,18 @@ def test_verify_shows_the_diff_and_the_live_state_and_writes_nothing(
     before = _files(world)
     capsys.readouterr()
 
-    # Over SSM Run Command (an EC2 or hybrid-registered head node).
-    code = main(["verify", "--snapshot", str(snapshot), "--head-node", world.head_node_id])
+    # Over SSM Run Command (an EC2 or hybrid-registered head node). The applier does not fit an inline command:
+    # without a bucket to fetch it from, one error naming --bucket and nothing sent.
+    assert main(["verify", "--snapshot", str(snapshot), "--head-node", world.head_node_id]) == 2
+    assert "--bucket" in capsys.readouterr().err
+    via = ["--head-node", world.head_node_id, "--bucket", BUCKET]
+    code = main(["verify", "--snapshot", str(snapshot), *via])
     printed = capsys.readouterr().out
     assert code == 3  # live differs from the plan by name: drift (HyperPod names things its own way)
     assert "dry-run: would_apply" in printed and "verify: drift" in printed
     assert "+++ " in printed and "partitions.conf" in printed and "topology.yaml" in printed  # every file's diff
     assert "naming partition ml-p5: slurmctld has Topology=tree, the plan tree-ml-p5" in printed
-    assert main(["verify", "--snapshot", str(snapshot), "--head-node", world.head_node_id, "--json"]) == 3
+    assert main(["verify", "--snapshot", str(snapshot), *via, "--json"]) == 3
     document = json.loads(capsys.readouterr().out)
     assert (document["dry-run"]["outcome"], document["verify"]["outcome"]) == ("would_apply", "drift")
     assert (

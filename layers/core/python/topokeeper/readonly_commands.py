@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from topokeeper.adapters.aws import aws_setup_errors, client
+from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, aws_setup_errors, client, presigning_s3
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.applier import applier
 from topokeeper.errors import InputError
@@ -28,13 +28,14 @@ EXIT_OK, EXIT_FAILED, EXIT_DRIFT = 0, 1, 3
 
 
 class _NoBucket:
-    """Without a stack there is no plan bucket: a bundle too large for an inline command cannot be sent."""
+    """Without a stack there is no plan bucket: what does not fit an inline command cannot be sent."""
 
     def put_object(self, **_: Any) -> None:
         raise InputError(
-            "--head-node",
-            "the bundle is too large for an inline SSM command and there is no plan bucket before deploying: "
-            "use --bundle-out and run the printed commands on the head node",
+            "--bucket",
+            "the applier (and a large bundle) do not fit an inline SSM command and there is no plan bucket before "
+            "deploying: name an S3 bucket of yours in the head node's region with --bucket (the command fetches "
+            "them by presigned URL, pinned by sha256), or use --bundle-out and run the printed commands",
         )
 
 
@@ -49,8 +50,15 @@ def _describe(mode: str, result: ApplyResult) -> list[str]:
     return lines
 
 
-def _on_head_node(rendered: RenderedPlan, head_node: str) -> tuple[dict[str, Any], list[str], int]:
-    channel = SsmChannel(client("ssm"), _NoBucket(), "", head_node, now=lambda: datetime.now(UTC))
+def _on_head_node(rendered: RenderedPlan, head_node: str, bucket: str | None) -> tuple[dict[str, Any], list[str], int]:
+    channel = SsmChannel(
+        client("ssm"),
+        presigning_s3() if bucket else _NoBucket(),
+        bucket or "",
+        head_node,
+        now=lambda: datetime.now(UTC),
+        sender=client("ssm", None, SEND_COMMAND_CONFIG),
+    )
     results = {mode: channel.run(rendered.bundle, mode) for mode in ("dry-run", "verify")}
     document = {mode: result.model_dump(mode="json") for mode, result in results.items()}
     lines = [line for mode, result in results.items() for line in _describe(mode, result)]
@@ -88,7 +96,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     code = EXIT_OK
     if args.head_node:
         with aws_setup_errors():
-            found, shown, code = _on_head_node(rendered, args.head_node)
+            found, shown, code = _on_head_node(rendered, args.head_node, args.bucket)
         document.update(found)
         lines += shown
     else:
@@ -111,6 +119,10 @@ def register(commands: Any) -> None:
     where.add_argument("--head-node", help="an EC2 (i-) or SSM managed (mi-) head node: dry-run and verify over SSM")
     where.add_argument(
         "--bundle-out", type=Path, help="no Run Command (HyperPod): write bundle.json and applier.py here, print how"
+    )
+    parser.add_argument(
+        "--bucket",
+        help="with --head-node: an S3 bucket of yours in its region, where the command fetches the applier from",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=cmd_verify)

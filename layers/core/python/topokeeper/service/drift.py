@@ -166,8 +166,11 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
             for_reading(bundle, state.bundle_generation, deps.signer), request=request
         )
     state = _observed(deps, cluster.name, state, live_result)
-    # A write that did not land, or whose delivery outlived its timeout, is no change on its way.
+    # A write that did not land, or whose delivery outlived its timeout, is no change on its way; a verify the
+    # agent answers later (PENDING) is judged when its report comes, not now.
     live = live_status(live_result, cluster_mode(cluster, state)) if in_flight or not writing else "unknown"
+    if not writing and live == "pending":
+        live = "unknown"
     moved = live_moves(live_result) if live == "drift" else []
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     aws = aws_status(state, rendered.sha256, now, deps.settings)
