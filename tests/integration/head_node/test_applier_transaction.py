@@ -358,6 +358,24 @@ def test_pruning_never_follows_a_planted_link(head_node: FakeHeadNode, tmp_path:
     assert len([p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]) == applier.BACKUPS_KEPT
 
 
+def test_pruning_keeps_the_newest_backups_when_several_share_a_second(tmp_path: Path) -> None:
+    """Backups made in the same second differ only by a random suffix: the one in use, made last, may sort
+    first by name. Pruning goes by creation, so exactly the newest few stay, the one in use among them."""
+    root = tmp_path / "backups"
+    root.mkdir()
+    suffixes = ["ffffffff", "eeeeeeee", "dddddddd", "cccccccc", "bbbbbbbb", "aaaaaaaa", "00000000"]
+    for age, suffix in enumerate(suffixes):  # created in this order: 00000000 is the newest
+        (root / f"20261202T120000Z-{suffix}").mkdir()
+        os.utime(root / f"20261202T120000Z-{suffix}", ns=(age * 10**9, age * 10**9))
+    in_use = "20261202T120000Z-00000000"
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        applier.prune_backups(fd, [in_use])
+    finally:
+        os.close(fd)
+    assert sorted(p.name.split("-")[1] for p in root.iterdir()) == sorted(suffixes[-applier.BACKUPS_KEPT :])
+
+
 # -- the time budget and the renames' order --------------------------------------------------------
 
 

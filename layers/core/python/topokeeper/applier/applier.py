@@ -1268,10 +1268,22 @@ def open_backup_root(config: ConfigDir) -> int:
     return fd
 
 
+def _created_ns(backup_fd: int, name: str) -> int:
+    try:
+        return os.stat(name, dir_fd=backup_fd, follow_symlinks=False).st_mtime_ns
+    except OSError:
+        return 0
+
+
 def prune_backups(backup_fd: int, keep: Iterable[str]) -> None:
     """Keep the newest few backups (and any in use). Only real directories named like a backup are
     removed, and only the files directly in them: a planted link is skipped, never followed."""
-    names = sorted(name for name in os.listdir(backup_fd) if _BACKUP_NAME.match(name))
+    # Oldest first by creation, not by name alone: two backups made in the same second sort by their random
+    # suffix, and the one in use could otherwise fall among the old ones and leave one too many.
+    names = sorted(
+        (name for name in os.listdir(backup_fd) if _BACKUP_NAME.match(name)),
+        key=lambda name: (_created_ns(backup_fd, name), name),
+    )
     for old in names[:-BACKUPS_KEPT]:
         if old in keep:
             continue
