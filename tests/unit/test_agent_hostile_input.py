@@ -15,7 +15,7 @@ import json
 import math
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,21 @@ class FakeAws:
         assert len(text.encode()) <= agent.MAX_DETAIL_BYTES
 
 
+def _one_cycle(poller: agent.Agent, on_run: Callable[[str, str], object]) -> None:
+    """One poll cycle with the applier replaced by a recorder of (mode, bundle path) that answers "applied"."""
+
+    def run_applier(config: agent.Config, mode: str, path: str, plan_sha256: str | None) -> dict[str, Any]:
+        on_run(mode, path)
+        return agent.agent_result("applied", mode, plan_sha256, "")
+
+    original = agent.run_applier
+    agent.run_applier = run_applier  # type: ignore[assignment]
+    try:
+        poller.cycle()
+    finally:
+        agent.run_applier = original  # type: ignore[assignment]
+
+
 @FUZZ
 @given(
     st.one_of(mutated(BUNDLE).map(_dumps), RAW_BYTES),
@@ -113,17 +128,7 @@ def test_a_poll_of_a_hostile_object_reports_it_and_never_runs_the_applier_on_it(
     poller = agent.Agent(config)
     poller._aws = FakeAws(agent.S3Object(body, etag, version_id))  # type: ignore[assignment]
     ran: list[str] = []
-
-    def run_applier(config: agent.Config, mode: str, path: str, plan_sha256: str | None) -> dict[str, Any]:
-        ran.append(Path(path).read_bytes().decode())
-        return agent.agent_result("applied", mode, plan_sha256, "")
-
-    original = agent.run_applier
-    agent.run_applier = run_applier  # type: ignore[assignment]
-    try:
-        poller.cycle()
-    finally:
-        agent.run_applier = original  # type: ignore[assignment]
+    _one_cycle(poller, lambda mode, path: ran.append(Path(path).read_bytes().decode()))
     state = agent.load_state(str(state_dir / "state.json"))
     if ran:
         assert _checked(ran[0].encode()) == "accepted"  # only a bundle that passed the check
@@ -368,16 +373,6 @@ def test_a_hostile_verify_request_never_stops_the_bundle_being_applied(tmp_path:
     poller = agent.Agent(config)
     poller._aws = HostileVerifyRequest(agent.S3Object(bundle_body(BUNDLE), '"etag-1"', None), request_body)  # type: ignore[assignment]
     modes: list[str] = []
-
-    def run_applier(config: agent.Config, mode: str, path: str, plan_sha256: str | None) -> dict[str, Any]:
-        modes.append(mode)
-        return agent.agent_result("applied", mode, plan_sha256, "")
-
-    original = agent.run_applier
-    agent.run_applier = run_applier  # type: ignore[assignment]
-    try:
-        poller.cycle()
-    finally:
-        agent.run_applier = original  # type: ignore[assignment]
+    _one_cycle(poller, lambda mode, path: modes.append(mode))
     assert modes == ["apply"]  # the request is skipped as unreadable; the bundle applied all the same
     assert agent.load_state(str(tmp_path / "state.json")).request_id is None

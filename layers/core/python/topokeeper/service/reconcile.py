@@ -265,26 +265,16 @@ def close_cycle(
     deps.state.consume_triggers(cluster, state.generation)
     # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
     queue_next_cycle(deps.state, deps.queue, cluster)
+    again: tuple[str, str] | None = None
     if undescribed:
-        request_reconcile(
-            deps.state,
-            deps.queue,
-            cluster,
-            now,
-            reason="retry",
-            detail_type="Discovery Continues",
-            summary=f"{undescribed} instance(s) not described yet: the next reconcile continues from the cache",
+        again = (
+            "Discovery Continues",
+            f"{undescribed} instance(s) not described yet: the next reconcile continues from the cache",
         )
     elif missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
-        request_reconcile(
-            deps.state,
-            deps.queue,
-            cluster,
-            now,
-            reason="retry",
-            detail_type="Topology Retry",
-            summary=f"{missing} node(s) without topology data yet",
-        )
+        again = ("Topology Retry", f"{missing} node(s) without topology data yet")
+    if again is not None:
+        request_reconcile(deps.state, deps.queue, cluster, now, reason="retry", detail_type=again[0], summary=again[1])
     deps.metrics.emit(cluster, Metric.RECONCILE_SECONDS, time.monotonic() - started)
 
 
