@@ -19,14 +19,16 @@ from infra.login_endpoint import installer_statements
 from tests.integration.aws.support import drain, subscribe
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.elbv2 import ElbTargetGroup
+from topokeeper.adapters.login_nodes import DynamoLoginInstallLedger, launched_instance
 from topokeeper.adapters.login_run_command import RunCommandInstaller
 from topokeeper.config import Settings
 from topokeeper.constants import ENV_BUCKET, ENV_CONFIG, ENV_QUEUE, ENV_TABLE
-from topokeeper.errors import Permanent
+from topokeeper.errors import Permanent, Retryable
 from topokeeper.events import EC2_STATE_DETAIL_TYPE
 from topokeeper.login.host_keys import secret_names
 from topokeeper.login.install import install_script
-from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV, sync_login_endpoints
+from topokeeper.login.lambda_sync import INSTALL_CLAIM_LEASE, LOGIN_TARGET_GROUPS_ENV, sync_login_endpoints
+from topokeeper.ports import InstallClaim
 from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome
 from topokeeper.sim.lambda_host import LambdaContext, load_handler
@@ -262,3 +264,21 @@ def test_the_drift_sync_heals_missed_events(login: Ec2Login) -> None:
     assert healed.synced[CLUSTER] == {"registered": [login.ip(added)], "deregistered": [gone]}
     assert set(login.targets()) == {login.ip(n) for n in (*nodes[1:], added)} | {foreign}  # a foreign target stays
     assert sync_login_endpoints(runtime, login.environ).synced[CLUSTER] == {"registered": [], "deregistered": []}
+
+
+def test_a_delivery_that_finds_a_send_in_flight_retries_and_a_dead_claim_is_taken_over(login: Ec2Login) -> None:
+    (node,) = login.launch({LOGIN_TAG: CLUSTER})
+    instance = launched_instance(login.aws.client("ec2"), node)
+    assert instance is not None
+    ledger = DynamoLoginInstallLedger(login.aws.client("dynamodb"), "topokeeper-state", INSTALL_CLAIM_LEASE)
+    # Another invocation claimed this launch and has not sent yet (or died before sending).
+    assert ledger.claim(CLUSTER, node, instance.launch_time, login.aws.clock.now()) is InstallClaim.CLAIMED
+
+    with pytest.raises(Retryable, match="another invocation is sending"):
+        login.ingest(login.event(node, "running"))
+    assert login.received == []
+
+    login.aws.clock.advance(INSTALL_CLAIM_LEASE.total_seconds() + 1)  # its holder is gone: the claim is stale
+    login.ingest(login.event(node, "running"))
+    assert [r.instance_id for r in login.received] == [node]
+    assert ledger.claim(CLUSTER, node, instance.launch_time, login.aws.clock.now()) is InstallClaim.SENT

@@ -15,7 +15,6 @@ from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.adapters.ec2 import described_instance
 from topokeeper.adapters.hyperpod import legacy_provisioning_parameters
 from topokeeper.ports import InstallClaim, LaunchedInstance, LoginNode
-from topokeeper.stack_spec import TTL_ATTRIBUTE
 
 LOGIN_NODE_TYPE = "Login"
 # The login sync's word for a node that serves (HyperPod's InstanceStatus); EC2's "running" maps to it.
@@ -155,7 +154,7 @@ class DynamoLoginInstallLedger:
 
     def _item(self, key: dict[str, Any], state: str, now: datetime, **extra: str) -> dict[str, Any]:
         expires = str(int((now + self._retention).timestamp()))
-        item = {**key, "state": {"S": state}, "at": {"N": str(int(now.timestamp()))}, TTL_ATTRIBUTE: {"N": expires}}
+        item = {**key, "state": {"S": state}, "at": {"N": str(int(now.timestamp()))}, "expires_at": {"N": expires}}
         return item | {name: {"S": value} for name, value in extra.items()}
 
     def claim(self, cluster: str, instance_id: str, launch_time: datetime, now: datetime) -> InstallClaim:
