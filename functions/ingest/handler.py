@@ -27,6 +27,6 @@ def lambda_handler(event: TopokeeperEvent, context: LambdaContext) -> dict[str, 
         # raises after the target sync, so the retry, and at last the dead-letter queue, carries it).
         installed = install_login_host_identity(lambda_runtime(), os.environ, event)
         if installed is not None:
-            logger.info("login host identity", extra=installed.model_dump(mode="json"))
+            logger.info("login host identity", extra=installed.model_dump(mode="json", by_alias=True))
         login.raise_failures()
     return result.model_dump(mode="json")
