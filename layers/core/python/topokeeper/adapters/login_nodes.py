@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.adapters.ec2 import described_instance
 from topokeeper.adapters.hyperpod import legacy_provisioning_parameters
+from topokeeper.errors import InputError
 from topokeeper.ports import InstallClaim, LaunchedInstance, LoginNode
 
 LOGIN_NODE_TYPE = "Login"
@@ -100,7 +101,7 @@ class Ec2LoginNodes:
 
     def login_nodes(self, cluster: str) -> list[LoginNode]:
         if set(cluster) & {"*", "?"}:  # EC2 filter wildcards would match other clusters' login nodes
-            raise ValueError(f"a login tag value may not contain * or ?: {cluster!r}")
+            raise InputError("cluster", f"a login tag value may not contain * or ? (EC2 filter wildcards): {cluster!r}")
         nodes: list[LoginNode] = []
         with aws_errors():
             pages = self._ec2.get_paginator("describe_instances").paginate(
