@@ -190,6 +190,7 @@ def test_a_replacement_gets_the_installer_and_takes_the_departed_nodes_place(log
 
     login.aws.client("ec2").terminate_instances(InstanceIds=[old])
     login.ingest(login.event(old, "shutting-down"))
+    assert login.targets() == {}  # the departed node's target goes with its event
     (new,) = login.launch({LOGIN_TAG: CLUSTER})
     login.ingest(login.event(new, "running"))
 
