@@ -41,7 +41,7 @@ POWERTOOLS_REQUIREMENTS = "requirements-powertools.txt"
 _PLATFORM = "manylinux2014_aarch64"
 # What only an operator's machine runs (the CLI, its file handling, the install-script generator, the
 # simulator, the Kueue commands and label checks (the EKS reconcile runs the rest of topokeeper.kueue), the
-# login Run Command installer, the deployment view and stack spec the CLI, the stack and the simulator share),
+# deployment view and stack spec the CLI, the stack and the simulator share),
 # relative to the package; the layer ships the rest. The applier and the agent stay: the SSM channel sends the
 # applier and the agent is its peer.
 OPERATOR_ONLY = frozenset(
@@ -49,8 +49,7 @@ OPERATOR_ONLY = frozenset(
         "cli.py", "operator_commands.py", "operator_files.py", "kueue_commands.py", "sim", "narrate.py",
         "kueue/annotations.py", "kueue/drift.py",
         "deployment.py", "stack_spec.py", "agent/install.py", "py.typed", "adapters/secrets.py",
-        "login/commands.py", "login/host_keys.py", "login/install.py", "login/install_host_identity.sh",
-        "adapters/login_run_command.py", "readonly_commands.py",
+        "login/commands.py", "readonly_commands.py",
     }
 )  # fmt: skip
 

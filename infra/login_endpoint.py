@@ -3,6 +3,8 @@
 The target group starts empty; the functions keep its targets equal to the running login nodes
 (topokeeper.service.login). HyperPod nodes are addressed by private IP in the cluster's VpcConfig
 subnets, so the balancer sits in those subnets and the cluster's security group admits it on port 22.
+EC2 login nodes (plain-EC2 clusters) are the instances whose login tag holds the cluster's name; the
+ingest function sends them the host identity installer at launch, allowed only on instances with that tag.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from infra.alarms import cluster_metric
 from infra.constants import EVENT_BUS_NAME, PROVISIONING_PARAMETERS_OBJECTS
 from infra.encryption import DataKey
 from infra.nag import acknowledge
-from topokeeper.config import ClusterConfig, LoginEndpointConfig
-from topokeeper.events import AUDIT_SOURCE
+from topokeeper.config import ClusterConfig, LoginEndpointConfig, Orchestrator
+from topokeeper.events import AUDIT_SOURCE, RUN_SHELL_DOCUMENT
 from topokeeper.login.host_keys import secret_names
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
 from topokeeper.ports import Metric
@@ -351,6 +353,58 @@ class LoginTargetSync(Construct):
             "IAM5[Resource::arn:<AWS::Partition>:s3:::sagemaker-*/*provisioning_parameters.json]",
             "Legacy HyperPod clusters name their login group in provisioning_parameters.json in a lifecycle "
             "bucket HyperPod requires to be named sagemaker-*; read-only, and only that file name",
+        )
+
+
+def installer_statements(
+    clusters: list[ClusterConfig], partition: str, region: str, account: str
+) -> list[dict[str, object]]:
+    """SendCommand for the host identity installer: the one document, on EC2 instances whose login tag holds one
+    of these clusters' names; nothing else (one statement per login tag key)."""
+    by_tag: dict[str, list[str]] = {}
+    for cluster in sorted(clusters, key=lambda c: c.name):
+        by_tag.setdefault(cluster.ec2.login_tag, []).append(cluster.name)
+    statements: list[dict[str, object]] = [
+        {
+            "Sid": "InstallerDocument",
+            "Effect": "Allow",
+            "Action": "ssm:SendCommand",
+            "Resource": f"arn:{partition}:ssm:{region}::document/{RUN_SHELL_DOCUMENT}",
+        }
+    ]
+    for index, (tag, names) in enumerate(sorted(by_tag.items())):
+        statements.append(
+            {
+                "Sid": f"TaggedLoginNodes{index}",
+                "Effect": "Allow",
+                "Action": "ssm:SendCommand",
+                "Resource": f"arn:{partition}:ec2:{region}:{account}:instance/*",
+                "Condition": {"StringEquals": {f"ssm:resourceTag/{tag}": names}},
+            }
+        )
+    return statements
+
+
+def ec2_login_clusters(clusters: list[ClusterConfig]) -> list[ClusterConfig]:
+    return [c for c in login_clusters(clusters) if c.orchestrator is Orchestrator.EC2]
+
+
+class LoginHostIdentityInstaller(Construct):
+    """The ingest function's Run Command to EC2 login nodes at launch: the one documented exception to
+    SendCommand only on the listed head nodes, scoped by the login tag and pinned to one document."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, clusters: list[ClusterConfig], role: iam.IRole) -> None:
+        super().__init__(scope, construct_id)
+        document = iam.PolicyDocument.from_json(
+            {"Statement": installer_statements(clusters, Aws.PARTITION, Aws.REGION, Aws.ACCOUNT_ID)}
+        )
+        self.policy = iam.Policy(self, "Policy", document=document)
+        self.policy.attach_to_role(role)
+        acknowledge(
+            self.policy,
+            "IAM5[Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*]",
+            "EC2 login nodes are replaced with new instance ids; the ssm:resourceTag condition admits only "
+            "instances whose login tag holds the cluster's name, and the document is pinned to AWS-RunShellScript",
         )
 
 

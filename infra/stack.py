@@ -13,7 +13,13 @@ from infra.encryption import DataKey, SigningKey
 from infra.events import Triggers
 from infra.functions import Functions
 from infra.layers import Layers
-from infra.login_endpoint import LoginEndpoint, LoginTargetSync, login_clusters
+from infra.login_endpoint import (
+    LoginEndpoint,
+    LoginHostIdentityInstaller,
+    LoginTargetSync,
+    ec2_login_clusters,
+    login_clusters,
+)
 from infra.queue import Queues
 from infra.state import StateTable
 from infra.storage import PlanBucket
@@ -103,5 +109,12 @@ class TopokeeperStack(Stack):
                 functions=[self.functions.ingest, self.functions.drift],
             )
             outputs["DataKeyArn"] = (self.key.key.key_arn, "topokeeper login rotate-host-keys --kms-key-id")
+        if ec2_login_clusters(settings.clusters) and self.functions.ingest.role is not None:
+            LoginHostIdentityInstaller(
+                self,
+                "LoginHostIdentityInstaller",
+                clusters=ec2_login_clusters(settings.clusters),
+                role=self.functions.ingest.role,
+            )
         for name, (value, description) in outputs.items():
             CfnOutput(self, name, value=value, description=description)

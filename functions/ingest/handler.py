@@ -8,7 +8,7 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from topokeeper.events import TopokeeperEvent
-from topokeeper.login.lambda_sync import sync_login_endpoints
+from topokeeper.login.lambda_sync import install_login_host_identity, sync_login_endpoints
 from topokeeper.runtime import lambda_runtime
 from topokeeper.service.ingest import ingest
 
@@ -23,5 +23,10 @@ def lambda_handler(event: TopokeeperEvent, context: LambdaContext) -> dict[str, 
     if result.cluster is not None:  # a node event of a cluster with a login endpoint: its targets follow now
         login = sync_login_endpoints(lambda_runtime(), os.environ, result.cluster)
         logger.info("login targets", extra=login.model_dump(mode="json"))
+        # An EC2 login node's first running event: its host identity, sent once per launch (a failed send
+        # raises after the target sync, so the retry, and at last the dead-letter queue, carries it).
+        installed = install_login_host_identity(lambda_runtime(), os.environ, event)
+        if installed is not None:
+            logger.info("login host identity", extra=installed.model_dump(mode="json", by_alias=True))
         login.raise_failures()
     return result.model_dump(mode="json")

@@ -12,6 +12,7 @@ import pytest
 
 from infra.config import ConfigError, load_settings
 from infra.constants import REPO_ROOT, STACK_ID
+from infra.login_endpoint import installer_statements
 from tests.infra.conftest import Synthesized, example_config, synthesize
 
 pytestmark = pytest.mark.infra
@@ -160,10 +161,10 @@ def test_bad_login_settings_name_the_key(change: dict[str, Any], key: str, messa
     assert key in str(raised.value) and message in str(raised.value), str(raised.value)
 
 
-def test_a_login_endpoint_needs_a_hyperpod_cluster() -> None:
+def test_a_login_endpoint_needs_slurm_login_nodes() -> None:
     config = example_config()
-    config["clusters"][1]["login"] = LOGIN
-    with pytest.raises(ConfigError, match=r"clusters\[1\].*login.enabled: the login endpoint finds login nodes"):
+    config["clusters"].append({"name": "kueue", "orchestrator": "eks", "login": LOGIN})
+    with pytest.raises(ConfigError, match=r"clusters\[2\].*an EKS cluster has no Slurm login nodes"):
         load_settings(config)
 
 
@@ -216,3 +217,84 @@ def test_the_dashboard_shows_the_login_targets_of_login_clusters_only(login: Syn
         assert f'"topokeeper","{metric}","cluster","llm-train"' in text, metric
         assert f'"topokeeper","{metric}","cluster","cfd-pcluster"' not in text, metric
     assert '"AWS/NetworkELB","HealthyHostCount"' in text
+
+
+PSEUDO = {"AWS::Partition": "aws", "AWS::Region": "eu-west-1", "AWS::AccountId": "111122223333"}
+
+
+def resolved(value: Any) -> Any:
+    """Fn::Join over pseudo parameters, as CloudFormation resolves it in one account and region."""
+    if isinstance(value, dict) and "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return separator.join(str(resolved(part)) for part in parts)
+    if isinstance(value, dict) and set(value) == {"Ref"} and value["Ref"] in PSEUDO:
+        return PSEUDO[value["Ref"]]
+    if isinstance(value, dict):
+        return {key: resolved(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [resolved(item) for item in value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def ec2_login(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """Both example clusters with a login endpoint: llm-train (HyperPod) and cfd-pcluster (EC2), with cdk-nag."""
+    config = with_login(LOGIN)
+    config["clusters"][1]["login"] = LOGIN
+    config["clusters"][1]["ec2"]["login_tag"] = "parallelcluster:login"
+    return synthesize(tmp_path_factory.mktemp("ec2-login"), config, nag=True)
+
+
+def policies_of(synthesized: Synthesized, function: Any) -> list[dict[str, Any]]:
+    role = json.dumps({"Ref": synthesized.logical_id(function.role)})
+    return [
+        r["Properties"]
+        for r in synthesized.resources.values()
+        if r["Type"] == "AWS::IAM::Policy" and role in {json.dumps(x) for x in r["Properties"]["Roles"]}
+    ]
+
+
+def send_command_statements(synthesized: Synthesized, function: Any) -> list[dict[str, Any]]:
+    return [
+        statement
+        for policy in policies_of(synthesized, function)
+        for statement in policy["PolicyDocument"]["Statement"]
+        if "ssm:SendCommand" in json.dumps(statement["Action"])
+    ]
+
+
+def test_the_ingest_function_may_send_the_installer_only_to_tagged_login_nodes(ec2_login: Synthesized) -> None:
+    stack = ec2_login.stack
+    sent = send_command_statements(ec2_login, stack.functions.ingest)
+    # Exactly the installer's statements: one pinned document, instances only with the EC2 cluster's login tag.
+    assert [resolved(s) for s in sent] == installer_statements([ec2_login.settings.clusters[1]], *PSEUDO.values())
+    document, instances = (resolved(s) for s in sent)
+    assert document["Resource"] == "arn:aws:ssm:eu-west-1::document/AWS-RunShellScript"
+    assert "Condition" not in document
+    assert instances["Resource"] == "arn:aws:ec2:eu-west-1:111122223333:instance/*"
+    assert instances["Condition"] == {"StringEquals": {"ssm:resourceTag/parallelcluster:login": ["cfd-pcluster"]}}
+    # The HyperPod cluster's login nodes get their identity from the lifecycle script: no SendCommand for them.
+    assert "llm-train" not in json.dumps(sent)
+    # Nobody else gains SendCommand on login nodes: result sends nothing; drift and reconcile only to head nodes.
+    assert send_command_statements(ec2_login, stack.functions.result) == []
+    for function in (stack.functions.drift, stack.functions.reconcile):
+        assert "instance/*" not in json.dumps(send_command_statements(ec2_login, function))
+
+
+def test_no_installer_permission_without_an_ec2_login_cluster(login: Synthesized) -> None:
+    assert send_command_statements(login, login.stack.functions.ingest) == []
+
+
+def test_nag_and_cfn_lint_are_clean_with_an_ec2_login_endpoint(ec2_login: Synthesized) -> None:
+    (report,) = json.loads((ec2_login.outdir / "validation-report.json").read_text())["pluginReports"]
+    assert report["violations"] == []
+    installer = [
+        f
+        for f in report["suppressedViolations"]
+        if f["ruleName"].startswith("AwsSolutions-IAM5") and "LoginHostIdentityInstaller" in json.dumps(f)
+    ]
+    assert installer and all("ssm:resourceTag" in f["reason"] for f in installer)
+    template = ec2_login.outdir / f"{STACK_ID}.template.json"
+    cfn_lint = Path(sys.executable).parent / "cfn-lint"
+    run = subprocess.run([str(cfn_lint), str(template)], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -96,6 +96,8 @@ class Ec2Discovery(BaseModel):
     cluster_tag: TagKey = "topokeeper:cluster"
     partition_tag: TagKey = "topokeeper:partition"
     node_name_tag: TagKey | None = None  # else the short PrivateDnsName
+    # The cluster's login nodes carry this tag with the cluster's name as its value (login endpoint).
+    login_tag: TagKey = "topokeeper:login"
 
 
 class ClusterVpcConfig(BaseModel):
@@ -158,8 +160,11 @@ class ClusterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ClusterConfig:
-        if self.login.enabled and self.orchestrator is not Orchestrator.HYPERPOD:
-            raise ValueError("login.enabled: the login endpoint finds login nodes by HyperPod's SlurmConfig NodeType")
+        if self.login.enabled and self.orchestrator is Orchestrator.EKS:
+            raise ValueError(
+                "login.enabled: the login endpoint finds login nodes by HyperPod's SlurmConfig NodeType or, on EC2, "
+                "by ec2.login_tag; an EKS cluster has no Slurm login nodes"
+            )
         if self.orchestrator is Orchestrator.EKS:
             given = [key for key in ("mode", "channel", "head_node", "slurm_version") if getattr(self, key) is not None]
             if given or self.partitions:

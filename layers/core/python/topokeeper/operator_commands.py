@@ -222,13 +222,18 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 
 # ``topokeeper audit --kind``: each kind of record has its own history.
-AUDIT_KINDS = {"partition": "UpdatePartitionTopology", "kueue": "UpdateKueueTopology", "login": "UpdateLoginTargets"}
+AUDIT_KINDS = {
+    "partition": "UpdatePartitionTopology",
+    "kueue": "UpdateKueueTopology",
+    "login": "UpdateLoginTargets",
+    "login-install": "InstallLoginHostIdentity",
+}
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
     runtime, cluster = _runtime_and_cluster(args)
     records = runtime.audit.history(cluster.name, args.limit, event_name=AUDIT_KINDS[args.kind])
-    if args.kind != "partition":  # UpdateKueueTopology, UpdateLoginTargets: their own fields, as JSON lines
+    if args.kind != "partition":  # the other kinds have their own fields: JSON lines
         _emit(args, records, lambda: "\n".join(json.dumps(r, sort_keys=True) for r in records))
         return EXIT_OK
 

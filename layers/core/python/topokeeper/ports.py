@@ -503,9 +503,62 @@ class LoginAuditRecord(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
+class LoginInstallRecord(BaseModel):
+    """The host identity installer sent to one launch of an EC2 login node (tag-scoped SendCommand)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_: Literal["topokeeper.audit/1"] = Field("topokeeper.audit/1", alias="schema")
+    event_name: Literal["InstallLoginHostIdentity"] = "InstallLoginHostIdentity"
+    audit_id: str
+    cluster_name: str
+    instance_id: str
+    launch_time: datetime
+    private_ip: str | None
+    document_name: str
+    command_id: str
+    completed_at: datetime  # when the command was sent; its outcome is SSM's (ListCommandInvocations)
+
+    def document(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
 class LoginAudit(Protocol):
-    def publish_login(self, record: LoginAuditRecord) -> None: ...
+    def publish_login(self, record: LoginAuditRecord | LoginInstallRecord) -> None: ...
+
+
+class LaunchedInstance(BaseModel):
+    """What DescribeInstances says of the instance an EC2 state-change event names."""
+
+    model_config = ConfigDict(frozen=True)
+    instance_id: str
+    state: str  # EC2's: pending, running, ...
+    launch_time: datetime
+    tags: dict[str, str]
+    private_ip: str | None
+
+
+class HostIdentitySender(Protocol):
+    def send(self, instance_ids: list[str], script: str, cluster: str) -> list[str]:
+        """Send the installer to the instances; return the command ids."""
+        ...
+
+
+class InstallClaim(StrEnum):
+    CLAIMED = "claimed"  # this invocation sends
+    SENT = "sent"  # an earlier invocation sent for this launch
+    IN_FLIGHT = "in-flight"  # another invocation holds the claim and may still send
+
+
+class LoginInstallLedger(Protocol):
+    """One entry per instance launch: the installer is sent once per launch."""
+
+    def claim(self, cluster: str, instance_id: str, launch_time: datetime, now: datetime) -> InstallClaim: ...
+
+    def sent(self, cluster: str, instance_id: str, launch_time: datetime, command_id: str, now: datetime) -> None: ...
+
+    def release(self, cluster: str, instance_id: str, launch_time: datetime, now: datetime) -> None: ...
 
 
 # Every record the audit trail stores and publishes (its ``event_name`` is the EventBridge detail-type).
-AnyAuditRecord = AuditRecord | KueueAuditRecord | LoginAuditRecord
+AnyAuditRecord = AuditRecord | KueueAuditRecord | LoginAuditRecord | LoginInstallRecord

@@ -256,17 +256,24 @@ class Ec2ClusterFacts:
 def instance_tags(ec2: Any, instance_id: str) -> dict[str, str]:
     """An instance's tags (EC2 state-change events carry only its id); none for an instance DescribeInstances
     does not know yet (eventually consistent while pending). Access errors are ``Permanent``."""
+    instance = described_instance(ec2, instance_id)
+    return _tags(instance) if instance is not None else {}
+
+
+@aws_errors()
+def described_instance(ec2: Any, instance_id: str) -> dict[str, Any] | None:
+    """DescribeInstances of one instance; None while DescribeInstances does not know it yet."""
     try:
         with aws_errors():
             response = ec2.describe_instances(InstanceIds=[checked_ids([instance_id])[0]])
     except TopokeeperError as error:
         if getattr(error, "code", None) == "InvalidInstanceID.NotFound":
-            return {}
+            return None
         raise
     for reservation in response.get("Reservations", []):
         for instance in reservation.get("Instances", []):
-            return _tags(instance)
-    return {}
+            return dict(instance)
+    return None
 
 
 def _capable(instance_type: str) -> bool:

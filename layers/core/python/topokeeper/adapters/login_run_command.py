@@ -1,8 +1,9 @@
 """The host identity installer on EC2 login nodes (plain-EC2 Slurm clusters) through SSM Run Command.
 
-The one exception to "SendCommand only to the configured head nodes": the operator's CLI sends the installer
-(``topokeeper.login.install``, validated values only) to the running instances that carry the login tag, by their
-i- ids. Nothing from AWS reaches the script: the ids and the tag travel as API parameters.
+The one exception to "SendCommand only to the configured head nodes": the installer (``topokeeper.login.install``,
+validated values only) goes to instances that carry the login tag, by their i- ids: from the operator's CLI to every
+running one, and from the ingest function to each one at launch (its IAM allows only instances with the tag).
+Nothing from AWS reaches the script: the ids and the tag travel as API parameters.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from topokeeper.adapters.aws import aws_errors
+from topokeeper.adapters.login_nodes import RUNNING_STATUS, Ec2LoginNodes
 from topokeeper.adapters.ssm_channel import INLINE_LIMIT_BYTES, command_size
 from topokeeper.config import SSM_TARGET
 from topokeeper.errors import InputError, Permanent
@@ -22,18 +24,9 @@ INSTALL_TIMEOUT_SECONDS = 600
 TERMINAL = frozenset({"Success", "Failed", "TimedOut", "Cancelled", "Undeliverable", "Terminated"})
 
 
-@aws_errors()
 def tagged_login_instances(ec2: Any, tag_key: str, tag_value: str) -> list[str]:
     """The running instances that carry the login tag (pages of DescribeInstances, one filter, no call per node)."""
-    ids: list[str] = []
-    pages = ec2.get_paginator("describe_instances").paginate(
-        Filters=[
-            {"Name": f"tag:{tag_key}", "Values": [tag_value]},
-            {"Name": "instance-state-name", "Values": ["running"]},
-        ]
-    )
-    for page in pages:
-        ids += [instance["InstanceId"] for r in page.get("Reservations", []) for instance in r.get("Instances", [])]
+    ids = [node.node_id for node in Ec2LoginNodes(ec2, tag_key).login_nodes(tag_value) if node.status == RUNNING_STATUS]
     for instance_id in ids:
         if not SSM_TARGET.fullmatch(instance_id):
             raise InputError("instance", f"SSM SendCommand takes i- ids only, not {instance_id!r}")

@@ -1,4 +1,5 @@
-"""Login target sync inside the ingest and drift functions: which clusters, with which adapters.
+"""Login target sync inside the ingest and drift functions, and the host identity installer the ingest function
+sends to EC2 login nodes at launch: which clusters, with which adapters.
 
 The stack names each login endpoint's target group in ``LOGIN_TARGET_GROUPS`` (JSON, cluster -> ARN);
 without it (no cluster has a login endpoint) nothing here makes a call. A failing cluster does not stop
@@ -8,21 +9,37 @@ the others, nor the function's topology work: the handler raises the failures on
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.elbv2 import ElbTargetGroup
-from topokeeper.adapters.login_nodes import DynamoLoginLedger, HyperPodLoginNodes
+from topokeeper.adapters.login_nodes import (
+    DynamoLoginInstallLedger,
+    DynamoLoginLedger,
+    Ec2LoginNodes,
+    HyperPodLoginNodes,
+    launched_instance,
+)
+from topokeeper.adapters.login_run_command import RunCommandInstaller
+from topokeeper.config import ClusterConfig, Orchestrator
 from topokeeper.errors import InputError, Retryable
-from topokeeper.service.login import sync_login_targets
+from topokeeper.events import EC2_STATE_DETAIL_TYPE, RUN_SHELL_DOCUMENT, Ec2StateDetail, TopokeeperEvent
+from topokeeper.login.host_keys import secret_names
+from topokeeper.login.install import install_script
+from topokeeper.ports import LoginNodeSource
+from topokeeper.service.login import EC2_RUNNING, LoginInstall, install_host_identity_at_launch, sync_login_targets
 
 if TYPE_CHECKING:
     from topokeeper.runtime import Runtime
 
 LOGIN_TARGET_GROUPS_ENV = "LOGIN_TARGET_GROUPS"
+# Twice the ingest function's timeout (30 s): an install claim older than this has no living holder.
+INSTALL_CLAIM_LEASE = timedelta(minutes=1)
 # The longest target group ARN: arn:<partition>:elasticloadbalancing:<region>:<account>:targetgroup/<32>/<16 hex>.
 MAX_TARGET_GROUP_ARN_BYTES = 128
 
@@ -71,7 +88,7 @@ def sync_login_endpoints(runtime: Runtime, environ: Mapping[str, str], cluster: 
             result = sync_login_targets(
                 cluster=name,
                 target_group_arn=target_group,
-                nodes=HyperPodLoginNodes(client("sagemaker"), client("s3")),
+                nodes=_login_nodes(runtime.settings.cluster(name)),
                 targets=ElbTargetGroup(client("elbv2")),
                 ledger=DynamoLoginLedger(client("dynamodb"), runtime.env.table),
                 # The audit trail every record goes through: the history table, the bus, the log.
@@ -84,3 +101,52 @@ def sync_login_endpoints(runtime: Runtime, environ: Mapping[str, str], cluster: 
             continue
         synced[name] = {"registered": list(result.registered), "deregistered": list(result.deregistered)}
     return LoginSyncReport(synced=synced, failures=failures)
+
+
+def _login_nodes(cluster: ClusterConfig | None) -> LoginNodeSource:
+    if cluster is not None and cluster.orchestrator is Orchestrator.EC2:
+        return Ec2LoginNodes(client("ec2"), cluster.ec2.login_tag)
+    return HyperPodLoginNodes(client("sagemaker"), client("s3"))
+
+
+def host_identity_secret_arn(cluster: str, target_group_arn: str) -> tuple[str, str]:
+    """The host identity secret's ARN (without Secrets Manager's random suffix, which GetSecretValue accepts) and
+    region: the secret lives in the stack's account and region, which the endpoint's target group ARN names."""
+    fields = target_group_arn.split(":")
+    if len(fields) < 6 or fields[0] != "arn" or fields[2] != "elasticloadbalancing":
+        raise InputError(LOGIN_TARGET_GROUPS_ENV, f"{cluster}: not a target group ARN: {target_group_arn!r}")
+    partition, region, account = fields[1], fields[3], fields[4]
+    return f"arn:{partition}:secretsmanager:{region}:{account}:secret:{secret_names(cluster)[0]}", region
+
+
+def install_login_host_identity(
+    runtime: Runtime, environ: Mapping[str, str], event: TopokeeperEvent
+) -> LoginInstall | None:
+    """On an EC2 instance's ``running`` event: the installer to it when it is a login node of an EC2 cluster with a
+    login endpoint (its login tag holds the cluster's name), once per launch. None for any other event."""
+    if event.source != "aws.ec2" or event.detail_type != EC2_STATE_DETAIL_TYPE:
+        return None
+    detail = Ec2StateDetail.model_validate(event.detail)
+    groups = login_target_groups(environ)
+    clusters = [c for c in runtime.settings.clusters if c.orchestrator is Orchestrator.EC2 and c.name in groups]
+    if detail.state != EC2_RUNNING or not clusters:
+        return None
+    instance = launched_instance(client("ec2"), detail.instance_id)
+    if instance is None:  # not known to DescribeInstances yet: no tags to tell whose it is
+        return None
+    for cluster in clusters:
+        if instance.tags.get(cluster.ec2.login_tag) != cluster.name:
+            continue
+        secret_arn, region = host_identity_secret_arn(cluster.name, groups[cluster.name])
+        return install_host_identity_at_launch(
+            cluster=cluster.name,
+            login_tag=cluster.ec2.login_tag,
+            instance=instance,
+            document_name=RUN_SHELL_DOCUMENT,
+            script=install_script(secret_arn, region),
+            sender=RunCommandInstaller(client("ssm"), time.sleep),
+            ledger=DynamoLoginInstallLedger(client("dynamodb"), runtime.env.table, INSTALL_CLAIM_LEASE),
+            audit=runtime.audit,
+            clock=runtime.clock,
+        )
+    return None

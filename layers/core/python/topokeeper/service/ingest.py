@@ -125,7 +125,8 @@ def cluster_reference(event: TopokeeperEvent, deps: IngestDeps) -> tuple[str | N
         # instance DescribeInstances does not know yet (pending) has no tags: its "running" event comes later.
         tags = deps.instance_tags(state_change.instance_id) if ec2_clusters else {}
         for cluster in ec2_clusters:
-            if tags.get(cluster.ec2.cluster_tag) == cluster.name:
+            # A login node (login endpoint) may carry only the login tag.
+            if cluster.name in (tags.get(cluster.ec2.cluster_tag), tags.get(cluster.ec2.login_tag)):
                 return cluster.name, f"instance {state_change.instance_id} {state_change.state}"
         return None, f"instance {state_change.instance_id} belongs to no configured cluster (or is not known yet)"
     return None, f"not a change event: {event.source} / {detail_type}"

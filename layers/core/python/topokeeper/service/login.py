@@ -11,13 +11,20 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from topokeeper.errors import Retryable
 from topokeeper.ports import (
     Clock,
+    HostIdentitySender,
+    InstallClaim,
+    LaunchedInstance,
     LoginAudit,
     LoginAuditRecord,
+    LoginInstallLedger,
+    LoginInstallRecord,
     LoginNodeSource,
     LoginTargetGroup,
     LoginTargetLedger,
@@ -112,3 +119,66 @@ def sync_login_targets(
 def _audit_id(cluster: str, group: str, registered: list[str], deregistered: list[str], at: datetime) -> str:
     key = json.dumps([cluster, group, registered, deregistered, at.isoformat()])
     return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+EC2_RUNNING = "running"
+
+
+class LoginInstall(BaseModel):
+    """What one EC2 state-change event did for the host identity of an EC2 login node."""
+
+    model_config = ConfigDict(frozen=True)
+    status: Literal["sent", "sent-before", "not-a-login-node", "not-running"]
+    instance_id: str
+    command_id: str | None = None
+    audit: LoginInstallRecord | None = None
+
+
+def install_host_identity_at_launch(
+    *,
+    cluster: str,
+    login_tag: str,
+    instance: LaunchedInstance,
+    document_name: str,
+    script: str,
+    sender: HostIdentitySender,
+    ledger: LoginInstallLedger,
+    audit: LoginAudit,
+    clock: Clock,
+) -> LoginInstall:
+    """Send the installer once per launch of a running instance with the cluster's login tag.
+
+    The ledger makes a redelivered event (or a second event of the same launch) send nothing; a failed send
+    releases its claim and raises, so the function's retries send again and the last failure lands in the
+    event dead-letter queue with its reason. A stopped and started instance is a new launch: it is sent again
+    (the installer is idempotent)."""
+    if instance.tags.get(login_tag) != cluster:
+        return LoginInstall(status="not-a-login-node", instance_id=instance.instance_id)
+    if instance.state != EC2_RUNNING:
+        return LoginInstall(status="not-running", instance_id=instance.instance_id)
+    launch = (cluster, instance.instance_id, instance.launch_time)
+    claim = ledger.claim(*launch, clock.now())
+    if claim is InstallClaim.SENT:
+        return LoginInstall(status="sent-before", instance_id=instance.instance_id)
+    if claim is InstallClaim.IN_FLIGHT:
+        raise Retryable(f"{instance.instance_id}: another invocation is sending the installer for this launch")
+    try:
+        (command_id,) = sender.send([instance.instance_id], script, cluster)
+    except Exception:
+        ledger.release(*launch, clock.now())
+        raise
+    sent_at = clock.now()
+    ledger.sent(*launch, command_id, sent_at)
+    key = json.dumps([cluster, instance.instance_id, instance.launch_time.isoformat()])
+    record = LoginInstallRecord(
+        audit_id=hashlib.sha256(key.encode()).hexdigest()[:32],
+        cluster_name=cluster,
+        instance_id=instance.instance_id,
+        launch_time=instance.launch_time,
+        private_ip=instance.private_ip,
+        document_name=document_name,
+        command_id=command_id,
+        completed_at=sent_at,
+    )
+    audit.publish_login(record)
+    return LoginInstall(status="sent", instance_id=instance.instance_id, command_id=command_id, audit=record)

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import functools
 import threading
+from datetime import timedelta
 from typing import Any
 
 import jsonpath_ng.ext
+from moto.core.utils import utcnow
+from moto.ec2.models.instances import Instance
 from moto.events.utils import EventTemplateParser
 
 _lock = threading.Lock()
@@ -42,10 +45,22 @@ def _cached_jsonpath(expression: str) -> Any:
 _ORIGINAL_JSONPATH_PARSE = getattr(jsonpath_ng.ext, "parse")  # noqa: B009 - not in its __all__
 
 
+_ORIGINAL_INSTANCE_START = Instance.start
+
+
+def _start_relaunches(self: Any) -> Any:
+    """EC2's LaunchTime is the instance's last start (moto keeps the first). LaunchTime has whole seconds and a
+    start follows its stop by more than a second on AWS, so a restart never shows the previous LaunchTime."""
+    previous = _ORIGINAL_INSTANCE_START(self)
+    self.launch_time = max(utcnow(), self.launch_time + timedelta(seconds=1))
+    return previous
+
+
 def _patches() -> list[tuple[Any, str, Any]]:
     return [
         (EventTemplateParser, "DEFAULT_EVENT_INPUT_TEMPLATE", EVENT_TEMPLATE_WITH_ACCOUNT),
         (jsonpath_ng.ext, "parse", _cached_jsonpath),
+        (Instance, "start", _start_relaunches),
     ]
 
 

@@ -23,6 +23,7 @@ from moto.ssm.models import ssm_backends
 
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.events import SSM, EventEmitter
+from topokeeper.sim.aws.identity_policy import allows
 from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.protocol import (
     ApiError,
@@ -103,7 +104,9 @@ class SsmRunCommand:
     ``on_command(invocation)`` returns a ``CommandOutcome`` (or a ``(status, response_code, stdout,
     stderr)`` tuple) to finish the invocation at once, or None to leave it ``InProgress`` until
     ``complete``. Without a hook every invocation succeeds with empty output, as in moto. With
-    ``strict_targets`` only running EC2 instances and ``register_managed_instance`` ids are accepted.
+    ``strict_targets`` only running EC2 instances and ``register_managed_instance`` ids are accepted. With
+    ``caller_policy`` (the caller's identity policy statements, as IAM JSON) SendCommand is authorized as IAM
+    would: the document and every instance (with its tags) must be allowed, else AccessDeniedException.
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class SsmRunCommand:
     ) -> None:
         self.on_command: Hook | None = None
         self.strict_targets = False
+        self.caller_policy: list[dict[str, Any]] | None = None
         self.errors: list[BaseException] = []  # exceptions raised by on_command (the invocation Failed)
         self._account_id = account_id
         self._region = region
@@ -304,6 +308,8 @@ class SsmRunCommand:
             unknown = [i for i in explicit if i not in self._managed_now(request.region)]
             if unknown:
                 raise self._invalid_instances(unknown)
+        if self.caller_policy is not None:
+            self._authorize(request.region, str(params.get("DocumentName")), explicit)
         tag_targets = [t for t in targets if t.get("Key") != "InstanceIds"]
         backend = self._backend(request.region)
         with self._lock:
@@ -362,6 +368,22 @@ class SsmRunCommand:
                 )
             )
         return response
+
+    def _authorize(self, region: str, document: str, instance_ids: list[str]) -> None:
+        instances = {i.id: i for i in ec2_backends[self._account_id][region].all_instances()}
+        resources: list[tuple[str, dict[str, str]]] = [(f"arn:aws:ssm:{region}::document/{document}", {})]
+        for instance_id in instance_ids:
+            instance = instances.get(instance_id)
+            tags = {tag["key"]: tag["value"] for tag in instance.get_tags()} if instance is not None else {}
+            resources.append((f"arn:aws:ec2:{region}:{self._account_id}:instance/{instance_id}", tags))
+        for arn, tags in resources:
+            if not allows(self.caller_policy or [], "ssm:SendCommand", arn, tags):
+                raise ApiError(
+                    "AccessDeniedException",
+                    f"User: arn:aws:sts::{self._account_id}:assumed-role/caller is not authorized to perform: "
+                    f"ssm:SendCommand on resource: {arn} because no identity-based policy allows the "
+                    "ssm:SendCommand action",
+                )
 
     def _invalid_instances(self, instance_ids: list[str]) -> ApiError:
         shown = ", ".join(instance_ids)
