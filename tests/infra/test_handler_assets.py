@@ -49,6 +49,17 @@ def powertools_layer() -> Path:
     return POWERTOOLS_STANDIN
 
 
+def function_environment(example: Synthesized, name: str) -> dict[str, str]:
+    """The environment Lambda gives function ``name``: the stack's variables, resolved, and Lambda's own."""
+    function = example.resource(example.stack.functions.by_name[name])["Properties"]
+    environment = {
+        key: value if isinstance(value, str) else RESOLVED[key]
+        for key, value in function["Environment"]["Variables"].items()
+    }
+    lambda_sets = {"AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1", "AWS_LAMBDA_FUNCTION_NAME": name}
+    return environment | lambda_sets
+
+
 def asset_dir(example: Synthesized, code: dict[str, Any]) -> Path:
     return example.outdir / f"asset.{code['S3Key'].removesuffix('.zip')}"
 
@@ -72,11 +83,7 @@ def test_the_handler_imports_in_a_clean_interpreter(example: Synthesized, powert
         asset_dir(example, layer["Properties"]["Content"]) / "python",
         powertools_layer,
     ]
-    environment = {
-        key: value if isinstance(value, str) else RESOLVED[key]
-        for key, value in function["Environment"]["Variables"].items()
-    }
-    environment |= {"AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1", "AWS_LAMBDA_FUNCTION_NAME": name}
+    environment = function_environment(example, name)
     program = (
         f"import sys; sys.path[:0] = {json.dumps([str(p) for p in path])}\n"
         "import handler\n"

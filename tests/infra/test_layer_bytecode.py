@@ -26,7 +26,7 @@ from infra.layers import (
 )
 from tests.infra.conftest import Synthesized
 from tests.infra.lambda_layout import copy_as_unzipped, powertools_standin, read_only
-from tests.infra.test_handler_assets import RESOLVED
+from tests.infra.test_handler_assets import function_environment
 from tests.infra.test_layer_contents import bytecode_problems
 from topokeeper.sim.slurm_chroot import cache_root, ensure_chroot
 
@@ -88,12 +88,6 @@ def test_two_builds_compile_the_same_bytes_wherever_they_build(
 def _run_handler(
     runtime_python: LayerPython, example: Synthesized, name: str, opt_python: Path, powertools: Path
 ) -> str:
-    function = example.resource(example.stack.functions.by_name[name])["Properties"]
-    environment = {
-        key: value if isinstance(value, str) else RESOLVED[key]
-        for key, value in function["Environment"]["Variables"].items()
-    }
-    environment |= {"AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1", "AWS_LAMBDA_FUNCTION_NAME": name}
     path = [str(FUNCTIONS_DIR / name), str(opt_python), str(powertools)]
     program = (
         f"import sys; sys.path[:0] = {path!r}\n"
@@ -101,7 +95,7 @@ def _run_handler(
         "from topokeeper.runtime import lambda_runtime\n"
         f"lambda_runtime().{name}_deps()\n"  # the clients a first invocation creates
     )
-    ran = runtime_python.run("-v", "-c", program, environment=environment)
+    ran = runtime_python.run("-v", "-c", program, environment=function_environment(example, name))
     assert ran.returncode == 0, ran.stderr[-3000:]
     return ran.stderr
 
