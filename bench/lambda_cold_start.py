@@ -226,11 +226,12 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
         "requirements-powertools.txt for this machine, standing in for the AWS-managed layer, measured with and "
         f"without bytecode. Goal: under {GOAL_IMPORT_MS} ms. CPU time is the figure to read: this machine is shared "
         "(2 cores, several sessions), so wall time runs long. The file cache is warm (Lambda's first disk read is "
-        "not in these figures), and this machine's core is not Lambda's (a function gets one vCPU at 1,769 MB).",
+        "not in these figures), and this machine's core is not Lambda's.",
         "",
-        "Lambda gives a function CPU in proportion to its memory (one vCPU at 1,769 MB): ingest and result run "
-        "with 256 MB (infra/functions.py), about a seventh of a vCPU, so their CPU time here stretches about "
-        "sevenfold there; reconcile and drift (1,024 MB) get about 0.6 of one.",
+        "The import runs in Lambda's init phase, which AWS describes as getting a full vCPU for on-demand "
+        'functions (for up to 10 s), whatever the memory (serverlessland.com, "Effectively running Java on '
+        "Serverless\"). What the first invocation does next (building the clients) runs at the memory's share, "
+        "one vCPU at 1,769 MB: ingest and result have 256 MB (infra/functions.py), about a seventh of one.",
         "",
         "| handler | no bytecode | core layer bytecode | core + Powertools bytecode | most self time ms (both) |",
         "|---|---|---|---|---|",
