@@ -123,13 +123,15 @@ class LayerPython:
         )
 
 
-def chroot_python(root: Path) -> tuple[str, ...]:
-    """The command that runs a Debian chroot's python without entering it: its own loader and libraries."""
+def chroot_python(root: Path) -> tuple[str, ...] | None:
+    """The command that runs a Debian chroot's python without entering it (its own loader and libraries), or
+    None when there is no chroot at ``root``."""
     multiarch = f"{platform.machine()}-linux-gnu"
     loaders = sorted((root / "lib64").glob("ld-linux*.so*")) + sorted((root / "lib").glob("ld-linux*.so*"))
+    if not loaders:
+        return None
     libraries = f"{root}/lib/{multiarch}:{root}/usr/lib/{multiarch}"
-    loader = str(loaders[0]) if loaders else str(root / "lib64" / "ld-linux-x86-64.so.2")
-    return (loader, "--library-path", libraries, str(root / "usr" / "bin" / f"python{PYTHON_VERSION}"))
+    return (str(loaders[0]), "--library-path", libraries, str(root / "usr" / "bin" / f"python{PYTHON_VERSION}"))
 
 
 def _probe(command: tuple[str, ...]) -> LayerPython | None:
@@ -154,9 +156,9 @@ def find_layer_python(environ: dict[str, str] | None = None) -> LayerPython | No
             raise InputError(LAYER_PYTHON_ENV, f"{configured!r} does not run as a Python {PYTHON_VERSION} interpreter")
         return found
     on_path = shutil.which(f"python{PYTHON_VERSION}", path=environ.get("PATH", os.defpath))
-    chroot = Path(environ.get(CHROOT_CACHE_ENV) or ROOT_CHROOT_CACHE) / "sid"
-    for command in ([(on_path,)] if on_path else []) + [chroot_python(chroot)]:
-        if (found := _probe(command)) is not None:
+    in_chroot = chroot_python(Path(environ.get(CHROOT_CACHE_ENV) or ROOT_CHROOT_CACHE) / "sid")
+    for command in (on_path and (on_path,), in_chroot):
+        if command and (found := _probe(command)) is not None:
             return found
     warnings.warn(
         LayerWithoutBytecode(
