@@ -87,6 +87,8 @@ bench: install install-system
 	TOPOKEEPER_REPORT_NODES=10000 $(BIN)/pytest -q tests/e2e/test_report_in_chromium.py -k scale
 	$(BIN)/python -m bench.scale --simulate
 	$(BIN)/python -m bench.latency
+	# Handler cold imports in Python 3.14, layer sizes, the applier's CPU and memory at 20,000 nodes.
+	$(BIN)/python -m bench.lambda_cold_start
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

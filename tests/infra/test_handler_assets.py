@@ -19,7 +19,7 @@ import pytest
 
 from infra.constants import BUILD_DIR, FUNCTION_NAMES
 from tests.infra.conftest import Synthesized
-from tests.infra.test_layer_contents import LAMBDA_MODULES, files_under
+from tests.infra.test_layer_contents import LAMBDA_MODULES, bytecode_problems, files_under
 
 pytestmark = pytest.mark.infra
 
@@ -49,6 +49,17 @@ def powertools_layer() -> Path:
     return POWERTOOLS_STANDIN
 
 
+def function_environment(example: Synthesized, name: str) -> dict[str, str]:
+    """The environment Lambda gives function ``name``: the stack's variables, resolved, and Lambda's own."""
+    function = example.resource(example.stack.functions.by_name[name])["Properties"]
+    environment = {
+        key: value if isinstance(value, str) else RESOLVED[key]
+        for key, value in function["Environment"]["Variables"].items()
+    }
+    lambda_sets = {"AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1", "AWS_LAMBDA_FUNCTION_NAME": name}
+    return environment | lambda_sets
+
+
 def asset_dir(example: Synthesized, code: dict[str, Any]) -> Path:
     return example.outdir / f"asset.{code['S3Key'].removesuffix('.zip')}"
 
@@ -60,7 +71,7 @@ def test_the_core_layer_holds_the_package_and_a_current_boto3_but_no_yaml(exampl
     assert files_under(python / "topokeeper") == LAMBDA_MODULES  # no simulator, CLI or operator commands
     assert (python / "boto3-1.44.8.dist-info").is_dir()
     assert not (python / "yaml").exists()
-    assert not list(python.rglob("__pycache__"))
+    assert not list(python.rglob("*.pyc")) or not bytecode_problems(python)  # bytecode for every module, or none
 
 
 @pytest.mark.parametrize("name", FUNCTION_NAMES)
@@ -72,11 +83,7 @@ def test_the_handler_imports_in_a_clean_interpreter(example: Synthesized, powert
         asset_dir(example, layer["Properties"]["Content"]) / "python",
         powertools_layer,
     ]
-    environment = {
-        key: value if isinstance(value, str) else RESOLVED[key]
-        for key, value in function["Environment"]["Variables"].items()
-    }
-    environment |= {"AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1", "AWS_LAMBDA_FUNCTION_NAME": name}
+    environment = function_environment(example, name)
     program = (
         f"import sys; sys.path[:0] = {json.dumps([str(p) for p in path])}\n"
         "import handler\n"

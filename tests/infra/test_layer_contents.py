@@ -1,18 +1,31 @@
 """The core layer carries only what runs in Lambda: no simulator, CLI or operator commands.
 
 The list is written out in full on purpose: a new module lands in the layer only when someone adds it here,
-so an operator-only module (or a new package) cannot slip into every function unnoticed.
+so an operator-only module (or a new package) cannot slip into every function unnoticed. Whether the layer
+ships bytecode depends on the Python 3.14 this machine has: tests/infra/test_layer_bytecode.py builds the sid
+chroot first and checks the bytecode; here, a build that finds none ships none.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import warnings
 from pathlib import Path
 
 import pytest
 
-from infra.constants import CORE_LAYER_SOURCE
-from infra.layers import LAMBDA_SERVICES, PACKAGE, build_core_layer, layer_package_files
+from infra.constants import CORE_LAYER_SOURCE, PYTHON_VERSION
+from infra.layers import (
+    CHROOT_CACHE_ENV,
+    LAMBDA_SERVICES,
+    LAYER_PYTHON_ENV,
+    PACKAGE,
+    LayerWithoutBytecode,
+    build_core_layer,
+    find_layer_python,
+    layer_package_files,
+)
 
 pytestmark = pytest.mark.infra
 
@@ -88,7 +101,32 @@ THIRD_PARTY = {
 
 
 def files_under(root: Path) -> list[str]:
-    return sorted(path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
+    """The files under ``root``, bytecode aside."""
+    return sorted(
+        path.relative_to(root).as_posix()
+        for path in root.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    )
+
+
+def bytecode_of(source: Path) -> Path:
+    """Where the runtime's Python looks for a module's bytecode (``__pycache__/x.cpython-314.pyc``)."""
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    return cached.with_name(f"{source.stem}.cpython-{PYTHON_VERSION.replace('.', '')}.pyc")
+
+
+def bytecode_problems(python: Path) -> list[str]:
+    """What keeps a layer's bytecode from serving the runtime: a module without it, or bytecode that is not
+    hash-based and unchecked (flags 0b01, PEP 552) or that no module has."""
+    sources = sorted(python.rglob("*.py"))
+    expected = {bytecode_of(source) for source in sources}
+    problems = [f"{source}: no bytecode" for source in sources if not bytecode_of(source).is_file()]
+    for pyc in sorted(python.rglob("*.pyc")):
+        if pyc not in expected:
+            problems.append(f"{pyc}: of no module")
+        elif int.from_bytes(pyc.read_bytes()[4:8], "little") != 0b01:
+            problems.append(f"{pyc}: not unchecked-hash")
+    return problems
 
 
 def test_the_layer_selects_exactly_the_modules_lambda_runs() -> None:
@@ -99,9 +137,38 @@ def test_the_built_layer_holds_those_modules_and_the_pinned_wheels_only() -> Non
     python = build_core_layer() / "python"
 
     assert files_under(python / PACKAGE) == LAMBDA_MODULES
-    assert {entry.name for entry in python.iterdir()} == {PACKAGE, *THIRD_PARTY}
+    assert {entry.name for entry in python.iterdir()} - {"__pycache__"} == {PACKAGE, *THIRD_PARTY}
+    data = python / "botocore" / "data"
+    assert {service.name for service in data.iterdir() if service.is_dir()} == LAMBDA_SERVICES
+    # of each service the API version botocore loads (the newest), without documentation examples
+    assert [version.name for version in (data / "ec2").iterdir() if version.is_dir()] == ["2016-11-15"]
+    assert all(len([v for v in service.iterdir() if v.is_dir()]) == 1 for service in data.iterdir() if service.is_dir())
+    assert not list(data.rglob("examples-1.json"))
+
+
+def test_without_python_3_14_the_layer_ships_no_bytecode_and_the_build_warns_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(LAYER_PYTHON_ENV, raising=False)
+    monkeypatch.setenv(CHROOT_CACHE_ENV, str(tmp_path / "no-chroots"))
+    monkeypatch.setenv("PATH", "/nonexistent")  # no python3.14 on it
+
+    with pytest.warns(LayerWithoutBytecode) as warned:
+        python = build_core_layer(out=tmp_path / "core") / "python"
+
+    assert len(warned) == 1
+    assert "without bytecode" in str(warned[0].message)
+    assert files_under(python / PACKAGE) == LAMBDA_MODULES
     assert not list(python.rglob("__pycache__"))
-    assert {service.name for service in (python / "botocore" / "data").iterdir() if service.is_dir()} == LAMBDA_SERVICES
+    assert not list(python.rglob("*.pyc"))
+
+
+def test_a_named_interpreter_that_is_not_python_3_14_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=f"^{LAYER_PYTHON_ENV}: '/bin/true' does not run as a Python 3.14"):
+        find_layer_python({LAYER_PYTHON_ENV: "/bin/true"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert find_layer_python({LAYER_PYTHON_ENV: "none"}) is None  # asked for: no bytecode, no warning
 
 
 def _clients_created(source: str) -> set[str]:

@@ -1,0 +1,304 @@
+"""Lambda: each handler's cold import in Python 3.14, the layer assets zipped, and the applier's cost on the head node.
+
+Run: .venv/bin/python -m bench.lambda_cold_start [--runs 5] [--nodes 20000] [--no-slurm]
+Writes docs/performance/lambda.md (generated, never edited by hand: `make bench`).
+
+- Cold import: a fresh python3.14 (the interpreter the layer build compiles with, infra.layers.find_layer_python)
+  runs ``import handler`` with the function's asset, the core layer and a Powertools stand-in on its path, every
+  file dated as CDK zips it and no bytecode written (PYTHONDONTWRITEBYTECODE, as on Lambda's read-only /opt).
+  The OS file cache is warm: Lambda's first read of its own disk is not measured. The stand-in is the pinned
+  requirements-powertools.txt for this machine; whether the AWS-managed layer ships bytecode is not known here, so
+  it is measured both ways.
+- Sizes: each asset zipped as CDK does (deflate at zlib's default level, every entry dated 1980-01-01).
+- Head node: the applier (with the scontrol calls it makes) against the real slurmctld in the sid chroot with
+  ``--nodes`` nodes, its CPU time and peak resident memory from wait4's rusage (root: chroot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench.performance_doc import ROOT, machine, write_section
+from infra.constants import CORE_LAYER_SOURCE, FUNCTION_NAMES, FUNCTIONS_DIR
+from infra.layers import LayerPython, build_core_layer, find_layer_python
+from tests.infra.lambda_layout import copy_as_unzipped, powertools_standin
+from topokeeper.sim.slurm_chroot import ensure_chroot
+
+GOAL_IMPORT_MS = 300
+GOAL_CORE_ZIP_BYTES = 5 * 1024 * 1024
+CDK_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+def zipped_size(directory: Path) -> int:
+    """The asset's zip as CDK writes it (yazl: deflate, zlib's default level, a fixed date)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        archive = Path(scratch) / "asset.zip"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
+            for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+                entry = zipfile.ZipInfo(path.relative_to(directory).as_posix(), CDK_ZIP_DATE)
+                zipped.writestr(entry, path.read_bytes(), compress_type=zipfile.ZIP_DEFLATED)
+        return archive.stat().st_size
+
+
+def _import_program(path: list[Path]) -> str:
+    return (
+        f"import sys, time; sys.path[:0] = {[str(p) for p in path]!r}\n"
+        "cpu, wall = time.process_time(), time.perf_counter()\n"
+        "import handler\n"
+        "sys.stdout.write(f'{time.process_time() - cpu} {time.perf_counter() - wall}')\n"
+    )
+
+
+def import_seconds(python: LayerPython, path: list[Path], runs: int) -> tuple[float, float]:
+    """Median CPU and wall seconds of ``import handler`` over ``runs`` fresh interpreters."""
+    cpu, wall = [], []
+    for _ in range(runs):
+        ran = python.run("-c", _import_program(path), environment={"PYTHONDONTWRITEBYTECODE": "1"})
+        if ran.returncode != 0:
+            raise RuntimeError(ran.stderr[-2000:])
+        cpu_seconds, wall_seconds = map(float, ran.stdout.split())
+        cpu.append(cpu_seconds)
+        wall.append(wall_seconds)
+    return statistics.median(cpu), statistics.median(wall)
+
+
+def import_breakdown(python: LayerPython, path: list[Path]) -> Counter[str]:
+    """Self time (us) by top-level package, from one ``-X importtime`` run."""
+    ran = python.run("-X", "importtime", "-c", _import_program(path), environment={"PYTHONDONTWRITEBYTECODE": "1"})
+    by_package: Counter[str] = Counter()
+    for line in ran.stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, _, name = (part.strip() for part in line.removeprefix("import time:").split("|"))
+        by_package[name.split(".")[0]] += int(self_us)
+    return by_package
+
+
+def cold_imports(python: LayerPython, runs: int, scratch: Path) -> dict[str, Any]:
+    core = build_core_layer() / "python"
+    layers = {
+        "core with bytecode": copy_as_unzipped(core, scratch / "core-pyc" / "python"),
+        "core without": scratch / "core-py" / "python",
+    }
+    shutil.copytree(core, layers["core without"], ignore=shutil.ignore_patterns("__pycache__"))
+    powertools = {"with": powertools_standin(python), "without": scratch / "powertools-py"}
+    shutil.copytree(powertools_standin(), powertools["without"], ignore=shutil.ignore_patterns("__pycache__"))
+    configurations = [
+        ("without", "core without", "without"),
+        ("core only", "core with bytecode", "without"),
+        ("both", "core with bytecode", "with"),
+    ]
+    results: dict[str, Any] = {"configurations": [c[0] for c in configurations], "handlers": {}}
+    for name in FUNCTION_NAMES:
+        row = {}
+        for label, core_key, powertools_key in configurations:
+            path = [FUNCTIONS_DIR / name, layers[core_key], powertools[powertools_key]]
+            row[label] = import_seconds(python, path, runs)
+        both = [FUNCTIONS_DIR / name, layers["core with bytecode"], powertools["with"]]
+        row["breakdown"] = import_breakdown(python, both).most_common(4)
+        results["handlers"][name] = row
+        print(name, {k: v for k, v in row.items() if k != "breakdown"}, flush=True)
+    results["sizes"] = {
+        "core layer with bytecode": zipped_size(core.parent),
+        "core layer without bytecode": zipped_size(layers["core without"].parent),
+        **{f"function {name}": zipped_size(FUNCTIONS_DIR / name) for name in FUNCTION_NAMES},
+    }
+    return results
+
+
+# A lean parent for the measured process: a child's peak RSS counts what it had before exec, so forking this
+# bench (hundreds of MB with a 20,000-node plan in memory) would inflate it.
+_RUSAGE_OF_CHILD = (
+    "import json, os, subprocess, sys\n"
+    "child = subprocess.Popen(sys.argv[2:])\n"
+    "_, status, usage = os.wait4(child.pid, 0)\n"
+    "with open(sys.argv[1], 'w') as out:\n"
+    "    json.dump([os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime, usage.ru_maxrss], out)\n"
+)
+
+
+def _wait_measured(argv: list[str], environment: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
+    """Run ``argv``; its wall time, CPU time and peak RSS (its own and its waited-for children's: wait4), and
+    its stdout."""
+    with tempfile.TemporaryDirectory() as scratch:
+        usage_file = Path(scratch) / "usage.json"
+        started = time.monotonic()
+        ran = subprocess.run(
+            [sys.executable, "-S", "-c", _RUSAGE_OF_CHILD, str(usage_file), *argv],
+            env=environment, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        wall = time.monotonic() - started
+        exit_code, cpu, max_rss_kb = json.loads(usage_file.read_text())
+    if exit_code != 0:
+        raise RuntimeError(f"{argv[:3]} exited {exit_code}: {ran.stderr[-2000:]}")
+    return {"seconds": wall, "cpu": cpu, "max_rss_mb": max_rss_kb / 1024}, ran.stdout
+
+
+def agent_cycles(bundle: bytes, cluster: str) -> dict[str, Any]:
+    """Two cycles of the shipped agent against S3 and EventBridge in moto: the first fetches ``bundle`` and runs
+    the applier (the tests' fake one, so that the agent's own cost shows), the second finds it unchanged (304)."""
+    import boto3  # noqa: PLC0415 - only for this part
+    from moto.server import ThreadedMotoServer  # noqa: PLC0415
+
+    from tests.agent_support import AGENT_FILE, FakeApplier, write_config  # noqa: PLC0415
+    from topokeeper.agent.agent import DEFAULT_PREFIX, object_key  # noqa: PLC0415
+
+    keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        url = f"http://{host}:{port}"
+        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", **{k.lower(): v for k, v in keys.items()})
+        s3.create_bucket(Bucket="topo-bundles")
+        s3.put_object(Bucket="topo-bundles", Key=object_key(DEFAULT_PREFIX, cluster, "enforce"), Body=bundle)
+        with tempfile.TemporaryDirectory() as scratch:
+            config = write_config(
+                Path(scratch) / "agent.json", FakeApplier(Path(scratch) / "applier"), Path(scratch) / "state",
+                cluster=cluster, endpoint_url=url,
+            )  # fmt: skip
+            argv = [sys.executable, str(AGENT_FILE), "--config", str(config), "--once"]
+            environment = {**os.environ, **keys}
+            cycles = {name: _wait_measured(argv, environment)[0] for name in ("fetch and apply", "unchanged (304)")}
+    finally:
+        server.stop()
+    return cycles
+
+
+def applier_on_head_node(nodes: int) -> dict[str, Any]:
+    from bench.scale import mixed_cluster  # noqa: PLC0415 - only with the chroot
+    from topokeeper.engine.planner import plan  # noqa: PLC0415
+    from topokeeper.render.bundle import render  # noqa: PLC0415
+    from topokeeper.sim.head_node import APPLIER_SOURCE, ChrootHeadNode  # noqa: PLC0415
+
+    cluster = mixed_cluster(nodes)
+    rendered = render(plan(cluster))
+    head = ChrootHeadNode(cluster.slurm_version.format, "lambda-bench")
+    measured: dict[str, Any] = {"nodes": nodes, "slurm": head.description}
+    head.start({p.name: [n.name for n in p.nodes] for p in cluster.partitions})
+    try:
+        controller = head.controller
+        inner = controller.inner_dir
+        bundle = json.dumps(rendered.bundle.document())
+        measured["bundle_bytes"] = len(bundle)
+        (head.root / inner.lstrip("/") / "bundle.json").write_text(bundle)
+        (head.root / inner.lstrip("/") / "applier.py").write_text(APPLIER_SOURCE.read_text())
+        for mode in ("apply", "verify"):
+            argv = controller.command("python3", f"{inner}/applier.py", mode, f"{inner}/bundle.json")
+            usage, stdout = _wait_measured(argv)
+            measured[mode] = usage | {"outcome": json.loads(stdout.strip().splitlines()[-1]).get("outcome")}
+    finally:
+        head.stop()
+    measured["agent"] = agent_cycles(bundle.encode(), cluster.cluster_name)
+    return measured
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f}"
+
+
+def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] | None, runs: int) -> str:
+    sizes = imports["sizes"]
+    core = sizes["core layer with bytecode"]
+    lines = [
+        "<!-- generated by bench/lambda_cold_start.py (make bench); do not edit -->",
+        "## Lambda",
+        "",
+        f"Generated by `bench/lambda_cold_start.py` (`make bench`) on {machine()}. Compiled and measured with "
+        f"Python {python.version} (the runtime's version; Debian's, from the sid chroot unless "
+        "$TOPOKEEPER_LAYER_PYTHON or a python3.14 on PATH said otherwise).",
+        "",
+        f"### Cold import of each handler (`import handler`, median of {runs} fresh interpreters: CPU ms (wall ms))",
+        "",
+        "Layers as Lambda unpacks them: files dated as CDK zips them, no bytecode written. Powertools: the pinned "
+        "requirements-powertools.txt for this machine, standing in for the AWS-managed layer, measured with and "
+        f"without bytecode. Goal: under {GOAL_IMPORT_MS} ms. CPU time is the figure to read: this machine is shared "
+        "(2 cores, several sessions), so wall time runs long. The file cache is warm (Lambda's first disk read is "
+        "not in these figures), and this machine's core is not Lambda's.",
+        "",
+        "The import runs in Lambda's init phase, which AWS describes as getting a full vCPU for on-demand "
+        'functions (for up to 10 s), whatever the memory (serverlessland.com, "Effectively running Java on '
+        "Serverless\"). What the first invocation does next (building the clients) runs at the memory's share, "
+        "one vCPU at 1,769 MB: ingest and result have 256 MB (infra/functions.py), about a seventh of one.",
+        "",
+        "| handler | no bytecode | core layer bytecode | core + Powertools bytecode | most self time ms (both) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in imports["handlers"].items():
+        cells = [f"{_ms(row[label][0])} ({_ms(row[label][1])})" for label in imports["configurations"]]
+        breakdown = ", ".join(f"{package} {us / 1000:.0f}" for package, us in row["breakdown"])
+        lines.append(f"| {name} | {' | '.join(cells)} | {breakdown} |")
+    lines += [
+        "",
+        "### Assets, zipped as CDK zips them",
+        "",
+        "| asset | bytes zipped |",
+        "|---|---|",
+        *(f"| {asset} | {size:,} |" for asset, size in sizes.items()),
+        "",
+        f"Core layer with bytecode: {core / 1024**2:.2f} MiB of the {GOAL_CORE_ZIP_BYTES / 1024**2:.0f} MiB goal "
+        f"({'within' if core <= GOAL_CORE_ZIP_BYTES else 'over'}); bytecode adds "
+        f"{(core - sizes['core layer without bytecode']) / 1024**2:.2f} MiB. botocore keeps the data of the services "
+        f"the functions call, the newest API version of each, no examples "
+        f"({CORE_LAYER_SOURCE.relative_to(ROOT)}/requirements.txt pins the wheels).",
+    ]
+    if head is not None:
+        lines += [
+            "",
+            f"### The applier on the head node: {head['nodes']:,} nodes ({head['slurm']})",
+            "",
+            f"The bundle is {head['bundle_bytes']:,} B. CPU and peak memory from wait4: the applier and the scontrol "
+            "calls it makes (peak: the largest of those processes); slurmctld's own work is not in them.",
+            "",
+            "| run | wall s | CPU s | peak RSS MB | outcome |",
+            "|---|---|---|---|---|",
+            *(
+                f"| applier {mode} | {head[mode]['seconds']:.2f} | {head[mode]['cpu']:.2f} | "
+                f"{head[mode]['max_rss_mb']:.0f} | {head[mode]['outcome']} |"
+                for mode in ("apply", "verify")
+            ),
+            "",
+            "The pull agent (`agent.py --once`, this machine's Python, S3 and EventBridge in moto): its own work, "
+            "with the tests' fake applier in place of the one above.",
+            "",
+            "| agent cycle | wall s | CPU s | peak RSS MB |",
+            "|---|---|---|---|",
+            *(
+                f"| {cycle} | {usage['seconds']:.2f} | {usage['cpu']:.2f} | {usage['max_rss_mb']:.0f} |"
+                for cycle, usage in head["agent"].items()
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--nodes", type=int, default=20_000)
+    parser.add_argument("--no-slurm", action="store_true", help="skip the applier on the real slurmctld (root only)")
+    args = parser.parse_args()
+    if os.geteuid() == 0:
+        ensure_chroot("sid")  # its python3.14 compiles and runs the layer; its slurmctld is the head node
+    python = find_layer_python()
+    if python is None:
+        sys.exit("no Python 3.14: run as root (the sid chroot has one) or set TOPOKEEPER_LAYER_PYTHON")
+    with tempfile.TemporaryDirectory() as scratch:
+        imports = cold_imports(python, args.runs, Path(scratch))
+    head = None if args.no_slurm or os.geteuid() != 0 else applier_on_head_node(args.nodes)
+    print(f"wrote {write_section('lambda', section(python, imports, head, args.runs))}")
+
+
+if __name__ == "__main__":
+    main()
