@@ -9,6 +9,7 @@ checks the presigned URLs' SigV4 signatures); the controller's other ports are i
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,8 +22,8 @@ from topokeeper.adapters.aws import PRESIGN_CONFIG, SEND_COMMAND_CONFIG
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.applier.applier import MAX_STDOUT_CHARS, node_rows, parse_show_topology
 from topokeeper.ports import ApplyResult, Outcome
-from topokeeper.service.reconcile import ControllerDeps, reconcile
-from topokeeper.service.result import ResultDeps, record_result
+from topokeeper.service.reconcile import reconcile
+from topokeeper.service.result import record_result
 from topokeeper.service.state import save_fields
 from topokeeper.sim.aws.s3 import KMS_DEFAULT_ENCRYPTION
 from topokeeper.sim.aws.ssm import CommandInvocationRequest, CommandOutcome
@@ -88,25 +89,9 @@ def test_a_5000_node_table_comes_back_whole_through_the_bucket_and_the_replan_us
         return CommandOutcome("Success" if ran.returncode == 0 else "Failed", ran.returncode, ran.stdout, ran.stderr)
 
     aws.ssm.on_command = run_on_head_node
-    deps = ControllerDeps(
-        settings=controller.settings,
-        state=controller.state,
-        plans=controller.plans,
-        queue=controller.queue,
-        metrics=controller.metrics,
-        clock=controller.clock,
-        facts=lambda cluster: controller.facts,
-        channel=lambda cluster: channel,
-    )
-    result_deps = ResultDeps(
-        settings=controller.settings,
-        state=controller.state,
-        plans=controller.plans,
-        audit=controller.audit,
-        queue=controller.queue,
-        metrics=controller.metrics,
-        clock=controller.clock,
-        ssm_result=lambda cluster, command_id: channel.result(command_id),
+    deps = dataclasses.replace(controller.deps(), channel=lambda cluster: channel)
+    result_deps = dataclasses.replace(
+        controller.result_deps(), ssm_result=lambda cluster, command_id: channel.result(command_id)
     )
 
     first = reconcile(controller.change(), deps)
