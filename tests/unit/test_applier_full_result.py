@@ -154,7 +154,7 @@ def test_the_channel_reads_the_whole_document_back(bucket: Bucket) -> None:
     assert table is not None and len(table) == 5000 and whole.full_result == cut.full_result
 
 
-@pytest.mark.parametrize("change", ["other bytes", "gone", "other outcome", "key outside results/"])
+@pytest.mark.parametrize("change", ["other bytes", "gone", "other outcome", "not a document", "key outside results/"])
 def test_a_whole_document_that_does_not_match_leaves_the_cut_one_with_the_reason(bucket: Bucket, change: str) -> None:
     cut, body = _cut_and_whole(bucket)
     objects = {KEY: body}
@@ -162,8 +162,10 @@ def test_a_whole_document_that_does_not_match_leaves_the_cut_one_with_the_reason
         objects[KEY] = body.replace(b'q1-dy-p5-1"', b'q1-dy-p5-9"', 1)
     elif change == "gone":
         objects = {}
-    elif change == "other outcome":
+    elif change in ("other outcome", "not a document"):
         objects[KEY] = json.dumps({**json.loads(body), "outcome": "drift"}).encode()
+        if change == "not a document":
+            objects[KEY] = b"[" * 100_000
         assert cut.full_result is not None
         cut = cut.model_copy(
             update={

@@ -292,8 +292,15 @@ def read_full_result(s3: Any, bucket: str, cut: ApplyResult) -> ApplyResult:
             if len(body) != size or hashlib.sha256(body).hexdigest() != digest:
                 problem = f"{len(body)} bytes, not the {size} bytes of sha256 {str(digest)[:64]} the command printed"
             else:
-                whole = ApplyResult.model_validate(json.loads(body))
-                if (whole.outcome, whole.mode, whole.plan_sha256) != (cut.outcome, cut.mode, cut.plan_sha256):
+                try:
+                    whole = ApplyResult.model_validate(json.loads(body))
+                except (ValueError, RecursionError) as error:  # pydantic's ValidationError is a ValueError
+                    problem = f"not an applier document: {str(error)[:200]}"
+                if whole is not None and (whole.outcome, whole.mode, whole.plan_sha256) != (
+                    cut.outcome,
+                    cut.mode,
+                    cut.plan_sha256,
+                ):
                     problem, whole = "its outcome, mode or plan differs from the command's output", None
     if whole is None:
         log.warning("the applier's whole document %s is not used: %s", str(key)[:200], problem)

@@ -2751,7 +2751,7 @@ def publish(result: Dict[str, Any], target: Optional[UploadTarget], target_error
         try:
             put_object(target.url, body, UPLOAD_TIMEOUT_SECONDS)
             pointer["sha256"] = hashlib.sha256(body).hexdigest()
-        except (OSError, ImportError, ValueError) as error:  # URLError and timeouts are OSErrors
+        except Exception as error:  # stdout must still carry the document (http.client's errors are no OSError)
             pointer["error"] = one_line("PUT failed: %s" % error)[:300]
     return render_result(dict(result, full_result=pointer))
 
