@@ -20,7 +20,8 @@ from topokeeper.applier import applier
 from topokeeper.applier.applier import MAX_STDOUT_CHARS, UploadTarget, new_result, publish
 from topokeeper.ports import ApplyResult, Outcome
 
-KEY = "results/c1/" + "ab" * 16 + ".json"
+HEAD_NODE = "i-0123456789abcdef0"
+KEY = f"results/c1/{HEAD_NODE}-" + "ab" * 16 + ".json"
 
 
 class Bucket:
@@ -148,13 +149,15 @@ def test_the_channel_reads_the_whole_document_back(bucket: Bucket) -> None:
     cut, body = _cut_and_whole(bucket)
     assert cut.node_table() is None  # a cut table is never stored
 
-    whole = read_full_result(ObjectStore({KEY: body}), "plans", cut)
+    whole = read_full_result(ObjectStore({KEY: body}), "plans", HEAD_NODE, cut)
 
     table = whole.node_table()
     assert table is not None and len(table) == 5000 and whole.full_result == cut.full_result
 
 
-@pytest.mark.parametrize("change", ["other bytes", "gone", "other outcome", "not a document", "key outside results/"])
+@pytest.mark.parametrize(
+    "change", ["other bytes", "gone", "other outcome", "not a document", "key outside results/", "other head node"]
+)
 def test_a_whole_document_that_does_not_match_leaves_the_cut_one_with_the_reason(bucket: Bucket, change: str) -> None:
     cut, body = _cut_and_whole(bucket)
     objects = {KEY: body}
@@ -178,11 +181,15 @@ def test_a_whole_document_that_does_not_match_leaves_the_cut_one_with_the_reason
         )
     else:
         assert cut.full_result is not None
-        cut = cut.model_copy(update={"full_result": {**cut.full_result, "key": "plans/c1/" + "ab" * 32 + "/plan.json"}})
+        other = (
+            "plans/c1/" + "ab" * 32 + "/plan.json" if change == "key outside results/" else KEY.replace("i-0", "i-f")
+        )
+        objects[other] = body
+        cut = cut.model_copy(update={"full_result": {**cut.full_result, "key": other}})
     store = ObjectStore(objects)
 
-    kept = read_full_result(store, "plans", cut)
+    kept = read_full_result(store, "plans", HEAD_NODE, cut)
 
     assert kept.outcome is Outcome.IN_SYNC and kept.node_table() is None and kept.full_result is not None
     assert kept.full_result["error"]
-    assert store.reads == ([] if change == "key outside results/" else [KEY])
+    assert store.reads == ([] if change in ("key outside results/", "other head node") else [KEY])

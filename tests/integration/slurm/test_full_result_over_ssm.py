@@ -100,7 +100,9 @@ def test_a_5000_node_table_comes_back_whole_through_the_bucket_and_the_replan_us
 
     # stdout kept the cut document (200 rows) and where the whole one went; the whole one came back.
     assert len(stdouts[0]) <= MAX_STDOUT_CHARS and '"dropped": {"slurm_nodes": 4800}' in stdouts[0]
-    assert stale.full_result is not None and stale.full_result["key"].startswith(f"results/{CLUSTER}/")
+    assert stale.full_result is not None and stale.full_result["key"].startswith(
+        f"results/{CLUSTER}/{controller.cluster.head_node}-"
+    )
     assert stale.full_result["error"] is None and stale.full_result["bytes"] > 10 * MAX_STDOUT_CHARS
     assert (report.outcome, stale.dropped, len(stale.slurm_nodes or [])) == (Outcome.STALE_BINDINGS, {}, 5000)
     state = controller.now_state()

@@ -47,7 +47,6 @@ EXECUTION_TIMEOUT_SECONDS = CHANNEL_TIMEOUT_SECONDS  # the applier's budget plus
 STDOUT_LIMIT = 24_000  # GetCommandInvocation StandardOutputContent
 SEND_ATTEMPTS = 6  # SendCommand answered with throttling: sent again up to this many times in all
 SEND_BACKOFF_SECONDS = 1.0  # doubled after each throttled attempt
-RESULT_KEY = re.compile(rf"{RESULT_KEY_PREFIX}/[^/]{{1,128}}/[0-9a-f]{{32}}\.json")  # ssm_result_key's shape
 _PAYLOAD_END = "TOPOKEEPER_PAYLOAD_END"
 _BOOTSTRAP_END = "TOPOKEEPER_BOOTSTRAP_END"
 
@@ -178,7 +177,8 @@ class SsmChannel:
             "bundle": document,
             "bundle_sha256": sha256_text(document),
             "trusted_key": None if self._trusted_key is None else json.dumps(self._trusted_key(), sort_keys=True),
-            "result_key": ssm_result_key(bundle.cluster_name, secrets.token_hex(16)),
+            # Named after the head node too: the result read back must come from this channel's head node.
+            "result_key": ssm_result_key(bundle.cluster_name, f"{self._target}-{secrets.token_hex(16)}"),
         }
         payload["result_url"] = self._presign("put_object", payload["result_key"])
         commands = build_commands(payload)
@@ -268,17 +268,18 @@ class SsmChannel:
             raise
         result = parse_invocation(invocation)
         if result.full_result and result.full_result.get("sha256"):
-            return read_full_result(self._s3, self._bucket, result)
+            return read_full_result(self._s3, self._bucket, self._target, result)
         return result
 
 
-def read_full_result(s3: Any, bucket: str, cut: ApplyResult) -> ApplyResult:
-    """The whole document the applier PUT when stdout could not carry it, checked against the cut one's pointer
-    (key shape, size, sha256) and its outcome, mode and plan. One that is gone, or fails a check, leaves the cut
-    document, with the reason in ``full_result.error`` (its node table is then not stored: see node_table)."""
+def read_full_result(s3: Any, bucket: str, head_node: str, cut: ApplyResult) -> ApplyResult:
+    """The whole document the applier on ``head_node`` PUT when stdout could not carry it, checked against the cut
+    one's pointer (a result key of that head node, size, sha256) and its outcome, mode and plan. One that is gone,
+    or fails a check, leaves the cut document, with the reason in ``full_result.error`` (its node table is then
+    not stored: see node_table)."""
     pointer = dict(cut.full_result or {})
     key, size, digest = pointer.get("key"), pointer.get("bytes"), pointer.get("sha256")
-    problem = _pointer_problem(key, size)
+    problem = _pointer_problem(key, size, head_node)
     whole: ApplyResult | None = None
     if problem is None:
         try:
@@ -308,9 +309,10 @@ def read_full_result(s3: Any, bucket: str, cut: ApplyResult) -> ApplyResult:
     return whole.model_copy(update={"full_result": pointer})
 
 
-def _pointer_problem(key: Any, size: Any) -> str | None:
-    if not (isinstance(key, str) and RESULT_KEY.fullmatch(key)):
-        return f"key {str(key)[:200]!r} is not a result key ({RESULT_KEY_PREFIX}/<cluster>/<token>.json)"
+def _pointer_problem(key: Any, size: Any, head_node: str) -> str | None:
+    shape = rf"{RESULT_KEY_PREFIX}/[^/]{{1,128}}/{re.escape(head_node)}-[0-9a-f]{{32}}\.json"  # ssm_result_key's
+    if not (isinstance(key, str) and re.fullmatch(shape, key)):
+        return f"key {str(key)[:200]!r} is not one of {head_node}'s result keys"
     if not (type(size) is int and 0 < size <= MAX_FULL_RESULT_BYTES):
         return f"size {str(size)[:20]} is not 1 to {MAX_FULL_RESULT_BYTES} bytes"
     return None
