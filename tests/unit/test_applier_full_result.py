@@ -57,7 +57,7 @@ class Bucket:
 @pytest.fixture
 def bucket() -> Iterator[Bucket]:
     served = Bucket()
-    threading.Thread(target=served.server.serve_forever, daemon=True).start()
+    threading.Thread(target=served.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield served
     served.server.shutdown()
     served.server.server_close()
