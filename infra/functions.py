@@ -20,7 +20,7 @@ from infra.storage import PlanBucket
 from topokeeper import constants as env
 from topokeeper import stack_spec as spec
 from topokeeper.config import Mode, Orchestrator, Settings
-from topokeeper.constants import agent_verify_key, ssm_applier_key, ssm_payload_key
+from topokeeper.constants import agent_verify_key, ssm_applier_key, ssm_payload_key, ssm_result_key
 from topokeeper.events import AUDIT_SOURCE, RUN_SHELL_DOCUMENT
 from topokeeper.ports import METRICS_NAMESPACE, Channel
 
@@ -52,14 +52,15 @@ def head_nodes(settings: Settings) -> list[str]:
 
 
 def drift_writes(settings: Settings) -> list[str]:
-    """The only keys drift writes: verify-mode agents' verify requests and SSM payloads too large for a command."""
+    """The only keys drift writes: verify-mode agents' verify requests, SSM payloads too large for a command, and
+    (by the URL it presigns for the head node) results too large for the command's stdout."""
     keys = []
     for cluster in settings.clusters:
         if cluster.effective_channel is Channel.AGENT:
             if cluster.effective_mode is Mode.VERIFY:
                 keys.append(agent_verify_key(cluster.name))
         elif cluster.head_node is not None:
-            keys.extend([ssm_payload_key(cluster.name, "*"), ssm_applier_key(cluster.name, "*")])
+            keys.extend(key(cluster.name, "*") for key in (ssm_payload_key, ssm_applier_key, ssm_result_key))
     return keys
 
 

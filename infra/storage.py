@@ -11,6 +11,7 @@ from constructs import Construct
 
 from infra.encryption import DataKey
 from infra.nag import acknowledge, arn_of
+from topokeeper.constants import RESULT_KEY_PREFIX
 
 _READ_OBJECTS = ["s3:GetObject"]  # the current version only
 # Everything that changes which object version is current: a write, a copy, a multipart upload or a
@@ -48,6 +49,13 @@ class PlanBucket(Construct):
                 # the command's timeout by a presigned URL: nothing to keep once that has passed.
                 s3.LifecycleRule(
                     prefix="payloads/",
+                    expiration=Duration.days(1),
+                    noncurrent_version_expiration=Duration.days(1),
+                ),
+                # What a head node PUT (by a URL presigned for one key) because SSM's stdout could not carry it:
+                # read when the command's result is recorded, minutes later.
+                s3.LifecycleRule(
+                    prefix=f"{RESULT_KEY_PREFIX}/",
                     expiration=Duration.days(1),
                     noncurrent_version_expiration=Duration.days(1),
                 ),
@@ -128,6 +136,6 @@ class PlanBucket(Construct):
                 acknowledge(
                     role,
                     f"IAM5[Resource::{bucket}/{key}]",
-                    "One cluster's SSM payloads in this stack's bucket: each is named by its plan hash, unknown "
-                    "at synth.",
+                    "One cluster's SSM payloads and results in this stack's bucket: each is named by its hash or "
+                    "a per-command token, unknown at synth.",
                 )

@@ -34,6 +34,8 @@ APPLIER_RESULT_KEYS = frozenset(
         "signature",
         "generation",
         "managed_by",
+        "powered_down",
+        "full_result",
     }
 )
 

@@ -104,11 +104,14 @@ def test_the_plan_bucket(example: Synthesized) -> None:
         "IgnorePublicAcls": True,
         "RestrictPublicBuckets": True,
     }
-    rule, staged = properties["LifecycleConfiguration"]["Rules"]
+    rule, staged, results = properties["LifecycleConfiguration"]["Rules"]
     assert rule["NoncurrentVersionExpiration"] == {"NoncurrentDays": example.settings.audit_retention_days}
     assert rule["Status"] == "Enabled" and "Prefix" not in rule
-    # What one SSM command fetched (applier, large bundle) expires; plans and audit evidence do not.
-    assert (staged["Prefix"], staged["ExpirationInDays"], staged["Status"]) == ("payloads/", 1, "Enabled")
+    # What one SSM command fetched (applier, large bundle) or PUT (a result too large for stdout) expires; plans
+    # and audit evidence do not.
+    for expiring, prefix in ((staged, "payloads/"), (results, "results/")):
+        assert (expiring["Prefix"], expiring["ExpirationInDays"], expiring["Status"]) == (prefix, 1, "Enabled")
+        assert expiring["NoncurrentVersionExpiration"] == {"NoncurrentDays": 1}
     example.template.has_resource_properties(
         "AWS::S3::BucketPolicy",
         {

@@ -109,3 +109,31 @@ def test_login_settings_stay_out_of_the_functions_environment() -> None:
     assert len(login.model_dump_json(exclude_defaults=True).encode()) > MAX_CONFIG_BYTES  # why they stay out
     assert login.to_env() == plain.to_env()
     assert Settings.model_validate_json(login.to_env()).clusters[0].login.enabled is False
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"name": "hp"}, "only for orchestrator ec2 in mode enforce"),
+        ({"name": "pc", "orchestrator": "ec2", "mode": "verify"}, "only for orchestrator ec2 in mode enforce"),
+        ({"name": "k", "orchestrator": "eks"}, "only for orchestrator ec2 in mode enforce"),
+    ],
+)
+def test_replacing_parallelclusters_topology_is_for_enforced_ec2_clusters_only(fields: dict, message: str) -> None:
+    with pytest.raises(ValidationError) as error:
+        Settings.model_validate(
+            {"clusters": [{"head_node": "i-0123456789abcdef0", **fields, "replace_parallelcluster_topology": True}]}
+        )
+    converted = InputError.from_validation(error.value)
+    assert "replace_parallelcluster_topology" in converted.message and message in converted.message
+
+
+def test_replacing_parallelclusters_topology_takes_a_boolean_and_defaults_off() -> None:
+    base = {"name": "pc", "orchestrator": "ec2", "head_node": "i-0123456789abcdef0"}
+    assert Settings.model_validate({"clusters": [base]}).clusters[0].replace_parallelcluster_topology is False
+    chosen = Settings.model_validate({"clusters": [{**base, "replace_parallelcluster_topology": True}]})
+    assert chosen.clusters[0].replace_parallelcluster_topology is True
+    assert Settings.model_validate_json(chosen.to_env()) == chosen  # the functions read it from the environment
+    with pytest.raises(ValidationError) as error:
+        Settings.model_validate({"clusters": [{**base, "replace_parallelcluster_topology": "yes"}]})
+    assert InputError.from_validation(error.value).field == "clusters[0].replace_parallelcluster_topology"

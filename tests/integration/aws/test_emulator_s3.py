@@ -1,10 +1,13 @@
-"""S3 refuses a SigV2-signed read of an SSE-KMS object; moto alone would serve it."""
+"""S3 refuses a SigV2-signed read of an SSE-KMS object, an unsigned request and a presigned URL that expired or
+was changed; moto alone would serve each."""
 
 from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
 from botocore.config import Config
@@ -16,7 +19,7 @@ from topokeeper.sim.aws_emulator import AwsEmulator
 SIGV2 = Config(signature_version="s3")
 
 
-def _get(url: str) -> tuple[int, bytes]:
+def _get(url: str | urllib.request.Request) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - the emulator's http URL
             return response.status, response.read()
@@ -70,3 +73,65 @@ def test_a_sigv2_signed_client_read_of_a_kms_object_is_refused(aws: AwsEmulator)
     with pytest.raises(s3.exceptions.ClientError) as raised:
         s3.get_object(Bucket="kms-plans", Key="payloads/c/plan.json")
     assert raised.value.response["Error"]["Code"] == "InvalidArgument"
+
+
+def _put(url: str, body: bytes) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json"}
+    return _get(urllib.request.Request(url, data=body, method="PUT", headers=headers))  # noqa: S310 - emulator
+
+
+def _presign_put(aws: AwsEmulator, bucket: str, key: str, expires: int = 60) -> str:
+    url: str = aws.client("s3", config=PRESIGN_CONFIG).generate_presigned_url(
+        "put_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=expires
+    )
+    return url
+
+
+def _keys(s3: Any, bucket: str) -> list[str]:
+    return [item["Key"] for item in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+
+
+def test_a_sigv4_presigned_put_into_a_kms_bucket_is_stored(aws: AwsEmulator) -> None:
+    """What the applier does with a document too large for SSM's stdout (a key with a space and a plus, to
+    check the canonical request too)."""
+    s3 = _bucket(aws, "kms-plans", kms=True)
+    status, _ = _put(_presign_put(aws, "kms-plans", "results/c/a b+c.json"), b'{"outcome": "applied"}')
+    assert status == 200
+    assert s3.get_object(Bucket="kms-plans", Key="results/c/a b+c.json")["Body"].read() == b'{"outcome": "applied"}'
+
+
+@pytest.mark.parametrize("tamper", ["other key", "longer expiry", "unsigned"])
+def test_a_put_that_is_not_presigned_for_it_is_refused_and_writes_nothing(aws: AwsEmulator, tamper: str) -> None:
+    """moto alone checks no signature: any of these would write the object."""
+    s3 = _bucket(aws, "kms-plans", kms=True)
+    url = _presign_put(aws, "kms-plans", "results/c/mine.json")
+    if tamper == "other key":
+        url = url.replace("results/c/mine.json", "results/c/other.json")
+    elif tamper == "longer expiry":
+        url = url.replace("X-Amz-Expires=60", "X-Amz-Expires=604800")
+    else:
+        url = url.split("?", 1)[0]
+
+    status, body = _put(url, b"{}")
+
+    code = b"AccessDenied" if tamper == "unsigned" else b"SignatureDoesNotMatch"
+    assert (status, code in body) == (403, True)
+    assert _keys(s3, "kms-plans") == ["payloads/c/plan.json"]
+
+
+def test_an_expired_presigned_url_is_refused(aws: AwsEmulator) -> None:
+    """Expiry is wall time, as botocore signs it: a URL signed an hour ago for a minute is refused."""
+    s3 = _bucket(aws, "kms-plans", kms=True)
+    session = aws.client("s3", config=PRESIGN_CONFIG)
+    an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    # botocore's signer takes the time from botocore.compat.get_current_datetime
+    with mock.patch("botocore.auth.get_current_datetime", return_value=an_hour_ago.replace(tzinfo=None)):
+        url: str = session.generate_presigned_url(
+            "put_object", Params={"Bucket": "kms-plans", "Key": "results/c/late.json"}, ExpiresIn=60
+        )
+    assert "X-Amz-Date=" + an_hour_ago.strftime("%Y%m%dT%H") in url
+
+    status, body = _put(url, b"{}")
+
+    assert (status, b"Request has expired" in body) == (403, True)
+    assert _keys(s3, "kms-plans") == ["payloads/c/plan.json"]

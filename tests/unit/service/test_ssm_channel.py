@@ -256,9 +256,9 @@ def test_every_ssm_status_maps_to_a_clear_outcome(invocation: dict, outcome: Out
 
 
 def test_the_s3_fallback_fits_with_a_real_presigned_url_of_the_longest_names() -> None:
-    """The fallback (the applier and the bundle both fetched from S3, the trusted key inline) must fit with what
-    Lambda really presigns (a session token in each URL, a 63-character bucket and cluster name), not a short
-    test URL: measured 4,895 of 48,000 bytes."""
+    """The fallback (the applier and the bundle both fetched from S3, the trusted key inline, the URL the whole
+    result document is PUT to) must fit with what Lambda really presigns (a session token in each URL, a
+    63-character bucket and cluster name), not a short test URL: measured 5,299 of 48,000 bytes."""
     import random
 
     import boto3
@@ -290,5 +290,9 @@ def test_the_s3_fallback_fits_with_a_real_presigned_url_of_the_longest_names() -
     commands = channel.payload(bundle, "apply")
     payload = _decode(commands)
     assert "X-Amz-Security-Token" in payload["bundle_url"] and "X-Amz-Security-Token" in payload["applier_url"]
+    assert (
+        "X-Amz-Security-Token" in payload["result_url"] and "X-Amz-Algorithm=AWS4-HMAC-SHA256" in payload["result_url"]
+    )
+    assert payload["result_key"].startswith(f"results/{cluster}/") and payload["result_key"] in payload["result_url"]
     assert json.loads(payload["trusted_key"])["cluster"] == cluster
     assert command_size(commands) <= INLINE_LIMIT_BYTES

@@ -11,7 +11,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from topokeeper.constants import INSTANCE_ID_PATTERN
 from topokeeper.domain.models import ClusterName, PartitionSettings, PlannerConfig, SlurmVersion
@@ -156,10 +156,19 @@ class ClusterConfig(BaseModel):
     ec2: Ec2Discovery = Ec2Discovery()
     # Alarm on HyperPod's own topology changes (metric ManagedTopologyUpdates), as AWS advises SREs to.
     alarm_on_managed_topology_updates: bool = False
+    # Enforce over ParallelCluster's own generated topology.conf: replace it, and repair its regeneration as drift.
+    replace_parallelcluster_topology: StrictBool = False
     login: LoginEndpointConfig = LoginEndpointConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> ClusterConfig:
+        if self.replace_parallelcluster_topology and (
+            self.orchestrator is not Orchestrator.EC2 or self.effective_mode is not Mode.ENFORCE
+        ):
+            raise ValueError(
+                "replace_parallelcluster_topology: only for orchestrator ec2 in mode enforce (it lets topokeeper "
+                "replace the topology.conf ParallelCluster generates)"
+            )
         if self.login.enabled and self.orchestrator is Orchestrator.EKS:
             raise ValueError(
                 "login.enabled: the login endpoint finds login nodes by HyperPod's SlurmConfig NodeType or, on EC2, "

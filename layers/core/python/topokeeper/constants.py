@@ -71,6 +71,15 @@ def ssm_applier_key(cluster: str, sha256: str) -> str:
     return f"payloads/{cluster}/applier-{sha256}.py"
 
 
+RESULT_KEY_PREFIX = "results"
+
+
+def ssm_result_key(cluster: str, token: str) -> str:
+    """Where the head node PUTs, by a presigned URL, an applier document too large for SSM's stdout (one
+    random token per command, so two commands never share an object)."""
+    return f"{RESULT_KEY_PREFIX}/{cluster}/{token}.json"
+
+
 # The Lambdas' environment: the stack sets these (``infra/functions.py``), ``runtime.LambdaEnvironment``
 # reads them, and ``deployment.Deployment`` rebuilds them for the operator CLI.
 ENV_CONFIG = "TOPOKEEPER_CONFIG"

@@ -91,6 +91,15 @@ class ApplyResult(BaseModel):
     slurm_nodes: list[list[str]] | None = None
     # Who else writes the live topology file ("parallelcluster": its generated topology.conf); apply refuses then.
     managed_by: Literal["parallelcluster"] | None = None
+    powered_down: list[str] = Field(default_factory=list)  # planned nodes that powered down since: written anyway
+    # Where the whole document went when stdout could not carry it: {key, bytes, sha256, error} (SSM channel)
+    full_result: dict[str, Any] | None = None
+
+    @property
+    def saw_topology_owner(self) -> bool:
+        """The applier read who writes the live topology file (it does so right after the node table): a null
+        managed_by then means nobody else does, not that the document did not say."""
+        return self.applier_version is not None and self.slurm_nodes is not None and not self.truncated
 
     def node_table(self) -> list[SlurmNodeRecord] | None:
         """The head node's whole node table, or None when it did not send one or had to cut it."""

@@ -7,13 +7,21 @@ limit; what does not is put in S3 and fetched by a presigned URL on the node (Si
 the KMS-encrypted bucket), then checked against the sha256 the command pins. The command also carries the
 public key the bundle must be signed with: whoever can send this command runs root on the head node anyway,
 so the key is exactly as trusted as the applier it travels with.
+
+GetCommandInvocation keeps 24,000 characters of stdout, and the applier cuts its document to fit (a node
+table over 200 rows). So every command also carries a presigned PUT URL for one object under ``results/``:
+when the applier had to cut, it PUTs the whole document there and the cut one says where, with its sha256;
+``result`` reads the whole one back. The URL is signed by the sending role and is good for that key only.
 """
 
 from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import json
+import re
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -24,12 +32,12 @@ from urllib.parse import urlsplit
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import THROTTLING_CODES, aws_errors, error_code, translate
-from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, sha256_text
+from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, MAX_FULL_RESULT_BYTES, sha256_text
 from topokeeper.config import SSM_TARGET
-from topokeeper.constants import ssm_applier_key, ssm_payload_key
+from topokeeper.constants import RESULT_KEY_PREFIX, ssm_applier_key, ssm_payload_key, ssm_result_key
 from topokeeper.errors import InputError, Permanent
 from topokeeper.events import RUN_SHELL_DOCUMENT
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome
+from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, log
 from topokeeper.render.bundle import Bundle
 
 APPLIER_PATH = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
@@ -72,6 +80,9 @@ argv = [sys.executable, os.path.join(work, "applier.py"), mode, os.path.join(wor
 if payload.get("trusted_key"):
     files.append(("trusted-key.json", payload["trusted_key"]))
     argv += ["--trusted-key", os.path.join(work, "trusted-key.json")]
+if payload.get("result_url"):
+    files.append(("upload-result.json", json.dumps({"url": payload["result_url"], "key": payload["result_key"]})))
+    argv += ["--upload-result", os.path.join(work, "upload-result.json")]
 for name, text in files:
     with open(os.path.join(work, name), "w") as handle:
         handle.write(text)
@@ -166,7 +177,10 @@ class SsmChannel:
             "bundle": document,
             "bundle_sha256": sha256_text(document),
             "trusted_key": None if self._trusted_key is None else json.dumps(self._trusted_key(), sort_keys=True),
+            # Named after the head node too: the result read back must come from this channel's head node.
+            "result_key": ssm_result_key(bundle.cluster_name, f"{self._target}-{secrets.token_hex(16)}"),
         }
+        payload["result_url"] = self._presign("put_object", payload["result_key"])
         commands = build_commands(payload)
         staged = (
             ("applier", ssm_applier_key(bundle.cluster_name, payload["applier_sha256"]), "text/x-python"),
@@ -177,15 +191,18 @@ class SsmChannel:
                 return commands
             self._s3.put_object(Bucket=self._bucket, Key=key, Body=payload[field].encode(), ContentType=content_type)
             payload[field] = None
-            payload[f"{field}_url"] = guard_sigv4(
-                self._s3.generate_presigned_url(
-                    "get_object", Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS
-                )
-            )
+            payload[f"{field}_url"] = self._presign("get_object", key)
             commands = build_commands(payload)
         if command_size(commands) > INLINE_LIMIT_BYTES:
             raise Permanent(f"SSM command is {command_size(commands)} bytes even with the bundle and applier in S3")
         return commands
+
+    def _presign(self, operation: str, key: str) -> str:
+        return guard_sigv4(
+            self._s3.generate_presigned_url(
+                operation, Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=PRESIGNED_URL_SECONDS
+            )
+        )
 
     def _send(self, bundle: Bundle, mode: str) -> str:
         """SendCommand, sent again only after a throttling answer (no command was created). Any other answer
@@ -249,7 +266,56 @@ class SsmChannel:
             if error_code(error) == "InvocationDoesNotExist":
                 return ApplyResult.from_channel(Outcome.PENDING)  # eventually consistent right after SendCommand
             raise
-        return parse_invocation(invocation)
+        result = parse_invocation(invocation)
+        if result.full_result and result.full_result.get("sha256"):
+            return read_full_result(self._s3, self._bucket, self._target, result)
+        return result
+
+
+def read_full_result(s3: Any, bucket: str, head_node: str, cut: ApplyResult) -> ApplyResult:
+    """The whole document the applier on ``head_node`` PUT when stdout could not carry it, checked against the cut
+    one's pointer (a result key of that head node, size, sha256) and its outcome, mode and plan. One that is gone,
+    or fails a check, leaves the cut document, with the reason in ``full_result.error`` (its node table is then
+    not stored: see node_table)."""
+    pointer = dict(cut.full_result or {})
+    key, size, digest = pointer.get("key"), pointer.get("bytes"), pointer.get("sha256")
+    problem = _pointer_problem(key, size, head_node)
+    whole: ApplyResult | None = None
+    if problem is None:
+        try:
+            response = s3.get_object(Bucket=bucket, Key=key)
+        except ClientError as error:
+            if error_code(error) not in ("NoSuchKey", "404"):
+                raise
+            problem = "the object is gone (its lifecycle expires it after a day)"
+        else:
+            body: bytes = response["Body"].read(MAX_FULL_RESULT_BYTES + 1)
+            if len(body) != size or hashlib.sha256(body).hexdigest() != digest:
+                problem = f"{len(body)} bytes, not the {size} bytes of sha256 {str(digest)[:64]} the command printed"
+            else:
+                try:
+                    whole = ApplyResult.model_validate(json.loads(body))
+                except (ValueError, RecursionError) as error:  # pydantic's ValidationError is a ValueError
+                    problem = f"not an applier document: {str(error)[:200]}"
+                if whole is not None and (whole.outcome, whole.mode, whole.plan_sha256) != (
+                    cut.outcome,
+                    cut.mode,
+                    cut.plan_sha256,
+                ):
+                    problem, whole = "its outcome, mode or plan differs from the command's output", None
+    if whole is None:
+        log.warning("the applier's whole document %s is not used: %s", str(key)[:200], problem)
+        return cut.model_copy(update={"full_result": {**pointer, "error": problem}})
+    return whole.model_copy(update={"full_result": pointer})
+
+
+def _pointer_problem(key: Any, size: Any, head_node: str) -> str | None:
+    shape = rf"{RESULT_KEY_PREFIX}/[^/]{{1,128}}/{re.escape(head_node)}-[0-9a-f]{{32}}\.json"  # ssm_result_key's
+    if not (isinstance(key, str) and re.fullmatch(shape, key)):
+        return f"key {str(key)[:200]!r} is not one of {head_node}'s result keys"
+    if not (type(size) is int and 0 < size <= MAX_FULL_RESULT_BYTES):
+        return f"size {str(size)[:20]} is not 1 to {MAX_FULL_RESULT_BYTES} bytes"
+    return None
 
 
 _CHANNEL_OUTCOMES = {

@@ -84,6 +84,9 @@ class Bundle(BaseModel):
     # the applier answers stale_bindings when one no longer holds. Absent when nodes are named by host name.
     bindings: dict[str, str] | None = None
     bindings_sha256: str | None = None
+    # Set at delivery for a cluster configured with replace_parallelcluster_topology: the applier may replace a
+    # topology file that tool generated (managed_by). Absent otherwise, so a bundle without it keeps its bytes.
+    replace_managed: Literal["parallelcluster"] | None = None
     generation: int | None = Field(None, ge=1)
     purpose: Literal["apply", "verify"] | None = None
     signature: BundleSignature | None = None
@@ -92,7 +95,7 @@ class Bundle(BaseModel):
         """The bundle's JSON document: absent bindings and signing fields are left out, so a bundle without
         them keeps its bytes."""
         document = self.model_dump(mode="json", by_alias=True)
-        optional = SIGNING_FIELDS | {"bindings", "bindings_sha256"}
+        optional = SIGNING_FIELDS | {"bindings", "bindings_sha256", "replace_managed"}
         return {k: v for k, v in document.items() if k not in optional or v is not None}
 
     def unsigned(self) -> Bundle:

@@ -28,7 +28,7 @@ from topokeeper.service.reconcile import (
     plan_cluster,
 )
 from topokeeper.service.signing import for_reading
-from topokeeper.service.state import cluster_mode, request_reconcile, save_fields
+from topokeeper.service.state import cluster_mode, request_reconcile, save_fields, topology_owner_fields
 
 DRIFT_CHECK = "Topology Drift Check"
 
@@ -118,8 +118,7 @@ def _observed(deps: ControllerDeps, cluster: str, state: ClusterState, live_resu
     table = live_result.node_table()
     if table is not None:
         fields["slurm_nodes"] = table
-    if live_result.managed_by is not None:
-        fields["managed_by"] = live_result.managed_by
+    fields.update(topology_owner_fields(live_result))
     if fields:
         save_fields(deps.state, cluster, fields)
     return state.model_copy(update=fields)

@@ -46,7 +46,7 @@ from topokeeper.ports import (
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.service.ingest import is_managed_topology_update
 from topokeeper.service.signing import next_generation, sign_bundle
-from topokeeper.service.state import cluster_mode, queue_next_cycle, request_reconcile, save_fields
+from topokeeper.service.state import cluster_mode, for_delivery, queue_next_cycle, request_reconcile, save_fields
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
 # A delivery with no result by then no longer blocks writes: SSM may wait up to its 600 s delivery
@@ -236,7 +236,7 @@ def _send(
 ) -> DeliveryHandle:
     """Sign the claimed plan's bundle (when the stack has a key) and deliver it."""
     try:
-        bundle = rendered.bundle
+        bundle = for_delivery(cluster, rendered.bundle)
         if deps.signer is not None:
             bundle = sign_bundle(bundle, delivery.bundle_generation or 1, "apply", deps.signer)
         return deps.channel(cluster).deliver(bundle)

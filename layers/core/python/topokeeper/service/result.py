@@ -40,7 +40,7 @@ from topokeeper.ports import (
 )
 from topokeeper.service.audit import build_records
 from topokeeper.service.drift import live_status
-from topokeeper.service.state import request_reconcile, save_fields
+from topokeeper.service.state import request_reconcile, save_fields, topology_owner_fields
 
 SUCCESS = frozenset({Outcome.APPLIED, Outcome.UNCHANGED})
 # The head node refused the bundle as not authentic or not fresh: audited like any failure, and counted apart.
@@ -92,8 +92,7 @@ def observed_fields(result: ApplyResult) -> dict[str, object]:
     table = result.node_table()
     if table is not None:
         fields["slurm_nodes"] = table
-    if result.managed_by is not None:  # kept once seen: the cluster stays verify (service.state.cluster_mode)
-        fields["managed_by"] = result.managed_by
+    fields.update(topology_owner_fields(result))  # decides the cluster's mode (service.state.cluster_mode)
     return fields
 
 

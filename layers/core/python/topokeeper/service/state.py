@@ -8,7 +8,8 @@ from typing import Literal
 
 from topokeeper.config import ClusterConfig, Mode
 from topokeeper.errors import ConcurrentUpdate
-from topokeeper.ports import ClusterState, ReconcileRequest, StateStore, Trigger, WorkQueue
+from topokeeper.ports import ApplyResult, ClusterState, ReconcileRequest, StateStore, Trigger, WorkQueue
+from topokeeper.render.bundle import Bundle
 
 Update = dict[str, object] | Callable[[ClusterState], dict[str, object]]
 
@@ -34,8 +35,28 @@ def save_fields(store: StateStore, cluster: str, update: Update, attempts: int =
 
 def cluster_mode(cluster: ClusterConfig, state: ClusterState) -> Mode:
     """Verify once the head node reported a topology file another tool writes (ParallelCluster's generated
-    topology.conf, whose apply the applier refuses: we never fight it); else the configured mode."""
-    return Mode.VERIFY if state.managed_by is not None else cluster.effective_mode
+    topology.conf, whose apply the applier refuses: we never fight it), unless the cluster is configured to
+    replace it (``replace_parallelcluster_topology``: its regeneration is then drift to repair); else the
+    configured mode."""
+    if state.managed_by is not None and not cluster.replace_parallelcluster_topology:
+        return Mode.VERIFY
+    return cluster.effective_mode
+
+
+def for_delivery(cluster: ClusterConfig, bundle: Bundle) -> Bundle:
+    """The bundle an apply delivers: it tells the applier when the cluster lets it replace ParallelCluster's
+    topology file (signed with the rest, so no one else can tell it)."""
+    if cluster.replace_parallelcluster_topology:
+        return bundle.model_copy(update={"replace_managed": "parallelcluster"})
+    return bundle
+
+
+def topology_owner_fields(result: ApplyResult) -> dict[str, object]:
+    """Who else writes the head node's topology file, as far as ``result`` says: kept once seen, cleared when a
+    later document that looked says nobody does (ParallelCluster's file replaced or removed)."""
+    if result.managed_by is not None:
+        return {"managed_by": result.managed_by}
+    return {"managed_by": None} if result.saw_topology_owner else {}
 
 
 def queue_next_cycle(store: StateStore, queue: WorkQueue, cluster: str) -> None:

@@ -130,7 +130,7 @@ class AwsEmulator:
                     calls=self.calls,
                     rate_limits=self.rate_limits,
                     ids=self.ids,
-                    refusals=[S3Refusals(self.account_id).check, refuse_oversized_put_events],
+                    refusals=[S3Refusals(self.account_id, {ACCESS_KEY: SECRET_KEY}).check, refuse_oversized_put_events],
                 )
 
             self._server = EmulatorServer(wrap, host=self._host)
