@@ -196,4 +196,4 @@ def load_scenario(path: Path) -> Scenario:
     try:
         return Scenario.model_validate(document)
     except ValidationError as error:
-        raise InputError.from_validation(error, prefix="scenario") from error
+        raise InputError.from_validation(error, prefix="scenario", model=Scenario) from error
