@@ -81,6 +81,10 @@ def test_config_overrides_a_partition(tmp_path: Path, capsys: pytest.CaptureFixt
         ("partitions:\n  ml-p6e:\n    kind: ring\n", "config.partitions.ml-p6e.kind"),
         ("partitions:\n  'bad name':\n    kind: tree\n", "config.partitions.bad name"),
         ("partitions: [\n", "--config"),
+        (
+            "partitions:\n  ml-p6e:\n    blok_sizes: [18]\n",
+            "config.partitions.ml-p6e.blok_sizes: Extra inputs are not permitted: did you mean 'block_sizes'?",
+        ),
     ],
 )
 def test_bad_config_is_one_line_naming_the_field(

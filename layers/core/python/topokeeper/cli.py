@@ -13,12 +13,12 @@ from pydantic import ValidationError
 from topokeeper import kueue_commands, operator_commands, readonly_commands
 from topokeeper.agent.install import add_agent_commands
 from topokeeper.applier import applier
-from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import BlockTopology, PartitionPlan, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
 from topokeeper.errors import InputError
 from topokeeper.login import commands as login_commands
+from topokeeper.narrate import columns, leaf_table
 from topokeeper.operator_files import read_mapping, write_files
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim import commands as sim_commands
@@ -34,7 +34,7 @@ def load_config(path: Path | None) -> PlannerConfig:
     try:
         return PlannerConfig.model_validate(document)
     except ValidationError as error:
-        raise InputError.from_validation(error, prefix="config") from error
+        raise InputError.from_validation(error, prefix="config", model=PlannerConfig) from error
 
 
 def plan_from_files(snapshot_path: Path, config_path: Path | None, slurm_version: str | None) -> RenderedPlan:
@@ -51,19 +51,6 @@ def leaf_units(partition: PartitionPlan) -> list[tuple[str, tuple[str, ...]]]:
     if isinstance(topology, BlockTopology):
         return [(block.name, block.nodes) for block in topology.blocks]
     return []
-
-
-def _columns(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
-
-
-def leaf_table(rendered: RenderedPlan) -> str:
-    """Per partition, each leaf switch or block with its size and full hostlist."""
-    rows: list[tuple[str, ...]] = [("PARTITION", "LEAF/BLOCK", "NODES", "HOSTLIST")]
-    for partition in sorted(rendered.plan.partitions, key=lambda p: p.partition):
-        rows += [(partition.partition, name, str(len(nodes)), compress(nodes)) for name, nodes in leaf_units(partition)]
-    return "\n".join(_columns(rows))
 
 
 def plan_table(rendered: RenderedPlan) -> str:
@@ -87,7 +74,7 @@ def plan_table(rendered: RenderedPlan) -> str:
                 str(len(partition.warnings)),
             )
         )
-    lines = _columns(rows)
+    lines = columns(rows)
     plan_ = rendered.plan
     lines.append(
         f"{plan_.cluster_name}: Slurm {plan_.slurm_version} -> {plan_.slurm_format.value}"
@@ -116,7 +103,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rendered.plan_document(), indent=2))
     else:
-        print(plan_table(rendered) + ("\n" + leaf_table(rendered) if args.leaves else ""))
+        leaves = "\n" + leaf_table(rendered.plan_document()["partitions"]) if args.leaves else ""
+        print(plan_table(rendered) + leaves)
     return EXIT_OK
 
 
