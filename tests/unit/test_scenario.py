@@ -93,6 +93,23 @@ def test_an_unknown_key_names_the_nearest_valid_one(
     assert error.value.message.endswith(hint), error.value.message
 
 
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        ("ml.p5.48xlargee", "did you mean 'ml.p5.48xlarge'?"),
+        ("ml.gpu.huge", "not an instance type SageMaker HyperPod accepts"),
+        ("p5.48xlargee", "did you mean 'p5.48xlarge'?"),  # an EC2 name (no ml.) is checked against EC2's
+    ],
+)
+def test_an_instance_type_aws_would_refuse_is_one_error_naming_the_group(tmp_path: Path, wrong: str, hint: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace("type: ml.p5.48xlarge", f"type: {wrong}"))
+    with pytest.raises(InputError) as error:  # before anything starts, not a CreateCluster traceback
+        load_scenario(path)
+    assert error.value.field == "scenario.cluster.instance_groups[1].type", error.value
+    assert repr(wrong) in error.value.message and hint in error.value.message, error.value.message
+
+
 @pytest.mark.parametrize("version", ["23.02", "25.05", "24.05"])
 def test_a_slurm_version_the_simulator_does_not_run_is_refused(tmp_path: Path, version: str) -> None:
     path = tmp_path / "s.yaml"
