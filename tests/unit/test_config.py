@@ -109,3 +109,20 @@ def test_login_settings_stay_out_of_the_functions_environment() -> None:
     assert len(login.model_dump_json(exclude_defaults=True).encode()) > MAX_CONFIG_BYTES  # why they stay out
     assert login.to_env() == plain.to_env()
     assert Settings.model_validate_json(login.to_env()).clusters[0].login.enabled is False
+
+
+@pytest.mark.parametrize(
+    ("head_node", "says"),
+    [
+        ("i-0123456789abcdef", "'i-0123456789abcdef' has 16 hex digits after i-: an EC2 instance id has 8 or 17"),
+        ("mi-0123456789abcdef", "'mi-0123456789abcdef' has 16 hex digits after mi-: a managed node id has 17"),
+        ("0123456789abcdef0", "did you mean 'i-0123456789abcdef0'?"),
+        ("i-0123456789ABCDEF0", "hex digits are lower case: did you mean 'i-0123456789abcdef0'?"),
+    ],
+)
+def test_a_head_node_id_of_the_wrong_shape_says_what_is_wrong_with_it(head_node: str, says: str) -> None:
+    with pytest.raises(ValidationError) as error:
+        Settings.model_validate({"clusters": [{"name": "pc", "orchestrator": "ec2", "head_node": head_node}]})
+    converted = InputError.from_validation(error.value)
+    assert converted.field == "clusters[0].head_node"
+    assert says in converted.message and "HyperPod" not in converted.message, converted.message
