@@ -280,3 +280,18 @@ def test_region_after_the_subcommand_is_taken_and_missing_credentials_say_what_t
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and error.startswith("topokeeper: error: credentials:"), error
     assert "AWS_PROFILE" in error
+
+
+def test_plan_and_show_print_the_slurm_conf_edit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = str(EXAMPLES / "mixed-cluster.json")
+    assert main(["plan", "--snapshot", snapshot, "--out", str(tmp_path)]) == 0
+    (edit,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("slurm.conf: ")]
+    assignments = json.loads((tmp_path / "bundle.json").read_text())["partitions"]
+    assert edit == (
+        f"slurm.conf: PartitionName=ml-p5 Topology={assignments['ml-p5']},"
+        f" PartitionName=ml-p6e Topology={assignments['ml-p6e']},"
+        " PartitionName=preprocess without Topology= (the cluster default)"
+    )
+    assert main(["show", "--snapshot", snapshot, "--slurm-version", "24.11"]) == 0
+    (edit,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("slurm.conf: ")]
+    assert edit.startswith("slurm.conf: TopologyPlugin=topology/tree, PartitionName=ml-p5 without Topology=")

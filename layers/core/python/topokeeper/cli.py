@@ -81,10 +81,23 @@ def plan_table(rendered: RenderedPlan) -> str:
         + (f" ({plan_.topology_plugin})" if plan_.topology_plugin else "")
         + f", sha256 {rendered.sha256[:12]}"
     )
+    lines.append(slurm_conf_edit(rendered))
     lines += [f"warning: {warning}" for warning in plan_.warnings]
     for partition in sorted(plan_.partitions, key=lambda p: p.partition):
         lines += [f"warning: {partition.partition}: {warning}" for warning in partition.warnings]
     return "\n".join(lines)
+
+
+def slurm_conf_edit(rendered: RenderedPlan) -> str:
+    """What the applier sets in slurm.conf: the plugin (before 25.05) and each partition's ``Topology=``."""
+    edits = [f"TopologyPlugin={rendered.bundle.topology_plugin}"] if rendered.bundle.topology_plugin else []
+    edits += [
+        f"PartitionName={name} Topology={value}"
+        if value
+        else f"PartitionName={name} without Topology= (the cluster default)"
+        for name, value in sorted(rendered.bundle.partitions.items())
+    ]
+    return "slurm.conf: " + ", ".join(edits)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
