@@ -228,11 +228,16 @@ def test_show_and_plan_say_what_24_11_folded(tmp_path: Path, capsys: pytest.Capt
     assert main(["show", "--snapshot", snapshot, "--slurm-version", "24.11"]) == 0
     shown = capsys.readouterr().out
     assert "block partition ml-p6e is folded into the cluster tree" in shown
+    rows = {line.split()[0]: line for line in shown.splitlines()[1:4]}  # the KIND column: what topology.conf holds
+    assert " block, folded into tree " in rows["ml-p6e"] and " flat, folded into tree " in rows["preprocess"]
+    assert "folded" not in rows["ml-p5"]
     assert "flat partition preprocess is folded into the cluster tree (ip-10-3-0-[10-13] in no-topology)" in shown
     assert main(["plan", "--snapshot", snapshot, "--slurm-version", "24.11", "--out", str(tmp_path)]) == 0
     warnings = json.loads((tmp_path / "plan.json").read_text())["warnings"]
     assert [w for w in warnings if "folded" in w] == [
-        line.removeprefix("warning: ") for line in shown.splitlines() if "folded" in line
+        line.removeprefix("warning: ")
+        for line in shown.splitlines()
+        if line.startswith("warning: ") and "folded" in line
     ]
 
 

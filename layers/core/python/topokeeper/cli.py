@@ -64,10 +64,13 @@ def plan_table(rendered: RenderedPlan) -> str:
         else:
             units = "-"
         largest = max((len(nodes) for _, nodes in leaf_units(partition)), default=0)
+        kind, written = partition.kind, rendered.plan.cluster_topology  # before 25.05: one cluster-wide topology
         rows.append(
             (
                 partition.partition,
-                partition.kind.value,
+                kind.value
+                if written is None or written.kind is kind
+                else f"{kind.value}, folded into {written.kind.value}",
                 str(len(partition.nodes)),
                 units,
                 str(largest or "-"),
