@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from topokeeper.adapters.aws import client
 from topokeeper.cli import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -267,6 +268,7 @@ def no_aws_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    client.cache_clear()  # no client made with another test's region or credentials
 
 
 @pytest.mark.usefixtures("no_aws_configuration")
@@ -300,3 +302,34 @@ def test_plan_and_show_print_the_slurm_conf_edit(tmp_path: Path, capsys: pytest.
     assert main(["show", "--snapshot", snapshot, "--slurm-version", "24.11"]) == 0
     (edit,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("slurm.conf: ")]
     assert edit.startswith("slurm.conf: TopologyPlugin=topology/tree, PartitionName=ml-p5 without Topology=")
+
+
+# Every subcommand that talks to AWS, as an operator would type it: region after the subcommand, no credentials.
+AWS_COMMANDS = [
+    ["verify", "--snapshot", str(EXAMPLES / "mixed-cluster.json"),
+     "--head-node", "i-0123456789abcdef0", "--bucket", "b"],
+    ["kueue", "--cluster", "llm-train", "--out", "{tmp}/kueue"],
+    [
+        "login", "rotate-host-keys", "--cluster", "llm-train", "--name", "login.example.com",
+        "--login-role-arn", "arn:aws:iam::111122223333:role/login",
+        "--kms-key-id", "arn:aws:kms:us-west-2:111122223333:key/abc",
+    ],
+    ["login", "install-run-command", "--cluster", "llm-train", "--tag", "role=login",
+     "--secret-arn", "arn:aws:secretsmanager:us-west-2:111122223333:secret:x", "--secret-region", "us-west-2"],
+]  # fmt: skip
+
+
+@pytest.mark.usefixtures("no_aws_configuration")
+@pytest.mark.parametrize("command", AWS_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_every_aws_command_takes_region_after_it_and_says_what_to_set_in_one_line(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = [part.format(tmp=tmp_path) for part in command]
+    if command[1] != "install-run-command":  # it names the secret's region itself (--secret-region)
+        assert main(argv) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and error.startswith("topokeeper: error: --region:"), error
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "")  # main sets it from --region; undone after the test
+    assert main([*argv, "--region", "us-west-2"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("topokeeper: error: credentials:"), error

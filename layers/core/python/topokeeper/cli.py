@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from topokeeper import kueue_commands, operator_commands, readonly_commands
+from topokeeper.adapters.aws import aws_setup_errors
 from topokeeper.agent.install import add_agent_commands
 from topokeeper.applier import applier
 from topokeeper.domain.models import BlockTopology, PartitionPlan, PlannerConfig, TreeTopology
@@ -19,7 +20,7 @@ from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
 from topokeeper.errors import InputError
 from topokeeper.login import commands as login_commands
 from topokeeper.narrate import columns, leaf_table
-from topokeeper.operator_files import read_mapping, write_files
+from topokeeper.operator_files import add_endpoint_option, apply_endpoint_option, read_mapping, write_files
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim import commands as sim_commands
 
@@ -156,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     path_parser.set_defaults(run=_cmd_applier_path)
     operator_commands.register(commands)
     readonly_commands.register(commands)
-    operator_commands.add_endpoint_option(parser)
+    add_endpoint_option(parser)
     add_agent_commands(commands)
     sim_commands.register(commands)
     kueue_commands.register(commands)
@@ -166,9 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    operator_commands.apply_endpoint_option(args)
+    apply_endpoint_option(args)
     try:
-        code: int = args.run(args)
+        with aws_setup_errors():  # every command that reaches AWS: a missing region or credentials in one line
+            code: int = args.run(args)
     except InputError as error:
         print(f"topokeeper: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
