@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from infra.constants import CONTEXT_KEY
 from topokeeper.config import MAX_CONFIG_BYTES, Settings
-from topokeeper.errors import InputError, Permanent
+from topokeeper.errors import InputError, Permanent, unknown_key_hint
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV, login_environment_bytes
 from topokeeper.stack_spec import drift_alarm_period_seconds
 
@@ -42,7 +42,10 @@ def load_settings(raw: Any) -> Settings:
     try:
         settings = Settings.model_validate(raw)
     except ValidationError as error:
-        problems = [f"{_key(item['loc'])}: {item['msg']}" for item in error.errors(include_url=False)]
+        problems = [
+            f"{_key(item['loc'])}: {item['msg']}{unknown_key_hint(item, Settings)}"
+            for item in error.errors(include_url=False)
+        ]
         raise ConfigError("\n".join(problems)) from None
     drift_alarm_period(settings)  # checks drift_schedule and drift_alarm_periods
     size = len(settings.to_env().encode())

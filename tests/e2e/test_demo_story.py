@@ -39,6 +39,16 @@ def _leaf_of(node: str, scontrol_text: str) -> str:
     raise AssertionError(f"{node} is in no leaf switch")
 
 
+def _row(table: str, unit: str) -> list[str]:
+    """The cells of a timeline leaf table's row for one leaf or block."""
+    (row,) = [line.split() for line in table.splitlines()[2:] if line.split()[1:2] == [unit]]
+    return row
+
+
+def _leaf_names(table: str) -> list[str]:
+    return [line.split()[1] for line in table.splitlines()[2:]]
+
+
 def _assert_the_story(result: SimulationResult) -> None:
     steps = {step.step: step for step in result.steps}
     assert list(steps) == ["create", "scale", "replace", "delete", "tamper", "wait"]
@@ -63,6 +73,11 @@ def _assert_the_story(result: SimulationResult) -> None:
     assert f"replaced (new instance) {move['node']}" in _texts(replace, "event")[0]
     blocks = [line for line in replace.live_topology["ml-p6e"].splitlines() if line.startswith("BlockName=")]
     assert len(blocks) == 3  # the replacement sits in an UltraServer of its own
+    # After the write, the timeline tables the blocks it changed: the new one and the one the node left.
+    (leaves,) = _texts(replace, "leaves")
+    assert leaves.startswith("ml-p6e block: 36 nodes in 3 blocks, the largest job in one block 18 nodes\n")
+    assert _row(leaves, move["after"]) == ["ml-p6e", move["after"], "1", "new", move["node"]]
+    assert _row(leaves, move["before"])[2:4] == ["17", "-1"] and len(leaves.splitlines()) == 4
 
     delete = steps["delete"]
     (shrunk,) = delete.audit_records
@@ -82,6 +97,12 @@ def _assert_the_story(result: SimulationResult) -> None:
     assert live_leaf and planned_leaf and live_leaf != planned_leaf
     assert _leaf_of(node, tamper.live_topology["ml-p5"]) == live_leaf
     assert _leaf_of(node, wait.live_topology["ml-p5"]) == planned_leaf
+    (repair_table,) = _texts(wait, "leaves")  # the leaf the node left live and the one it rejoined
+    assert _row(repair_table, live_leaf)[3] == "-1" and _row(repair_table, planned_leaf)[3] == "+1"
+    assert node in _row(repair_table, planned_leaf)[4]
+    (first_table,) = _texts(create, "leaves")  # the first write: every leaf and block, with its size
+    assert "preprocess flat: 4 nodes, no leaf or block" in first_table
+    assert sum(int(_row(first_table, leaf)[2]) for leaf in _leaf_names(first_table)) == 16 + 36
     drift_line = _texts(wait, "drift")[0]
     assert f"partition ml-p5: {node} in {live_leaf} live, {planned_leaf} in the plan" in drift_line
     # Every queued scale event names the node that joined and its partition; every write names the file.

@@ -11,6 +11,14 @@ from topokeeper.cli import main
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 from topokeeper.sim.simulator import SimulationResult
 
+# The report tests' input: `make demo`'s scenario on the real slurmctld, regenerated with
+#   TOPOKEEPER_HEAD_NODE=chroot .venv/bin/topokeeper simulate --scenario REGENERATE --out /tmp/demo-fixture
+#   cp /tmp/demo-fixture/result.json tests/fixtures/sim-result-demo.json
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "sim-result-demo.json"
+REGENERATE = "layers/core/python/topokeeper/sim/scenarios/demo.yaml"
+# Maps keyed by data (operations, partitions, node names), not by field: their keys are not compared.
+DATA_KEYED = {"aws_calls", "live_topology", "node_latencies", "mermaid", "targets"}
+
 SCENARIO = """
 cluster:
   name: tiny
@@ -44,3 +52,20 @@ def test_simulate_json_prints_the_result_and_what_it_wrote(
     for setup in ("CreateBucket", "CreateTable", "CreateQueue", "CreateCluster", "BatchReplaceClusterNodes"):
         assert setup not in result.totals["aws_calls"]
     assert result.totals["aws_calls"]["SendCommand"] == 2
+    # The report fixture has every field a result has now, or the report tests read a result of the past.
+    missing = _field_paths(document["result"]) - _field_paths(json.loads(FIXTURE.read_text()))
+    assert not missing, f"{FIXTURE.name} lacks {sorted(missing)}: regenerate it from {REGENERATE} (see above)"
+
+
+def _field_paths(value: object, path: str = "") -> set[str]:
+    """Every key path in a JSON document (list items merged as ``[]``)."""
+    if isinstance(value, list):
+        return {found for item in value for found in _field_paths(item, f"{path}[]")}
+    if not isinstance(value, dict):
+        return set()
+    paths = set()
+    for key, item in value.items():
+        paths.add(f"{path}.{key}")
+        if key not in DATA_KEYED:
+            paths |= _field_paths(item, f"{path}.{key}")
+    return paths

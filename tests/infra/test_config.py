@@ -70,7 +70,14 @@ def test_login_endpoints_whose_target_groups_would_overflow_the_environment_are_
             "topokeeper.clusters[0].partitions.ml-p6e.kind: Input should be",
         ),
         (lambda c: c.update(log_retention_days=10), "topokeeper.log_retention_days: Input should be 1, 3, 5"),
-        (lambda c: c.update(alarm_emial="x@example.com"), "topokeeper.alarm_emial: Extra inputs are not permitted"),
+        (
+            lambda c: c.update(alarm_emial="x@example.com"),
+            "topokeeper.alarm_emial: Extra inputs are not permitted: did you mean 'alarm_email'?",
+        ),
+        (
+            lambda c: c["clusters"][0].update(mdoe="enforce"),
+            "topokeeper.clusters[0].mdoe: Extra inputs are not permitted: did you mean 'mode'?",
+        ),
         (lambda c: c.update(drift_schedule="every 15 minutes"), "topokeeper.drift_schedule: expected rate("),
         (
             lambda c: c.update(drift_schedule="rate(15 minutes)", drift_alarm_periods=97),

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from topokeeper.adapters.aws import client
 from topokeeper.cli import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -81,6 +82,10 @@ def test_config_overrides_a_partition(tmp_path: Path, capsys: pytest.CaptureFixt
         ("partitions:\n  ml-p6e:\n    kind: ring\n", "config.partitions.ml-p6e.kind"),
         ("partitions:\n  'bad name':\n    kind: tree\n", "config.partitions.bad name"),
         ("partitions: [\n", "--config"),
+        (
+            "partitions:\n  ml-p6e:\n    blok_sizes: [18]\n",
+            "config.partitions.ml-p6e.blok_sizes: Extra inputs are not permitted: did you mean 'block_sizes'?",
+        ),
     ],
 )
 def test_bad_config_is_one_line_naming_the_field(
@@ -224,11 +229,16 @@ def test_show_and_plan_say_what_24_11_folded(tmp_path: Path, capsys: pytest.Capt
     assert main(["show", "--snapshot", snapshot, "--slurm-version", "24.11"]) == 0
     shown = capsys.readouterr().out
     assert "block partition ml-p6e is folded into the cluster tree" in shown
+    rows = {line.split()[0]: line for line in shown.splitlines()[1:4]}  # the KIND column: what topology.conf holds
+    assert " block, folded into tree " in rows["ml-p6e"] and " flat, folded into tree " in rows["preprocess"]
+    assert "folded" not in rows["ml-p5"]
     assert "flat partition preprocess is folded into the cluster tree (ip-10-3-0-[10-13] in no-topology)" in shown
     assert main(["plan", "--snapshot", snapshot, "--slurm-version", "24.11", "--out", str(tmp_path)]) == 0
     warnings = json.loads((tmp_path / "plan.json").read_text())["warnings"]
     assert [w for w in warnings if "folded" in w] == [
-        line.removeprefix("warning: ") for line in shown.splitlines() if "folded" in line
+        line.removeprefix("warning: ")
+        for line in shown.splitlines()
+        if line.startswith("warning: ") and "folded" in line
     ]
 
 
@@ -258,6 +268,7 @@ def no_aws_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    client.cache_clear()  # no client made with another test's region or credentials
 
 
 @pytest.mark.usefixtures("no_aws_configuration")
@@ -276,3 +287,49 @@ def test_region_after_the_subcommand_is_taken_and_missing_credentials_say_what_t
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and error.startswith("topokeeper: error: credentials:"), error
     assert "AWS_PROFILE" in error
+
+
+def test_plan_and_show_print_the_slurm_conf_edit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = str(EXAMPLES / "mixed-cluster.json")
+    assert main(["plan", "--snapshot", snapshot, "--out", str(tmp_path)]) == 0
+    (edit,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("slurm.conf: ")]
+    assignments = json.loads((tmp_path / "bundle.json").read_text())["partitions"]
+    assert edit == (
+        f"slurm.conf: PartitionName=ml-p5 Topology={assignments['ml-p5']},"
+        f" PartitionName=ml-p6e Topology={assignments['ml-p6e']},"
+        " PartitionName=preprocess without Topology= (the cluster default)"
+    )
+    assert main(["show", "--snapshot", snapshot, "--slurm-version", "24.11"]) == 0
+    (edit,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("slurm.conf: ")]
+    assert edit.startswith("slurm.conf: TopologyPlugin=topology/tree, PartitionName=ml-p5 without Topology=")
+
+
+# Every subcommand that talks to AWS, as an operator would type it: region after the subcommand, no credentials.
+AWS_COMMANDS = [
+    ["verify", "--snapshot", str(EXAMPLES / "mixed-cluster.json"),
+     "--head-node", "i-0123456789abcdef0", "--bucket", "b"],
+    ["kueue", "--cluster", "llm-train", "--out", "{tmp}/kueue"],
+    [
+        "login", "rotate-host-keys", "--cluster", "llm-train", "--name", "login.example.com",
+        "--login-role-arn", "arn:aws:iam::111122223333:role/login",
+        "--kms-key-id", "arn:aws:kms:us-west-2:111122223333:key/abc",
+    ],
+    ["login", "install-run-command", "--cluster", "llm-train", "--tag", "role=login",
+     "--secret-arn", "arn:aws:secretsmanager:us-west-2:111122223333:secret:x", "--secret-region", "us-west-2"],
+]  # fmt: skip
+
+
+@pytest.mark.usefixtures("no_aws_configuration")
+@pytest.mark.parametrize("command", AWS_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_every_aws_command_takes_region_after_it_and_says_what_to_set_in_one_line(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = [part.format(tmp=tmp_path) for part in command]
+    if command[1] != "install-run-command":  # it names the secret's region itself (--secret-region)
+        assert main(argv) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and error.startswith("topokeeper: error: --region:"), error
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "")  # main sets it from --region; undone after the test
+    assert main([*argv, "--region", "us-west-2"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("topokeeper: error: credentials:"), error

@@ -137,3 +137,20 @@ def test_replacing_parallelclusters_topology_takes_a_boolean_and_defaults_off() 
     with pytest.raises(ValidationError) as error:
         Settings.model_validate({"clusters": [{**base, "replace_parallelcluster_topology": "yes"}]})
     assert InputError.from_validation(error.value).field == "clusters[0].replace_parallelcluster_topology"
+
+
+@pytest.mark.parametrize(
+    ("head_node", "says"),
+    [
+        ("i-0123456789abcdef", "'i-0123456789abcdef' has 16 hex digits after i-: an EC2 instance id has 8 or 17"),
+        ("mi-0123456789abcdef", "'mi-0123456789abcdef' has 16 hex digits after mi-: a managed node id has 17"),
+        ("0123456789abcdef0", "did you mean 'i-0123456789abcdef0'?"),
+        ("i-0123456789ABCDEF0", "hex digits are lower case: did you mean 'i-0123456789abcdef0'?"),
+    ],
+)
+def test_a_head_node_id_of_the_wrong_shape_says_what_is_wrong_with_it(head_node: str, says: str) -> None:
+    with pytest.raises(ValidationError) as error:
+        Settings.model_validate({"clusters": [{"name": "pc", "orchestrator": "ec2", "head_node": head_node}]})
+    converted = InputError.from_validation(error.value)
+    assert converted.field == "clusters[0].head_node"
+    assert says in converted.message and "HyperPod" not in converted.message, converted.message

@@ -310,6 +310,12 @@ def test_one_node_of_an_unknown_type_turning_a_partition_flat_is_named() -> None
     assert "odd-1" in warning and "p5.4xlarge" in warning and "flat" in warning
 
 
+def test_a_typo_in_an_instance_type_is_named_with_the_rule_that_made_the_partition_flat() -> None:
+    result = plan_partition(_partition([*p5_nodes(16), node("odd-1", "ml.p5.48xlargee", ())]))
+    (warning,) = result.warnings
+    assert result.kind is TopologyKind.FLAT and "p5.48xlargee (odd-1)" in warning and "rule" in warning
+
+
 def test_a_partition_flat_by_config_or_of_cpu_types_only_is_no_surprise() -> None:
     assert plan_partition(_partition(p5_nodes(4), kind="flat")).warnings == ()
     assert plan_partition(_partition([node("c1", "c7i.4xlarge")])).warnings == ()

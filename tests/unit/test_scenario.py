@@ -61,6 +61,55 @@ def test_unknown_or_bad_keys_are_errors_naming_them(tmp_path: Path, change: tupl
     assert error.value.field == field, error.value
 
 
+@pytest.mark.parametrize(
+    ("change", "field", "hint"),
+    [
+        (("steps:", "stepz:"), "scenario.stepz", "did you mean 'steps'?"),
+        (
+            ("  name: demo", "  name: demo\n  slurm_verison: '24.11'"),
+            "scenario.cluster.slurm_verison",
+            "did you mean 'slurm_version'?",
+        ),
+        (
+            ("partition: ml-p5}", "partition: ml-p5, netwrok: {layers: 3}}"),
+            "scenario.cluster.instance_groups[1].netwrok",
+            "did you mean 'network'?",
+        ),
+        (
+            ("  - scale: {group: p5, to: 8}", "  - scale: {group: p5, to: 8, speed: 3}"),
+            "scenario.steps[0].scale.speed",
+            "expected one of group, over_seconds, to",  # nothing near: every key it takes there
+        ),
+    ],
+)
+def test_an_unknown_key_names_the_nearest_valid_one(
+    tmp_path: Path, change: tuple[str, str], field: str, hint: str
+) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace(*change))
+    with pytest.raises(InputError) as error:
+        load_scenario(path)
+    assert error.value.field == field and error.value.message.startswith("Extra inputs are not permitted")
+    assert error.value.message.endswith(hint), error.value.message
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        ("ml.p5.48xlargee", "did you mean 'ml.p5.48xlarge'?"),
+        ("ml.gpu.huge", "not an instance type SageMaker HyperPod accepts"),
+        ("p5.48xlargee", "did you mean 'p5.48xlarge'?"),  # an EC2 name (no ml.) is checked against EC2's
+    ],
+)
+def test_an_instance_type_aws_would_refuse_is_one_error_naming_the_group(tmp_path: Path, wrong: str, hint: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace("type: ml.p5.48xlarge", f"type: {wrong}"))
+    with pytest.raises(InputError) as error:  # before anything starts, not a CreateCluster traceback
+        load_scenario(path)
+    assert error.value.field == "scenario.cluster.instance_groups[1].type", error.value
+    assert repr(wrong) in error.value.message and hint in error.value.message, error.value.message
+
+
 @pytest.mark.parametrize("version", ["23.02", "25.05", "24.05"])
 def test_a_slurm_version_the_simulator_does_not_run_is_refused(tmp_path: Path, version: str) -> None:
     path = tmp_path / "s.yaml"

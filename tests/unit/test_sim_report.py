@@ -25,16 +25,22 @@ def _page(result: SimulationResult) -> Element:
     return parse(render_report(result, BUNDLE))
 
 
+def _shown(text: str) -> str:
+    """A timeline entry's text as its cell reads: a table after the first line is a <pre> of its own."""
+    return text.replace("\n", "", 1)
+
+
 def _cells(row: Element) -> list[str]:
     return [cell.text for cell in row.find_all("td")]
 
 
 def test_header_names_the_scenario_and_its_totals() -> None:
     facts = [item.text for item in _page(_result()).find_all("li")]
-    for fact in ["cluster: demo", "Slurm: 26.05", "mode: enforce", "channel: ssm", "simulated time: 797.38 s"]:
-        assert fact in facts
-    assert "head node: slurmctld 26.05.5 in a Debian chroot" in facts
     totals = _result().totals
+    for fact in ["cluster: demo", "Slurm: 26.05", "mode: enforce", "channel: ssm"]:
+        assert fact in facts
+    assert f"simulated time: {totals['simulated_seconds']:.2f} s" in facts
+    assert "head node: slurmctld 26.05.5 in a Debian chroot" in facts
     for label, key in [
         ("events", "events_sent"),
         ("reconciles", "reconciles"),
@@ -62,12 +68,12 @@ def test_every_step_has_a_section_with_its_facts_timeline_and_calls() -> None:
         for run in _runs(step.timeline):
             if len(run) <= 3:
                 for entry in run:
-                    assert next(rows) == [f"{entry['t']:.2f} s", entry["kind"], entry["text"]]
+                    assert next(rows) == [f"{entry['t']:.2f} s", entry["kind"], _shown(entry["text"])]
             else:  # a run of like entries is one row: the first, the others on demand
                 row = next(rows)
                 assert row[:2] == [f"{run[0]['t']:.2f} s → {run[-1]['t']:.2f} s", f"{run[0]['kind']} x{len(run)}"]
-                assert row[2].startswith(run[0]["text"] + f"the other {len(run) - 1}")
-                assert all(entry["text"] in row[2] for entry in run)
+                assert row[2].startswith(_shown(run[0]["text"]) + f"the other {len(run) - 1}")
+                assert all(_shown(entry["text"]) in row[2] for entry in run)
         assert next(rows, None) is None
         pairs = [cells[i : i + 2] for cells in map(_cells, calls.find_all("tr")[1:]) for i in range(0, len(cells), 2)]
         assert sorted(tuple(pair) for pair in pairs if pair != ["", ""]) == sorted(
@@ -262,3 +268,14 @@ def test_write_report_says_what_to_run_when_mermaid_is_missing(tmp_path: Path) -
     with pytest.raises(FileNotFoundError, match=r"missing\.js is missing: run `make install`"):
         write_report(_result(), tmp_path / "out", mermaid_path=tmp_path / "missing.js")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_timeline_tables_the_leaves_and_blocks_each_write_changed() -> None:
+    result = _result()
+    index, replace = next((i, s) for i, s in enumerate(result.steps) if s.step == "replace")
+    (move,) = replace.audit_records[0]["nodes_moved"]
+    (table,) = _page(result).by_id(f"step-{index}").find_all("pre", "table")
+    lines = table.text.splitlines()
+    assert lines[0].split() == ["PARTITION", "LEAF/BLOCK", "NODES", "CHANGE", "HOSTLIST"]
+    assert ["ml-p6e", move["after"], "1", "new", move["node"]] in [line.split() for line in lines]
+    assert any(line.split()[1:4] == [move["before"], "17", "-1"] for line in lines[1:])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -12,6 +13,7 @@ import pytest
 from moto.events.utils import EventTemplateParser
 
 from tests.integration.aws.support import cluster_request
+from topokeeper.adapters.aws import PRESIGN_CONFIG
 from topokeeper.sim.aws import moto_patches
 from topokeeper.sim.aws_emulator import AwsEmulator
 
@@ -80,3 +82,14 @@ def test_the_call_counter_counts_every_request_by_operation(aws: AwsEmulator) ->
     aws.reset_counters()
     assert aws.calls.total == 0
     assert aws.calls["ListClusterNodes"] == 0
+
+
+def test_a_presigned_url_fetch_is_counted_by_its_operation(aws: AwsEmulator) -> None:
+    s3 = aws.client("s3", config=PRESIGN_CONFIG)  # SigV4 query signing, as the SSM channel presigns
+    s3.create_bucket(Bucket="bundles")
+    s3.put_object(Bucket="bundles", Key="payloads/applier.py", Body=b"print()")
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": "bundles", "Key": "payloads/applier.py"})
+    aws.reset_counters()
+    with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 (the emulator's own http URL)
+        assert response.read() == b"print()"  # as the head node's SSM command fetches the applier
+    assert aws.calls.by_service() == {"s3": {"GetObject": 1}}  # credentials in the query, not "Unknown"

@@ -11,15 +11,16 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from topokeeper import kueue_commands, operator_commands, readonly_commands
+from topokeeper.adapters.aws import aws_setup_errors
 from topokeeper.agent.install import add_agent_commands
 from topokeeper.applier import applier
-from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import BlockTopology, PartitionPlan, PlannerConfig, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
 from topokeeper.errors import InputError
 from topokeeper.login import commands as login_commands
-from topokeeper.operator_files import read_mapping, write_files
+from topokeeper.narrate import columns, leaf_table
+from topokeeper.operator_files import add_endpoint_option, apply_endpoint_option, read_mapping, write_files
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim import commands as sim_commands
 
@@ -34,7 +35,7 @@ def load_config(path: Path | None) -> PlannerConfig:
     try:
         return PlannerConfig.model_validate(document)
     except ValidationError as error:
-        raise InputError.from_validation(error, prefix="config") from error
+        raise InputError.from_validation(error, prefix="config", model=PlannerConfig) from error
 
 
 def plan_from_files(snapshot_path: Path, config_path: Path | None, slurm_version: str | None) -> RenderedPlan:
@@ -53,19 +54,6 @@ def leaf_units(partition: PartitionPlan) -> list[tuple[str, tuple[str, ...]]]:
     return []
 
 
-def _columns(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
-
-
-def leaf_table(rendered: RenderedPlan) -> str:
-    """Per partition, each leaf switch or block with its size and full hostlist."""
-    rows: list[tuple[str, ...]] = [("PARTITION", "LEAF/BLOCK", "NODES", "HOSTLIST")]
-    for partition in sorted(rendered.plan.partitions, key=lambda p: p.partition):
-        rows += [(partition.partition, name, str(len(nodes)), compress(nodes)) for name, nodes in leaf_units(partition)]
-    return "\n".join(_columns(rows))
-
-
 def plan_table(rendered: RenderedPlan) -> str:
     rows: list[tuple[str, ...]] = [("PARTITION", "KIND", "NODES", "SWITCHES/BLOCKS", "LARGEST LEAF/BLOCK", "WARNINGS")]
     for partition in sorted(rendered.plan.partitions, key=lambda p: p.partition):
@@ -77,27 +65,43 @@ def plan_table(rendered: RenderedPlan) -> str:
         else:
             units = "-"
         largest = max((len(nodes) for _, nodes in leaf_units(partition)), default=0)
+        kind, written = partition.kind, rendered.plan.cluster_topology  # before 25.05: one cluster-wide topology
         rows.append(
             (
                 partition.partition,
-                partition.kind.value,
+                kind.value
+                if written is None or written.kind is kind
+                else f"{kind.value}, folded into {written.kind.value}",
                 str(len(partition.nodes)),
                 units,
                 str(largest or "-"),
                 str(len(partition.warnings)),
             )
         )
-    lines = _columns(rows)
+    lines = columns(rows)
     plan_ = rendered.plan
     lines.append(
         f"{plan_.cluster_name}: Slurm {plan_.slurm_version} -> {plan_.slurm_format.value}"
         + (f" ({plan_.topology_plugin})" if plan_.topology_plugin else "")
         + f", sha256 {rendered.sha256[:12]}"
     )
+    lines.append(slurm_conf_edit(rendered))
     lines += [f"warning: {warning}" for warning in plan_.warnings]
     for partition in sorted(plan_.partitions, key=lambda p: p.partition):
         lines += [f"warning: {partition.partition}: {warning}" for warning in partition.warnings]
     return "\n".join(lines)
+
+
+def slurm_conf_edit(rendered: RenderedPlan) -> str:
+    """What the applier sets in slurm.conf: the plugin (before 25.05) and each partition's ``Topology=``."""
+    edits = [f"TopologyPlugin={rendered.bundle.topology_plugin}"] if rendered.bundle.topology_plugin else []
+    edits += [
+        f"PartitionName={name} Topology={value}"
+        if value
+        else f"PartitionName={name} without Topology= (the cluster default)"
+        for name, value in sorted(rendered.bundle.partitions.items())
+    ]
+    return "slurm.conf: " + ", ".join(edits)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -116,7 +120,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rendered.plan_document(), indent=2))
     else:
-        print(plan_table(rendered) + ("\n" + leaf_table(rendered) if args.leaves else ""))
+        leaves = "\n" + leaf_table(rendered.plan_document()["partitions"]) if args.leaves else ""
+        print(plan_table(rendered) + leaves)
     return EXIT_OK
 
 
@@ -152,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     path_parser.set_defaults(run=_cmd_applier_path)
     operator_commands.register(commands)
     readonly_commands.register(commands)
-    operator_commands.add_endpoint_option(parser)
+    add_endpoint_option(parser)
     add_agent_commands(commands)
     sim_commands.register(commands)
     kueue_commands.register(commands)
@@ -162,9 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    operator_commands.apply_endpoint_option(args)
+    apply_endpoint_option(args)
     try:
-        code: int = args.run(args)
+        with aws_setup_errors():  # every command that reaches AWS: a missing region or credentials in one line
+            code: int = args.run(args)
     except InputError as error:
         print(f"topokeeper: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -27,9 +27,26 @@ _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::[0-9]{12}:role/[A-Za-z0-9_+=,.@/-]{
 MAX_CONFIG_BYTES = 3072
 
 
+_ID_SHAPE = re.compile(r"(i|mi)-([0-9a-fA-F]+)")
+_ID_DIGITS = {"i": ("an EC2 instance id", "8 or 17"), "mi": ("a managed node id", "17")}
+
+
 def _ssm_target(value: str) -> str:
-    if not SSM_TARGET.fullmatch(value):
-        raise ValueError(f"SSM SendCommand takes i-/mi- ids only (HyperPod nodes need channel: agent): {value!r}")
+    if SSM_TARGET.fullmatch(value):
+        return value
+    shape = _ID_SHAPE.fullmatch(value)
+    if shape and SSM_TARGET.fullmatch(value.lower()):
+        raise ValueError(f"{value!r}: hex digits are lower case: did you mean {value.lower()!r}?")
+    if shape:
+        prefix, digits = shape.groups()
+        what, counts = _ID_DIGITS[prefix]
+        raise ValueError(
+            f"{value!r} has {len(digits)} hex digits after {prefix}-: {what} has {counts}; copy it from the EC2 or"
+            " Systems Manager console (SSM SendCommand takes i-/mi- ids only)"
+        )
+    if SSM_TARGET.fullmatch(f"i-{value.lower()}"):
+        raise ValueError(f"{value!r} is no instance id: did you mean {f'i-{value.lower()}'!r}?")
+    raise ValueError(f"SSM SendCommand takes i-/mi- ids only (HyperPod nodes need channel: agent): {value!r}")
     return value
 
 

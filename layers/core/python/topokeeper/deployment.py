@@ -88,4 +88,4 @@ def read_deployment(path: Path, flag: str = "--deployment") -> Deployment:
     try:
         return Deployment.model_validate(document)
     except ValidationError as error:
-        raise InputError.from_validation(error, prefix="deployment") from error
+        raise InputError.from_validation(error, prefix="deployment", model=Deployment) from error

@@ -13,7 +13,13 @@ sees botocore.
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+import difflib
+from collections import abc
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 
 class TopokeeperError(Exception):
@@ -52,8 +58,11 @@ class InputError(Permanent, ValueError):
         self.message = message
 
     @classmethod
-    def from_validation(cls, error: ValidationError, prefix: str = "") -> InputError:
-        """The first pydantic error, with its location joined as ``a.b[2].c``."""
+    def from_validation(
+        cls, error: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+    ) -> InputError:
+        """The first pydantic error, with its location joined as ``a.b[2].c``; with the ``model`` that was
+        validated, an unknown key names the nearest one it accepts there."""
         first = error.errors()[0]
         path = prefix
         for part in first["loc"]:
@@ -61,8 +70,50 @@ class InputError(Permanent, ValueError):
                 path += f"[{part}]"
             else:
                 path += f".{part}" if path else str(part)
-        message = first["msg"].removeprefix("Value error, ")
+        message = first["msg"].removeprefix("Value error, ") + unknown_key_hint(first, model)
         return cls(path or "input", message)
+
+
+def unknown_key_hint(item: ErrorDetails, model: type[BaseModel] | None) -> str:
+    """For a pydantic "extra inputs" error inside ``model``: ``: did you mean 'steps'?`` naming the nearest key
+    it accepts at that place, else the keys it accepts there; "" for any other error."""
+    if item["type"] != "extra_forbidden" or model is None or not item["loc"]:
+        return ""
+    keys = sorted(_keys_at(model, item["loc"][:-1]))
+    nearest = difflib.get_close_matches(str(item["loc"][-1]), keys, n=1, cutoff=0.6)
+    if nearest:
+        return f": did you mean {nearest[0]!r}?"
+    return f": expected one of {', '.join(keys)}" if keys else ""
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> set[str]:
+    """The keys the mapping at ``loc`` inside ``model`` accepts (field names and aliases); empty where unknown."""
+    annotations: list[Any] = [model]
+    for part in loc:
+        inner: list[Any] = []
+        for member in (m for annotation in annotations for m in _members(annotation)):
+            origin = get_origin(member)
+            if isinstance(member, type) and issubclass(member, BaseModel):
+                inner += [f.annotation for name, f in member.model_fields.items() if part in (name, f.alias)]
+            elif origin in (list, tuple, set, frozenset, abc.Sequence) and isinstance(part, int):
+                inner += list(get_args(member)[:1])
+            elif origin in (dict, abc.Mapping) and len(get_args(member)) == 2:
+                inner.append(get_args(member)[1])
+        annotations = inner
+    keys: set[str] = set()
+    for member in (m for annotation in annotations for m in _members(annotation)):
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            keys |= {f.alias or name for name, f in member.model_fields.items()}
+    return keys
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types an annotation may hold: Optional, unions and Annotated unwrapped."""
+    if get_origin(annotation) is Annotated:
+        return _members(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        return [m for arg in get_args(annotation) for m in _members(arg)]
+    return [annotation]
 
 
 class ConcurrentUpdate(Retryable):

@@ -24,7 +24,7 @@ from topokeeper.kueue.node_list import (
     parse_node_list,
 )
 from topokeeper.kueue.objects import KueuePlan, plan_kueue, render_kueue
-from topokeeper.operator_files import read_mapping, write_files
+from topokeeper.operator_files import add_endpoint_option, read_mapping, write_files
 
 EXIT_OK = 0
 
@@ -139,6 +139,7 @@ def _cmd_kueue(args: argparse.Namespace) -> int:
 def _add_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot", type=Path, help="snapshot JSON of AWS responses (DescribeInstanceTopology facts)")
     parser.add_argument("--cluster", help="read an EKS-orchestrated HyperPod cluster from AWS instead of --snapshot")
+    add_endpoint_option(parser, argparse.SUPPRESS)  # with --cluster, also after the subcommand
     parser.add_argument("--nodes", type=Path, help="`kubectl get nodes -o json` output (the labels as they are)")
 
 

@@ -1,4 +1,5 @@
-"""What moved, in words: the lines of the simulator's timeline, ``simulate --show``, ``audit`` and the report.
+"""What moved, in words: the lines of the simulator's timeline, ``simulate --show``, ``audit`` and the report,
+and the leaf and block tables of ``show --leaves``, the timeline and the report.
 
 Every line names the nodes, the partition and the reason; long node lists end in "and N more" and long
 lines in a visible marker, never silently.
@@ -11,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from topokeeper.domain.hostlist import compress
+from topokeeper.render.bundle import leaf_units
 
 LISTED_NODES = 8  # node names spelled out in one line; the count is always exact
 
@@ -126,3 +128,98 @@ def membership_changes(
         f"{label}: " + ", ".join(f"{what} {nodes_text(sorted(hosts))}" for what, hosts in sorted(kinds.items()))
         for label, kinds in sorted(changes.items())
     )
+
+
+# ----------------------------------------------------------------------------- leaf and block tables
+
+LEAF_ROWS = 12  # leaves or blocks listed after one write in the timeline; the rest are counted
+
+
+def unit_noun(partition: Mapping[str, Any], count: int = 1) -> str:
+    """ "leaf" or "block" (plural for ``count`` other than 1) for a plan document partition."""
+    if partition.get("blocks"):
+        return "block" if count == 1 else "blocks"
+    return "leaf" if count == 1 else "leaves"
+
+
+def largest_job(partition: Mapping[str, Any]) -> int:
+    """Nodes in the largest leaf or block: the largest job that runs inside one (0: flat)."""
+    return max((len(nodes) for _, nodes in leaf_units(partition)), default=0)
+
+
+def columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows as left-aligned text columns two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+_LEAF_HEADER = ("PARTITION", "LEAF/BLOCK", "NODES", "HOSTLIST")
+
+
+def leaf_table(partitions: Iterable[Mapping[str, Any]]) -> str:
+    """Per plan document partition, each leaf switch or block with its size and full hostlist."""
+    rows: list[tuple[str, ...]] = [_LEAF_HEADER]
+    for partition in sorted(partitions, key=lambda p: str(p["name"])):
+        rows += [(partition["name"], name, str(len(nodes)), compress(nodes)) for name, nodes in leaf_units(partition)]
+    return "\n".join(columns(rows))
+
+
+def partition_summary(partition: Mapping[str, Any]) -> str:
+    """``ml-p5 tree: 20 nodes in 6 leaves, the largest job in one leaf 4 nodes``."""
+    units = leaf_units(partition)
+    text = f"{partition['name']} {partition['kind']}: {partition['node_count']} nodes"
+    if not units:
+        return f"{text}, no leaf or block"
+    return (
+        f"{text} in {len(units)} {unit_noun(partition, len(units))},"
+        f" the largest job in one {unit_noun(partition)} {largest_job(partition)} nodes"
+    )
+
+
+def written_leaves(
+    previous: Mapping[str, Any] | None,
+    written: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    limit: int = LEAF_ROWS,
+) -> str:
+    """What one write did to the leaves and blocks, for the timeline: per partition it changed (one audit record
+    each) its size, units and largest job, then the leaves and blocks whose nodes changed, with their full
+    hostlists and the change (``new``, ``removed``, ``+2 -1``); the first ``limit`` rows, then how many more.
+    Before is the ``previous`` plan document as written, except where a record names nodes it moved back
+    from another live leaf (a drift repair): those were live there."""
+    before_partitions = {p["name"]: p for p in (previous or {}).get("partitions", [])}
+    after_partitions = {p["name"]: p for p in written["partitions"]}
+    summaries, rows = [], []
+    for record in sorted(records, key=lambda r: str(r["partition"])):
+        name = record["partition"]
+        partition = after_partitions.get(name)
+        if partition is None:
+            continue
+        summaries.append(partition_summary(partition))
+        placed = {n: u for u, nodes in leaf_units(before_partitions.get(name) or {}) for n in nodes}
+        for move in record.get("nodes_moved", []):  # the record lists at most 200; its count is exact
+            if move.get("before"):
+                placed[move["node"]] = move["before"]
+            else:
+                placed.pop(move["node"], None)
+        before: dict[str, set[str]] = {}
+        for node, unit in placed.items():
+            before.setdefault(unit, set()).add(node)
+        after = {unit: set(nodes) for unit, nodes in leaf_units(partition)}
+        for unit in sorted(before.keys() | after.keys()):
+            old, new = before.get(unit, set()), after.get(unit, set())
+            if old == new:
+                continue
+            change = " ".join(f"{sign}{len(nodes)}" for sign, nodes in (("+", new - old), ("-", old - new)) if nodes)
+            change = "new" if unit not in before else "removed" if unit not in after else change
+            rows.append((name, unit, str(len(new)), change, compress(sorted(new)) if new else "-"))
+    if not summaries:
+        return "no partition changed"
+    lines = ["; ".join(summaries) + ("" if rows else "; no leaf or block changed")]
+    if rows:
+        lines += [
+            f"  {line}" for line in columns([("PARTITION", "LEAF/BLOCK", "NODES", "CHANGE", "HOSTLIST"), *rows[:limit]])
+        ]
+    if len(rows) > limit:
+        lines.append(f"  and {len(rows) - limit} more changed leaves or blocks")
+    return "\n".join(lines)

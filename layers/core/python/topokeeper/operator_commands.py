@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from topokeeper.adapters.aws import aws_setup_errors, client
+from topokeeper.adapters.aws import client
 from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, LocalRateLimiter, MemoryNodeFactsCache
 from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.metrics import NoMetrics
@@ -25,7 +25,7 @@ from topokeeper.config import ClusterConfig, Ec2Discovery, Mode, Orchestrator
 from topokeeper.deployment import Deployment, read_deployment
 from topokeeper.errors import InputError
 from topokeeper.narrate import record_text
-from topokeeper.operator_files import check_out_file, write_text_file
+from topokeeper.operator_files import add_endpoint_option, check_out_file, write_text_file
 from topokeeper.ports import Outcome, ReconcileRequest, Trigger
 from topokeeper.render.bundle import Bundle
 from topokeeper.runtime import Runtime
@@ -277,7 +277,7 @@ def register(commands: Any) -> None:
     common(snapshot)
     snapshot.add_argument("--out", type=Path, help="file to write (default: stdout)")
     snapshot.add_argument("--orchestrator", choices=[o.value for o in Orchestrator], default="hyperpod")
-    snapshot.set_defaults(run=_without_aws_setup_tracebacks(cmd_snapshot))
+    snapshot.set_defaults(run=cmd_snapshot)
 
     for name, run, text in (
         ("diff", cmd_diff, "desired vs last applied vs live"),
@@ -292,25 +292,4 @@ def register(commands: Any) -> None:
         if name == "audit":
             parser.add_argument("--limit", type=int, default=50)
             parser.add_argument("--kind", choices=sorted(AUDIT_KINDS), default="partition", help="which records")
-        parser.set_defaults(run=_without_aws_setup_tracebacks(run))
-
-
-def _without_aws_setup_tracebacks(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def guarded(args: argparse.Namespace) -> int:
-        with aws_setup_errors():
-            return run(args)
-
-    return guarded
-
-
-def add_endpoint_option(parser: argparse.ArgumentParser, default: Any = None) -> None:
-    parser.add_argument("--endpoint-url", default=default, help="AWS endpoint (an emulator); sets AWS_ENDPOINT_URL")
-    parser.add_argument("--region", default=default, help="AWS region (default: the AWS configuration's)")
-
-
-def apply_endpoint_option(args: argparse.Namespace) -> None:
-    """Must run before the first client is made: boto3 reads these at client creation."""
-    if getattr(args, "endpoint_url", None):
-        os.environ["AWS_ENDPOINT_URL"] = args.endpoint_url
-    if getattr(args, "region", None):
-        os.environ["AWS_DEFAULT_REGION"] = args.region
+        parser.set_defaults(run=run)  # cli.main turns a missing region or credentials into one line

@@ -20,7 +20,7 @@ from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, aws_setup_errors, clien
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.applier import applier
 from topokeeper.errors import InputError
-from topokeeper.operator_files import write_files
+from topokeeper.operator_files import add_endpoint_option, write_files
 from topokeeper.ports import ApplyResult, Outcome
 from topokeeper.render.bundle import RenderedPlan
 
@@ -129,4 +129,5 @@ def register(commands: Any) -> None:
         help="with --head-node: an S3 bucket of yours in its region, where the command fetches the applier from",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_endpoint_option(parser, argparse.SUPPRESS)  # also after the subcommand
     parser.set_defaults(run=cmd_verify)

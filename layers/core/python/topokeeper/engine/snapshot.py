@@ -121,7 +121,7 @@ def parse_snapshot_document(document: Any) -> AwsSnapshot:
     try:
         return AwsSnapshot.model_validate(document)
     except ValidationError as error:
-        raise InputError.from_validation(error) from error
+        raise InputError.from_validation(error, model=AwsSnapshot) from error
 
 
 def slurm_node_name(node: AwsClusterNode) -> str | None:

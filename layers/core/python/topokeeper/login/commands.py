@@ -15,6 +15,7 @@ from topokeeper.config import TagKey
 from topokeeper.errors import InputError
 from topokeeper.login.host_keys import check_names, generate, secret_names
 from topokeeper.login.install import install_script
+from topokeeper.operator_files import add_endpoint_option
 
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
 _KMS_KEY = re.compile(r"arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]{1,256}")
@@ -99,6 +100,7 @@ def register(commands: Any) -> None:
     rotate.add_argument("--plain", action="store_true", help="shared host keys without a CA")
     rotate.add_argument("--validity-days", type=int, default=365, help="host certificate validity (default 365)")
     rotate.set_defaults(run=_cmd_rotate)
+    add_endpoint_option(rotate, argparse.SUPPRESS)  # also after the subcommand
     script = actions.add_parser("install-script", help="print the login-node installer (lifecycle-script snippet)")
     script.add_argument("--secret-arn", required=True, help="the ARN rotate-host-keys printed")
     script.add_argument("--secret-region", required=True, help="the secret's region")
@@ -113,3 +115,4 @@ def register(commands: Any) -> None:
     run.add_argument("--secret-region", required=True, help="the secret's region")
     run.add_argument("--no-wait", action="store_true", help="send and return; do not wait for the results")
     run.set_defaults(run=_cmd_install_run_command)
+    add_endpoint_option(run, argparse.SUPPRESS)

@@ -8,6 +8,7 @@ so two plans with the same hash need no write.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -133,6 +134,13 @@ def _topology_document(topology: Topology) -> dict[str, Any]:
             "blocks": [{"name": b.name, "nodes": list(b.nodes)} for b in topology.blocks],
         }
     return {}
+
+
+def leaf_units(partition: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """(name, nodes) of each leaf switch or block of a plan document partition; none for a flat one."""
+    if partition.get("blocks"):
+        return [(block["name"], list(block["nodes"])) for block in partition["blocks"]]
+    return [(s["name"], list(s["nodes"])) for s in partition.get("switches", []) if not s.get("switches")]
 
 
 class RenderedPlan(BaseModel):

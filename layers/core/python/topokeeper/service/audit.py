@@ -14,6 +14,7 @@ from typing import Any
 
 from topokeeper.engine.planner import FOLDED
 from topokeeper.ports import AuditRecord, NodeMove, Outcome, PendingDelivery
+from topokeeper.render.bundle import leaf_units
 
 MAX_LISTED_NODES = 200  # keeps a record well under EventBridge's 256 KB; counts are always exact
 MAX_WARNINGS, MAX_WARNING_CHARS = 20, 500
@@ -29,8 +30,7 @@ def placements(partition: dict[str, Any] | None) -> dict[str, str]:
     """A plan document partition's {node: its leaf switch or block}; flat partitions place no node."""
     if not partition:
         return {}
-    units = [s for s in partition.get("switches", []) if not s.get("switches")] + partition.get("blocks", [])
-    return {node: unit["name"] for unit in units for node in unit.get("nodes", [])}
+    return {node: name for name, nodes in leaf_units(partition) for node in nodes}
 
 
 def plan_moves(old: dict[str, Any] | None, new: dict[str, Any]) -> list[NodeMove]:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from topokeeper.domain.hostlist import compress
-from topokeeper.narrate import moves_text, nodes_text, triggers_text
+from topokeeper.narrate import largest_job, moves_text, nodes_text, triggers_text, unit_noun
+from topokeeper.render.bundle import leaf_units
 from topokeeper.sim.simulator import SimulationResult, StepResult
 
 # The IIFE build defines the global ``mermaid``; package.json pins the package, ``npm ci`` installs it.
@@ -46,6 +47,7 @@ td.number { text-align: right; font-variant-numeric: tabular-nums; }
 pre, .mono { font-family: ui-monospace, monospace; font-size: 12px; }
 pre.live { background: #f6f8fa; border: 1px solid #d0d7de; padding: .5rem;
            white-space: pre-wrap; overflow-wrap: anywhere; }
+pre.table { margin: .25rem 0 0; white-space: pre; overflow-x: auto; }
 pre.mermaid { background: #fff; border: 1px solid #d0d7de; padding: .5rem; overflow-x: auto; }
 .facts { display: flex; flex-wrap: wrap; gap: .25rem 1rem; margin: .25rem 0; padding: 0; list-style: none; }
 .audit { font-size: 13px; }
@@ -218,17 +220,23 @@ def _timeline_rows(timeline: list[dict[str, Any]]) -> Iterable[list[str]]:
             runs.append([entry])
     for run in runs:
         if len(run) <= _RUN:
-            yield from ([_seconds(e["t"]), _text(e["kind"]), _text(e["text"])] for e in run)
+            yield from ([_seconds(e["t"]), _text(e["kind"]), _entry(e["text"])] for e in run)
             continue
         first, last = run[0], run[-1]
-        listed = "".join(f"<li>{_seconds(e['t'])} {_text(e['text'])}</li>" for e in run[1:_LISTED])
+        listed = "".join(f"<li>{_seconds(e['t'])} {_entry(e['text'])}</li>" for e in run[1:_LISTED])
         more = f"<li>and {len(run) - _LISTED} more (result.json has every one)</li>" if len(run) > _LISTED else ""
         yield [
             f"{_seconds(first['t'])} → {_seconds(last['t'])}",
             f"{_text(first['kind'])} x{len(run)}",
-            f"{_text(first['text'])}<details><summary>the other {len(run) - 1}</summary><ul>{listed}{more}</ul>"
+            f"{_entry(first['text'])}<details><summary>the other {len(run) - 1}</summary><ul>{listed}{more}</ul>"
             "</details>",
         ]
+
+
+def _entry(text: str) -> str:
+    """A timeline entry's text; the lines after its first (a leaf and block table) as preformatted text."""
+    first, _, table = text.partition("\n")
+    return _text(first) + (f'<pre class="table">{escape(table)}</pre>' if table else "")
 
 
 def _calls(calls: Mapping[str, int]) -> str:
@@ -329,19 +337,6 @@ def _live(topology: Mapping[str, str]) -> list[str]:
 # ----------------------------------------------------------------------------- partitions of the final plan
 
 
-def _leaves(partition: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
-    """(name, nodes) of each leaf switch or block of a plan document partition; none for a flat one."""
-    if partition.get("blocks"):
-        return [(block["name"], list(block["nodes"])) for block in partition["blocks"]]
-    return [(s["name"], list(s["nodes"])) for s in partition.get("switches", []) if not s.get("switches")]
-
-
-def _unit(partition: Mapping[str, Any], count: int = 1) -> str:
-    if partition.get("blocks"):
-        return "block" if count == 1 else "blocks"
-    return "leaf" if count == 1 else "leaves"
-
-
 def _partitions(result: SimulationResult) -> str:
     if "partitions" not in result.desired:  # EKS: Kueue Topologies, drawn as the layer map below
         return f"<p>{_NONE}</p>"
@@ -353,15 +348,14 @@ def _partitions(result: SimulationResult) -> str:
             moved[record["partition"]] = moved.get(record["partition"], 0) + record.get("nodes_moved_count", 0)
     rows = []
     for partition in sorted(result.desired["partitions"], key=lambda p: p["name"]):
-        leaves = _leaves(partition)
-        largest = max((len(nodes) for _, nodes in leaves), default=0)
+        leaves = leaf_units(partition)
         rows.append(
             [
                 f'<a href="#plan-{escape(partition["name"])}">{escape(partition["name"])}</a>',
                 _text(partition["kind"]),
                 _text(partition["node_count"]),
-                _text(f"{len(leaves)} {_unit(partition, len(leaves))}" if leaves else None),
-                _text(largest or None),
+                _text(f"{len(leaves)} {unit_noun(partition, len(leaves))}" if leaves else None),
+                _text(largest_job(partition) or None),
                 _text(records.get(partition["name"], 0)),
                 _text(moved.get(partition["name"], 0)),
                 "<br>".join(_text(w) for w in partition.get("warnings", [])) or _NONE,
@@ -390,15 +384,15 @@ def _diagrams(desired: Mapping[str, Any]) -> list[str]:
         lines.append(f'<h3 id="plan-{name}">{name}</h3>')
         # Mermaid reads the container's text with entities decoded, so escaped labels render as written.
         lines.append(f'<pre class="mermaid">{escape(partition_flowchart(partition))}</pre>')
-        leaves = _leaves(partition)
+        leaves = leaf_units(partition)
         if leaves:
             rows = [
                 [_text(unit), _text(len(nodes)), f'<span class="hosts">{_text(compress(nodes))}</span>']
                 for unit, nodes in leaves
             ]
-            table = _table([_unit(partition), "nodes", "hostlist"], rows, numeric={1})
+            table = _table([unit_noun(partition), "nodes", "hostlist"], rows, numeric={1})
             lines.append(
-                f"<details><summary>{len(leaves)} {_unit(partition, len(leaves))} and their nodes</summary>"
+                f"<details><summary>{len(leaves)} {unit_noun(partition, len(leaves))} and their nodes</summary>"
                 f"{table}</details>"
             )
         else:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
 from pathlib import Path
 from typing import Annotated, Literal
 
+import botocore.session
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from topokeeper.config import Mode, Settings
@@ -28,6 +31,16 @@ class NetworkLayout(_Strict):
     ultraserver_size: int | None = Field(None, ge=1)
 
 
+@functools.cache
+def _instance_types(hyperpod: bool) -> tuple[str, tuple[str, ...]]:
+    """The instance types AWS accepts (botocore's models, which the emulator checks too): HyperPod's ml. names,
+    else EC2's."""
+    session = botocore.session.get_session()
+    if hyperpod:
+        return "SageMaker HyperPod", tuple(session.get_service_model("sagemaker").shape_for("ClusterInstanceType").enum)
+    return "EC2", tuple(session.get_service_model("ec2").shape_for("InstanceType").enum)
+
+
 class InstanceGroup(_Strict):
     name: SlurmName
     type: str
@@ -35,6 +48,16 @@ class InstanceGroup(_Strict):
     role: Literal["controller", "login", "compute"] = "compute"
     partition: SlurmName | None = None
     network: NetworkLayout = NetworkLayout()
+
+    @field_validator("type")
+    @classmethod
+    def _type_aws_accepts(cls, text: str) -> str:
+        service, known = _instance_types(text.startswith("ml."))
+        if text not in known:
+            nearest = difflib.get_close_matches(text, known, n=1, cutoff=0.8)
+            hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+            raise ValueError(f"{text!r} is not an instance type {service} accepts{hint}")
+        return text
 
     @model_validator(mode="after")
     def _partition_for_compute(self) -> InstanceGroup:
@@ -196,4 +219,4 @@ def load_scenario(path: Path) -> Scenario:
     try:
         return Scenario.model_validate(document)
     except ValidationError as error:
-        raise InputError.from_validation(error, prefix="scenario") from error
+        raise InputError.from_validation(error, prefix="scenario", model=Scenario) from error

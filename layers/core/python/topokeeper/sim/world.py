@@ -34,7 +34,7 @@ from topokeeper.constants import AGENT_SOURCE
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
-from topokeeper.narrate import drift_text, membership_changes, record_text
+from topokeeper.narrate import drift_text, membership_changes, record_text, written_leaves
 from topokeeper.ports import Channel, Outcome
 from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.service.drift import DriftReport
@@ -137,6 +137,7 @@ class World:
         # The nodes as of the last event the timeline described ({instance id: (host name, group)}).
         self._members: dict[str, tuple[str, str]] = {}
         self._partition_of = {g.name: g.partition for g in spec.instance_groups if g.partition}
+        self._written_plan: dict[str, Any] | None = None  # the plan document of the last write
 
     # ----------------------------------------------------------------- setup and teardown
 
@@ -277,7 +278,8 @@ class World:
 
     def note(self, kind: str, text: str) -> None:
         self.timeline.append({"t": round(self.clock.monotonic(), 3), "kind": kind, "text": text})
-        log.info("[t=%8.1fs] %-8s %s", self.clock.monotonic(), kind, text)
+        # A table's further lines under the text's first, past the time and kind.
+        log.info("[t=%8.1fs] %-8s %s", self.clock.monotonic(), kind, text.replace("\n", "\n" + " " * 22))
 
     # ----------------------------------------------------------------- the head node's channels
 
@@ -424,6 +426,11 @@ class World:
             records = self.runtime.audit.history(self.cluster.name, count) if count else []
         for record in sorted(records, key=lambda r: str(r["partition"])):
             self.note("audit", record_text(record))
+        if outcome == Outcome.APPLIED.value and records:
+            with self.emulator.calls.uncounted():
+                written = self.runtime.plans.plan_document(self.cluster.name, str(records[0]["plan_sha256"]))
+            self.note("leaves", written_leaves(self._written_plan, written, records))
+            self._written_plan = written
 
     def observe_latency(self) -> None:
         """Note the nodes launched so far and which of them the live topology now places."""

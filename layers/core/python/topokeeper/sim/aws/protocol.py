@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 from xml.sax.saxutils import escape
 
 import botocore.session
@@ -125,7 +125,9 @@ def read_request(environ: dict[str, Any], default_region: str) -> ApiRequest:
     """Recognise the service and operation of a WSGI request (reads small RPC bodies only)."""
     headers = _environ_headers(environ)
     content_type = headers.get("Content-Type", "")
-    scope = _SCOPE.search(headers.get("Authorization", ""))
+    query = str(environ.get("QUERY_STRING", ""))
+    # A presigned URL carries its credential scope in the query (X-Amz-Credential), not in a header.
+    scope = _SCOPE.search(headers.get("Authorization", "")) or _SCOPE.search(unquote(query))
     service = scope["service"].lower() if scope else "unknown"
     request = ApiRequest(
         service=service,
@@ -134,7 +136,7 @@ def read_request(environ: dict[str, Any], default_region: str) -> ApiRequest:
         access_key=scope["key"] if scope else "",
         method=str(environ.get("REQUEST_METHOD", "GET")),
         path=str(environ.get("PATH_INFO", "/")),
-        query=str(environ.get("QUERY_STRING", "")),
+        query=query,
         content_type=content_type,
         headers=headers,
         source_ip=str(environ.get("REMOTE_ADDR", "127.0.0.1")),
