@@ -43,6 +43,11 @@ DISCOVERY = Ec2Discovery(cluster_tag=CLUSTER_TAG, partition_tag=QUEUE_TAG)
 # Private IPs are handed out in order from the default VPC's range (never reused), so a seed tells one story.
 _FIRST_ADDRESS = ipaddress.IPv4Address("172.31.0.10")
 
+NEEDS_SLURMCTLD = (
+    "orchestrator parallelcluster needs the real slurmctld head node: ParallelCluster binds nodes to instances with"
+    " scontrol update, which the file-only head node does not model"
+)
+
 Bind = Callable[[str, str, str], None]  # NodeName, NodeAddr, NodeHostName: scontrol update on the head node
 
 

@@ -53,7 +53,7 @@ from topokeeper.sim.lambda_host import LambdaHost
 from topokeeper.sim.latency import LatencyTracker, topology_node_names
 from topokeeper.sim.login_endpoint import SimLoginEndpoint
 from topokeeper.sim.monitoring import SimMetrics
-from topokeeper.sim.parallelcluster import DISCOVERY, ParallelCluster
+from topokeeper.sim.parallelcluster import DISCOVERY, NEEDS_SLURMCTLD, ParallelCluster
 from topokeeper.sim.scenario import Scenario
 from topokeeper.sim.slurm_chroot import HarnessError
 from topokeeper.sim.stack import BUCKET, SimStack, create_stack
@@ -113,10 +113,7 @@ class World:
             self.head = NoHeadNode()
         elif choose_head_node(head_node).kind == "file":
             if spec.orchestrator == "parallelcluster":
-                raise HarnessError(
-                    "orchestrator parallelcluster needs the real slurmctld head node: ParallelCluster binds nodes to"
-                    " instances with scontrol update, which the file-only head node does not model"
-                )
+                raise HarnessError(NEEDS_SLURMCTLD)
             self.head = FileHeadNode(SlurmVersion.parse(spec.slurm_version), node_name)
         else:
             self.head = ChrootHeadNode(self.slurm_format, node_name, spec.head_node_style)
