@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from topokeeper.applier.applier import parse_show_topology
+from topokeeper.ports import Metric
+from topokeeper.sim.aws.alarms import AlarmState
 from topokeeper.sim.head_node import ChrootHeadNode
 from topokeeper.sim.parallelcluster import CLUSTER_TAG, HEAD_NODE_TAG, QUEUE_TAG
 from topokeeper.sim.scenario import load_scenario
@@ -74,21 +76,32 @@ def test_the_parallelcluster_scenario_names_and_places_nodes_as_slurmctld_binds_
             assert (tags[CLUSTER_TAG], described["PrivateIpAddress"]) == ("pcluster", instance.private_ip)
             assert tags[QUEUE_TAG] == ("q1" if instance.group == "p5" else "cpu")
 
-        # Steps end with the live topology equal to the plan AWS and slurmctld's bindings imply, except the
-        # scale-up: topokeeper plans with the node table it last stored, in which the resumed nodes are still
-        # powered down, so it learns their bindings at the next drift check (within one drift interval).
+        # Every step ends with the live topology equal to the plan AWS and slurmctld's bindings imply. The
+        # scale-up is placed by its own EC2 events: the new instances match no NodeAddr of the stored table, so
+        # the reconcile reads the head node's table first and plans with the resumed nodes' bindings.
         create, scale, wait, replace, delete, last = result.steps
         assert [s.step for s in result.steps] == ["create", "scale", "wait", "replace", "delete", "wait"]
-        assert scale.converged is False and scale.head_node_writes == 0
-        assert create.converged and wait.converged and replace.converged and last.converged
-        (placed,) = wait.audit_records
+        assert all(step.converged for step in result.steps)
+        (placed,) = scale.audit_records
         assert placed["outcome"] == "applied"
-        assert {t["detail_type"] for t in placed["triggers"]} == {"Topology Drift Check"}
+        assert {t["detail_type"] for t in placed["triggers"]} == {"EC2 Instance State-change Notification"}
         assert {m["node"] for m in placed["nodes_moved"]} == {f"q1-dy-p5-{n}" for n in range(1, 5)}
+        assert wait.audit_records == []  # nothing left for the drift check to place
 
-        # The replaced static node was re-bound to its new instance: the plan made before was refused as stale
-        # and the plan made from the refusal's table applied.
-        assert _replanned_after_stale_bindings(replace.audit_records, "q1-st-p5-1")
+        # The first apply named the nodes as slurmctld does (no ip-... names refused as unknown), and powered-down
+        # dynamic nodes are no nodes without topology: no failure, no alarm, no topology retries.
+        assert [r["outcome"] for r in create.audit_records] == ["applied"] * len(create.audit_records)
+        assert world.metrics.state("pcluster", Metric.APPLY_FAILURES) is AlarmState.OK
+        assert not any(m == Metric.APPLY_FAILURES.value for _, _, m, _ in world.metrics.points)
+        without = [v for _, _, m, v in world.metrics.points if m == Metric.NODES_WITHOUT_TOPOLOGY.value]
+        assert without and max(without) == 0
+        retries = [t for s in result.steps for r in s.audit_records for t in r["triggers"]]
+        assert not any(t["detail_type"] == "Topology Retry" for t in retries)
+
+        # The replaced static node was re-bound to its new instance, which its events' reconcile read first.
+        (rebound,) = replace.audit_records
+        assert (rebound["outcome"], [m["node"] for m in rebound["nodes_moved"]]) == ("applied", ["q1-st-p5-1"])
+        assert {t["detail_type"] for t in rebound["triggers"]} == {"EC2 Instance State-change Notification"}
         # The powered-down node (NodeAddr back to its name): refused once as stale today and replanned at once; an
         # applier that tolerates a powering-down node applies instead, and the drift check places it. Either way
         # the story ends with the node under no-topology.
