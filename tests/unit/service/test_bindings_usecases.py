@@ -11,6 +11,7 @@ from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.constants import AGENT_VERIFY_DETAIL_TYPE, agent_source
 from topokeeper.engine.snapshot import SlurmNodeRecord
 from topokeeper.ports import ApplyResult, Channel, Metric, Outcome
+from topokeeper.render.bundle import Bundle
 from topokeeper.service.drift import check_drift, pending_window
 from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
@@ -255,3 +256,26 @@ def test_powered_down_nodes_are_not_nodes_without_topology() -> None:
     plan = controller.plans.plan_document(CLUSTER, controller.channel.delivered[0].plan_sha256)
     (gpu,) = plan["partitions"]
     assert (gpu["nodes_without_instance"], gpu["nodes_without_topology"]) == (["q1-dy-p5-5"], [])
+
+
+def test_a_read_refused_for_the_slurm_format_is_asked_again_once_in_the_format_it_told() -> None:
+    # The configured Slurm version differs from the head node's: the applier refuses the read's bundle before it
+    # reads the table, but says its version. The reconcile renders for that version and reads once more.
+    controller = Controller(orchestrator="ec2")
+    refused = ApplyResult(
+        outcome=Outcome.REFUSED, applier_version="1.0.0", slurm_version="24.11.3", error="rendered as yaml"
+    )
+    answers = [refused, ApplyResult(outcome=Outcome.IN_SYNC, applier_version="1.0.0", slurm_nodes=_rows(BOUND))]
+    formats: list[str] = []
+
+    def verify(bundle: Bundle, *, request: str | None = None) -> ApplyResult:
+        formats.append(bundle.slurm_format)
+        return answers.pop(0) if answers else refused
+
+    controller.channel.verify = verify  # type: ignore[method-assign]
+
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"
+
+    assert formats == ["topology.yaml", "topology.conf"]  # asked twice, the second time as Slurm 24.11 reads
+    (bundle,) = controller.channel.delivered
+    assert (bundle.slurm_format, bundle.bindings) == ("topology.conf", BOUND)

@@ -153,33 +153,35 @@ def _named_by_table(cluster: ClusterConfig, state: ClusterState, raw: AwsSnapsho
 
 def read_node_table(
     deps: ControllerDeps, cluster: ClusterConfig, state: ClusterState, raw: AwsSnapshot, rendered: RenderedPlan
-) -> tuple[ClusterState, RenderedPlan, bool]:
+) -> tuple[dict[str, object], RenderedPlan, bool]:
     """On EC2 the head node's node table names the nodes. With none stored, or with an instance that matches no
     NodeAddr and is new since the table was last read for unnamed instances, read it first (the applier's
     read-only verify: no write, no reconfigure) and plan with it. An instance still unnamed after that read is
     left out (the plan's warnings say so) and asks for no other read. An answer that comes later (the agent's)
-    plans again when it arrives (``NODE_TABLE_REQUEST``); True: no table yet, and it is on its way."""
+    plans again when it arrives (``NODE_TABLE_REQUEST``). Returns the state fields the read learned (saved with
+    the reconcile's own, on the state it read), the plan, and True when there is no table yet and it is on its way.
+    """
     if cluster.orchestrator is not Orchestrator.EC2:
-        return state, rendered, False
+        return {}, rendered, False
     unnamed = unnamed_instances(_named_by_table(cluster, state, raw), cluster.planner_config)
     if state.slurm_nodes is not None and set(unnamed) <= set(state.table_read_for):
-        return state, rendered, False
+        return {}, rendered, False
     from topokeeper.service.result import observed_fields  # noqa: PLC0415 (result builds on this module)
 
+    fields: dict[str, object] = {"table_read_for": unnamed}
     for _ in range(2):  # once more when the read was refused only for the Slurm format it just told us
         key = "\n".join([cluster.name, str(state.generation), str(state.slurm_version), *unnamed]).encode()
         request = NODE_TABLE_REQUEST + hashlib.sha256(key).hexdigest()[:20]
         bundle = for_reading(rendered.bundle, state.bundle_generation, deps.signer)
         answer = deps.channel(cluster).verify(bundle, request=request)
-        fields = {**observed_fields(answer), "table_read_for": unnamed}
-        saved = save_fields(deps.state, cluster.name, fields)
-        learned_version = state.slurm_version != saved.slurm_version
-        # The generation and triggers stay as this reconcile read them: later changes are the next cycle's.
-        state = state.model_copy(update={**fields, "version": saved.version})
+        learned = observed_fields(answer)
+        learned_version = learned.get("slurm_version", state.slurm_version) != state.slurm_version
+        fields.update(learned)
+        state = state.model_copy(update=fields)
         rendered = plan_facts(cluster, state, raw)
         if state.slurm_nodes is not None or answer.outcome is not Outcome.REFUSED or not learned_version:
             break
-    return state, rendered, state.slurm_nodes is None and answer.outcome is Outcome.PENDING
+    return fields, rendered, state.slurm_nodes is None and answer.outcome is Outcome.PENDING
 
 
 def missing_topology(rendered: RenderedPlan) -> int:
@@ -213,13 +215,16 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
 
     raw = deps.facts(cluster).read(cluster.name)
     rendered = plan_facts(cluster, state, raw)
-    state, rendered, awaiting_table = read_node_table(deps, cluster, state, raw, rendered)
+    # What the read learned is saved with this reconcile's fields (the claim too), conditional on the state read.
+    learned, rendered, awaiting_table = read_node_table(deps, cluster, state, raw, rendered)
+    state = state.model_copy(update=learned)
     if rendered.sha256 != state.desired_sha256:  # plans are content-addressed: one put per new plan
         deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
     missing = missing_topology(rendered)
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing)
 
     update: dict[str, object] = {
+        **learned,
         "reconciled_generation": state.generation,
         "desired_sha256": rendered.sha256,
         # A discovery cut short is progress, not a retry: it continues until every instance was asked.
