@@ -191,6 +191,7 @@ class FakeChannel:
         self.kind = kind
         self.delivered: list[Bundle] = []
         self.verified = 0
+        self.requests: list[str | None] = []  # each verify's request id
         self.fail_with: BaseException | None = None
         self.verify_result = ApplyResult(outcome=Outcome.IN_SYNC, applier_version="1.0.0")
 
@@ -212,6 +213,7 @@ class FakeChannel:
 
     def verify(self, bundle: Bundle, *, request: str | None = None) -> ApplyResult:
         self.verified += 1
+        self.requests.append(request)
         if isinstance(self.fail_with, TopokeeperError):
             raise self.fail_with
         return self.verify_result

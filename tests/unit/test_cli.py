@@ -23,13 +23,14 @@ def test_plan_writes_the_files_and_prints_the_table(tmp_path: Path, capsys: pyte
 def test_plan_names_parallelcluster_nodes_from_the_slurm_node_table(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An unbound instance is a warning, not a refusal; powered-down dynamic nodes are written under no-topology."""
+    """An unbound instance is a warning, not a refusal; powered-down dynamic nodes are written under no-topology
+    (and are no nodes without topology data: the partition has no such warning)."""
     assert main(["plan", "--snapshot", str(EXAMPLES / "pcluster-p5-cluster.json"), "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     table = captured.out.splitlines()
     assert table[1].split() == ["cpu", "flat", "2", "-", "-", "0"]
     q1 = table[2].split()
-    assert q1[:5] == ["q1", "tree", "8", "6", "switches"] and q1[6] == "1"
+    assert q1[:5] == ["q1", "tree", "8", "6", "switches"] and q1[6] == "0"
     printed = captured.out + captured.err
     assert "instance i-05c1a000000000007 (10.0.1.30) is no Slurm node's NodeAddr; left out" in printed
     topology = (tmp_path / "topology.yaml").read_text()

@@ -159,9 +159,22 @@ def test_slurm_nodes_without_an_instance_are_written_without_topology() -> None:
     """Powered-down ParallelCluster dynamic nodes: under no-topology (tree) or in the trailing block."""
     asleep = [Node(name=f"q1-dy-{i}", partition="gpu", status="NoInstance") for i in (1, 2)]
     tree = plan_partition(Partition(name="gpu", nodes=(*p5_nodes(4), *asleep), instance_types=("p5.48xlarge",)))
-    assert (tree.kind, tree.nodes_without_topology) == (TopologyKind.TREE, ("q1-dy-1", "q1-dy-2"))
+    # No instance is not missing topology: nothing EC2 could still report, so nothing to ask again for.
+    assert (tree.kind, tree.nodes_without_instance, tree.nodes_without_topology) == (
+        TopologyKind.TREE,
+        ("q1-dy-1", "q1-dy-2"),
+        (),
+    )
+    assert isinstance(tree.topology, TreeTopology)
+    assert {s.name: s.nodes for s in tree.topology.switches}[NO_TOPOLOGY_SWITCH] == ("q1-dy-1", "q1-dy-2")
+    assert not any("without network topology data" in w for w in tree.warnings)
     only_asleep = plan_partition(Partition(name="gpu", nodes=tuple(asleep), instance_types=("p5.48xlarge",)))
-    assert (only_asleep.kind, only_asleep.nodes_without_topology) == (TopologyKind.TREE, ("q1-dy-1", "q1-dy-2"))
+    assert (only_asleep.kind, only_asleep.nodes_without_instance) == (TopologyKind.TREE, ("q1-dy-1", "q1-dy-2"))
+    unreported = Node(name="q1-st-9", instance_id="i-0000000000000009a", instance_type="p5.48xlarge", partition="gpu")
+    mixed = plan_partition(
+        Partition(name="gpu", nodes=(*p5_nodes(4), unreported, *asleep), instance_types=("p5.48xlarge",))
+    )
+    assert (mixed.nodes_without_instance, mixed.nodes_without_topology) == (("q1-dy-1", "q1-dy-2"), ("q1-st-9",))
     blocks = plan_partition(
         Partition(name="gpu", nodes=(*gb200_nodes(1), *asleep), instance_types=("p6e-gb200.36xlarge",))
     )

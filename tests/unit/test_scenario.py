@@ -29,6 +29,7 @@ steps:
         "full-story.yaml",
         "eks.yaml",
         "login.yaml",
+        "parallelcluster.yaml",
     ],
 )
 def test_shipped_scenarios_load(name: str) -> None:
@@ -38,6 +39,7 @@ def test_shipped_scenarios_load(name: str) -> None:
 def test_the_head_node_style_is_debian_unless_the_scenario_says() -> None:
     assert load_scenario(SCENARIOS / "demo.yaml").cluster.head_node_style == "debian"
     assert load_scenario(SCENARIOS / "full-story.yaml").cluster.head_node_style == "hyperpod"
+    assert load_scenario(SCENARIOS / "parallelcluster.yaml").cluster.head_node_style == "parallelcluster"
 
 
 @pytest.mark.parametrize(
@@ -145,3 +147,37 @@ def test_an_eks_scenario_has_compute_groups_without_partitions_only() -> None:
         Scenario.model_validate({"cluster": {"name": "k", "orchestrator": "eks", "instance_groups": with_controller}})
     with pytest.raises(ValidationError, match="compute groups need a partition"):
         Scenario.model_validate({"cluster": {"name": "k", "instance_groups": with_controller}})
+
+
+PARALLELCLUSTER = """\
+cluster:
+  name: pc
+  orchestrator: parallelcluster
+  instance_groups:
+    - {name: head, type: c5.2xlarge, count: 1, role: controller}
+    - {name: p5, type: p5.48xlarge, count: 2, dynamic: 4, partition: q1}
+steps:
+  - scale: {group: p5, to: 6}
+"""
+
+
+def test_a_parallelcluster_world_runs_its_own_head_node_style_and_nothing_only_hyperpod_does(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(PARALLELCLUSTER)
+    assert load_scenario(path).cluster.head_node_style == "parallelcluster"
+    refused = [
+        (("  - scale: {group: p5, to: 6}", "  - scale: {group: p5, to: 7}"), "between 2 and 6"),
+        (("  - scale: {group: p5, to: 6}", "  - scale: {group: p5, to: 1}"), "between 2 and 6"),
+        (
+            ("  - scale: {group: p5, to: 6}", "  - reboot: {group: p5}"),
+            "not simulated for orchestrator parallelcluster",
+        ),
+        (("  orchestrator: parallelcluster", "  orchestrator: parallelcluster\n  head_node_style: hyperpod"), "goes"),
+        (("  orchestrator: parallelcluster", "  orchestrator: parallelcluster\n  managed_topology: true"), "HyperPod"),
+        (("count: 1, role: controller", "count: 2, role: controller"), "one head node"),
+        (("  orchestrator: parallelcluster\n", ""), "dynamic nodes are ParallelCluster's"),
+    ]
+    for change, message in refused:
+        path.write_text(PARALLELCLUSTER.replace(*change))
+        with pytest.raises(InputError, match=message):
+            load_scenario(path)

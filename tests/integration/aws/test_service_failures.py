@@ -462,6 +462,7 @@ def test_an_agent_report_finishes_the_claim_of_a_reconcile_that_died_after_put_o
         min_write_interval_seconds=0,
     )
     stack.channel = DiesAfterPutObject()  # type: ignore[assignment]
+    save_fields(stack.state, CLUSTER, {"slurm_nodes": []})  # the head node's table is known: no read first
     now = stack.clock.now()
     stack.state.record_change(CLUSTER, Trigger(source="s", detail_type="d", event_id="x", time=now), now)
     with pytest.raises(Died):

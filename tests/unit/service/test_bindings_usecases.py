@@ -4,12 +4,14 @@ it assumed, and a stale_bindings answer replans at once with the fresh table."""
 
 from __future__ import annotations
 
+from tests.fakes import FakeFacts
 from tests.helpers import event_envelope
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.constants import AGENT_VERIFY_DETAIL_TYPE, agent_source
 from topokeeper.engine.snapshot import SlurmNodeRecord
 from topokeeper.ports import ApplyResult, Channel, Metric, Outcome
+from topokeeper.render.bundle import Bundle
 from topokeeper.service.drift import check_drift, pending_window
 from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
@@ -109,13 +111,14 @@ def test_the_drift_check_refreshes_the_table_and_a_rebinding_is_a_change_to_plan
     controller.channel.verify_result = ApplyResult(
         outcome=Outcome.IN_SYNC, applier_version="1.0.0", slurm_nodes=_rows(REBOUND)
     )
+    on_its_way = controller.change("e-2")  # the EC2 event of the re-binding, not reconciled yet
     report = check_drift(controller.cluster, controller.deps())
 
-    # The powered-down node's topology retry is still queued: the difference is pending, and that reconcile
-    # plans with the table this check stored.
+    # The change on its way explains the difference (pending), and its reconcile plans with the table this
+    # check stored.
     assert (report.live, report.aws, report.action) == ("in_sync", "pending", "none")
     assert controller.now_state().slurm_nodes == _table(REBOUND)
-    assert reconcile(controller.queue.sent[-1], controller.deps()).action == "delivered"
+    assert reconcile(on_its_way, controller.deps()).action == "delivered"
     assert controller.channel.delivered[-1].bindings == REBOUND
 
     controller.clock.advance(int(pending_window(controller.deps().settings).total_seconds()) + 1)
@@ -165,3 +168,114 @@ def test_stale_bindings_with_a_cut_node_table_fail_rather_than_replan_the_same_s
     assert state.pending is None and state.slurm_nodes == _table(BOUND)
     assert len(controller.queue.sent) == sent  # no replan with the table it was just refused for
     assert controller.metrics.values(Metric.APPLY_FAILURES) == [1]  # stuck until a whole table arrives: alarmed
+
+
+# q1-dy-p5-4 still powered down in the stored table, while its new instance (10.0.0.7) already runs.
+BEFORE_RESUME = BOUND | {"q1-dy-p5-4": "q1-dy-p5-4"}
+
+
+def _answering(controller: Controller, addresses: dict[str, str] | None) -> Controller:
+    """The head node answers a read with this node table (None: with no table)."""
+    rows = None if addresses is None else _rows(addresses)
+    controller.channel.verify_result = ApplyResult(outcome=Outcome.IN_SYNC, applier_version="1.0.0", slurm_nodes=rows)
+    return controller
+
+
+def test_a_scale_up_reads_the_head_nodes_table_before_it_plans() -> None:
+    # The instance an EC2 event just reported matches no NodeAddr of the stored table: the head node's table is
+    # read first (read-only), so the plan it delivers already names and places the resumed node.
+    controller = _answering(_parallelcluster(BEFORE_RESUME), BOUND)
+
+    report = reconcile(controller.change(), controller.deps())
+
+    assert (report.action, controller.channel.verified) == ("delivered", 1)
+    (bundle,) = controller.channel.delivered
+    assert bundle.bindings == BOUND
+    assert controller.now_state().slurm_nodes == _table(BOUND)
+
+
+def test_an_instance_still_unbound_after_a_read_is_left_out_and_not_asked_about_again() -> None:
+    controller = _answering(_parallelcluster(BEFORE_RESUME), BEFORE_RESUME)
+
+    reconcile(controller.change(), controller.deps())
+    save_fields(controller.state, CLUSTER, {"pending": None})
+    reconcile(controller.change("e-2"), controller.deps())
+
+    assert controller.channel.verified == 1  # asked once for it, then left out: no read per reconcile
+    bundle = controller.channel.delivered[0]
+    assert bundle.bindings == BEFORE_RESUME and "10.0.0.7" not in bundle.bindings.values()
+    plan = controller.plans.plan_document(CLUSTER, bundle.plan_sha256)
+    assert any("is no Slurm node's NodeAddr" in w for w in plan["warnings"])
+
+    # A newer instance than that read is asked about again.
+    controller.facts = FakeFacts(nodes=9)
+    save_fields(controller.state, CLUSTER, {"pending": None})
+    reconcile(controller.change("e-3"), controller.deps())
+    assert controller.channel.verified == 2
+
+
+def test_the_first_reconcile_of_an_ec2_cluster_reads_the_table_and_names_nodes_as_slurmctld_does() -> None:
+    controller = _answering(Controller(orchestrator="ec2"), BOUND)
+
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"
+
+    (bundle,) = controller.channel.delivered
+    assert bundle.nodes == sorted(BOUND) and bundle.bindings == BOUND  # no ip-... host names slurmctld refuses
+
+
+def test_a_first_reconcile_whose_read_brings_no_table_delivers_nothing_until_it_comes() -> None:
+    # The agent answers later: the reconcile holds the write (host names would be refused as unknown nodes),
+    # and the agent's report of that read asks for the plan again.
+    controller = Controller(orchestrator="ec2", channel_kind=Channel.AGENT)
+    controller.channel.verify_result = ApplyResult.from_channel(Outcome.PENDING, "asked the agent")
+
+    report = reconcile(controller.change(), controller.deps())
+
+    assert (report.action, controller.channel.delivered) == ("planned-only", [])
+    assert "node table" in report.reason
+    request = controller.channel.requests[-1]
+    assert request is not None
+    result = {"outcome": "in_sync", "applier_version": "1.0.0", "slurm_nodes": _rows(BOUND)}
+    detail = {"cluster": CLUSTER, "version_id": "v1", "result": result, "verify_request": request}
+    record_result(event_envelope(agent_source(CLUSTER), AGENT_VERIFY_DETAIL_TYPE, detail), controller.result_deps())
+    replan = controller.queue.sent[-1]
+    assert controller.now_state().triggers[-1].detail_type == "Slurm Node Table Read"
+
+    assert reconcile(replan, controller.deps()).action == "delivered"
+    assert controller.channel.verified == 1 and controller.channel.delivered[0].bindings == BOUND
+
+
+def test_powered_down_nodes_are_not_nodes_without_topology() -> None:
+    controller = _parallelcluster()  # q1-dy-p5-5 has no instance
+
+    report = reconcile(controller.change(), controller.deps())
+
+    assert report.nodes_without_topology == 0
+    assert controller.metrics.values(Metric.NODES_WITHOUT_TOPOLOGY) == [0]
+    assert not any(t.detail_type == "Topology Retry" for t in controller.now_state().triggers)
+    plan = controller.plans.plan_document(CLUSTER, controller.channel.delivered[0].plan_sha256)
+    (gpu,) = plan["partitions"]
+    assert (gpu["nodes_without_instance"], gpu["nodes_without_topology"]) == (["q1-dy-p5-5"], [])
+
+
+def test_a_read_refused_for_the_slurm_format_is_asked_again_once_in_the_format_it_told() -> None:
+    # The configured Slurm version differs from the head node's: the applier refuses the read's bundle before it
+    # reads the table, but says its version. The reconcile renders for that version and reads once more.
+    controller = Controller(orchestrator="ec2")
+    refused = ApplyResult(
+        outcome=Outcome.REFUSED, applier_version="1.0.0", slurm_version="24.11.3", error="rendered as yaml"
+    )
+    answers = [refused, ApplyResult(outcome=Outcome.IN_SYNC, applier_version="1.0.0", slurm_nodes=_rows(BOUND))]
+    formats: list[str] = []
+
+    def verify(bundle: Bundle, *, request: str | None = None) -> ApplyResult:
+        formats.append(bundle.slurm_format)
+        return answers.pop(0) if answers else refused
+
+    controller.channel.verify = verify  # type: ignore[method-assign]
+
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"
+
+    assert formats == ["topology.yaml", "topology.conf"]  # asked twice, the second time as Slurm 24.11 reads
+    (bundle,) = controller.channel.delivered
+    assert (bundle.slurm_format, bundle.bindings) == ("topology.conf", BOUND)

@@ -301,6 +301,9 @@ class ClusterState(BaseModel):
     bundle_generation: int = 0  # the last generation signed for delivery: only grows (service/signing.py)
     # The head node's node table as last reported (apply, verify): ParallelCluster's names are planned from it.
     slurm_nodes: list[SlurmNodeRecord] | None = None
+    # The instances the reconcile last read the node table for (none of its NodeAddrs named them): one still
+    # unnamed is left out, not asked about again; only an instance new since then asks for another read.
+    table_read_for: list[str] = Field(default_factory=list)
     # Set once a head node reported a topology file another tool writes: the cluster is verify from then on.
     managed_by: str | None = None
     version: int = 0  # optimistic concurrency

@@ -204,7 +204,9 @@ class PartitionPlan(_Frozen):
     topology: Topology
     assignment: SlurmName | None  # the partition's Topology= value; None for flat (inherits cluster_default)
     nodes: tuple[SlurmName, ...]
-    nodes_without_topology: tuple[SlurmName, ...] = ()
+    nodes_without_topology: tuple[SlurmName, ...] = ()  # instances EC2 has not reported topology for (yet)
+    # Slurm nodes no instance backs (powered down): written with the nodes without topology, never asked about.
+    nodes_without_instance: tuple[SlurmName, ...] = ()
     warnings: tuple[str, ...] = ()
 
 

@@ -102,16 +102,19 @@ def plan_partition(partition: Partition) -> PartitionPlan:
     names = tuple(node.name for node in partition.nodes)
     warnings: list[str] = []
     without: tuple[str, ...] = ()
+    no_instance = tuple(sorted(node.name for node in partition.nodes if node.instance_id is None))
     topology: Topology
     if kind is TopologyKind.TREE:
         topology, without, tree_warnings = build_tree(_topology_name(kind, partition.name), partition.nodes)
         warnings.extend(tree_warnings)
+        without = tuple(name for name in without if name not in no_instance)
         if without:
             warnings.append(f"{len(without)} node(s) without network topology data, placed under no-topology")
     elif kind is TopologyKind.BLOCK:
         topology, without = build_blocks(
             _topology_name(kind, partition.name), partition.nodes, block_sizes_for(partition)
         )
+        without = tuple(name for name in without if name not in no_instance)
         if without:
             warnings.append(f"{len(without)} node(s) without an UltraServer id, placed in block no-ultraserver")
     else:
@@ -127,6 +130,7 @@ def plan_partition(partition: Partition) -> PartitionPlan:
         assignment=None if kind is TopologyKind.FLAT else topology.name,
         nodes=tuple(sorted(names)),
         nodes_without_topology=without,
+        nodes_without_instance=no_instance,
         warnings=tuple(warnings),
     )
 

@@ -216,6 +216,20 @@ def _partition_of_groups(raw: AwsSnapshot, config: PlannerConfig) -> dict[str, s
     return mapping
 
 
+def unnamed_instances(raw: AwsSnapshot, config: PlannerConfig) -> list[str]:
+    """Present instances of a planned partition that no Slurm node of ``raw.slurm.nodes`` binds (each of them
+    when there is no node table): the ones a fresher node table from the head node may name."""
+    group_partition = _partition_of_groups(raw, config)
+    naming = SlurmNaming(raw.slurm.nodes) if raw.slurm.nodes is not None else None
+    return sorted(
+        node.InstanceId
+        for node in raw.nodes
+        if group_partition.get(node.InstanceGroupName)
+        and node.InstanceStatus.Status in PRESENT_STATUSES
+        and (naming is None or naming.name_of(node) is None)
+    )
+
+
 def _build_node(
     index: int, raw_node: AwsClusterNode, name: str, partition: str | None, topology: AwsInstanceTopology | None
 ) -> Node:

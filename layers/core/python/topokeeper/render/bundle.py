@@ -179,6 +179,8 @@ class RenderedPlan(BaseModel):
                     "nodes": list(p.nodes),
                     **_topology_document(p.topology),
                     "nodes_without_topology": list(p.nodes_without_topology),
+                    # Only where Slurm nodes have no instance (ParallelCluster): other plans keep their bytes.
+                    **({"nodes_without_instance": list(p.nodes_without_instance)} if p.nodes_without_instance else {}),
                     "warnings": list(p.warnings),
                     "sha256": self.partition_sha256[p.partition],
                 }

@@ -13,6 +13,7 @@ result, so it spends two receives at most, never the dead-letter queue's count.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.engine.planner import plan
-from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot
+from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances
 from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, TopokeeperError
 from topokeeper.ports import (
     AuditSink,
@@ -36,6 +37,7 @@ from topokeeper.ports import (
     KueueStore,
     Metric,
     Metrics,
+    Outcome,
     PendingDelivery,
     PlanStore,
     ReconcileRequest,
@@ -45,7 +47,7 @@ from topokeeper.ports import (
 )
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.service.ingest import is_managed_topology_update
-from topokeeper.service.signing import next_generation, sign_bundle
+from topokeeper.service.signing import for_reading, next_generation, sign_bundle
 from topokeeper.service.state import cluster_mode, for_delivery, queue_next_cycle, request_reconcile, save_fields
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
@@ -54,6 +56,7 @@ MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this m
 DELIVERY_TIMEOUT = timedelta(minutes=25)
 RETRY_SECONDS = 60  # a reconcile that failed for now is tried again this soon, not after the visibility timeout
 CLAIM_RACE_SECONDS = 5  # another writer saved the state while this one planned: look again shortly
+NODE_TABLE_REQUEST = "nt-"  # a read the reconcile asked for the node table: an answer that comes later replans
 
 
 class Decision(StrEnum):
@@ -138,10 +141,47 @@ def plan_cluster(cluster: ClusterConfig, state: ClusterState, facts: FactsSource
 def plan_facts(cluster: ClusterConfig, state: ClusterState, raw: AwsSnapshot) -> RenderedPlan:
     """Read facts -> rendered plan. On EC2 the head node's node table names the nodes (ParallelCluster binds
     ``<queue>-st|dy-<cr>-<n>`` by NodeAddr)."""
-    if cluster.orchestrator is Orchestrator.EC2 and state.slurm_nodes is not None and raw.slurm.nodes is None:
-        raw = raw.model_copy(update={"slurm": raw.slurm.model_copy(update={"nodes": state.slurm_nodes})})
     version = state.slurm_version or cluster.slurm_version
-    return render(plan(build_snapshot(raw, cluster.planner_config, version)))
+    return render(plan(build_snapshot(_named_by_table(cluster, state, raw), cluster.planner_config, version)))
+
+
+def _named_by_table(cluster: ClusterConfig, state: ClusterState, raw: AwsSnapshot) -> AwsSnapshot:
+    if cluster.orchestrator is Orchestrator.EC2 and state.slurm_nodes is not None and raw.slurm.nodes is None:
+        return raw.model_copy(update={"slurm": raw.slurm.model_copy(update={"nodes": state.slurm_nodes})})
+    return raw
+
+
+def read_node_table(
+    deps: ControllerDeps, cluster: ClusterConfig, state: ClusterState, raw: AwsSnapshot, rendered: RenderedPlan
+) -> tuple[dict[str, object], RenderedPlan, bool]:
+    """On EC2 the head node's node table names the nodes. With none stored, or with an instance that matches no
+    NodeAddr and is new since the table was last read for unnamed instances, read it first (the applier's
+    read-only verify: no write, no reconfigure) and plan with it. An instance still unnamed after that read is
+    left out (the plan's warnings say so) and asks for no other read. An answer that comes later (the agent's)
+    plans again when it arrives (``NODE_TABLE_REQUEST``). Returns the state fields the read learned (saved with
+    the reconcile's own, on the state it read), the plan, and True when there is no table yet and it is on its way.
+    """
+    if cluster.orchestrator is not Orchestrator.EC2:
+        return {}, rendered, False
+    unnamed = unnamed_instances(_named_by_table(cluster, state, raw), cluster.planner_config)
+    if state.slurm_nodes is not None and set(unnamed) <= set(state.table_read_for):
+        return {}, rendered, False
+    from topokeeper.service.result import observed_fields  # noqa: PLC0415 (result builds on this module)
+
+    fields: dict[str, object] = {"table_read_for": unnamed}
+    for _ in range(2):  # once more when the read was refused only for the Slurm format it just told us
+        key = "\n".join([cluster.name, str(state.generation), str(state.slurm_version), *unnamed]).encode()
+        request = NODE_TABLE_REQUEST + hashlib.sha256(key).hexdigest()[:20]
+        bundle = for_reading(rendered.bundle, state.bundle_generation, deps.signer)
+        answer = deps.channel(cluster).verify(bundle, request=request)
+        learned = observed_fields(answer)
+        learned_version = learned.get("slurm_version", state.slurm_version) != state.slurm_version
+        fields.update(learned)
+        state = state.model_copy(update=fields)
+        rendered = plan_facts(cluster, state, raw)
+        if state.slurm_nodes is not None or answer.outcome is not Outcome.REFUSED or not learned_version:
+            break
+    return fields, rendered, state.slurm_nodes is None and answer.outcome is Outcome.PENDING
 
 
 def missing_topology(rendered: RenderedPlan) -> int:
@@ -175,12 +215,16 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
 
     raw = deps.facts(cluster).read(cluster.name)
     rendered = plan_facts(cluster, state, raw)
+    # What the read learned is saved with this reconcile's fields (the claim too), conditional on the state read.
+    learned, rendered, awaiting_table = read_node_table(deps, cluster, state, raw, rendered)
+    state = state.model_copy(update=learned)
     if rendered.sha256 != state.desired_sha256:  # plans are content-addressed: one put per new plan
         deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
     missing = missing_topology(rendered)
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing)
 
     update: dict[str, object] = {
+        **learned,
         "reconciled_generation": state.generation,
         "desired_sha256": rendered.sha256,
         # A discovery cut short is progress, not a retry: it continues until every instance was asked.
@@ -192,6 +236,9 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         action = "planned-only"
         if state.managed_by is not None:
             reason = f"verify mode: the head node's topology file is generated by {state.managed_by}"
+    elif awaiting_table:
+        # Host names are no Slurm node's name there: slurmctld would refuse the write. The read's answer replans.
+        action, reason = "planned-only", "waiting for the head node's node table"
     elif rendered.sha256 != state.applied_sha256 or state.repair_partitions:
         delivery = _claim_delivery(deps, cluster, state, rendered, now)
         if delivery is None:

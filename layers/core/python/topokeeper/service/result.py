@@ -40,11 +40,13 @@ from topokeeper.ports import (
 )
 from topokeeper.service.audit import build_records
 from topokeeper.service.drift import live_status
+from topokeeper.service.reconcile import NODE_TABLE_REQUEST
 from topokeeper.service.state import request_reconcile, save_fields, topology_owner_fields
 
 SUCCESS = frozenset({Outcome.APPLIED, Outcome.UNCHANGED})
 # The head node refused the bundle as not authentic or not fresh: audited like any failure, and counted apart.
 AUTHENTICITY_REFUSALS = frozenset({Outcome.BAD_SIGNATURE, Outcome.REPLAYED})
+TABLE_READ = "Slurm Node Table Read"  # the agent answered the reconcile's read of the node table: plan with it
 
 
 @dataclass
@@ -188,6 +190,12 @@ def _record_agent_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultRepo
         kept = report.result.model_copy(update={"slurm_nodes": None})
         verified = {"last_verify": kept, "last_verify_at": deps.clock.now(), **observed_fields(report.result)}
         save_fields(deps.state, cluster.name, verified)
+        if (report.verify_request or "").startswith(NODE_TABLE_REQUEST) and "slurm_nodes" in verified:
+            summary = f"node table read {report.verify_request}"
+            now = deps.clock.now()
+            request_reconcile(
+                deps.state, deps.queue, cluster.name, now, reason="retry", detail_type=TABLE_READ, summary=summary
+            )
         live = _fresh_verify(cluster, state, report, deps)
         return ResultReport(
             status="verify-recorded",

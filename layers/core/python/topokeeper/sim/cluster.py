@@ -1,9 +1,11 @@
 """The scenario's cluster in the emulator: a HyperPod (Slurm) cluster created through the SageMaker API, and the
-partitions HyperPod writes into the head node's slurm.conf."""
+partitions HyperPod writes into the head node's slurm.conf. (A ParallelCluster world's cluster is
+``topokeeper.sim.parallelcluster``.)"""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 
 from topokeeper.adapters.aws import client
 from topokeeper.domain.catalog import ec2_instance_type
@@ -12,6 +14,39 @@ from topokeeper.sim.aws.network import NetworkLayout
 from topokeeper.sim.scenario import ClusterSpec
 
 _NODE_TYPES = {"controller": "Controller", "login": "Login", "compute": "Compute"}
+
+
+class ClusterMember(Protocol):
+    """A running node as the world follows it: a HyperPod node, or a ParallelCluster instance and its node."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def slurm_name(self) -> str: ...
+
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def instance_type(self) -> str: ...
+
+    @property
+    def launch_time(self) -> datetime: ...
+
+    @property
+    def replaces(self) -> str | None: ...
+
+
+def set_network_layouts(emulator: AwsEmulator, spec: ClusterSpec) -> None:
+    """Each group's EC2 topology follows its network layout."""
+    for group in spec.instance_groups:
+        layout = group.network
+        emulator.network.layouts[ec2_instance_type(group.type)] = NetworkLayout(
+            nodes_per_leaf=layout.nodes_per_leaf,
+            leaves_per_spine=layout.leaves_per_spine,
+            ultraserver_size=layout.ultraserver_size,
+        )
 
 
 def create_hyperpod_cluster(emulator: AwsEmulator, spec: ClusterSpec) -> None:
@@ -32,12 +67,7 @@ def create_hyperpod_cluster(emulator: AwsEmulator, spec: ClusterSpec) -> None:
                 **({} if eks else {"SlurmConfig": slurm}),
             }
         )
-        layout = group.network
-        emulator.network.layouts[ec2_instance_type(group.type)] = NetworkLayout(
-            nodes_per_leaf=layout.nodes_per_leaf,
-            leaves_per_spine=layout.leaves_per_spine,
-            ultraserver_size=layout.ultraserver_size,
-        )
+    set_network_layouts(emulator, spec)
     eks_arn = f"arn:aws:eks:{emulator.region}:{emulator.account_id}:cluster/{spec.name}"
     orchestrator = {"Eks": {"ClusterArn": eks_arn}} if eks else {"Slurm": {"SlurmConfigStrategy": "Merge"}}
     client("sagemaker").create_cluster(ClusterName=spec.name, InstanceGroups=groups, Orchestrator=orchestrator)

@@ -117,11 +117,14 @@ def _prepare(scenario_path: Path, out: Path) -> tuple[Scenario, str | None]:
     # Imported here, not at the top: the simulator needs moto (the sim extra), which plan and show do not.
     from topokeeper.sim.head_node import choose_head_node  # noqa: PLC0415
     from topokeeper.sim.lambda_host import functions_dir  # noqa: PLC0415
+    from topokeeper.sim.parallelcluster import NEEDS_SLURMCTLD  # noqa: PLC0415
     from topokeeper.sim.slurm_chroot import HarnessError  # noqa: PLC0415
 
     try:
         functions_dir()
         head_node = choose_head_node()
+        if head_node.kind == "file" and scenario.cluster.orchestrator == "parallelcluster":
+            raise HarnessError(f"{NEEDS_SLURMCTLD} ({head_node.note})")
     except HarnessError as error:
         print(f"topokeeper: {error}", file=sys.stderr)
         return scenario, None

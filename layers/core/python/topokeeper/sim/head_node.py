@@ -23,9 +23,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
-from topokeeper.applier.applier import partition_topologies
+from topokeeper.applier.applier import node_rows, partition_topologies
 from topokeeper.domain.hostlist import compress, expand
 from topokeeper.domain.models import SlurmFormat
+from topokeeper.engine.snapshot import SlurmNodeRecord
 from topokeeper.render.bundle import Bundle
 from topokeeper.sim.aws.hyperpod.managed_topology import ManagedFiles
 from topokeeper.sim.slurm_chroot import (
@@ -180,12 +181,30 @@ class ChrootHeadNode(HeadNode):
         self.partitions: dict[str, list[str]] = {}
         self._mounts = contextlib.ExitStack()
 
-    def start(self, partitions: Mapping[str, Iterable[str]]) -> None:
+    def start(self, partitions: Mapping[str, Iterable[str]], addresses: Mapping[str, str] | None = None) -> None:
+        """``addresses``: NodeAddr of the nodes slurm.conf binds (ParallelCluster's static nodes)."""
         self.partitions = {name: sorted(nodes) for name, nodes in partitions.items()}
         nodes = [node for members in self.partitions.values() for node in members]
         self._mounts.enter_context(proc_mounted(self.root))
-        self.controller.prepare(nodes, {name: (members, None) for name, members in self.partitions.items()})
+        self.controller.prepare(
+            nodes, {name: (members, None) for name, members in self.partitions.items()}, addresses=addresses
+        )
         self.controller.start()
+
+    def bind(self, name: str, address: str, hostname: str) -> None:
+        """ParallelCluster's part: back a Slurm node with an instance (or, with its own name, with none)."""
+        update = ("scontrol", "update", f"NodeName={name}", f"NodeAddr={address}", f"NodeHostName={hostname}")
+        self.controller.run(*update, check=True)
+
+    def node_table(self) -> list[SlurmNodeRecord]:
+        """slurmctld's NodeName/NodeAddr/NodeHostName table now, read as the applier reads it."""
+        rows = node_rows(self.controller.run("scontrol", "-o", "--future", "show", "nodes", check=True).stdout)
+        return [
+            SlurmNodeRecord(
+                name=name, address=address, hostname=hostname, partitions=[p for p in parts.split(",") if p]
+            )
+            for name, address, hostname, parts in rows
+        ]
 
     def script_command(self) -> list[str]:
         """Without a login shell, as SSM's AWS-RunShellScript runs (no /opt/slurm/bin on PATH)."""

@@ -48,6 +48,9 @@ class InstanceGroup(_Strict):
     role: Literal["controller", "login", "compute"] = "compute"
     partition: SlurmName | None = None
     network: NetworkLayout = NetworkLayout()
+    # ParallelCluster: the compute resource's dynamic nodes (MaxCount - MinCount), powered down until scaled
+    # up; ``count`` is its static nodes.
+    dynamic: int = Field(0, ge=0, le=6758)
 
     @field_validator("type")
     @classmethod
@@ -69,13 +72,17 @@ class InstanceGroup(_Strict):
 class ClusterSpec(_Strict):
     name: ClusterName
     # slurm: a HyperPod Slurm cluster with a head node; eks: HyperPod on EKS, whose Kueue objects and node
-    # labels topokeeper writes to the plan bucket (no head node, no partitions, no controller group).
-    orchestrator: Literal["slurm", "eks"] = "slurm"
+    # labels topokeeper writes to the plan bucket (no head node, no partitions, no controller group);
+    # parallelcluster: Slurm on EC2 instances tagged as ParallelCluster tags them, its node names and bindings
+    # (see topokeeper.sim.parallelcluster).
+    orchestrator: Literal["slurm", "eks", "parallelcluster"] = "slurm"
     slurm_version: str = "26.05"
     mode: Mode = Mode.ENFORCE
     channel: Channel = Channel.SSM
-    # The real head node's layout: debian (Slurm on PATH) or hyperpod (/opt/slurm, partitions Included).
-    head_node_style: Literal["debian", "hyperpod"] = "debian"
+    # The real head node's layout: debian (Slurm on PATH), hyperpod (/opt/slurm, partitions Included) or
+    # parallelcluster (/opt/slurm, queues in pcluster/*.conf: the only one, and the default, for that
+    # orchestrator).
+    head_node_style: Literal["debian", "hyperpod", "parallelcluster"] = "debian"
     # HyperPod writes the topology itself after node changes (emulated, see sim/aws/hyperpod/managed_topology)
     # and records each change in CloudTrail: what verify mode watches.
     managed_topology: bool = False
@@ -96,8 +103,28 @@ class ClusterSpec(_Strict):
             )
         return text
 
+    @model_validator(mode="before")
+    @classmethod
+    def _parallelcluster_head_node(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("orchestrator") == "parallelcluster":
+            return {"head_node_style": "parallelcluster", **data}
+        return data
+
+    def _parallelcluster_groups(self) -> None:
+        parallelcluster = self.orchestrator == "parallelcluster"
+        if parallelcluster != (self.head_node_style == "parallelcluster"):
+            raise ValueError("head_node_style parallelcluster goes with orchestrator parallelcluster, and only it")
+        for index, group in enumerate(self.instance_groups):
+            if group.dynamic and not (parallelcluster and group.role == "compute"):
+                raise ValueError(f"instance_groups[{index}] ({group.name}): dynamic nodes are ParallelCluster's")
+            if parallelcluster and group.role == "login":
+                raise ValueError(f"instance_groups[{index}] ({group.name}): no login nodes in a parallelcluster world")
+            if parallelcluster and group.role == "controller" and group.count != 1:
+                raise ValueError(f"instance_groups[{index}] ({group.name}): ParallelCluster has one head node")
+
     @model_validator(mode="after")
     def _valid(self) -> ClusterSpec:
+        self._parallelcluster_groups()
         if self.login_endpoint and not any(g.role == "login" for g in self.instance_groups):
             raise ValueError("login_endpoint needs an instance group with role: login")
         if self.orchestrator == "eks":
@@ -211,7 +238,26 @@ class Scenario(_Strict):
                 raise ValueError(f"steps[{index}].{step.action}.group: no instance group {group!r}")
             if step.hyperpod_misplace is not None and not self.cluster.managed_topology:
                 raise ValueError(f"steps[{index}].hyperpod_misplace needs cluster.managed_topology: true")
+        if self.cluster.orchestrator == "parallelcluster":
+            self._parallelcluster_steps()
         return self
+
+    def _parallelcluster_steps(self) -> None:
+        """ParallelCluster scales a compute resource by powering its dynamic nodes up or down; its static nodes
+        stay (replaced when unhealthy). What HyperPod alone does is refused here rather than half-played."""
+        if self.cluster.managed_topology or self.cluster.login_endpoint:
+            raise ValueError("managed_topology and login_endpoint are HyperPod's, not a parallelcluster world's")
+        groups = {g.name: g for g in self.cluster.instance_groups}
+        for index, step in enumerate(self.steps):
+            if step.action in ("reboot", "fail_node", "hyperpod_misplace"):
+                raise ValueError(f"steps[{index}].{step.action}: not simulated for orchestrator parallelcluster")
+            if step.scale is not None:
+                group = groups[step.scale.group]
+                if not group.count <= step.scale.to <= group.count + group.dynamic:
+                    raise ValueError(
+                        f"steps[{index}].scale.to: {group.name} runs {group.count} static and up to {group.dynamic}"
+                        f" dynamic nodes, so between {group.count} and {group.count + group.dynamic}"
+                    )
 
 
 def load_scenario(path: Path) -> Scenario:

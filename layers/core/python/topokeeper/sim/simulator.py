@@ -29,6 +29,7 @@ from topokeeper.sim.login_endpoint import LoginStep
 from topokeeper.sim.scenario import Scenario, Step
 
 if TYPE_CHECKING:
+    from topokeeper.sim.parallelcluster import ParallelCluster
     from topokeeper.sim.world import Baseline, World
 
 
@@ -133,13 +134,15 @@ class Story:
         sagemaker = client("sagemaker")
         if step.scale is not None:
             group, target = step.scale.group, step.scale.to
-            current = len(hyperpod.nodes(cluster, group))
+            current = len(world.cluster_nodes(group))
             counts = range(current + 1, target + 1) if target > current else range(current - 1, target - 1, -1)
             spacing = step.scale.over_seconds / max(len(counts), 1)
             for number, count in enumerate(counts):
                 world.agenda.add(
                     world.clock.monotonic() + number * spacing, functools.partial(world.scale, group, count)
                 )
+        elif world.parallelcluster is not None and step.tamper is None:
+            self._act_parallelcluster(step, world.parallelcluster)
         elif step.replace is not None:
             ids = self._pick(step.replace.group, step.replace.count)
             hyperpod.replace_new_ip = step.replace.new_ip
@@ -172,6 +175,15 @@ class Story:
         elif step.tamper is not None:
             edited = world.head.tamper()
             world.note("tamper", f"hand edit of {edited} on the head node, then scontrol reconfigure")
+
+    def _act_parallelcluster(self, step: Step, cluster: ParallelCluster) -> None:
+        """What ParallelCluster does (the scenario refuses the steps only HyperPod has)."""
+        if step.replace is not None:
+            names = cluster.replace(step.replace.group, step.replace.count)
+            self.world.note("parallelcluster", f"clustermgtd replaced the instances of {', '.join(names)}")
+        elif step.delete is not None:
+            names = cluster.power_down(step.delete.group, step.delete.count)
+            self.world.note("parallelcluster", f"powered down {', '.join(names) or 'nothing'}")
 
     def _pick(self, group: str, count: int, *, newest: bool = False) -> list[str]:
         nodes = sorted(self.world.emulator.hyperpod.nodes(self.world.cluster.name, group), key=lambda n: n.slurm_name)

@@ -8,9 +8,9 @@ take seconds. Each emulated AWS request also costs ``api_call_seconds`` of simul
 function sleeping (the rate limiter, the drift function waiting for SSM) runs the agenda meanwhile.
 
 The rooms: ``stack`` (topokeeper's stack from ``topokeeper.stack_spec``), ``cluster`` (the scenario's HyperPod
-cluster), ``lambda_host`` (the handlers, fed by the stack's rules and queue), ``monitoring`` (metrics and alarms),
-``agenda`` (timed work), ``head_node`` (slurmctld in a chroot, or the file-only stand-in). This module wires them
-and runs the clock.
+cluster, or its ParallelCluster one: ``parallelcluster``), ``lambda_host`` (the handlers, fed by the stack's rules
+and queue), ``monitoring`` (metrics and alarms), ``agenda`` (timed work), ``head_node`` (slurmctld in a chroot, or
+the file-only stand-in). This module wires them and runs the clock.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,7 +45,7 @@ from topokeeper.sim.aws.emulator import AwsEmulator
 from topokeeper.sim.aws.events import HYPERPOD
 from topokeeper.sim.aws.hyperpod.managed_topology import ManagedFiles
 from topokeeper.sim.aws.ssm import CommandInvocationRequest, CommandOutcome
-from topokeeper.sim.cluster import create_hyperpod_cluster, slurm_partitions
+from topokeeper.sim.cluster import ClusterMember, create_hyperpod_cluster, set_network_layouts, slurm_partitions
 from topokeeper.sim.eks import NoHeadNode
 from topokeeper.sim.file_head_node import FileHeadNode
 from topokeeper.sim.head_node import ChrootHeadNode, HeadNode, choose_head_node
@@ -53,7 +53,9 @@ from topokeeper.sim.lambda_host import LambdaHost
 from topokeeper.sim.latency import LatencyTracker, topology_node_names
 from topokeeper.sim.login_endpoint import SimLoginEndpoint
 from topokeeper.sim.monitoring import SimMetrics
+from topokeeper.sim.parallelcluster import DISCOVERY, NEEDS_SLURMCTLD, ParallelCluster
 from topokeeper.sim.scenario import Scenario
+from topokeeper.sim.slurm_chroot import HarnessError
 from topokeeper.sim.stack import BUCKET, SimStack, create_stack
 
 log = logging.getLogger("topokeeper.sim")
@@ -105,21 +107,30 @@ class World:
         self.slurm_format = SlurmVersion.parse(spec.slurm_version).format
         node_name = name or f"sim-{spec.name}"
         self.head: HeadNode
+        self.parallelcluster: ParallelCluster | None = None  # made in start(): its instances live in the emulator
+        self._binding_head: ChrootHeadNode | None = None  # where ParallelCluster binds nodes to instances
         if spec.orchestrator == "eks":
             self.head = NoHeadNode()
         elif choose_head_node(head_node).kind == "file":
+            if spec.orchestrator == "parallelcluster":
+                raise HarnessError(NEEDS_SLURMCTLD)
             self.head = FileHeadNode(SlurmVersion.parse(spec.slurm_version), node_name)
         else:
             self.head = ChrootHeadNode(self.slurm_format, node_name, spec.head_node_style)
+            self._binding_head = self.head
+        # An SSM hybrid managed node (HyperPod); a ParallelCluster head node is an EC2 instance (see start).
         self.head_node_id = f"mi-{self._ids.getrandbits(68):017x}"[:20]
         cluster = ClusterConfig(name=spec.name, orchestrator=Orchestrator.EKS) if spec.orchestrator == "eks" else None
+        parallelcluster = spec.orchestrator == "parallelcluster"
         cluster = cluster or ClusterConfig(
             name=spec.name,
+            orchestrator=Orchestrator.EC2 if parallelcluster else Orchestrator.HYPERPOD,
             mode=spec.mode,
             channel=spec.channel,
             head_node=self.head_node_id if spec.channel is Channel.SSM else None,
             # What the operator configured; the head node may run another version (it reports its own).
             slurm_version=configured_slurm_version or spec.slurm_version,
+            **({"ec2": DISCOVERY} if parallelcluster else {}),
         )
         # The full-rescan baseline reacts to every event at once (see _rescan_everything).
         pacing = baseline is None
@@ -154,10 +165,17 @@ class World:
             # The stack sets it on the ingest and drift functions; here every handler shares the process.
             self._saved_environment.setdefault(LOGIN_TARGET_GROUPS_ENV, os.environ.get(LOGIN_TARGET_GROUPS_ENV))
             os.environ[LOGIN_TARGET_GROUPS_ENV] = json.dumps({self.cluster.name: self.login.target_group_arn})
+        if self.scenario.cluster.orchestrator == "parallelcluster":
+            self._launch_parallelcluster_head_node()
         self.stack: SimStack = create_stack(self.settings)
         self.emulator.network.new_instance_delay_seconds = self.scenario.timing.topology_report_delay_seconds
-        create_hyperpod_cluster(self.emulator, self.scenario.cluster)
-        self.head.start(self.partitions())
+        if self.parallelcluster is not None and self._binding_head is not None:
+            set_network_layouts(self.emulator, self.scenario.cluster)
+            self.parallelcluster.create()
+            self._binding_head.start(self.partitions(), self.parallelcluster.addresses())
+        else:
+            create_hyperpod_cluster(self.emulator, self.scenario.cluster)
+            self.head.start(self.partitions())
         if self.scenario.cluster.managed_topology:
             self._hand_topology_to_hyperpod()
         self.metrics = SimMetrics(self)
@@ -173,12 +191,22 @@ class World:
         install_runtime(self.runtime)
         self.emulator.ssm.on_command = self._on_command
         self.emulator.ssm.strict_targets = True
-        self.emulator.ssm.register_managed_instance(self.head_node_id)
+        if self.parallelcluster is None:
+            self.emulator.ssm.register_managed_instance(self.head_node_id)
         self.metrics.start()
         self._schedule_drift()
         if self.cluster.effective_channel is Channel.AGENT:
             self._install_agent()
-        self.note("start", f"cluster {self.cluster.name}: {len(self.emulator.hyperpod.nodes(self.cluster.name))} nodes")
+        self.note("start", f"cluster {self.cluster.name}: {len(self.cluster_nodes())} nodes")
+
+    def _launch_parallelcluster_head_node(self) -> None:
+        """ParallelCluster's head node is an EC2 instance: its id is the SSM target the stack's rules name."""
+        assert self._binding_head is not None  # noqa: S101 - __init__ refused the file-only head node
+        self.parallelcluster = ParallelCluster(self.emulator, self.scenario.cluster, self._binding_head.bind)
+        self.head_node_id = self.parallelcluster.launch_head_node()
+        if self.cluster.effective_channel is Channel.SSM:
+            self.cluster = self.cluster.model_copy(update={"head_node": self.head_node_id})
+            self.settings = self.settings.model_copy(update={"clusters": [self.cluster]})
 
     def _rescan_everything(self) -> None:
         """What the public generators do on every event (aws-samples' generator, topograph): describe every
@@ -240,8 +268,17 @@ class World:
         )
 
     def scale(self, group: str, count: int) -> None:
-        """One instance joins or leaves (HyperPod scaling)."""
-        self.emulator.hyperpod.scale(self.cluster.name, group, count)
+        """One instance joins or leaves (HyperPod scaling, or ParallelCluster powering a dynamic node)."""
+        if self.parallelcluster is not None:
+            self.parallelcluster.scale(group, count)
+        else:
+            self.emulator.hyperpod.scale(self.cluster.name, group, count)
+
+    def cluster_nodes(self, group: str | None = None) -> Sequence[ClusterMember]:
+        """The running nodes (of one group), by Slurm name."""
+        if self.parallelcluster is not None:
+            return self.parallelcluster.nodes(group)
+        return self.emulator.hyperpod.nodes(self.cluster.name, group)
 
     def sync_head_node(self) -> None:
         """HyperPod's side: bring slurm.conf's node lines up to date. Done before anything runs on the head
@@ -249,6 +286,8 @@ class World:
         self.head.sync_nodes(self.partitions())
 
     def partitions(self) -> dict[str, list[str]]:
+        if self.parallelcluster is not None:
+            return self.parallelcluster.partitions()
         return slurm_partitions(self.emulator, self.scenario.cluster)
 
     # ----------------------------------------------------------------- time
@@ -380,7 +419,7 @@ class World:
             self.counters.events_sent += 1
             if result and result.get("status") == "queued":
                 self.counters.last_event_at = self.clock.monotonic()
-            members = {n.instance_id: (n.slurm_name, n.group) for n in self.emulator.hyperpod.nodes(self.cluster.name)}
+            members = {n.instance_id: (n.slurm_name, n.group) for n in self.cluster_nodes()}
             changes = membership_changes(self._members, members, self._partition_of)
             self._members = members
             status = f"{result.get('status')} ({result.get('reason', '')})" if result else "?"
@@ -436,7 +475,7 @@ class World:
         """Note the nodes launched so far and which of them the live topology now places."""
         now = self.clock.monotonic()
         offset = self.clock.now().timestamp() - now  # wall time of monotonic 0
-        nodes = self.emulator.hyperpod.nodes(self.cluster.name)
+        nodes = self.cluster_nodes()
         for node in nodes:
             if node.replaces is None and lookup(node.instance_type).capability is not Capability.NONE:
                 self.latency.launched(node.instance_id, node.slurm_name, node.launch_time.timestamp() - offset)
@@ -481,7 +520,11 @@ class World:
         self.emulator.events.emit(HYPERPOD, source=source, detail_type=detail_type, detail=detail)
 
     def desired(self) -> Any:
+        """The plan AWS implies now; on ParallelCluster named by the head node's bindings as they are now, not
+        as topokeeper last stored them (a node bound since is not placed until topokeeper learns it)."""
         state = self.runtime.state.get(self.cluster.name)
+        if self.parallelcluster is not None and self._binding_head is not None:
+            state = state.model_copy(update={"slurm_nodes": self._binding_head.node_table()})
         return plan_cluster(self.cluster, state, self.runtime.facts(self.cluster))
 
     def now(self) -> datetime:

@@ -22,7 +22,8 @@ from topokeeper.sim.aws.protocol import ApiError, ApiRequest, epoch, json_params
 HYPERPOD = "hyperpod"  # SageMaker HyperPod Cluster State Change / Node Health Event
 CLOUDTRAIL = "cloudtrail"  # AWS API Call via CloudTrail, for the mutating calls the emulator serves
 SSM = "ssm"  # EC2 Command (Invocation) Status-change Notification
-KINDS = (HYPERPOD, CLOUDTRAIL, SSM)
+EC2 = "ec2"  # EC2 Instance State-change Notification (the simulator's ParallelCluster launches and terminates)
+KINDS = (HYPERPOD, CLOUDTRAIL, SSM, EC2)
 
 
 def iso_z(value: datetime) -> str:
