@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from topokeeper.constants import INSTANCE_ID
 from topokeeper.domain.catalog import ec2_instance_type
-from topokeeper.domain.names import SlurmName
+from topokeeper.domain.names import SlurmName, is_plain_slurm_name
 
 PLAN_SCHEMA = "topokeeper.plan/1"
 FLAT_DEFAULT = "flat-default"
@@ -53,6 +53,27 @@ def _cluster_name(value: str) -> str:
 InstanceId = Annotated[str, AfterValidator(_instance_id)]
 InstanceType = Annotated[str, AfterValidator(_instance_type)]
 ClusterName = Annotated[str, AfterValidator(_cluster_name)]
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def assemble(cls: type[_Model], values: dict[str, Any]) -> _Model:
+    """``cls.model_construct(**values)`` for values that set every field and already meet the model's rules (taken
+    from validated models, or passed a stricter test); it keeps ``values`` as the model's own dict. What
+    model_construct ends with, without its per-field alias and default lookups: 4x faster, and a plan of 100,000
+    nodes builds that many objects."""
+    if values.keys() != cls.__pydantic_fields__.keys():
+        raise TypeError(f"{cls.__name__} needs every field: {sorted(cls.__pydantic_fields__)}")
+    model = cls.__new__(cls)
+    _set(model, "__dict__", values)
+    _set(model, "__pydantic_fields_set__", set(values))
+    _set(model, "__pydantic_extra__", None)
+    _set(model, "__pydantic_private__", None)
+    return model
+
+
+_set = object.__setattr__
 
 
 class TopologyKind(StrEnum):
@@ -106,6 +127,39 @@ class Node(_Frozen):
     @property
     def present(self) -> bool:
         return self.status in PRESENT_STATUSES
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> Node:
+        """``Node.model_validate(fields)`` for a dict of every field: assembled directly when each value passes a
+        test stricter than the model's (the usual case), else validated, so a bad value fails exactly as before."""
+        if fields.keys() != cls.__pydantic_fields__.keys():
+            return cls.model_validate(fields)
+        instance_id, instance_type = fields["instance_id"], fields["instance_type"]
+        network_nodes = fields["network_nodes"]
+        if type(instance_type) is str:
+            instance_type = ec2_instance_type(instance_type)
+        plain = (
+            is_plain_slurm_name(fields["name"])
+            and (instance_id is None or (type(instance_id) is str and INSTANCE_ID.fullmatch(instance_id)))
+            and (instance_type is None or (type(instance_type) is str and _INSTANCE_TYPE.fullmatch(instance_type)))
+            and _str_or_none(fields["instance_group"])
+            and (fields["partition"] is None or is_plain_slurm_name(fields["partition"]))
+            and type(fields["status"]) is str
+            and type(network_nodes) is tuple
+            and len(network_nodes) <= MAX_NETWORK_LAYERS
+            and all(map(is_plain_slurm_name, network_nodes))
+            and (fields["ultraserver_id"] is None or is_plain_slurm_name(fields["ultraserver_id"]))
+            and _str_or_none(fields["availability_zone"])
+        )
+        if not plain:
+            return cls.model_validate(fields)
+        values = dict(fields)
+        values["instance_type"] = instance_type
+        return assemble(cls, values)
+
+
+def _str_or_none(value: object) -> bool:
+    return value is None or type(value) is str
 
 
 class PartitionSettings(_Frozen):

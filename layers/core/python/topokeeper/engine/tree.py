@@ -12,13 +12,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import pairwise
 
-from topokeeper.domain.models import NO_TOPOLOGY_SWITCH, ROOT_SWITCH, Node, Switch, TreeTopology
+from topokeeper.domain.models import NO_TOPOLOGY_SWITCH, ROOT_SWITCH, Node, Switch, TreeTopology, assemble
 from topokeeper.domain.names import MAX_SLURM_NAME_LENGTH
 
 
 def _nodes_switch_name(switch: str) -> str:
     suffix = "-nodes"
     return switch[: MAX_SLURM_NAME_LENGTH - len(suffix)] + suffix
+
+
+def _switch(name: str, switches: tuple[str, ...] = (), nodes: tuple[str, ...] = ()) -> Switch:
+    # Every name here is a validated node's (its name, its network nodes) or a constant: no need to check again.
+    return assemble(Switch, {"name": name, "switches": switches, "nodes": nodes})
 
 
 def build_tree(name: str, nodes: Iterable[Node]) -> tuple[TreeTopology, tuple[str, ...], tuple[str, ...]]:
@@ -59,19 +64,21 @@ def build_tree(name: str, nodes: Iterable[Node]) -> tuple[TreeTopology, tuple[st
         top_level.append(NO_TOPOLOGY_SWITCH)
         leaf_nodes[NO_TOPOLOGY_SWITCH] = set(without_topology)
 
-    switches = [Switch(name=ROOT_SWITCH, switches=tuple(top_level))]
+    switches = [_switch(ROOT_SWITCH, switches=tuple(top_level))]
     level = top_level
     while level:
         next_level: list[str] = []
         for switch in level:
             if switch in leaf_nodes:
-                switches.append(Switch(name=switch, nodes=tuple(sorted(leaf_nodes[switch]))))
+                switches.append(_switch(switch, nodes=tuple(sorted(leaf_nodes[switch]))))
             else:
                 below = sorted(children.get(switch, ()))
-                switches.append(Switch(name=switch, switches=tuple(below)))
+                switches.append(_switch(switch, switches=tuple(below)))
                 next_level.extend(below)
         level = sorted(next_level)
-    return TreeTopology(name=name, switches=tuple(switches)), tuple(sorted(without_topology)), tuple(warnings)
+    topology = TreeTopology.model_validate({"name": name, "switches": ()})  # checks the name
+    topology = topology.model_copy(update={"switches": tuple(switches)})
+    return topology, tuple(sorted(without_topology)), tuple(warnings)
 
 
 def _single_parents(parents: dict[str, set[str]], warnings: list[str]) -> dict[str, str | None]:
