@@ -6,6 +6,7 @@ renderers only ever see safe values.
 
 from __future__ import annotations
 
+import functools
 import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
@@ -65,6 +66,10 @@ def assemble(cls: type[_Model], values: dict[str, Any]) -> _Model:
     nodes builds that many objects."""
     if values.keys() != cls.__pydantic_fields__.keys():
         raise TypeError(f"{cls.__name__} needs every field: {sorted(cls.__pydantic_fields__)}")
+    return _assembled(cls, values)
+
+
+def _assembled(cls: type[_Model], values: dict[str, Any]) -> _Model:
     model = cls.__new__(cls)
     _set(model, "__dict__", values)
     _set(model, "__pydantic_fields_set__", set(values))
@@ -131,35 +136,56 @@ class Node(_Frozen):
     @classmethod
     def from_fields(cls, fields: dict[str, Any]) -> Node:
         """``Node.model_validate(fields)`` for a dict of every field: assembled directly when each value passes a
-        test stricter than the model's (the usual case), else validated, so a bad value fails exactly as before."""
+        test stricter than the model's (the usual case), else validated, so a bad value fails exactly as before.
+        The dict becomes the node's own: build it for this call."""
         if fields.keys() != cls.__pydantic_fields__.keys():
             return cls.model_validate(fields)
         instance_id, instance_type = fields["instance_id"], fields["instance_type"]
-        network_nodes = fields["network_nodes"]
-        if type(instance_type) is str:
-            instance_type = ec2_instance_type(instance_type)
-        plain = (
-            is_plain_slurm_name(fields["name"])
-            and (instance_id is None or (type(instance_id) is str and INSTANCE_ID.fullmatch(instance_id)))
-            and (instance_type is None or (type(instance_type) is str and _INSTANCE_TYPE.fullmatch(instance_type)))
-            and _str_or_none(fields["instance_group"])
-            and (fields["partition"] is None or is_plain_slurm_name(fields["partition"]))
-            and type(fields["status"]) is str
-            and type(network_nodes) is tuple
-            and len(network_nodes) <= MAX_NETWORK_LAYERS
-            and all(map(is_plain_slurm_name, network_nodes))
-            and (fields["ultraserver_id"] is None or is_plain_slurm_name(fields["ultraserver_id"]))
-            and _str_or_none(fields["availability_zone"])
-        )
+        partition, ultraserver_id = fields["partition"], fields["ultraserver_id"]
+        try:
+            plain_type = instance_type is None or (type(instance_type) is str and _plain_instance_type(instance_type))
+            plain = (
+                plain_type
+                and is_plain_slurm_name(fields["name"])
+                and (instance_id is None or (type(instance_id) is str and INSTANCE_ID.fullmatch(instance_id)))
+                and type(fields["instance_group"]) in _TEXT
+                and (partition is None or _plain_name(partition))
+                and type(fields["status"]) is str
+                and type(fields["network_nodes"]) is tuple
+                and _plain_network_nodes(fields["network_nodes"])
+                and (ultraserver_id is None or _plain_name(ultraserver_id))
+                and type(fields["availability_zone"]) in _TEXT
+            )
+        except TypeError:  # an unhashable value, not for these caches: the model says what it is
+            plain = False
         if not plain:
             return cls.model_validate(fields)
-        values = dict(fields)
-        values["instance_type"] = instance_type
-        return assemble(cls, values)
+        if instance_type is not None:
+            fields["instance_type"] = ec2_instance_type(instance_type)
+        return _assembled(cls, fields)
 
 
-def _str_or_none(value: object) -> bool:
-    return value is None or type(value) is str
+# Values that repeat across a cluster's nodes (a partition, a leaf's network nodes, an UltraServer, a type) are
+# checked once each.
+_plain_name = functools.lru_cache(maxsize=4096, typed=True)(is_plain_slurm_name)
+
+
+def _plain_network_nodes(names: tuple[object, ...]) -> bool:
+    return len(names) <= MAX_NETWORK_LAYERS and {*map(type, names)} <= _STR and _plain_names(names)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _plain_names(names: tuple[str, ...]) -> bool:
+    return all(map(is_plain_slurm_name, names))
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _plain_instance_type(value: str) -> bool:
+    return _INSTANCE_TYPE.fullmatch(ec2_instance_type(value)) is not None
+
+
+_TEXT = frozenset({str, type(None)})  # the types a ``str | None`` field takes unchanged
+_STR = frozenset({str})
 
 
 class PartitionSettings(_Frozen):

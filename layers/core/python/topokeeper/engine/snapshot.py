@@ -213,8 +213,8 @@ def _plain_lists(document: Any) -> tuple[list[Instance], dict[str, InstanceTopol
     return instances, topology_by_id
 
 
-def _text(value: Any) -> bool:
-    return value is None or type(value) is str
+_TEXT = frozenset({str, type(None)})  # the types a ``str | None`` field takes unchanged
+_STR = frozenset({str})
 
 
 def _plain_instance(item: Any) -> Instance | None:
@@ -228,25 +228,27 @@ def _plain_instance(item: Any) -> Instance | None:
         type(group) is str
         and type(instance_id) is str
         and type(instance_type) is str
-        and _text(host_name)
-        and _text(ip)
+        and type(host_name) in _TEXT
+        and type(ip) in _TEXT
         and type(status) is dict
         and type(status.get("Status", "")) is str
-        and (ultraserver is None or (type(ultraserver) is dict and _text(ultraserver.get("Id"))))
-        and (ultraserver is None or _text(ultraserver.get("Type")))
-        and (placement is None or (type(placement) is dict and _text(placement.get("AvailabilityZone"))))
     ):
         return None
-    return Instance(
-        group,
-        instance_id,
-        instance_type,
-        status.get("Status", RUNNING),
-        host_name,
-        ip,
-        ultraserver.get("Id") if ultraserver else None,
-        placement.get("AvailabilityZone") if placement else None,
-    )
+    ultraserver_id = zone = None
+    if ultraserver is not None:
+        if type(ultraserver) is not dict or type(ultraserver.get("Type")) not in _TEXT:
+            return None
+        ultraserver_id = ultraserver.get("Id")
+        if type(ultraserver_id) not in _TEXT:
+            return None
+    if placement is not None:
+        if type(placement) is not dict:
+            return None
+        zone = placement.get("AvailabilityZone")
+        if type(zone) not in _TEXT:
+            return None
+    status_text: str = status.get("Status", RUNNING)
+    return Instance(group, instance_id, instance_type, status_text, host_name, ip, ultraserver_id, zone)
 
 
 def _plain_topology(item: Any) -> tuple[str, InstanceTopology] | None:
@@ -257,10 +259,10 @@ def _plain_topology(item: Any) -> tuple[str, InstanceTopology] | None:
     zone, capacity_block = get("AvailabilityZone"), get("CapacityBlockId")
     if not (
         type(instance_id) is str
-        and _text(get("InstanceType"))
-        and (network_nodes is None or (type(network_nodes) is list and all(type(n) is str for n in network_nodes)))
-        and _text(zone)
-        and _text(capacity_block)
+        and type(get("InstanceType")) in _TEXT
+        and (network_nodes is None or (type(network_nodes) is list and {*map(type, network_nodes)} <= _STR))
+        and type(zone) in _TEXT
+        and type(capacity_block) in _TEXT
     ):
         return None
     return instance_id, InstanceTopology(network_nodes, zone, capacity_block)

@@ -47,9 +47,12 @@ def json_text(document: Any, *, sort_keys: bool = False) -> str:
 def _keys_sorted(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _keys_sorted(value[key]) for key in sorted(value)}
-    if isinstance(value, list):
+    if isinstance(value, list) and not {*map(type, value)} <= _SCALARS:
         return [_keys_sorted(item) for item in value]
     return value
+
+
+_SCALARS = frozenset({str, int, bool, type(None)})
 
 
 class BundleFile(BaseModel):
