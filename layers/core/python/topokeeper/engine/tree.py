@@ -29,22 +29,7 @@ def _switch(name: str, switches: tuple[str, ...] = (), nodes: tuple[str, ...] = 
 def build_tree(name: str, nodes: Iterable[Node]) -> tuple[TreeTopology, tuple[str, ...], tuple[str, ...]]:
     """Return the tree, the nodes that lacked topology data, and warnings about inconsistent data."""
     warnings: list[str] = []
-    leaf_nodes: dict[str, set[str]] = {}
-    parents: dict[str, set[str]] = {}
-    without_topology: list[str] = []
-    for node in nodes:
-        path = node.network_nodes
-        if not path:
-            without_topology.append(node.name)
-            continue
-        if len(set(path)) != len(path):
-            warnings.append(f"{node.name}: network nodes repeat ({','.join(path)}); used its leaf only")
-            path = path[-1:]
-        leaf_nodes.setdefault(path[-1], set()).add(node.name)
-        parents.setdefault(path[0], set())
-        for upper, lower in pairwise(path):
-            parents.setdefault(lower, set()).add(upper)
-
+    leaf_nodes, parents, without_topology = _read_paths(nodes, warnings)
     parent_of = _single_parents(parents, warnings)
     children: dict[str, set[str]] = {}
     for switch, parent in parent_of.items():
@@ -79,6 +64,34 @@ def build_tree(name: str, nodes: Iterable[Node]) -> tuple[TreeTopology, tuple[st
     topology = TreeTopology.model_validate({"name": name, "switches": ()})  # checks the name
     topology = topology.model_copy(update={"switches": tuple(switches)})
     return topology, tuple(sorted(without_topology)), tuple(warnings)
+
+
+def _read_paths(
+    nodes: Iterable[Node], warnings: list[str]
+) -> tuple[dict[str, set[str]], dict[str, set[str]], list[str]]:
+    """Each leaf's nodes, each switch's parents (as the paths say), and the nodes without topology data."""
+    leaf_nodes: dict[str, set[str]] = {}
+    parents: dict[str, set[str]] = {}
+    without_topology: list[str] = []
+    known_paths: set[tuple[str, ...]] = set()  # the nodes of a leaf share one path: its switches are in already
+    for node in nodes:
+        path = node.network_nodes
+        if path in known_paths:
+            leaf_nodes[path[-1]].add(node.name)
+            continue
+        if not path:
+            without_topology.append(node.name)
+            continue
+        if len(set(path)) != len(path):
+            warnings.append(f"{node.name}: network nodes repeat ({','.join(path)}); used its leaf only")
+            path = path[-1:]
+        else:
+            known_paths.add(path)
+        leaf_nodes.setdefault(path[-1], set()).add(node.name)
+        parents.setdefault(path[0], set())
+        for upper, lower in pairwise(path):
+            parents.setdefault(lower, set()).add(upper)
+    return leaf_nodes, parents, without_topology
 
 
 def _single_parents(parents: dict[str, set[str]], warnings: list[str]) -> dict[str, str | None]:
