@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from topokeeper.constants import INSTANCE_ID
+from topokeeper.constants import INSTANCE_ID, INSTANCE_ID_PATTERN
 from topokeeper.domain.catalog import ec2_instance_type
-from topokeeper.domain.names import SlurmName, is_plain_slurm_name
+from topokeeper.domain.names import SlurmName, all_plain_slurm_names, each_line_matches, is_plain_slurm_name
 
 PLAN_SCHEMA = "topokeeper.plan/1"
 FLAT_DEFAULT = "flat-default"
@@ -164,6 +164,50 @@ class Node(_Frozen):
             fields["instance_type"] = ec2_instance_type(instance_type)
         return _assembled(cls, fields)
 
+    @classmethod
+    def from_plain_rows(cls, rows: list[dict[str, Any]]) -> list[Node] | None:
+        """``[Node.from_fields(fields) for fields in rows]`` when every value of every row passes from_fields'
+        stricter test, checked a field at a time (one regex over all names, each repeated value once); None
+        when one does not (the rows are left as they were): build them one by one, for the errors."""
+        try:
+            plain, instance_types = _plain_rows(cls, rows)
+        except TypeError:  # an unhashable value, where values are counted: the model says what it is
+            return None
+        if not plain:
+            return None
+        nodes = []
+        for fields in rows:
+            if fields["instance_type"] is not None:
+                fields["instance_type"] = instance_types[fields["instance_type"]]
+            nodes.append(_assembled(cls, fields))
+        return nodes
+
+
+def _plain_rows(cls: type[Node], rows: list[dict[str, Any]]) -> tuple[bool, dict[str, str]]:
+    """Whether each row passes Node.from_fields' test, and the EC2 name of each instance type."""
+    keys = cls.__pydantic_fields__.keys()
+    if any(fields.keys() != keys for fields in rows):
+        return False, {}
+    column = {key: [fields[key] for fields in rows] for key in keys}
+    instance_ids = [value for value in column["instance_id"] if value is not None]
+    instance_types = {value for value in column["instance_type"] if value is not None}
+    repeated_names = {value for key in ("partition", "ultraserver_id") for value in column[key] if value is not None}
+    network_nodes = set(column["network_nodes"])
+    plain = (
+        all_plain_slurm_names(column["name"])
+        and each_line_matches(_INSTANCE_ID_LINES, instance_ids)
+        and all(type(value) is str and _plain_instance_type(value) for value in instance_types)
+        and {*map(type, column["instance_group"])} <= _TEXT
+        and all(map(_plain_name, repeated_names))
+        and {*map(type, column["status"])} <= _STR
+        and {*map(type, network_nodes)} <= {tuple}
+        and all(map(_plain_network_nodes, network_nodes))
+        and {*map(type, column["availability_zone"])} <= _TEXT
+    )
+    return plain, {value: ec2_instance_type(value) for value in instance_types} if plain else {}
+
+
+_INSTANCE_ID_LINES = re.compile(rf"(?:{INSTANCE_ID_PATTERN}\n)*")
 
 # Values that repeat across a cluster's nodes (a partition, a leaf's network nodes, an UltraServer, a type) are
 # checked once each.

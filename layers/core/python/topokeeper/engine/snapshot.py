@@ -270,7 +270,7 @@ def _plain_topology(item: Any) -> tuple[str, InstanceTopology] | None:
 
 def slurm_node_name(node: AwsClusterNode | Instance) -> str | None:
     """Slurm calls a HyperPod node by its short private host name (``ip-10-1-2-3``)."""
-    if isinstance(node, AwsClusterNode):
+    if not isinstance(node, Instance):  # (pydantic's isinstance, for AwsClusterNode, is a slow one)
         node = Instance.of(node)
     if node.host_name:
         return node.host_name.split(".", 1)[0]
@@ -372,13 +372,44 @@ _SOURCE_FIELD = {
 }
 
 
+def _nodes(
+    instances: list[Instance],
+    topology_by_id: dict[str, InstanceTopology],
+    group_partition: dict[str, str | None],
+    naming: SlurmNaming | None,
+    warnings: list[str],
+) -> list[Node]:
+    """A node for each instance that has a Slurm name: checked all at once, else one by one (for the errors)."""
+    indexes: list[int] = []
+    rows: list[dict[str, Any]] = []
+    for index, instance in enumerate(instances):
+        name = _instance_name(instance, naming, bool(group_partition.get(instance.group)), warnings)
+        if name is None:
+            continue
+        if instance.group not in group_partition:
+            warnings.append(f"node {name}: instance group {instance.group!r} is not in DescribeCluster")
+        indexes.append(index)
+        topology = topology_by_id.get(instance.instance_id)
+        rows.append(_node_fields(instance, name, group_partition.get(instance.group), topology))
+    built = Node.from_plain_rows(rows)
+    if built is None:
+        built = [_checked_node(index, fields) for index, fields in zip(indexes, rows, strict=True)]
+    return built
+
+
 def _build_node(
     index: int, instance: Instance, name: str, partition: str | None, topology: InstanceTopology | None
 ) -> Node:
+    return _checked_node(index, _node_fields(instance, name, partition, topology))
+
+
+def _node_fields(
+    instance: Instance, name: str, partition: str | None, topology: InstanceTopology | None
+) -> dict[str, Any]:
     ultraserver = instance.ultraserver_id
     if not ultraserver and topology is not None:
         ultraserver = topology.capacity_block_id
-    fields = {
+    return {
         "name": name,
         "instance_id": instance.instance_id,
         "instance_type": instance.instance_type,
@@ -389,6 +420,10 @@ def _build_node(
         "ultraserver_id": ultraserver or None,
         "availability_zone": instance.availability_zone or (topology.availability_zone if topology else None),
     }
+
+
+def _checked_node(index: int, fields: dict[str, Any]) -> Node:
+    """The node, or one InputError naming the snapshot field (``nodes[3].InstanceId``) of its first bad value."""
     try:
         return Node.from_fields(fields)
     except ValidationError as error:
@@ -419,14 +454,8 @@ def join_snapshot(facts: SnapshotFacts, config: PlannerConfig, slurm_version: st
     naming = SlurmNaming(raw.slurm.nodes) if raw.slurm.nodes is not None else None
     warnings.extend(naming.warnings if naming else ())
     chosen: dict[str, Node] = {}
-    for index, instance in enumerate(instances):
-        name = _instance_name(instance, naming, bool(group_partition.get(instance.group)), warnings)
-        if name is None:
-            continue
-        if instance.group not in group_partition:
-            warnings.append(f"node {name}: instance group {instance.group!r} is not in DescribeCluster")
-        group_of_node = group_partition.get(instance.group)
-        node = _build_node(index, instance, name, group_of_node, topology_by_id.get(instance.instance_id))
+    for node in _nodes(instances, topology_by_id, group_partition, naming, warnings):
+        name = node.name
         if not node.present:
             continue
         # A replaced node keeps its host name; prefer the running instance, then a stable tie-break.
