@@ -101,6 +101,22 @@ def test_a_node_from_fields_is_the_validated_node_or_the_same_error(fields: dict
     assert _outcome(lambda f: Node.from_fields(dict(f)), fields) == _outcome(Node.model_validate, fields)
 
 
+def test_nodes_from_plain_rows_are_the_validated_nodes_or_none() -> None:
+    odd_ones = [(field, value) for field, values in NODE_VALUES.items() for value in values]
+    odd_ones += [("name", "a\nb"), ("instance_id", "i-01234567\ni-01234567"), ("network_nodes", ("a\nb",))]
+    for field, value in odd_ones:
+        rows = [dict(GOOD_NODE), {**GOOD_NODE, "name": "ip-10-1-2-4", field: value}]
+        expected = [_outcome(Node.model_validate, row) for row in rows]
+        built = Node.from_plain_rows([dict(row) for row in rows])
+        if built is None:
+            assert all(
+                _outcome(lambda f: Node.from_fields(dict(f)), row) == outcome
+                for row, outcome in zip(rows, expected, strict=True)
+            )
+        else:
+            assert [_outcome(lambda node: node, node) for node in built] == expected, (field, value)
+
+
 def test_a_node_from_fields_without_every_field_is_validated() -> None:
     partial = {key: value for key, value in GOOD_NODE.items() if key != "status"}
     assert _outcome(lambda f: Node.from_fields(dict(f)), partial) == _outcome(Node.model_validate, partial)
