@@ -116,13 +116,18 @@ def snapshot_document(size: int) -> dict[str, Any]:
 
 
 def write_snapshot(size: int, directory: Path) -> Path:
-    """The snapshot file as ``topokeeper snapshot`` writes it: the modelled fields only, indented, keys sorted."""
-    from topokeeper.engine.snapshot import AwsSnapshot  # noqa: PLC0415 (the child processes measure imports)
+    """The snapshot file as ``topokeeper snapshot`` writes it (the modelled fields only, indented, keys sorted),
+    written by a child: a child forked from a large parent would count the parent's pages in its peak RSS."""
+    path = directory / f"snapshot-{size}.json"
+    subprocess.run([sys.executable, __file__, "--write-snapshot", str(size), str(path)], check=True)
+    return path
+
+
+def _write_snapshot(size: int, path: Path) -> None:
+    from topokeeper.engine.snapshot import AwsSnapshot  # noqa: PLC0415 (only this child imports the package)
 
     document = AwsSnapshot.model_validate(snapshot_document(size)).model_dump(mode="json", exclude_none=True)
-    path = directory / f"snapshot-{size}.json"
     path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
-    return path
 
 
 def run_plan(snapshot: Path, out: Path, *extra: str) -> tuple[float, float, int]:
@@ -255,7 +260,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-doc", action="store_true", help="print only; do not write docs/performance")
     parser.add_argument("--steps-of", type=Path, help=argparse.SUPPRESS)  # the child of steps_in_process
+    parser.add_argument("--write-snapshot", nargs=2, help=argparse.SUPPRESS)  # the child of write_snapshot
     args = parser.parse_args()
+    if args.write_snapshot:
+        _write_snapshot(int(args.write_snapshot[0]), Path(args.write_snapshot[1]))
+        return
     if args.steps_of:
         print(json.dumps(_steps(args.steps_of)))
         return

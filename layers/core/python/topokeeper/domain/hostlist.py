@@ -124,8 +124,10 @@ def _compress(names: Iterable[str]) -> str:
         split = _suffix(name)
         if split is None:
             opaque.add(name)
+        elif split[0] in by_prefix:
+            by_prefix[split[0]].add(split[1])
         else:
-            by_prefix.setdefault(split[0], set()).add(split[1])
+            by_prefix[split[0]] = {split[1]}
 
     groups: list[tuple[str, int, str]] = [(name, 0, name) for name in opaque]
     for prefix, digit_strings in by_prefix.items():
