@@ -127,7 +127,9 @@ def test_an_assembled_model_equals_the_validated_one_and_needs_every_field() -> 
     assert switch == Switch(name="nn-a", nodes=("n1", "n2")) and hash(switch) == hash(
         Switch(name="nn-a", nodes=("n1", "n2"))
     )
+    other = assemble(Switch, {"name": "nn-b", "switches": (), "nodes": ("n4",)})
     assert switch.model_copy(update={"nodes": ("n3",)}).nodes == ("n3",)
+    assert switch.model_fields_set == other.model_fields_set == {"name", "switches", "nodes"}  # shared, unchanged
     with pytest.raises(TypeError, match="needs every field"):
         assemble(Block, {"name": "b"})
 

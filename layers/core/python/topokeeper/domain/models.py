@@ -72,13 +72,22 @@ def assemble(cls: type[_Model], values: dict[str, Any]) -> _Model:
 def _assembled(cls: type[_Model], values: dict[str, Any]) -> _Model:
     model = cls.__new__(cls)
     _set(model, "__dict__", values)
-    _set(model, "__pydantic_fields_set__", set(values))
+    # Every field is set, so every such model has the same fields set: one, shared (a 9-field set is 0.7 kB a
+    # node). Safe for frozen models, which never change theirs; copying a model copies it.
+    _set(model, "__pydantic_fields_set__", _all_fields(cls))
     _set(model, "__pydantic_extra__", None)
     _set(model, "__pydantic_private__", None)
     return model
 
 
 _set = object.__setattr__
+
+
+@functools.cache
+def _all_fields(cls: type[BaseModel]) -> set[str]:
+    if not cls.model_config.get("frozen"):
+        raise TypeError(f"{cls.__name__} is not frozen: its fields set cannot be shared")
+    return set(cls.__pydantic_fields__)
 
 
 class TopologyKind(StrEnum):
