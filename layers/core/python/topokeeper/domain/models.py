@@ -6,15 +6,16 @@ renderers only ever see safe values.
 
 from __future__ import annotations
 
+import functools
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from topokeeper.constants import INSTANCE_ID
+from topokeeper.constants import INSTANCE_ID, INSTANCE_ID_PATTERN
 from topokeeper.domain.catalog import ec2_instance_type
-from topokeeper.domain.names import SlurmName
+from topokeeper.domain.names import SlurmName, all_plain_slurm_names, each_line_matches, is_plain_slurm_name
 
 PLAN_SCHEMA = "topokeeper.plan/1"
 FLAT_DEFAULT = "flat-default"
@@ -53,6 +54,40 @@ def _cluster_name(value: str) -> str:
 InstanceId = Annotated[str, AfterValidator(_instance_id)]
 InstanceType = Annotated[str, AfterValidator(_instance_type)]
 ClusterName = Annotated[str, AfterValidator(_cluster_name)]
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def assemble(cls: type[_Model], values: dict[str, Any]) -> _Model:
+    """``cls.model_construct(**values)`` for values that set every field and already meet the model's rules (taken
+    from validated models, or passed a stricter test); it keeps ``values`` as the model's own dict. What
+    model_construct ends with, without its per-field alias and default lookups: 4x faster, and a plan of 100,000
+    nodes builds that many objects."""
+    if values.keys() != cls.__pydantic_fields__.keys():
+        raise TypeError(f"{cls.__name__} needs every field: {sorted(cls.__pydantic_fields__)}")
+    return _assembled(cls, values)
+
+
+def _assembled(cls: type[_Model], values: dict[str, Any]) -> _Model:
+    model = cls.__new__(cls)
+    _set(model, "__dict__", values)
+    # Every field is set, so every such model has the same fields set: one, shared (a 9-field set is 0.7 kB a
+    # node). Safe for frozen models, which never change theirs; copying a model copies it.
+    _set(model, "__pydantic_fields_set__", _all_fields(cls))
+    _set(model, "__pydantic_extra__", None)
+    _set(model, "__pydantic_private__", None)
+    return model
+
+
+_set = object.__setattr__
+
+
+@functools.cache
+def _all_fields(cls: type[BaseModel]) -> set[str]:
+    if not cls.model_config.get("frozen"):
+        raise TypeError(f"{cls.__name__} is not frozen: its fields set cannot be shared")
+    return set(cls.__pydantic_fields__)
 
 
 class TopologyKind(StrEnum):
@@ -106,6 +141,104 @@ class Node(_Frozen):
     @property
     def present(self) -> bool:
         return self.status in PRESENT_STATUSES
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> Node:
+        """``Node.model_validate(fields)`` for a dict of every field: assembled directly when each value passes a
+        test stricter than the model's (the usual case), else validated, so a bad value fails exactly as before.
+        The dict becomes the node's own: build it for this call."""
+        if fields.keys() != cls.__pydantic_fields__.keys():
+            return cls.model_validate(fields)
+        instance_id, instance_type = fields["instance_id"], fields["instance_type"]
+        partition, ultraserver_id = fields["partition"], fields["ultraserver_id"]
+        try:
+            plain_type = instance_type is None or (type(instance_type) is str and _plain_instance_type(instance_type))
+            plain = (
+                plain_type
+                and is_plain_slurm_name(fields["name"])
+                and (instance_id is None or (type(instance_id) is str and INSTANCE_ID.fullmatch(instance_id)))
+                and type(fields["instance_group"]) in _TEXT
+                and (partition is None or _plain_name(partition))
+                and type(fields["status"]) is str
+                and type(fields["network_nodes"]) is tuple
+                and _plain_network_nodes(fields["network_nodes"])
+                and (ultraserver_id is None or _plain_name(ultraserver_id))
+                and type(fields["availability_zone"]) in _TEXT
+            )
+        except TypeError:  # an unhashable value, not for these caches: the model says what it is
+            plain = False
+        if not plain:
+            return cls.model_validate(fields)
+        if instance_type is not None:
+            fields["instance_type"] = ec2_instance_type(instance_type)
+        return _assembled(cls, fields)
+
+    @classmethod
+    def from_plain_rows(cls, rows: list[dict[str, Any]]) -> list[Node] | None:
+        """``[Node.from_fields(fields) for fields in rows]`` when every value of every row passes from_fields'
+        stricter test, checked a field at a time (one regex over all names, each repeated value once); None
+        when one does not (the rows are left as they were): build them one by one, for the errors."""
+        try:
+            plain, instance_types = _plain_rows(cls, rows)
+        except TypeError:  # an unhashable value, where values are counted: the model says what it is
+            return None
+        if not plain:
+            return None
+        nodes = []
+        for fields in rows:
+            if fields["instance_type"] is not None:
+                fields["instance_type"] = instance_types[fields["instance_type"]]
+            nodes.append(_assembled(cls, fields))
+        return nodes
+
+
+def _plain_rows(cls: type[Node], rows: list[dict[str, Any]]) -> tuple[bool, dict[str, str]]:
+    """Whether each row passes Node.from_fields' test, and the EC2 name of each instance type."""
+    keys = cls.__pydantic_fields__.keys()
+    if any(fields.keys() != keys for fields in rows):
+        return False, {}
+    column = {key: [fields[key] for fields in rows] for key in keys}
+    instance_ids = [value for value in column["instance_id"] if value is not None]
+    instance_types = {value for value in column["instance_type"] if value is not None}
+    repeated_names = {value for key in ("partition", "ultraserver_id") for value in column[key] if value is not None}
+    network_nodes = set(column["network_nodes"])
+    plain = (
+        all_plain_slurm_names(column["name"])
+        and each_line_matches(_INSTANCE_ID_LINES, instance_ids)
+        and all(type(value) is str and _plain_instance_type(value) for value in instance_types)
+        and {*map(type, column["instance_group"])} <= _TEXT
+        and all(map(_plain_name, repeated_names))
+        and {*map(type, column["status"])} <= _STR
+        and {*map(type, network_nodes)} <= {tuple}
+        and all(map(_plain_network_nodes, network_nodes))
+        and {*map(type, column["availability_zone"])} <= _TEXT
+    )
+    return plain, {value: ec2_instance_type(value) for value in instance_types} if plain else {}
+
+
+_INSTANCE_ID_LINES = re.compile(rf"(?:{INSTANCE_ID_PATTERN}\n)*")
+
+# Values that repeat across a cluster's nodes (a partition, a leaf's network nodes, an UltraServer, a type) are
+# checked once each.
+_plain_name = functools.lru_cache(maxsize=4096, typed=True)(is_plain_slurm_name)
+
+
+def _plain_network_nodes(names: tuple[object, ...]) -> bool:
+    return len(names) <= MAX_NETWORK_LAYERS and {*map(type, names)} <= _STR and _plain_names(names)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _plain_names(names: tuple[str, ...]) -> bool:
+    return all(map(is_plain_slurm_name, names))
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _plain_instance_type(value: str) -> bool:
+    return _INSTANCE_TYPE.fullmatch(ec2_instance_type(value)) is not None
+
+
+_TEXT = frozenset({str, type(None)})  # the types a ``str | None`` field takes unchanged
+_STR = frozenset({str})
 
 
 class PartitionSettings(_Frozen):

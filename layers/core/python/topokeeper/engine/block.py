@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from topokeeper.domain.models import NO_ULTRASERVER_BLOCK, Block, BlockTopology, Node
+from topokeeper.domain.models import NO_ULTRASERVER_BLOCK, Block, BlockTopology, Node, assemble
 
 
 def build_blocks(
@@ -34,9 +34,12 @@ def build_blocks(
         paths = upper_paths[block_id]
         return (0, min(paths), block_id) if paths else (1, (), block_id)
 
+    # Block names are validated UltraServer ids or a constant, their nodes validated nodes: no need to check again.
     blocks = [
-        Block(name=block_id, nodes=tuple(sorted(members[block_id]))) for block_id in sorted(members, key=proximity)
+        assemble(Block, {"name": block_id, "nodes": tuple(sorted(members[block_id]))})
+        for block_id in sorted(members, key=proximity)
     ]
     if orphans:
-        blocks.append(Block(name=NO_ULTRASERVER_BLOCK, nodes=tuple(sorted(orphans))))
-    return BlockTopology(name=name, block_sizes=block_sizes, blocks=tuple(blocks)), tuple(sorted(orphans))
+        blocks.append(assemble(Block, {"name": NO_ULTRASERVER_BLOCK, "nodes": tuple(sorted(orphans))}))
+    topology = BlockTopology.model_validate({"name": name, "block_sizes": block_sizes, "blocks": ()})
+    return topology.model_copy(update={"blocks": tuple(blocks)}), tuple(sorted(orphans))

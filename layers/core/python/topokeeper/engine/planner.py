@@ -123,15 +123,19 @@ def plan_partition(partition: Partition) -> PartitionPlan:
             warnings.append("no nodes present; flat until nodes join")
         elif partition.settings.kind == "auto" and (reason := _flat_reason(partition)):
             warnings.append(reason)
-    return PartitionPlan(
+    checked = PartitionPlan(
         partition=partition.name,
         kind=kind,
         topology=topology,
         assignment=None if kind is TopologyKind.FLAT else topology.name,
-        nodes=tuple(sorted(names)),
-        nodes_without_topology=without,
-        nodes_without_instance=no_instance,
+        nodes=(),
+        nodes_without_topology=(),
+        nodes_without_instance=(),
         warnings=tuple(warnings),
+    )
+    # The nodes' names were checked when the nodes were: not again, one by one.
+    return checked.model_copy(
+        update={"nodes": tuple(sorted(names)), "nodes_without_topology": without, "nodes_without_instance": no_instance}
     )
 
 
