@@ -30,8 +30,9 @@ PAGE = 20  # DescribeInstanceTopology's page when instance ids are given
 class PagedEc2:
     """DescribeInstanceTopology with ids: pages of 20 in id order, the token naming the last id answered."""
 
-    def __init__(self) -> None:
+    def __init__(self, not_yet: set[str] | None = None) -> None:
         self.calls: list[list[str]] = []
+        self.not_yet = not_yet or set()  # answered without network nodes ("not yet reported")
 
     def describe_instance_topology(self, InstanceIds: list[str], NextToken: str = "") -> dict[str, Any]:
         assert len(InstanceIds) <= 100
@@ -42,7 +43,7 @@ class PagedEc2:
             {
                 "InstanceId": i,
                 "InstanceType": "p5.48xlarge",
-                "NetworkNodes": ["nn-s", "nn-b", f"nn-l{int(i[2:], 16) // 4}"],
+                "NetworkNodes": [] if i in self.not_yet else ["nn-s", "nn-b", f"nn-l{int(i[2:], 16) // 4}"],
             }
             for i in page
         ]
@@ -84,6 +85,30 @@ def test_a_read_cut_short_by_its_deadline_keeps_what_it_asked_and_the_next_goes_
     assert reader.undescribed == []
     assert len(ec2.calls) == 50  # 1,000 instances at 20 a page, each asked once over the two reads
     assert {i for call in ec2.calls[25:] for i in call} == set(IDS[500:])
+
+
+def test_instances_not_reported_yet_do_not_starve_the_ones_never_asked() -> None:
+    """Each read has time for 500 instances; the first 500 (by id) stay "not yet reported": the next read asks
+    the 500 never asked before asking those again."""
+    clock, ec2, cache = FakeClock(), PagedEc2(not_yet=set(IDS[:500])), MemoryNodeFactsCache()
+    reader = _reader(clock, ec2, cache)
+
+    reader.deadline = clock.now() + timedelta(seconds=22)
+    reader.read(CLUSTER, IDS)
+    assert reader.undescribed == IDS[500:]
+    assert {i for call in ec2.calls for i in call} == set(IDS[:500])
+
+    reader.deadline = clock.now() + timedelta(seconds=22)
+    second = reader.read(CLUSTER, IDS)
+
+    assert {i for call in ec2.calls[25:] for i in call} == set(IDS[500:])
+    assert {item["InstanceId"] for item in second if item.get("NetworkNodes")} == set(IDS[500:])
+    assert reader.undescribed == IDS[:500]  # asked again next, oldest answer first
+
+    ec2.not_yet.clear()
+    reader.deadline = clock.now() + timedelta(seconds=22)
+    third = reader.read(CLUSTER, IDS)
+    assert [item["InstanceId"] for item in third] == IDS and reader.undescribed == []
 
 
 def test_a_deadline_already_passed_asks_nothing() -> None:
