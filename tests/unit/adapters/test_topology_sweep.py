@@ -10,12 +10,11 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import botocore.session
 import pytest
-from botocore.config import Config
 from botocore.stub import Stubber
 
 from tests.fakes import FakeClock
+from tests.unit.adapters.topology_support import stubbed_ec2, topology_item
 from topokeeper.adapters.ec2 import InstanceTopologyReader, MemoryNodeFactsCache
 
 CLUSTER = "c"
@@ -34,25 +33,9 @@ def _ids(start: int, count: int) -> list[str]:
     return [f"i-{n:017x}" for n in range(start, start + count)]
 
 
-def _item(instance_id: str) -> dict[str, Any]:
-    return {
-        "InstanceId": instance_id,
-        "InstanceType": "p5.48xlarge",
-        "NetworkNodes": ["nn-1", "nn-2", f"nn-{instance_id[-4:]}"],
-        "AvailabilityZone": "us-east-1a",
-        "ZoneId": "use1-az1",
-    }
-
-
 @pytest.fixture
 def ec2() -> Iterator[tuple[Any, Stubber]]:
-    client = botocore.session.get_session().create_client(
-        "ec2",
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",  # noqa: S106 - a dummy credential; the Stubber answers every call
-        config=Config(retries={"total_max_attempts": 1}),
-    )
+    client = stubbed_ec2()
     with Stubber(client) as stubber:
         yield client, stubber
         stubber.assert_no_pending_responses()
@@ -63,7 +46,7 @@ def _reader(client: Any, clock: FakeClock, cache: MemoryNodeFactsCache | None = 
 
 
 def _page(stubber: Stubber, items: list[str], token: str | None, next_token: str | None) -> None:
-    response: dict[str, Any] = {"Instances": [_item(i) for i in items]}
+    response: dict[str, Any] = {"Instances": [topology_item(i) for i in items]}
     if next_token:
         response["NextToken"] = next_token
     stubber.add_response("describe_instance_topology", response, {**SWEEP, **({"NextToken": token} if token else {})})
@@ -79,7 +62,7 @@ def test_a_new_cluster_is_swept_in_pages_of_100_and_only_its_instances_are_kept(
     _page(stubber, account[:100], None, "t1")
     _page(stubber, account[100:200], "t1", "t2")
     _page(stubber, account[200:], "t2", None)
-    stubber.add_response("describe_instance_topology", {"Instances": [_item(late)]}, {"InstanceIds": [late]})
+    stubber.add_response("describe_instance_topology", {"Instances": [topology_item(late)]}, {"InstanceIds": [late]})
     reader = _reader(client, clock, cache)
 
     items = reader.read(CLUSTER, wanted, instance_types=dict.fromkeys(wanted, "ml.p5.48xlarge"))
@@ -94,21 +77,21 @@ def test_a_small_gap_is_asked_by_ids(ec2: tuple[Any, Stubber]) -> None:
     client, stubber = ec2
     clock, cache = FakeClock(), MemoryNodeFactsCache()
     wanted = _ids(1, 1000)
-    cache.put_many(CLUSTER, {i: {**_item(i), "topokeeper:launched": ""} for i in wanted[50:]}, clock.now())
+    cache.put_many(CLUSTER, {i: {**topology_item(i), "topokeeper:launched": ""} for i in wanted[50:]}, clock.now())
     # 50 new of 1,000: 3 pages by ids against at least 10 for the sweep.
     stubber.add_response(
         "describe_instance_topology",
-        {"Instances": [_item(i) for i in wanted[:20]], "NextToken": "n1"},
+        {"Instances": [topology_item(i) for i in wanted[:20]], "NextToken": "n1"},
         {"InstanceIds": wanted[:50]},
     )
     stubber.add_response(
         "describe_instance_topology",
-        {"Instances": [_item(i) for i in wanted[20:40]], "NextToken": "n2"},
+        {"Instances": [topology_item(i) for i in wanted[20:40]], "NextToken": "n2"},
         {"InstanceIds": wanted[:50], "NextToken": "n1"},
     )
     stubber.add_response(
         "describe_instance_topology",
-        {"Instances": [_item(i) for i in wanted[40:50]]},
+        {"Instances": [topology_item(i) for i in wanted[40:50]]},
         {"InstanceIds": wanted[:50], "NextToken": "n2"},
     )
     reader = _reader(client, clock, cache)
@@ -125,7 +108,7 @@ def test_a_sweep_that_would_not_fit_the_time_left_is_not_started(ec2: tuple[Any,
     clock = FakeClock()
     wanted = _ids(1, 1000)  # a sweep of 10 pages, 4 seconds left: ids, one batch of 100 started in time
     for page in range(5):
-        response: dict[str, Any] = {"Instances": [_item(i) for i in wanted[page * 20 : page * 20 + 20]]}
+        response: dict[str, Any] = {"Instances": [topology_item(i) for i in wanted[page * 20 : page * 20 + 20]]}
         if page < 4:
             response["NextToken"] = f"n{page + 1}"
         expected: dict[str, Any] = {"InstanceIds": wanted[:100], **({"NextToken": f"n{page}"} if page else {})}
@@ -145,18 +128,18 @@ def test_a_sweep_over_an_account_full_of_the_type_stops_at_the_id_path_cost(ec2:
     clock = FakeClock()
     wanted = _ids(1, 100)
     cache = MemoryNodeFactsCache()
-    cache.put_many(CLUSTER, {i: {**_item(i), "topokeeper:launched": ""} for i in wanted[40:]}, clock.now())
+    cache.put_many(CLUSTER, {i: {**topology_item(i), "topokeeper:launched": ""} for i in wanted[40:]}, clock.now())
     gap = wanted[:40]  # 2 pages by ids; the sweep counts on 1 page (100 instances) and gets 2
     _page(stubber, [*_ids(20_000, 90), *gap[:10]], None, "t1")
     _page(stubber, _ids(20_090, 100), "t1", "t2")
     stubber.add_response(
         "describe_instance_topology",
-        {"Instances": [_item(i) for i in gap[10:30]], "NextToken": "n1"},
+        {"Instances": [topology_item(i) for i in gap[10:30]], "NextToken": "n1"},
         {"InstanceIds": gap[10:]},
     )
     stubber.add_response(
         "describe_instance_topology",
-        {"Instances": [_item(i) for i in gap[30:]]},
+        {"Instances": [topology_item(i) for i in gap[30:]]},
         {"InstanceIds": gap[10:], "NextToken": "n1"},
     )
     reader = _reader(client, clock, cache)
