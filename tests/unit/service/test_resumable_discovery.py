@@ -21,7 +21,7 @@ from topokeeper.config import Settings
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.ports import ApplyResult, Outcome
 from topokeeper.runtime import AFTER_DISCOVERY_SECONDS, DRIFT_DISCOVERY_SECONDS, LambdaEnvironment, Runtime
-from topokeeper.service.reconcile import reconcile
+from topokeeper.service.reconcile import MAX_TOPOLOGY_RETRIES, reconcile
 from topokeeper.service.result import record_result
 
 PAGE = 20  # DescribeInstanceTopology's page when instance ids are given
@@ -196,3 +196,26 @@ def test_each_function_reads_with_its_own_deadline(monkeypatch: pytest.MonkeyPat
     assert reconcile_facts._topology.deadline == started + timedelta(seconds=180 - AFTER_DISCOVERY_SECONDS)
     assert drift_facts._topology.deadline == clock.now() + timedelta(seconds=DRIFT_DISCOVERY_SECONDS)
     assert runtime.reconcile_deps().facts(cluster)._topology.deadline is None
+
+
+class OneNodeNotReported(FakeFacts):
+    """EC2 never reports the first node's topology."""
+
+    def read(self, cluster: str) -> AwsSnapshot:
+        raw = super().read(cluster)
+        return raw.model_copy(update={"instance_topology": raw.instance_topology[1:]})
+
+
+def test_topology_retries_are_counted_per_change_so_a_long_scale_up_keeps_asking() -> None:
+    """Each reconcile that a change of the cluster triggered starts the count again: a scale-up of more than
+    MAX_TOPOLOGY_RETRIES reconciles still asks again for the nodes EC2 has not reported yet."""
+    controller = Controller(mode="verify")
+    controller.facts = OneNodeNotReported(8)  # type: ignore[assignment]
+    reconciles = MAX_TOPOLOGY_RETRIES + 2
+
+    for number in range(reconciles):
+        report = reconcile(controller.change(f"launch-{number}"), controller.deps())
+        assert report.nodes_without_topology == 1
+
+    assert controller.now_state().topology_retries == 1
+    assert [request.reason for request in controller.queue.sent] == ["retry"] * reconciles
