@@ -27,10 +27,10 @@ from topokeeper.ports import METRICS_NAMESPACE, Channel
 # (timeout, memory MB) per function. Reconcile plans a whole cluster; drift plans every cluster and
 # waits up to two minutes for each SSM verify; ingest and result handle one event.
 _SIZING = {
-    c.INGEST: (Duration.seconds(30), 256),
-    c.RECONCILE: (Duration.seconds(spec.RECONCILE_TIMEOUT_SECONDS), 1024),
-    c.RESULT: (Duration.seconds(60), 256),
-    c.DRIFT: (Duration.minutes(10), 1024),
+    c.INGEST: (Duration.seconds(spec.FUNCTION_TIMEOUT_SECONDS[c.INGEST]), 256),
+    c.RECONCILE: (Duration.seconds(spec.FUNCTION_TIMEOUT_SECONDS[c.RECONCILE]), 1024),
+    c.RESULT: (Duration.seconds(spec.FUNCTION_TIMEOUT_SECONDS[c.RESULT]), 256),
+    c.DRIFT: (Duration.seconds(spec.FUNCTION_TIMEOUT_SECONDS[c.DRIFT]), 1024),
 }
 # Lambda's own retries of an asynchronous invocation (EventBridge, Scheduler) before the event DLQ.
 _ASYNC_RETRIES = 2

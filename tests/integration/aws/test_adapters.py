@@ -27,7 +27,13 @@ from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.audit_trail import PUT_EVENTS_MAX_BYTES, AuditTrail, put_events_entry_size
 from topokeeper.adapters.aws import PRESIGN_CONFIG, SEND_COMMAND_CONFIG, client, presigning_s3
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
-from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter
+from topokeeper.adapters.ec2 import (
+    ASKED_KEY,
+    LAUNCH_KEY,
+    InstanceTopologyReader,
+    LocalRateLimiter,
+    is_complete,
+)
 from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
@@ -179,14 +185,15 @@ def test_hyperpod_facts_read_a_250_node_cluster_with_the_fewest_calls(
     assert (aws.calls["DescribeCluster"], aws.calls["ListClusterNodes"]) == (1, 3)
     assert aws.calls["DescribeClusterNode"] == 0
     assert aws.calls["GetObject"] == 0  # every group has SlurmConfig: no legacy mapping to read
-    # DescribeInstanceTopology: batches of at most 100 ids, never MaxResults, answered in pages of 20 that
-    # each take a second of the 1/s bucket; only capable nodes
-    assert aws.calls["DescribeInstanceTopology"] == len(topology_requests) == 5 + 5 + 2
-    batches = [r["InstanceIds"] for r in _questions(topology_requests)]
-    assert [len(batch) for batch in batches] == [100, 100, 25]
-    assert all("MaxResults" not in r for r in topology_requests)
-    assert {i for batch in batches for i in batch} == asked_for
-    assert clock.monotonic() - started == 11.0
+    # DescribeInstanceTopology: a cold read sweeps each type without ids, pages of 100 that each take a second
+    # of the 1/s bucket (by ids, 189 p5 and 35 gb200 would take 10 + 2 pages of 20); never ids with MaxResults
+    assert aws.calls["DescribeInstanceTopology"] == len(topology_requests) == 2 + 1
+    assert [(r["Filters"], r["MaxResults"]) for r in _questions(topology_requests)] == [
+        ([{"Name": "instance-type", "Values": ["p5.48xlarge"]}], 100),
+        ([{"Name": "instance-type", "Values": ["p6e-gb200.36xlarge"]}], 100),
+    ]
+    assert all("InstanceIds" not in r for r in topology_requests)
+    assert clock.monotonic() - started == 2.0
     assert {t.InstanceId for t in raw.instance_topology} == asked_for
     assert all(len(t.NetworkNodes or []) == 3 for t in raw.instance_topology)
 
@@ -386,10 +393,13 @@ def test_topology_not_yet_reported_is_asked_again(aws: AwsEmulator, clock: Manua
     asked = _requests(ec2, "DescribeInstanceTopology")
     reader = _reader(aws, clock, table, ec2)
 
-    # When it is read: the answer says "not yet", and only the complete answers are cached
+    # When it is read: the answer says "not yet", and only the complete answers are cached (the other, when
+    # it was asked)
     early = {item["InstanceId"]: item for item in reader.read("llm-train", ids)}
     assert early[late]["NetworkNodes"] == []
-    assert set(DynamoNodeFactsCache(aws.client("dynamodb"), table).get_many("llm-train", ids)) == set(ids) - {late}
+    cached = DynamoNodeFactsCache(aws.client("dynamodb"), table).get_many("llm-train", ids)
+    assert {i for i, facts in cached.items() if is_complete(facts)} == set(ids) - {late}
+    assert set(cached[late]) == {"InstanceId", ASKED_KEY, LAUNCH_KEY}
 
     # Then the next read asks again, for that node only
     reader.read("llm-train", ids)
@@ -420,10 +430,10 @@ def test_ultraserver_answer_without_capacity_block_is_not_cached(
     reader = _reader(aws, clock, table, ec2)
     cache = DynamoNodeFactsCache(aws.client("dynamodb"), table)
 
-    # When it is read, nothing is cached
+    # When it is read, nothing is cached but when each was asked
     incomplete = reader.read("llm-train", gb200)
     assert all(item["NetworkNodes"] and "CapacityBlockId" not in item for item in incomplete)
-    assert cache.get_many("llm-train", gb200) == {}
+    assert not any(is_complete(facts) for facts in cache.get_many("llm-train", gb200).values())
 
     # Then the next read asks again, and caches the complete answer
     ec2.meta.events.unregister(_event("after-call", ec2, "DescribeInstanceTopology"), handler)

@@ -222,3 +222,26 @@ def test_the_planner_reads_what_the_emulator_answers(aws: AwsEmulator, clock: Ma
     assert all(len(n.network_nodes) == 3 for n in partitions["ml-p5"].nodes)
     assert len({n.ultraserver_id for n in partitions["ml-p6e"].nodes}) == 2
     assert snapshot.warnings == ()
+
+
+def test_without_ids_pages_hold_up_to_100_of_the_filtered_type(aws: AwsEmulator, clock: ManualClock) -> None:
+    """The sweep topokeeper uses for a large gap: botocore checks MaxResults' minimum only, AWS the maximum."""
+    nodes = _cluster(aws, group("p5", "ml.p5.48xlarge", 230), group("p5en", "ml.p5en.48xlarge", 30))
+    ec2 = _ec2(aws)
+    sweep = {"Filters": [{"Name": "instance-type", "Values": ["p5.48xlarge"]}], "MaxResults": 100}
+
+    pages = _pages(ec2, clock, **sweep)
+
+    assert [len(page["Instances"]) for page in pages] == [100, 100, 30]
+    assert aws.calls["DescribeInstanceTopology"] == 3
+    p5 = {n["InstanceId"] for n in nodes if n["InstanceType"] == "ml.p5.48xlarge"}
+    assert [i["InstanceId"] for page in pages for i in page["Instances"]] == sorted(p5)
+    for too_many in (101, 1000):
+        clock.advance(1)
+        with pytest.raises(ClientError) as info:
+            ec2.describe_instance_topology(**{**sweep, "MaxResults": too_many})
+        assert _code(info) == "InvalidParameterValue"
+    clock.advance(1)
+    with pytest.raises(ClientError) as info:
+        ec2.describe_instance_topology(**sweep, InstanceIds=sorted(p5)[:5])
+    assert _code(info) == "InvalidParameterCombination"

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
-import botocore.session
-from botocore.config import Config
 from botocore.stub import Stubber
 
+from tests.unit.adapters.topology_support import stubbed_ec2, topology_item
 from topokeeper.adapters.ec2 import InstanceTopologyReader, MemoryNodeFactsCache
 
 IDS = [f"i-{n:017x}" for n in range(1, 5)]
@@ -20,23 +18,8 @@ class Unlimited:
         return None
 
 
-def _item(instance_id: str) -> dict[str, Any]:
-    return {
-        "InstanceId": instance_id,
-        "InstanceType": "p5.48xlarge",
-        "NetworkNodes": ["nn-1", "nn-2", f"nn-{instance_id}"],
-        "AvailabilityZone": "us-east-1a",
-    }
-
-
 def test_an_error_naming_no_id_is_bisected_down_to_the_unowned_instance() -> None:
-    ec2 = botocore.session.get_session().create_client(
-        "ec2",
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",  # noqa: S106 - a dummy credential; the Stubber answers every call
-        config=Config(retries={"total_max_attempts": 1}),
-    )
+    ec2 = stubbed_ec2()
     reader = InstanceTopologyReader(ec2, MemoryNodeFactsCache(), Unlimited(), lambda: datetime.now(UTC))
     with Stubber(ec2) as stubber:
 
@@ -49,7 +32,7 @@ def test_an_error_naming_no_id_is_bisected_down_to_the_unowned_instance() -> Non
             )
 
         def answer(batch: list[str]) -> None:
-            response = {"Instances": [_item(i) for i in batch]}
+            response = {"Instances": [topology_item(i) for i in batch]}
             stubber.add_response("describe_instance_topology", response, {"InstanceIds": batch})
 
         refuse(IDS)

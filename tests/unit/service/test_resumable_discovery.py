@@ -21,7 +21,7 @@ from topokeeper.config import Settings
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.ports import ApplyResult, Outcome
 from topokeeper.runtime import AFTER_DISCOVERY_SECONDS, DRIFT_DISCOVERY_SECONDS, LambdaEnvironment, Runtime
-from topokeeper.service.reconcile import reconcile
+from topokeeper.service.reconcile import MAX_TOPOLOGY_RETRIES, reconcile
 from topokeeper.service.result import record_result
 
 PAGE = 20  # DescribeInstanceTopology's page when instance ids are given
@@ -30,8 +30,9 @@ PAGE = 20  # DescribeInstanceTopology's page when instance ids are given
 class PagedEc2:
     """DescribeInstanceTopology with ids: pages of 20 in id order, the token naming the last id answered."""
 
-    def __init__(self) -> None:
+    def __init__(self, not_yet: set[str] | None = None) -> None:
         self.calls: list[list[str]] = []
+        self.not_yet = not_yet or set()  # answered without network nodes ("not yet reported")
 
     def describe_instance_topology(self, InstanceIds: list[str], NextToken: str = "") -> dict[str, Any]:
         assert len(InstanceIds) <= 100
@@ -42,7 +43,7 @@ class PagedEc2:
             {
                 "InstanceId": i,
                 "InstanceType": "p5.48xlarge",
-                "NetworkNodes": ["nn-s", "nn-b", f"nn-l{int(i[2:], 16) // 4}"],
+                "NetworkNodes": [] if i in self.not_yet else ["nn-s", "nn-b", f"nn-l{int(i[2:], 16) // 4}"],
             }
             for i in page
         ]
@@ -84,6 +85,30 @@ def test_a_read_cut_short_by_its_deadline_keeps_what_it_asked_and_the_next_goes_
     assert reader.undescribed == []
     assert len(ec2.calls) == 50  # 1,000 instances at 20 a page, each asked once over the two reads
     assert {i for call in ec2.calls[25:] for i in call} == set(IDS[500:])
+
+
+def test_instances_not_reported_yet_do_not_starve_the_ones_never_asked() -> None:
+    """Each read has time for 500 instances; the first 500 (by id) stay "not yet reported": the next read asks
+    the 500 never asked before asking those again."""
+    clock, ec2, cache = FakeClock(), PagedEc2(not_yet=set(IDS[:500])), MemoryNodeFactsCache()
+    reader = _reader(clock, ec2, cache)
+
+    reader.deadline = clock.now() + timedelta(seconds=22)
+    reader.read(CLUSTER, IDS)
+    assert reader.undescribed == IDS[500:]
+    assert {i for call in ec2.calls for i in call} == set(IDS[:500])
+
+    reader.deadline = clock.now() + timedelta(seconds=22)
+    second = reader.read(CLUSTER, IDS)
+
+    assert {i for call in ec2.calls[25:] for i in call} == set(IDS[500:])
+    assert {item["InstanceId"] for item in second if item.get("NetworkNodes")} == set(IDS[500:])
+    assert reader.undescribed == IDS[:500]  # asked again next, oldest answer first
+
+    ec2.not_yet.clear()
+    reader.deadline = clock.now() + timedelta(seconds=22)
+    third = reader.read(CLUSTER, IDS)
+    assert [item["InstanceId"] for item in third] == IDS and reader.undescribed == []
 
 
 def test_a_deadline_already_passed_asks_nothing() -> None:
@@ -171,3 +196,26 @@ def test_each_function_reads_with_its_own_deadline(monkeypatch: pytest.MonkeyPat
     assert reconcile_facts._topology.deadline == started + timedelta(seconds=180 - AFTER_DISCOVERY_SECONDS)
     assert drift_facts._topology.deadline == clock.now() + timedelta(seconds=DRIFT_DISCOVERY_SECONDS)
     assert runtime.reconcile_deps().facts(cluster)._topology.deadline is None
+
+
+class OneNodeNotReported(FakeFacts):
+    """EC2 never reports the first node's topology."""
+
+    def read(self, cluster: str) -> AwsSnapshot:
+        raw = super().read(cluster)
+        return raw.model_copy(update={"instance_topology": raw.instance_topology[1:]})
+
+
+def test_topology_retries_are_counted_per_change_so_a_long_scale_up_keeps_asking() -> None:
+    """Each reconcile that a change of the cluster triggered starts the count again: a scale-up of more than
+    MAX_TOPOLOGY_RETRIES reconciles still asks again for the nodes EC2 has not reported yet."""
+    controller = Controller(mode="verify")
+    controller.facts = OneNodeNotReported(8)  # type: ignore[assignment]
+    reconciles = MAX_TOPOLOGY_RETRIES + 2
+
+    for number in range(reconciles):
+        report = reconcile(controller.change(f"launch-{number}"), controller.deps())
+        assert report.nodes_without_topology == 1
+
+    assert controller.now_state().topology_retries == 1
+    assert [request.reason for request in controller.queue.sent] == ["retry"] * reconciles

@@ -38,6 +38,8 @@ BILLING_MODE = "PAY_PER_REQUEST"
 
 # The reconcile function's timeout; the work queue's visibility timeout derives from it.
 RECONCILE_TIMEOUT_SECONDS = 180
+# Every function's timeout (the simulator fails a run in which an invocation outlives its own).
+FUNCTION_TIMEOUT_SECONDS = {INGEST: 30, RECONCILE: RECONCILE_TIMEOUT_SECONDS, RESULT: 60, DRIFT: 600}
 # Six times the consumer's timeout, as Lambda recommends for SQS event sources.
 VISIBILITY_TIMEOUT_FACTOR = 6
 WORK_VISIBILITY_TIMEOUT_SECONDS = VISIBILITY_TIMEOUT_FACTOR * RECONCILE_TIMEOUT_SECONDS

@@ -9,7 +9,18 @@ means "not yet" and is asked again next time.
 Discovery is resumable: each batch's complete answers are cached as soon as it is answered, and a read
 with a ``deadline`` starts no batch after it. The ids it did not ask for are ``undescribed`` (the snapshot
 says so); the next read finds the answered ones in the cache and goes on with the rest. At 1 call/s and 20
-instances a page, one 180 s reconcile describes about 3,000 new instances.
+instances a page, one 180 s reconcile describes about 2,800 new instances. An instance asked but not
+answered completely is cached as "asked at": the next read asks the never-asked ones first, then these,
+oldest first, so instances whose topology stays "not yet reported" do not starve the rest.
+
+A large gap is swept instead: without ids the call takes ``MaxResults`` 100 and an ``instance-type``
+filter, so one type's sweep costs a page per 100 of the account's instances of that type, against a page
+per 20 new ids. A type is swept when that is cheaper (counting at least the cluster's own instances of the
+type; the account may hold more) and the sweep fits the time left; a sweep that runs over the id path's
+cost stops and the rest go by ids. A sweep cut short is not resumed by ``NextToken``: the next read starts
+the type's sweep again, which is why only a sweep that fits is started (a token's lifetime is not
+documented, it is bound to its filter, and a resumed sweep misses instances launched meanwhile on pages
+already read); the answers it paid for are cached either way.
 
 Instances the account does not own (HyperPod may run its nodes in a SageMaker service account) fail a
 whole request with ``InvalidInstanceID.NotFound``, or are left out of the answer: either way they are
@@ -29,13 +40,16 @@ from botocore.exceptions import ClientError
 from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.config import Ec2Discovery
 from topokeeper.constants import INSTANCE_ID
-from topokeeper.domain.catalog import Capability, lookup
+from topokeeper.domain.catalog import Capability, ec2_instance_type, lookup
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.errors import InputError, TopokeeperError
 from topokeeper.ports import NodeFactsCache, RateLimiter
 
 MAX_IDS_PER_CALL = 100
+PAGE_WITH_IDS = 20  # the documented default page, which ids cannot change (no MaxResults with them)
+SWEEP_PAGE = 100  # MaxResults' maximum, allowed only without ids
 LAUNCH_KEY = "topokeeper:launched"  # kept with a cached answer: which launch of the instance it describes
+ASKED_KEY = "topokeeper:asked"  # kept for an instance asked but not answered completely: when
 _NAMED_ID = re.compile(r"\bi-[0-9a-f]{17}\b|\bi-[0-9a-f]{8}\b")
 # EC2 instance state -> the HyperPod-style status the planner understands.
 EC2_STATUS = {
@@ -57,11 +71,9 @@ def checked_ids(instance_ids: Iterable[str]) -> list[str]:
     return ids
 
 
-def id_batches(instance_ids: Iterable[str]) -> Iterator[list[str]]:
-    """Sorted, de-duplicated, validated batches of at most 100 ids."""
-    ids = checked_ids(instance_ids)
-    for start in range(0, len(ids), MAX_IDS_PER_CALL):
-        yield ids[start : start + MAX_IDS_PER_CALL]
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def not_visible_warning(instance_ids: list[str]) -> list[str]:
@@ -115,39 +127,116 @@ class InstanceTopologyReader:
 
     @aws_errors()
     def read(
-        self, cluster: str, instance_ids: Iterable[str], launched: Mapping[str, str] | None = None
+        self,
+        cluster: str,
+        instance_ids: Iterable[str],
+        launched: Mapping[str, str] | None = None,
+        instance_types: Mapping[str, str] | None = None,
     ) -> list[dict[str, Any]]:
         """Topology of running instances. ``launched`` (id -> launch time) keeps a cached answer only for
-        the same launch: a stopped and started EC2 instance keeps its id but may land on another host."""
+        the same launch: a stopped and started EC2 instance keeps its id but may land on another host.
+        ``instance_types`` (id -> type) allows sweeping a large gap without ids."""
         wanted = checked_ids(instance_ids)  # before the cache lookup: the ids become DynamoDB keys
         launched = launched or {}
-        known = {
-            instance_id: {k: v for k, v in facts.items() if k != LAUNCH_KEY}
-            for instance_id, facts in self._cache.get_many(cluster, wanted).items()
-            if facts.get(LAUNCH_KEY, "") == launched.get(instance_id, "")
-        }
-        missing = [instance_id for instance_id in wanted if instance_id not in known]
+        known: dict[str, dict[str, Any]] = {}
+        asked_at: dict[str, str] = {}
+        for instance_id, facts in self._cache.get_many(cluster, wanted).items():
+            if facts.get(LAUNCH_KEY, "") != launched.get(instance_id, ""):
+                continue
+            if is_complete(facts):
+                known[instance_id] = {k: v for k, v in facts.items() if k != LAUNCH_KEY}
+            else:
+                asked_at[instance_id] = str(facts.get(ASKED_KEY, ""))
+        # Never asked first, then the longest ago: "not yet reported" instances cannot starve the rest.
+        missing = sorted((i for i in wanted if i not in known), key=lambda i: (i in asked_at, asked_at.get(i, ""), i))
         fresh: dict[str, dict[str, Any]] = {}
         asked: list[str] = []
-        for batch in id_batches(missing):
+
+        def keep(answered: dict[str, dict[str, Any]], ids: list[str]) -> None:
+            """Cache what this call paid for: complete answers, and "asked at" for the rest of ``ids``."""
+            now = self._now()
+            items: dict[str, dict[str, object]] = {}
+            for instance_id in ids:
+                item = answered.get(instance_id)
+                launch = launched.get(instance_id, "")
+                if item is not None and is_complete(item):
+                    items[instance_id] = {**item, LAUNCH_KEY: launch}
+                else:
+                    items[instance_id] = {"InstanceId": instance_id, ASKED_KEY: now.isoformat(), LAUNCH_KEY: launch}
+            if items:
+                self._cache.put_many(cluster, items, now)
+            fresh.update(answered)
+            asked.extend(ids)
+
+        types = {i: ec2_instance_type(t) for i, t in (instance_types or {}).items()}
+        swept = self._sweep_gap(wanted, missing, types, keep)
+        for batch in _chunks([i for i in missing if i not in swept], MAX_IDS_PER_CALL):
             if self.deadline is not None and self._now() >= self.deadline:
                 break
-            answered = {item["InstanceId"]: item for item in self._describe_owned(batch)}
-            # Cached per batch: a read cut short by the deadline keeps what it paid for.
-            complete = {
-                instance_id: {**item, LAUNCH_KEY: launched.get(instance_id, "")}
-                for instance_id, item in answered.items()
-                if is_complete(item)
-            }
-            if complete:
-                self._cache.put_many(cluster, complete, self._now())
-            fresh.update(answered)
-            asked.extend(batch)
+            keep({item["InstanceId"]: item for item in self._describe_owned(batch)}, batch)
         done = set(asked)
-        self.not_visible = [instance_id for instance_id in asked if instance_id not in fresh]
+        self.not_visible = sorted(i for i in done if i not in fresh)
         self.undescribed = [instance_id for instance_id in missing if instance_id not in done]
         merged = {**fresh, **known}
         return [merged[instance_id] for instance_id in wanted if instance_id in merged]
+
+    def _sweep_gap(
+        self,
+        wanted: list[str],
+        missing: list[str],
+        types: Mapping[str, str],
+        keep: Callable[[dict[str, dict[str, Any]], list[str]], None],
+    ) -> set[str]:
+        """Sweep each instance type whose gap is cheaper to sweep than to ask by ids, while the sweeps fit
+        the time left. Returns the ids the sweeps found (answered, complete or not)."""
+        found: set[str] = set()
+        left = None if self.deadline is None else (self.deadline - self._now()).total_seconds()
+        for instance_type in sorted({types[i] for i in missing if i in types}):
+            gap = [i for i in missing if types.get(i) == instance_type]
+            by_ids = sum(-(-len(batch) // PAGE_WITH_IDS) for batch in _chunks(gap, MAX_IDS_PER_CALL))
+            # At 1 call/s a page is a second; the account holds at least the cluster's instances of the type.
+            sweep = -(-sum(1 for i in wanted if types.get(i) == instance_type) // SWEEP_PAGE)
+            if sweep >= by_ids or (left is not None and sweep > left):
+                continue
+            if left is not None:
+                left -= sweep
+            found |= self._sweep(instance_type, set(gap), by_ids, keep)
+        return found
+
+    def _sweep(
+        self,
+        instance_type: str,
+        gap: set[str],
+        max_pages: int,
+        keep: Callable[[dict[str, dict[str, Any]], list[str]], None],
+    ) -> set[str]:
+        """Every page of one type's instances in the account (the cluster's kept), until the sweep ends, the
+        deadline passes or it has cost what asking by ids would have (the account holds more of the type)."""
+        found: set[str] = set()
+        token: str | None = None
+        for _ in range(max_pages):
+            if self.deadline is not None and self._now() >= self.deadline:
+                break
+            self._limiter.acquire()
+            kwargs: dict[str, Any] = {
+                "Filters": [{"Name": "instance-type", "Values": [instance_type]}],
+                "MaxResults": SWEEP_PAGE,  # never with InstanceIds
+            }
+            if token:
+                kwargs["NextToken"] = token
+            self.calls += 1
+            response = self._ec2.describe_instance_topology(**kwargs)
+            answered = {
+                str(item["InstanceId"]): {key: value for key, value in item.items() if value is not None}
+                for item in response.get("Instances", [])
+                if item.get("InstanceId") in gap
+            }
+            keep(answered, sorted(answered))
+            found |= set(answered)
+            token = response.get("NextToken")
+            if not token:
+                break
+        return found
 
     def _describe_owned(self, batch: list[str]) -> list[dict[str, Any]]:
         """The batch's answer without the ids an ``InvalidInstanceID.*`` error names (or, when it names none
@@ -239,7 +328,8 @@ class Ec2ClusterFacts:
         launched = {str(i["InstanceId"]): str(i.get("LaunchTime", "")) for i in instances}
         running = {n["InstanceId"] for n in nodes if n["InstanceStatus"]["Status"] == "Running"}
         capable = [n["InstanceId"] for n in nodes if n["InstanceId"] in running and _capable(n["InstanceType"])]
-        topology = self._topology.read(cluster, capable, launched)
+        types = {n["InstanceId"]: n["InstanceType"] for n in nodes}
+        topology = self._topology.read(cluster, capable, launched, types)
         return AwsSnapshot.model_validate(
             {
                 "describe_cluster": {"ClusterName": cluster, "InstanceGroups": instance_groups},

@@ -55,7 +55,10 @@ class HyperPodFacts:
             and lookup(node["InstanceType"]).capability is not Capability.NONE
         ]
         topology = self._topology.read(
-            cluster, capable, {node["InstanceId"]: str(node.get("LaunchTime", "")) for node in nodes}
+            cluster,
+            capable,
+            {node["InstanceId"]: str(node.get("LaunchTime", "")) for node in nodes},
+            {node["InstanceId"]: str(node["InstanceType"]) for node in nodes},
         )
         return AwsSnapshot.model_validate(
             {

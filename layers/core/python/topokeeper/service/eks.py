@@ -21,7 +21,7 @@ from topokeeper.errors import Permanent
 from topokeeper.kueue.publication import SUMMARY_FILE, KueuePublication, publish_kueue
 from topokeeper.ports import AuditSink, ClusterState, KueueAuditRecord, KueueStore, Metric, ReconcileRequest, Trigger
 from topokeeper.service.drift import DriftReport
-from topokeeper.service.reconcile import ControllerDeps, ReconcileReport, close_cycle
+from topokeeper.service.reconcile import ControllerDeps, ReconcileReport, close_cycle, topology_retries
 from topokeeper.service.state import request_reconcile, save_fields
 
 MAX_LISTED = 200  # like the partition records: lists are cut, counts stay exact
@@ -80,7 +80,7 @@ def reconcile_eks(
             "reconciled_generation": state.generation,
             "desired_sha256": publication.sha256,
             "applied_sha256": publication.sha256,  # published is applied: nothing else receives it
-            "topology_retries": (state.topology_retries + int(not undescribed)) if missing else 0,
+            "topology_retries": topology_retries(state, missing, undescribed),
             **({"last_write_at": now} if action == "published" else {}),
         },
     )

@@ -48,7 +48,14 @@ from topokeeper.ports import (
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.service.ingest import is_managed_topology_update
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
-from topokeeper.service.state import cluster_mode, for_delivery, queue_next_cycle, request_reconcile, save_fields
+from topokeeper.service.state import (
+    OWN_TRIGGER_SOURCE,
+    cluster_mode,
+    for_delivery,
+    queue_next_cycle,
+    request_reconcile,
+    save_fields,
+)
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
 # A delivery with no result by then no longer blocks writes: SSM may wait up to its 600 s delivery
@@ -189,6 +196,16 @@ def missing_topology(rendered: RenderedPlan) -> int:
     return sum(len(p.nodes_without_topology) for p in rendered.plan.partitions)
 
 
+def topology_retries(state: ClusterState, missing: int, undescribed: int) -> int:
+    """The retries spent on topology not reported yet, counted per change: a reconcile of a change in the
+    cluster (not only topokeeper's own retries) starts again at one. A discovery cut short is progress, not
+    a retry: it continues until every instance was asked."""
+    if not missing:
+        return 0
+    changed = any(trigger.source != OWN_TRIGGER_SOURCE for trigger in state.triggers)
+    return (0 if changed else state.topology_retries) + int(not undescribed)
+
+
 def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileReport:
     cluster = deps.settings.cluster(request.cluster)
     if cluster is None:
@@ -227,8 +244,7 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         **learned,
         "reconciled_generation": state.generation,
         "desired_sha256": rendered.sha256,
-        # A discovery cut short is progress, not a retry: it continues until every instance was asked.
-        "topology_retries": (state.topology_retries + int(not raw.undescribed)) if missing else 0,
+        "topology_retries": topology_retries(state, missing, raw.undescribed),
     }
     action, reference, reason = "unchanged", None, ""
     claimed: PendingDelivery | None = None

@@ -66,6 +66,9 @@ def queue_next_cycle(store: StateStore, queue: WorkQueue, cluster: str) -> None:
         queue.send(ReconcileRequest(cluster=cluster, generation=state.generation, since=state.reconciled_generation))
 
 
+OWN_TRIGGER_SOURCE = "topokeeper"  # a trigger topokeeper itself noticed (retry, drift, operator), not a cluster change
+
+
 def request_reconcile(
     store: StateStore,
     queue: WorkQueue,
@@ -78,7 +81,11 @@ def request_reconcile(
 ) -> int:
     """Count a change that topokeeper itself noticed, and queue a reconcile for it."""
     trigger = Trigger(
-        source="topokeeper", detail_type=detail_type, event_id=f"{reason}-{now.isoformat()}", time=now, summary=summary
+        source=OWN_TRIGGER_SOURCE,
+        detail_type=detail_type,
+        event_id=f"{reason}-{now.isoformat()}",
+        time=now,
+        summary=summary,
     )
     state = store.record_change(cluster, trigger, now)
     queue.send(

@@ -66,6 +66,11 @@ def load_handler(name: str, directory: Path | None = None) -> Handler:
     return handler
 
 
+class FunctionTimedOut(HarnessError):
+    """An invocation ran longer than its function's timeout in simulated time: Lambda would have killed it
+    part way, so the run's figures would not hold. Fails the run (nothing catches it as a function error)."""
+
+
 @dataclass
 class LambdaContext:
     function_name: str
@@ -76,9 +81,10 @@ class LambdaContext:
     log_stream_name: str = ""
 
     timeout_millis: int = 300_000
+    elapsed_seconds: Callable[[], float] = lambda: 0.0  # simulated time since the invocation started
 
     def get_remaining_time_in_millis(self) -> int:
-        return self.timeout_millis
+        return max(0, self.timeout_millis - int(self.elapsed_seconds() * 1000))
 
 
 class SimWorkQueue(SqsWorkQueue):
@@ -132,8 +138,23 @@ class LambdaHost:
         return SimWorkQueue(self, client("sqs"), stack.queue_url, stack.dead_letter_url)
 
     def invoke(self, function: str, event: Any) -> Any:
-        timeout = spec.RECONCILE_TIMEOUT_SECONDS * 1000 if function == spec.RECONCILE else 300_000
-        return self.handlers[function](event, LambdaContext(function, timeout_millis=timeout))
+        """Run one invocation; its simulated time (its waits, and whatever the world ran meanwhile) must stay
+        within the function's timeout, which its context counts down."""
+        clock, timeout = self._world.clock, spec.FUNCTION_TIMEOUT_SECONDS[function]
+        started = clock.monotonic()
+
+        def elapsed() -> float:
+            return clock.monotonic() - started
+
+        context = LambdaContext(function, timeout_millis=timeout * 1000, elapsed_seconds=elapsed)
+        try:
+            return self.handlers[function](event, context)
+        finally:
+            if elapsed() > timeout:
+                raise FunctionTimedOut(
+                    f"the {function} function ran {elapsed():.1f} s of simulated time from t={started:.1f} s, over "
+                    f"its {timeout} s timeout: Lambda would have killed it"
+                )
 
     def drain(self) -> int:
         return self._drain_inbox(spec.INGEST) + self._drain_inbox(spec.RESULT) + self._drain_work()
@@ -169,6 +190,8 @@ class LambdaHost:
     def _invoke_async(self, function: str, event: dict[str, Any]) -> None:
         try:
             result = self.invoke(function, event)
+        except FunctionTimedOut:
+            raise
         except Exception as error:  # an async invocation that fails: Lambda would retry, then dead-letter
             self._world.note(
                 "error", f"{function} failed on {event.get('detail-type')}: {type(error).__name__}: {error}"

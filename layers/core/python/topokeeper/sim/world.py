@@ -49,7 +49,7 @@ from topokeeper.sim.cluster import ClusterMember, create_hyperpod_cluster, set_n
 from topokeeper.sim.eks import NoHeadNode
 from topokeeper.sim.file_head_node import FileHeadNode
 from topokeeper.sim.head_node import ChrootHeadNode, HeadNode, choose_head_node
-from topokeeper.sim.lambda_host import LambdaHost
+from topokeeper.sim.lambda_host import FunctionTimedOut, LambdaHost
 from topokeeper.sim.latency import LatencyTracker, topology_node_names
 from topokeeper.sim.login_endpoint import SimLoginEndpoint
 from topokeeper.sim.monitoring import SimMetrics
@@ -401,6 +401,8 @@ class World:
                         f"live {report['live']}{what}, AWS {report['aws']}, drift {report['drift']},"
                         f" {report['action']}" + ("" if moved else differences(report.get("detail") or [])),
                     )
+            except FunctionTimedOut:
+                raise
             except Exception as error:  # the Lambda would fail; the world goes on
                 self.note("error", f"drift function failed: {error}")
             if self.login is not None:
