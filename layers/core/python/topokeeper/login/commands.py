@@ -7,9 +7,9 @@ import re
 import time
 from typing import Any
 
-import boto3
 from pydantic import TypeAdapter, ValidationError
 
+from topokeeper.adapters.aws import client
 from topokeeper.adapters.secrets import SecretStore, deny_readers_policy, readers_only_policy
 from topokeeper.config import TagKey
 from topokeeper.errors import InputError
@@ -27,7 +27,7 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
         raise InputError("--login-role-arn", f"not an IAM role ARN: {args.login_role_arn!r}")
     if not _KMS_KEY.fullmatch(args.kms_key_id):
         raise InputError("--kms-key-id", f"not a KMS key or alias ARN: {args.kms_key_id!r}")
-    store = SecretStore(boto3.client("secretsmanager"))
+    store = SecretStore(client("secretsmanager"))
     bundle_name, ca_name = secret_names(args.cluster)
     ca_key = None if args.plain else store.read(ca_name)
     identity = generate(
@@ -61,7 +61,6 @@ def _cmd_install_script(args: argparse.Namespace) -> int:
 
 def _cmd_install_run_command(args: argparse.Namespace) -> int:
     """EC2 login nodes (plain-EC2 Slurm): the installer through Run Command to the running instances with the tag."""
-    from topokeeper.adapters.aws import client  # noqa: PLC0415 - boto3 clients only for this command
     from topokeeper.adapters.login_run_command import RunCommandInstaller, tagged_login_instances  # noqa: PLC0415
 
     key, _, value = args.tag.partition("=")
