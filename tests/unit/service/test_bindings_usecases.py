@@ -279,3 +279,25 @@ def test_a_read_refused_for_the_slurm_format_is_asked_again_once_in_the_format_i
     assert formats == ["topology.yaml", "topology.conf"]  # asked twice, the second time as Slurm 24.11 reads
     (bundle,) = controller.channel.delivered
     assert (bundle.slurm_format, bundle.bindings) == ("topology.conf", BOUND)
+
+
+def test_a_read_remembers_only_the_instances_it_left_unnamed() -> None:
+    """The state keeps, of a read, the instances its table did not name (those are not asked about again), not every
+    instance it was read for: on the first read that is the whole cluster, 22 bytes an instance in the state item
+    (DynamoDB's 400 KB: about 18,000 instances), saved with every reconcile after."""
+    controller = _answering(Controller(orchestrator="ec2"), BEFORE_RESUME)
+
+    reconcile(controller.change(), controller.deps())
+
+    state = controller.now_state()
+    assert state.slurm_nodes == _table(BEFORE_RESUME)
+    (unnamed,) = state.table_read_for  # the eighth instance, 10.0.0.7, is no Slurm node's NodeAddr yet
+    save_fields(controller.state, CLUSTER, {"pending": None})
+    reconcile(controller.change("e-2"), controller.deps())
+    assert controller.channel.verified == 1 and controller.now_state().table_read_for == [unnamed]
+
+    # A read that brings no table remembers nothing: the next reconcile reads again anyway.
+    pending = _answering(Controller(orchestrator="ec2"), None)
+    pending.channel.verify_result = ApplyResult.from_channel(Outcome.PENDING, "no answer yet")
+    reconcile(pending.change(), pending.deps())
+    assert pending.now_state().table_read_for == []

@@ -12,15 +12,24 @@ from typing import Any
 import pytest
 
 from tests.fakes import FakeClock, FakeFacts, MemoryNodeFactsCache
+from tests.helpers import p5_nodes, snapshot
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper import runtime as runtime_module
 from topokeeper.adapters.ec2 import InstanceTopologyReader
 from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.config import Settings
+from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.ports import ApplyResult, Outcome
-from topokeeper.runtime import AFTER_DISCOVERY_SECONDS, DRIFT_DISCOVERY_SECONDS, LambdaEnvironment, Runtime
+from topokeeper.render.bundle import render
+from topokeeper.runtime import (
+    AFTER_DISCOVERY_SECONDS,
+    AFTER_READ_SECONDS,
+    DRIFT_DISCOVERY_SECONDS,
+    LambdaEnvironment,
+    Runtime,
+)
 from topokeeper.service.reconcile import MAX_TOPOLOGY_RETRIES, reconcile
 from topokeeper.service.result import record_result
 
@@ -219,3 +228,53 @@ def test_topology_retries_are_counted_per_change_so_a_long_scale_up_keeps_asking
 
     assert controller.now_state().topology_retries == 1
     assert [request.reason for request in controller.queue.sent] == ["retry"] * reconciles
+
+
+class HeadNodeNeverAnswers:
+    """SSM as it answers for a head node whose agent is offline or hung: the invocation stays Pending."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def send_command(self, **_: Any) -> dict[str, Any]:
+        self.sent += 1
+        return {"Command": {"CommandId": f"{self.sent:08d}-0000-0000-0000-000000000000"}}
+
+    def get_command_invocation(self, **_: Any) -> dict[str, Any]:
+        return {"Status": "Pending", "StatusDetails": "Pending", "StandardOutputContent": ""}
+
+    def put_object(self, **_: Any) -> dict[str, Any]:
+        return {}
+
+    def generate_presigned_url(self, operation: str, Params: dict[str, str], ExpiresIn: int) -> str:
+        return f"https://bucket.s3.amazonaws.com/{Params['Key']}?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+
+
+def test_the_reconciles_node_table_read_ends_before_the_invocation_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ParallelCluster cluster's reconcile reads the node table through the SSM channel after discovery, which
+    may run to AFTER_DISCOVERY_SECONDS before the end: a head node that never answers must not hold the read past
+    the invocation's time (Lambda would kill the reconcile, losing what it learned, and SQS send it again)."""
+    ssm = HeadNodeNeverAnswers()
+    monkeypatch.setattr(runtime_module, "client", lambda service, region=None, config=None: ssm)
+    monkeypatch.setattr(runtime_module, "presigning_s3", lambda: ssm)
+    head_node = "i-0123456789abcdef0"
+    settings = Settings.model_validate(
+        {"clusters": [{"name": "pc", "orchestrator": "ec2", "head_node": head_node, "channel": "ssm"}]}
+    )
+    env = LambdaEnvironment(
+        TOPOKEEPER_CONFIG=settings.to_env(),
+        TABLE_NAME="topokeeper-state",
+        BUCKET_NAME="topokeeper-plans",
+        QUEUE_URL="https://sqs.us-east-1.amazonaws.com/123456789012/topokeeper-work.fifo",
+    )
+    clock = FakeClock()
+    runtime = Runtime(env=env, settings=settings, clock=clock, sleep=clock.advance)
+    remaining = 180
+    deps = runtime.reconcile_deps(remaining_seconds=remaining)
+    ends = clock.now() + timedelta(seconds=remaining)
+    clock.advance(remaining - AFTER_DISCOVERY_SECONDS)  # discovery ran to its deadline
+
+    answer = deps.channel(settings.clusters[0]).verify(render(plan(snapshot({"p5": p5_nodes(2)}))).bundle)
+
+    assert answer.outcome is Outcome.PENDING
+    assert clock.now() + timedelta(seconds=AFTER_READ_SECONDS) <= ends

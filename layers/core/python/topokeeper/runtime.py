@@ -52,6 +52,9 @@ from topokeeper.service.signing import trusted_key_document
 AFTER_DISCOVERY_SECONDS = 40
 # The drift function (10 minutes) gives each cluster's discovery this long; what is left, reconcile continues.
 DRIFT_DISCOVERY_SECONDS = 120
+# What a reconcile needs after it read the head node's node table (ParallelCluster): planning again, the plan to
+# S3, the claim, SendCommand, the state. The read stops waiting for an answer this long before the invocation ends.
+AFTER_READ_SECONDS = 20
 
 
 class SystemClock:
@@ -131,9 +134,10 @@ class Runtime:
             return Ec2ClusterFacts(client("ec2"), self.topology_reader(deadline), cluster.ec2)
         return HyperPodFacts(client("sagemaker"), client("s3"), self.topology_reader(deadline))
 
-    def channel(self, cluster: ClusterConfig) -> DeliveryChannel:
+    def channel(self, cluster: ClusterConfig, deadline: datetime | None = None) -> DeliveryChannel:
+        """``deadline``: an SSM verify stops waiting for the head node's answer then (PENDING)."""
         if cluster.effective_channel is Channel.SSM:
-            return self.ssm_channel(cluster)
+            return self.ssm_channel(cluster, deadline)
         return AgentChannel(
             client("s3"),
             self.env.bucket,
@@ -147,7 +151,7 @@ class Runtime:
     def signer(self) -> KmsBundleSigner | None:
         return None if self.env.signing_key_id is None else KmsBundleSigner(client("kms"), self.env.signing_key_id)
 
-    def ssm_channel(self, cluster: ClusterConfig) -> SsmChannel:
+    def ssm_channel(self, cluster: ClusterConfig, deadline: datetime | None = None) -> SsmChannel:
         if cluster.head_node is None:
             raise InputError(f"clusters.{cluster.name}.head_node", "required for channel ssm")
         signer = self.signer
@@ -160,6 +164,7 @@ class Runtime:
             sleep=self.sleep,
             sender=client("ssm", None, SEND_COMMAND_CONFIG),
             trusted_key=None if signer is None else lambda: trusted_key_document(cluster.name, signer),
+            deadline=deadline,
         )
 
     def ssm_result(self, cluster: ClusterConfig, command_id: str) -> ApplyResult:
@@ -208,15 +213,20 @@ class Runtime:
         )
 
     def reconcile_deps(self, remaining_seconds: float | None = None) -> ControllerDeps:
-        """``remaining_seconds``: the invocation's time left; discovery stops in time to plan and deliver."""
-        deadline = (
-            None
-            if remaining_seconds is None
-            else self.clock.now() + timedelta(seconds=remaining_seconds - AFTER_DISCOVERY_SECONDS)
+        """``remaining_seconds``: the invocation's time left; discovery stops in time to plan and deliver, and so
+        does the wait for the node table the reconcile reads after it."""
+        ends = None if remaining_seconds is None else self.clock.now() + timedelta(seconds=remaining_seconds)
+        deadline = None if ends is None else ends - timedelta(seconds=AFTER_DISCOVERY_SECONDS)
+        read_deadline = None if ends is None else ends - timedelta(seconds=AFTER_READ_SECONDS)
+        return self._controller_deps(
+            lambda cluster: self.facts(cluster, deadline), lambda cluster: self.channel(cluster, read_deadline)
         )
-        return self._controller_deps(lambda cluster: self.facts(cluster, deadline))
 
-    def _controller_deps(self, facts: Callable[[ClusterConfig], FactsSource]) -> ControllerDeps:
+    def _controller_deps(
+        self,
+        facts: Callable[[ClusterConfig], FactsSource],
+        channel: Callable[[ClusterConfig], DeliveryChannel] | None = None,
+    ) -> ControllerDeps:
         return ControllerDeps(
             settings=self.settings,
             state=self.state,
@@ -225,7 +235,7 @@ class Runtime:
             metrics=self.metrics,
             clock=self.clock,
             facts=facts,
-            channel=self.channel,
+            channel=self.channel if channel is None else channel,
             signer=self.signer,
             kueue=self.plans,
             audit=self.audit,

@@ -11,11 +11,14 @@ Access patterns (item: pk / sk; who uses it):
 
 Change fields (generation, triggers) are native attributes updated atomically by ingest; controller
 fields live in one JSON attribute guarded by a version number, so the two writers never clobber
-each other.
+each other. The head node's node table (``slurm_nodes``), the one controller field that grows with the
+cluster (a ParallelCluster cluster lists every dynamic node: 20,000 rows are 3 MB of JSON), is saved with
+them as gzipped rows in its own binary attribute, so the item stays under DynamoDB's 400 KB.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -25,13 +28,15 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors
+from topokeeper.engine.snapshot import SlurmNodeRecord
 from topokeeper.errors import ConcurrentUpdate, Retryable
 from topokeeper.ports import CHANGE_FIELDS, MAX_TRIGGERS, ClusterState, Trigger
 
 STATE_SK = "STATE"
 EVENT_TTL = timedelta(days=1)
 NODE_FACTS_TTL = timedelta(days=30)
-_CONTROLLER_FIELDS = frozenset(ClusterState.model_fields) - CHANGE_FIELDS
+_CONTROLLER_FIELDS = frozenset(ClusterState.model_fields) - CHANGE_FIELDS - {"slurm_nodes"}
+NODE_TABLE_ATTRIBUTE = "slurm_nodes_gz"  # [[name, address, hostname, [partition, ...]], ...], JSON, gzipped
 
 
 def cluster_key(cluster: str) -> dict[str, dict[str, str]]:
@@ -51,6 +56,18 @@ class DynamoStateStore:
         self._db = dynamodb
         self._table = table
 
+    @staticmethod
+    def _node_table(records: list[SlurmNodeRecord]) -> bytes:
+        rows = [[r.name, r.address, r.hostname, r.partitions] for r in records]
+        return gzip.compress(json.dumps(rows, separators=(",", ":")).encode(), mtime=0)
+
+    @staticmethod
+    def _node_records(item: dict[str, Any]) -> list[SlurmNodeRecord] | None:
+        if NODE_TABLE_ATTRIBUTE not in item:
+            return None
+        rows = json.loads(gzip.decompress(item[NODE_TABLE_ATTRIBUTE]["B"]))
+        return [SlurmNodeRecord(name=n, address=a, hostname=h, partitions=p) for n, a, h, p in rows]
+
     @aws_errors()
     def get(self, cluster: str) -> ClusterState:
         item = self._db.get_item(TableName=self._table, Key=cluster_key(cluster), ConsistentRead=True).get("Item")
@@ -62,6 +79,8 @@ class DynamoStateStore:
         return ClusterState.model_validate(
             {
                 **controller,
+                # A state saved before the table had its own attribute keeps it in the JSON.
+                "slurm_nodes": DynamoStateStore._node_records(item) or controller.get("slurm_nodes"),
                 "cluster": cluster,
                 "generation": int(item.get("generation", {}).get("N", "0")),
                 "last_event_at": item.get("last_event_at", {}).get("S"),
@@ -97,17 +116,24 @@ class DynamoStateStore:
     @aws_errors()
     def save(self, state: ClusterState) -> ClusterState:
         controller = state.model_dump_json(include=set(_CONTROLLER_FIELDS))
+        values: dict[str, dict[str, str | bytes]] = {
+            ":c": {"S": controller},
+            ":next": {"N": str(state.version + 1)},
+            ":seen": {"N": str(state.version)},
+        }
+        expression = "SET controller = :c, version = :next"
+        if state.slurm_nodes is None:
+            expression += f" REMOVE {NODE_TABLE_ATTRIBUTE}"
+        else:
+            expression += f", {NODE_TABLE_ATTRIBUTE} = :t"
+            values[":t"] = {"B": self._node_table(state.slurm_nodes)}
         try:
             self._db.update_item(
                 TableName=self._table,
                 Key=cluster_key(state.cluster),
-                UpdateExpression="SET controller = :c, version = :next",
+                UpdateExpression=expression,
                 ConditionExpression="attribute_not_exists(version) OR version = :seen",
-                ExpressionAttributeValues={
-                    ":c": {"S": controller},
-                    ":next": {"N": str(state.version + 1)},
-                    ":seen": {"N": str(state.version)},
-                },
+                ExpressionAttributeValues=values,
             )
         except ClientError as error:
             if _conditional_failed(error):

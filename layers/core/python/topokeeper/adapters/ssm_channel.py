@@ -24,7 +24,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -155,9 +155,12 @@ class SsmChannel:
         sleep: Callable[[float], None] = time.sleep,
         sender: Any = None,
         trusted_key: Callable[[], Mapping[str, str]] | None = None,
+        deadline: datetime | None = None,
     ) -> None:
         """``ssm`` reads invocations (retried by botocore); ``sender`` (default ``ssm``) sends commands and
-        must not retry by itself (``SEND_COMMAND_CONFIG``)."""
+        must not retry by itself (``SEND_COMMAND_CONFIG``). ``run`` waits for no answer past ``deadline`` (the
+        calling invocation's time)."""
+        self._deadline = deadline
         self._trusted_key = trusted_key  # the applier's --trusted-key document (None: signatures unchecked)
         self._ssm = ssm
         self._sender = guard_single_attempt(ssm if sender is None else sender)
@@ -248,12 +251,13 @@ class SsmChannel:
         return self.run(bundle, "verify")
 
     def run(self, bundle: Bundle, mode: str, timeout: float = 120, poll: float = 2) -> ApplyResult:
-        """Run the applier in ``mode`` and wait for its document, up to ``timeout`` seconds."""
+        """Run the applier in ``mode`` and wait for its document, up to ``timeout`` seconds (and the deadline)."""
         command_id = self._send(bundle, mode)
         waited = 0.0
         while True:
             result = self.result(command_id)
-            if result.outcome is not Outcome.PENDING or waited >= timeout:
+            out_of_time = self._deadline is not None and self._now() + timedelta(seconds=poll) > self._deadline
+            if result.outcome is not Outcome.PENDING or waited >= timeout or out_of_time:
                 return result
             self._sleep(poll)
             waited += poll

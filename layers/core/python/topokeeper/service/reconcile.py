@@ -175,7 +175,7 @@ def read_node_table(
         return {}, rendered, False
     from topokeeper.service.result import observed_fields  # noqa: PLC0415 (result builds on this module)
 
-    fields: dict[str, object] = {"table_read_for": unnamed}
+    fields: dict[str, object] = {}
     for _ in range(2):  # once more when the read was refused only for the Slurm format it just told us
         key = "\n".join([cluster.name, str(state.generation), str(state.slurm_version), *unnamed]).encode()
         request = NODE_TABLE_REQUEST + hashlib.sha256(key).hexdigest()[:20]
@@ -188,6 +188,12 @@ def read_node_table(
         rendered = plan_facts(cluster, state, raw)
         if state.slurm_nodes is not None or answer.outcome is not Outcome.REFUSED or not learned_version:
             break
+    # Remembered: the instances the table left unnamed (not asked about again), not all it was read for (on a
+    # first read, every instance: the state item would grow with the cluster). Without a table, the next reads.
+    named = state.slurm_nodes is not None
+    fields["table_read_for"] = (
+        unnamed_instances(_named_by_table(cluster, state, raw), cluster.planner_config) if named else []
+    )
     return fields, rendered, state.slurm_nodes is None and answer.outcome is Outcome.PENDING
 
 
