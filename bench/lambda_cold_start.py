@@ -231,7 +231,7 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
         "The import runs in Lambda's init phase, which AWS describes as getting a full vCPU for on-demand "
         'functions (for up to 10 s), whatever the memory (serverlessland.com, "Effectively running Java on '
         "Serverless\"). What the first invocation does next (building the clients) runs at the memory's share, "
-        "one vCPU at 1,769 MB: ingest and result have 256 MB (infra/functions.py), about a seventh of one.",
+        "one vCPU at 1,769 MB: ingest has 256 MB (infra/functions.py), about a seventh of one; result 1,024 MB.",
         "",
         "| handler | no bytecode | core layer bytecode | core + Powertools bytecode | most self time ms (both) |",
         "|---|---|---|---|---|",

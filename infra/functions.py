@@ -25,11 +25,12 @@ from topokeeper.events import AUDIT_SOURCE, RUN_SHELL_DOCUMENT
 from topokeeper.ports import METRICS_NAMESPACE, Channel
 
 # (timeout, memory MB) per function. Reconcile plans a whole cluster; drift plans every cluster and
-# waits up to two minutes for each SSM verify; ingest and result handle one event.
+# waits up to two minutes for each SSM verify; ingest and result handle one event, but result may read an
+# applier's whole document back (up to 32 MiB: validating one that size takes ~160 MB more than the handler).
 _SIZING = {
     c.INGEST: (Duration.seconds(spec.FUNCTION_TIMEOUT_SECONDS[c.INGEST]), 256),
     c.RECONCILE: (Duration.seconds(spec.FUNCTION_TIMEOUT_SECONDS[c.RECONCILE]), 1024),
-    c.RESULT: (Duration.seconds(spec.FUNCTION_TIMEOUT_SECONDS[c.RESULT]), 256),
+    c.RESULT: (Duration.seconds(spec.FUNCTION_TIMEOUT_SECONDS[c.RESULT]), 1024),
     c.DRIFT: (Duration.seconds(spec.FUNCTION_TIMEOUT_SECONDS[c.DRIFT]), 1024),
 }
 # Lambda's own retries of an asynchronous invocation (EventBridge, Scheduler) before the event DLQ.

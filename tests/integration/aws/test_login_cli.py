@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
+from topokeeper.adapters.aws import client
 from topokeeper.cli import main
 from topokeeper.login.host_keys import secret_names
 from topokeeper.sim.aws_emulator import AwsEmulator
@@ -24,10 +26,12 @@ def rotate(aws: AwsEmulator, key: str, *extra: str) -> int:
 
 
 @pytest.fixture
-def key(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> str:
+def key(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     for name, value in aws.env().items():
         monkeypatch.setenv(name, value)
-    return str(aws.client("kms").create_key()["KeyMetadata"]["Arn"])
+    client.cache_clear()  # the CLI's cached clients must reach this emulator
+    yield str(aws.client("kms").create_key()["KeyMetadata"]["Arn"])
+    client.cache_clear()
 
 
 def test_rotation_keeps_the_ca_so_the_users_line_never_changes(
