@@ -108,3 +108,6 @@ def test_a_large_parallelcluster_node_table_fits_the_state_item(
     # Saved again without a table (none known): the stored one goes too
     store.save(stored.model_copy(update={"slurm_nodes": None}))
     assert store.get("pc").slurm_nodes is None
+    # A head node that reports no nodes has a table: empty, not unknown (unknown would read it again)
+    store.save(stored.model_copy(update={"slurm_nodes": []}))
+    assert store.get("pc").slurm_nodes == []

@@ -76,11 +76,12 @@ class DynamoStateStore:
     @staticmethod
     def _state(cluster: str, item: dict[str, Any]) -> ClusterState:
         controller = json.loads(item["controller"]["S"]) if "controller" in item else {}
+        table = DynamoStateStore._node_records(item)  # an empty table is a table: only None falls back
         return ClusterState.model_validate(
             {
                 **controller,
                 # A state saved before the table had its own attribute keeps it in the JSON.
-                "slurm_nodes": DynamoStateStore._node_records(item) or controller.get("slurm_nodes"),
+                "slurm_nodes": controller.get("slurm_nodes") if table is None else table,
                 "cluster": cluster,
                 "generation": int(item.get("generation", {}).get("N", "0")),
                 "last_event_at": item.get("last_event_at", {}).get("S"),
