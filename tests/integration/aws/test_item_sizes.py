@@ -109,5 +109,5 @@ def test_a_large_parallelcluster_node_table_fits_the_state_item(
     store.save(stored.model_copy(update={"slurm_nodes": None}))
     assert store.get("pc").slurm_nodes is None
     # A head node that reports no nodes has a table: empty, not unknown (unknown would read it again)
-    store.save(stored.model_copy(update={"slurm_nodes": []}))
+    store.save(store.get("pc").model_copy(update={"slurm_nodes": []}))
     assert store.get("pc").slurm_nodes == []
