@@ -167,6 +167,7 @@ class AwsEmulator:
         global _active  # noqa: PLW0603
         if self._transport is not None:
             botocore.handlers.BUILTIN_HANDLERS.remove(self._transport)
+            self._transport[1].close()
             self._transport = None
         with _active_lock:
             if _active is self:

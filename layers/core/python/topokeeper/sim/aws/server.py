@@ -276,13 +276,19 @@ class InProcessTransport:
     the response botocore would have read from the socket. Requests for anywhere else go on over HTTP."""
 
     def __init__(self, app: WsgiApp, host: str, port: int) -> None:
-        self._app = app
+        self._app: WsgiApp | None = app
         self._host = host
         self._port = port
 
+    def close(self) -> None:
+        """Answer nothing more: a session made meanwhile keeps this handler, and a later emulator may get the port."""
+        self._app = None
+
     def __call__(self, request: AWSPreparedRequest, **_: Any) -> AWSResponse | None:
         url = urlsplit(request.url)
-        if url.port != self._port or not (url.hostname == self._host or str(url.hostname).endswith(f".{self._host}")):
+        app = self._app
+        host = str(url.hostname)
+        if app is None or url.port != self._port or not (host == self._host or host.endswith(f".{self._host}")):
             return None
         body = request.body
         if body is None:
@@ -300,7 +306,7 @@ class InProcessTransport:
             status[:] = [line]
             response_headers[:] = headers
 
-        chunks = self._app(self._environ(request, url.netloc, data), start_response)
+        chunks = app(self._environ(request, url.netloc, data), start_response)
         try:
             content = b"".join(chunks)
         finally:
