@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import boto3
 import pytest
+from botocore.httpsession import URLLib3Session
 from moto.events.utils import EventTemplateParser
 
 from tests.integration.aws.support import cluster_request
@@ -46,6 +47,42 @@ def test_clients_from_the_environment_reach_it_and_stop_leaves_nothing_behind() 
         probe.bind(("127.0.0.1", port))  # the port is free again
     with pytest.raises(RuntimeError, match="not running"):
         _ = emulator.endpoint_url
+
+
+def test_botocore_reaches_it_in_process_and_everything_else_over_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[str] = []
+    original_send = URLLib3Session.send
+
+    def send(self: URLLib3Session, request: object) -> object:
+        sent.append(str(getattr(request, "url", "")))
+        return original_send(self, request)
+
+    monkeypatch.setattr(URLLib3Session, "send", send)
+    with AwsEmulator(seed=1) as emulator:
+        endpoint = emulator.endpoint_url
+        with _environment(emulator.env()):
+            session = boto3.session.Session()  # made while it runs: its clients skip the socket
+            sqs = session.client("sqs")
+            queue = sqs.create_queue(QueueName="work")["QueueUrl"]
+            sqs.send_message(QueueUrl=queue, MessageBody="hello")
+            assert [m["Body"] for m in sqs.receive_message(QueueUrl=queue)["Messages"]] == ["hello"]
+            s3 = session.client("s3")
+            s3.create_bucket(Bucket="plans")
+            s3.put_object(Bucket="plans", Key="a b/plan.json", Body=b"{}", Metadata={"under_score": "kept"})
+            stored = s3.get_object(Bucket="plans", Key="a b/plan.json")
+            assert (stored["Body"].read(), stored["Metadata"]) == (b"{}", {"under_score": "kept"})
+            assert sent == []
+            # What is not botocore (the head node's agent and applier, presigned URLs) goes over HTTP.
+            url = session.client("s3", config=PRESIGN_CONFIG).generate_presigned_url(
+                "get_object", Params={"Bucket": "plans", "Key": "a b/plan.json"}
+            )
+            with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - the emulator on 127.0.0.1
+                assert response.read() == b"{}"
+            assert emulator.calls.by_operation()["GetObject"] == 2
+    # Stopped, its sessions' clients no longer reach it in process (a later emulator may get the port).
+    with pytest.raises(Exception, match="Could not connect"):
+        sqs.list_queues()
+    assert sent and sent[-1].startswith(endpoint)
 
 
 def test_one_emulator_at_a_time_and_each_starts_from_a_clean_moto() -> None:

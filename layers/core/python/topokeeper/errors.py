@@ -16,10 +16,11 @@ from __future__ import annotations
 import difflib
 from collections import abc
 from types import UnionType
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
+if TYPE_CHECKING:  # pydantic is imported where it is used: the file-only head node's scontrol imports this
+    from pydantic import BaseModel, ValidationError
+    from pydantic_core import ErrorDetails
 
 
 class TopokeeperError(Exception):
@@ -88,6 +89,8 @@ def unknown_key_hint(item: ErrorDetails, model: type[BaseModel] | None) -> str:
 
 def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> set[str]:
     """The keys the mapping at ``loc`` inside ``model`` accepts (field names and aliases); empty where unknown."""
+    from pydantic import BaseModel  # noqa: PLC0415 (see the imports)
+
     annotations: list[Any] = [model]
     for part in loc:
         inner: list[Any] = []

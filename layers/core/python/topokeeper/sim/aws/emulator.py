@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 import boto3
+import botocore.handlers
 
 from topokeeper.sim.aws import moto_patches
 from topokeeper.sim.aws.clock import Clock, RateLimits, SystemClock
@@ -33,7 +34,7 @@ from topokeeper.sim.aws.kms import KmsSigning
 from topokeeper.sim.aws.load_balancing import TargetHealth
 from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
 from topokeeper.sim.aws.s3 import S3Refusals
-from topokeeper.sim.aws.server import CallCounter, EmulatorServer, Gateway, WsgiApp
+from topokeeper.sim.aws.server import CallCounter, EmulatorServer, Gateway, InProcessTransport, WsgiApp
 from topokeeper.sim.aws.ssm import SsmRunCommand
 
 ACCOUNT_ID = "123456789012"  # moto's default account, which dummy credentials map to
@@ -103,6 +104,7 @@ class AwsEmulator:
         self._host = host
         self._server: EmulatorServer | None = None
         self._endpoint_url: str | None = None
+        self._transport: tuple[str, InProcessTransport] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -137,6 +139,10 @@ class AwsEmulator:
             self._server.start()
             host, port = self._server.get_host_and_port()
             self._endpoint_url = f"http://{host}:{port}"
+            assert self._server.app is not None  # noqa: S101 - set by start()
+            # botocore sessions made from now on (every client made after start) call the application in process.
+            self._transport = ("before-send", InProcessTransport(self._server.app, host, port))
+            botocore.handlers.BUILTIN_HANDLERS.append(self._transport)
             self._reset_moto()  # whatever an earlier user of moto in this process left
         except BaseException:
             if self._server is not None:
@@ -159,6 +165,10 @@ class AwsEmulator:
 
     def _release(self) -> None:
         global _active  # noqa: PLW0603
+        if self._transport is not None:
+            botocore.handlers.BUILTIN_HANDLERS.remove(self._transport)
+            self._transport[1].close()
+            self._transport = None
         with _active_lock:
             if _active is self:
                 moto_patches.restore()

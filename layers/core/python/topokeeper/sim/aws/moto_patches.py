@@ -1,4 +1,5 @@
-"""The few fixes that can only be made inside moto, applied while an emulator runs and undone after.
+"""The few fixes (and savings of work moto repeats per request) that can only be made inside moto, applied while
+an emulator runs and undone after.
 
 Everything else the emulator adds is served by its own gateway in front of moto (``server.Gateway``), so
 these are the only changes to moto's module state. ``apply`` is idempotent; ``restore`` puts back
@@ -20,7 +21,9 @@ from datetime import timedelta
 from typing import Any
 
 import jsonpath_ng.ext
-from moto.core.utils import utcnow
+import moto.backends
+import moto.sqs.models
+from moto.core.utils import camelcase_to_underscores, utcnow
 from moto.ec2.models.instances import Instance
 from moto.events.utils import EventTemplateParser
 
@@ -45,6 +48,18 @@ def _cached_jsonpath(expression: str) -> Any:
 _ORIGINAL_JSONPATH_PARSE = getattr(jsonpath_ng.ext, "parse")  # noqa: B009 - not in its __all__
 
 
+@functools.cache
+def _moto_modules() -> tuple[str, ...]:
+    """moto's server lists its package directory (a stat per backend) twice for every request it routes; the
+    directory does not change while a process runs."""
+    return tuple(_ORIGINAL_LIST_OF_MOTO_MODULES())
+
+
+_ORIGINAL_LIST_OF_MOTO_MODULES = moto.backends.list_of_moto_modules
+
+# SQS converts each of a queue's attribute names from camelCase whenever it reads the queue's attributes.
+_cached_camelcase_to_underscores = functools.lru_cache(maxsize=1024)(camelcase_to_underscores)
+
 _ORIGINAL_INSTANCE_START = Instance.start
 
 
@@ -61,6 +76,8 @@ def _patches() -> list[tuple[Any, str, Any]]:
         (EventTemplateParser, "DEFAULT_EVENT_INPUT_TEMPLATE", EVENT_TEMPLATE_WITH_ACCOUNT),
         (jsonpath_ng.ext, "parse", _cached_jsonpath),
         (Instance, "start", _start_relaunches),
+        (moto.backends, "list_of_moto_modules", _moto_modules),
+        (moto.sqs.models, "camelcase_to_underscores", _cached_camelcase_to_underscores),
     ]
 
 

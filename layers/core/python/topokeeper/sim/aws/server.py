@@ -6,19 +6,35 @@ go to moto. The server is our own werkzeug server around the application moto_se
 ThreadedMotoServer (whose private ``_server_entry`` we would have to override to put the gateway in front);
 unlike ThreadedMotoServer's ``stop``, ours closes kept-alive client connections, joins every request thread
 and releases the port.
+
+botocore clients in this process skip the socket: ``InProcessTransport`` hands their requests to the same
+application in the calling thread (werkzeug's server closes the connection after every response, so each HTTP
+request costs a connect and a server thread). Anything else (the stdlib agent and applier, presigned URLs)
+reaches the application over HTTP.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import socket
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
+from botocore.awsrequest import AWSPreparedRequest, AWSResponse
+from moto.core.botocore_stubber import MockRawResponse
+from moto.core.request import (
+    PRESERVED_HEADER_NAMES_ENVIRON_KEY,
+    environ_key_for_header,
+    should_preserve_original_header_name,
+)
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from urllib3 import HTTPHeaderDict
 from werkzeug.serving import ThreadedWSGIServer
 
 from topokeeper.sim.aws.clock import RateLimits
@@ -224,10 +240,12 @@ class EmulatorServer:
         self._host = host
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self.app: WsgiApp | None = None  # what the server serves, for InProcessTransport
 
     def start(self) -> None:
         """Binds before returning (a bind error is raised here), then serves in a daemon thread."""
-        server = _Server(self._host, 0, self._wrap(DomainDispatcherApplication(create_backend_app)))
+        self.app = self._wrap(DomainDispatcherApplication(create_backend_app))
+        server = _Server(self._host, 0, self.app)
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="aws-emulator", daemon=True
@@ -250,3 +268,113 @@ class EmulatorServer:
             self._thread.join(timeout=10)
         self._server = None
         self._thread = None
+
+
+class InProcessTransport:
+    """A botocore ``before-send`` handler: a request for ``host:port`` is answered by ``app`` in the calling
+    thread, with the WSGI environ werkzeug's server (and moto's request handler) would have built from it, and
+    the response botocore would have read from the socket. Requests for anywhere else go on over HTTP."""
+
+    def __init__(self, app: WsgiApp, host: str, port: int) -> None:
+        self._app: WsgiApp | None = app
+        self._host = host
+        self._port = port
+
+    def close(self) -> None:
+        """Answer nothing more: a session made meanwhile keeps this handler, and a later emulator may get the port."""
+        self._app = None
+
+    def __call__(self, request: AWSPreparedRequest, **_: Any) -> AWSResponse | None:
+        url = urlsplit(request.url)
+        app = self._app
+        host = str(url.hostname)
+        if app is None or url.port != self._port or not (host == self._host or host.endswith(f".{self._host}")):
+            return None
+        body = request.body
+        if body is None:
+            data = b""
+        elif isinstance(body, bytes | bytearray):
+            data = bytes(body)
+        elif isinstance(body, str):
+            data = body.encode("utf-8")
+        else:
+            data = body.read()
+        status: list[str] = []
+        response_headers: list[tuple[str, str]] = []
+
+        def start_response(line: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+            status[:] = [line]
+            response_headers[:] = headers
+
+        chunks = app(self._environ(request, url.netloc, data), start_response)
+        try:
+            content = b"".join(chunks)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        return AWSResponse(
+            request.url, int(status[0].split(" ", 1)[0]), HTTPHeaderDict(response_headers), MockRawResponse(content)
+        )
+
+    def _environ(self, request: AWSPreparedRequest, netloc: str, data: bytes) -> dict[str, Any]:
+        """``werkzeug.serving.WSGIRequestHandler.make_environ`` plus ``MotoRequestHandler``'s preserved names."""
+        target = request.url.split(netloc, 1)[1] or "/"
+        path, _, query = target.partition("?")
+        headers = {"Host": netloc, **{k: _text(v) for k, v in request.headers.items()}}
+        if data or request.method not in ("GET", "HEAD"):
+            headers.setdefault("Content-Length", str(len(data)))
+        environ: dict[str, Any] = {
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(data),
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+            "REQUEST_METHOD": request.method,
+            "SCRIPT_NAME": "",
+            "PATH_INFO": _wsgi_text(unquote(path)),
+            "QUERY_STRING": _wsgi_text(query),
+            "REQUEST_URI": _wsgi_text(target),
+            "RAW_URI": _wsgi_text(target),
+            "REMOTE_ADDR": "127.0.0.1",
+            "REMOTE_PORT": 0,
+            "SERVER_NAME": self._host,
+            "SERVER_PORT": str(self._port),
+            "SERVER_PROTOCOL": "HTTP/1.1",
+        }
+        for name, raw in headers.items():
+            if "_" in name:
+                continue
+            key, value = name.upper().replace("-", "_"), raw.replace("\r\n", "")
+            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+                key = f"HTTP_{key}"
+                if key in environ:
+                    value = f"{environ[key]},{value}"
+            environ[key] = value
+        dashed = {environ_key_for_header(name) for name in headers if "_" not in name}
+        names: dict[str, str] = {}
+        values: dict[str, list[str]] = {}
+        for name, value in headers.items():
+            if not should_preserve_original_header_name(name):
+                continue
+            key = environ_key_for_header(name)
+            if key in dashed:
+                continue
+            names.setdefault(key, name)
+            values.setdefault(key, []).append(value.replace("\r\n", ""))
+        for key, joined in values.items():
+            environ[key] = ",".join(joined)
+        environ[PRESERVED_HEADER_NAMES_ENVIRON_KEY] = names
+        return environ
+
+
+def _text(value: str | bytes) -> str:
+    """A header value as http.server reads it off the wire."""
+    return value.decode("iso-8859-1") if isinstance(value, bytes) else value
+
+
+def _wsgi_text(value: str) -> str:
+    """werkzeug's ``_wsgi_encoding_dance``: WSGI strings are latin-1 code points of the UTF-8 bytes."""
+    return value.encode().decode("latin1")

@@ -13,7 +13,7 @@ import ipaddress
 import re
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -66,6 +66,13 @@ class ClusterNode:
     @property
     def slurm_name(self) -> str:
         return self.hostname.split(".", 1)[0]
+
+    def copy(self) -> ClusterNode:
+        """What ``dataclasses.replace(node)`` gives (every field is immutable), at a fifth of its cost: the
+        simulator reads a thousand-node cluster's nodes for every event."""
+        node = object.__new__(ClusterNode)
+        node.__dict__.update(self.__dict__)
+        return node
 
 
 @dataclass
@@ -151,14 +158,14 @@ class HyperPodModel:
     def node(self, node_id: str) -> ClusterNode:
         """A copy of the node (by instance id)."""
         with self.lock:
-            return replace(self._node(node_id))
+            return self._node(node_id).copy()
 
     def nodes(self, cluster: str, group: str | None = None) -> list[ClusterNode]:
         """Copies of a cluster's nodes (or one group's), oldest first."""
         with self.lock:
             found = self.cluster(cluster)
             return [
-                replace(n) for n in sorted(found.nodes.values(), key=lambda n: n.sequence) if group in (None, n.group)
+                n.copy() for n in sorted(found.nodes.values(), key=lambda n: n.sequence) if group in (None, n.group)
             ]
 
     def slurm_members(self, cluster: str) -> dict[str, list[ClusterNode]]:
@@ -173,7 +180,7 @@ class HyperPodModel:
                 if node.status not in SLURM_LISTED_STATUSES:
                     continue
                 for partition in (found.groups[node.group].spec.get("SlurmConfig") or {}).get("PartitionNames") or []:
-                    members[partition].append(replace(node))
+                    members[partition].append(node.copy())
             return members
 
     def describe_cluster(self, cluster: str) -> dict[str, Any]:
