@@ -102,6 +102,22 @@ def test_scale_up_replace_and_scale_down(world_factory) -> None:
     assert _in_sync(world)
 
 
+def test_a_replace_step_over_25_nodes_is_sent_25_ids_a_call_as_aws_requires(world_factory) -> None:
+    """BatchReplaceClusterNodes takes at most 25 node ids (the emulator refuses more, as botocore's model says)."""
+    groups = small_scenario().cluster.model_dump(mode="json")["instance_groups"]
+    p5 = next(group for group in groups if group["name"] == "p5")
+    p5["count"] = 30
+    world = world_factory(small_scenario(instance_groups=groups))
+    world.settle()
+    from topokeeper.sim.scenario import Step
+
+    before = {node.instance_id for node in world.emulator.hyperpod.nodes(world.cluster.name, "p5")}
+    replaced = Story(world, lambda _: None).play(1, Step.model_validate({"replace": {"group": "p5", "count": 26}}))
+    after = {node.instance_id for node in world.emulator.hyperpod.nodes(world.cluster.name, "p5")}
+    assert len(before - after) == 26
+    assert replaced is not None and replaced.converged
+
+
 def test_a_burst_of_1000_events_makes_a_handful_of_writes(world_factory) -> None:
     world = world_factory()
     world.settle()

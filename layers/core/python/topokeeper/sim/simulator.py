@@ -32,6 +32,15 @@ if TYPE_CHECKING:
     from topokeeper.sim.parallelcluster import ParallelCluster
     from topokeeper.sim.world import Baseline, World
 
+# BatchReplaceClusterNodes and BatchRebootClusterNodes take at most 25 node ids (botocore's model; AWS refuses
+# more): a step that replaces more sends several calls, as an operator's script would.
+NODE_ACTION_BATCH = 25
+
+
+def _in_batches(action: Callable[..., object], cluster: str, ids: list[str]) -> None:
+    for start in range(0, len(ids), NODE_ACTION_BATCH):
+        action(ClusterName=cluster, NodeIds=ids[start : start + NODE_ACTION_BATCH])
+
 
 class StepResult(BaseModel):
     step: str
@@ -147,13 +156,12 @@ class Story:
             ids = self._pick(step.replace.group, step.replace.count)
             hyperpod.replace_new_ip = step.replace.new_ip
             try:
-                sagemaker.batch_replace_cluster_nodes(ClusterName=cluster, NodeIds=ids)
+                _in_batches(sagemaker.batch_replace_cluster_nodes, cluster, ids)
             finally:
                 hyperpod.replace_new_ip = False
         elif step.reboot is not None:
-            sagemaker.batch_reboot_cluster_nodes(
-                ClusterName=cluster, NodeIds=self._pick(step.reboot.group, step.reboot.count)
-            )
+            ids = self._pick(step.reboot.group, step.reboot.count)
+            _in_batches(sagemaker.batch_reboot_cluster_nodes, cluster, ids)
         elif step.delete is not None:
             ids = self._pick(step.delete.group, step.delete.count, newest=True)
             sagemaker.batch_delete_cluster_nodes(ClusterName=cluster, NodeIds=ids)
@@ -164,7 +172,7 @@ class Story:
             # HyperPod's automatic node recovery replaces the node a minute later.
             world.agenda.add(
                 world.clock.monotonic() + 60,
-                lambda: sagemaker.batch_replace_cluster_nodes(ClusterName=cluster, NodeIds=ids),
+                functools.partial(_in_batches, sagemaker.batch_replace_cluster_nodes, cluster, ids),
             )
         elif step.hyperpod_misplace is not None:
             ids = self._pick(step.hyperpod_misplace.group, step.hyperpod_misplace.count)
