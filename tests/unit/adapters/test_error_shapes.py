@@ -290,7 +290,7 @@ def _save_params(version: int) -> dict[str, Any]:
     return {
         "TableName": TABLE,
         "Key": cluster_key("llm-train"),
-        "UpdateExpression": "SET controller = :c, version = :next",
+        "UpdateExpression": "SET controller = :c, version = :next REMOVE slurm_nodes_gz",  # no node table known
         "ConditionExpression": "attribute_not_exists(version) OR version = :seen",
         "ExpressionAttributeValues": {":c": ANY, ":next": {"N": str(version + 1)}, ":seen": {"N": str(version)}},
     }
