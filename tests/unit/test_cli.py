@@ -334,3 +334,29 @@ def test_every_aws_command_takes_region_after_it_and_says_what_to_set_in_one_lin
     assert main([*argv, "--region", "us-west-2"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and error.startswith("topokeeper: error: credentials:"), error
+
+
+def test_a_folded_block_partition_reports_its_largest_leaf_in_the_tree_slurm_reads() -> None:
+    """Before 25.05 a block partition folded into the cluster tree is placed by that tree's leaves: 18-node
+    UltraServers whose nodes hang under two leaves of 9 fit a 9-node job in one leaf, not 18."""
+    from topokeeper.cli import plan_table
+    from topokeeper.domain.models import ClusterSnapshot, Node, Partition, SlurmVersion
+    from topokeeper.engine.planner import plan
+    from topokeeper.render.bundle import render
+
+    def node(group: str, number: int, leaf: str, ultraserver: str | None, kind: str) -> Node:
+        return Node(
+            name=f"{group}-{number}", instance_id=f"i-{group == 'gb':d}{number:016x}", instance_type=kind,
+            partition=group, network_nodes=("nn-spine", "nn-agg", leaf), ultraserver_id=ultraserver,
+        )  # fmt: skip
+
+    gb = tuple(node("gb", n, f"nn-gb{n // 9}", "us-a" if n < 18 else "us-b", "p6e-gb200.36xlarge") for n in range(36))
+    p5 = tuple(node("p5", n, f"nn-p5{n // 4}", None, "p5.48xlarge") for n in range(8))
+    snapshot = ClusterSnapshot(
+        cluster_name="c", slurm_version=SlurmVersion.parse("24.11"),
+        partitions=(Partition(name="gb", nodes=gb), Partition(name="p5", nodes=p5)),
+    )  # fmt: skip
+    rows = {line.split()[0]: line.split() for line in plan_table(render(plan(snapshot))).splitlines()[1:3]}
+    assert rows["gb"][1:5] == ["block,", "folded", "into", "tree"]
+    assert rows["gb"][8] == "9"  # LARGEST LEAF/BLOCK: a leaf of the written tree, not an 18-node block
+    assert rows["p5"][5] == "4"

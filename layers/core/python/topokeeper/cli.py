@@ -12,7 +12,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from topokeeper.applier import applier
-from topokeeper.domain.models import BlockTopology, PartitionPlan, PlannerConfig, TreeTopology
+from topokeeper.domain.models import (
+    NO_TOPOLOGY_SWITCH,
+    BlockTopology,
+    PartitionPlan,
+    PlannerConfig,
+    Topology,
+    TreeTopology,
+)
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import join_snapshot, read_snapshot
 from topokeeper.errors import InputError
@@ -41,14 +48,23 @@ def plan_from_files(snapshot_path: Path, config_path: Path | None, slurm_version
     return render(plan(join_snapshot(facts, load_config(config_path), slurm_version)))
 
 
-def leaf_units(partition: PartitionPlan) -> list[tuple[str, tuple[str, ...]]]:
-    """(name, nodes) of a partition's leaf switches or blocks; none for a flat one."""
-    topology = partition.topology
+def leaf_units(topology: Topology) -> list[tuple[str, tuple[str, ...]]]:
+    """(name, nodes) of a topology's leaf switches or blocks; none for a flat one."""
     if isinstance(topology, TreeTopology):
         return [(switch.name, switch.nodes) for switch in topology.switches if not switch.switches]
     if isinstance(topology, BlockTopology):
         return [(block.name, block.nodes) for block in topology.blocks]
     return []
+
+
+def _largest_unit(partition: PartitionPlan, folded_into: Topology | None) -> int:
+    """The most of the partition's nodes one leaf or block holds; folded (before 25.05), in the cluster-wide
+    topology Slurm actually reads, where no-topology is no leaf a job could use."""
+    if folded_into is None:
+        return max((len(nodes) for _, nodes in leaf_units(partition.topology)), default=0)
+    members = set(partition.nodes)
+    units = leaf_units(folded_into)
+    return max((len(members.intersection(nodes)) for name, nodes in units if name != NO_TOPOLOGY_SWITCH), default=0)
 
 
 def plan_table(rendered: RenderedPlan) -> str:
@@ -61,8 +77,8 @@ def plan_table(rendered: RenderedPlan) -> str:
             units = f"{len(topology.blocks)} blocks"
         else:
             units = "-"
-        largest = max((len(nodes) for _, nodes in leaf_units(partition)), default=0)
         kind, written = partition.kind, rendered.plan.cluster_topology  # before 25.05: one cluster-wide topology
+        largest = _largest_unit(partition, written if written is not None and written.kind is not kind else None)
         rows.append(
             (
                 partition.partition,
