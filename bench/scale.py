@@ -171,7 +171,7 @@ def simulate_20k(head_node: str, wall_minutes: float) -> dict[str, Any]:  # noqa
     sent and stored."""
     from moto.dynamodb.models import dynamodb_backends  # noqa: PLC0415 - only for this part
 
-    from topokeeper.adapters.aws import client  # noqa: PLC0415
+    from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, client  # noqa: PLC0415
     from topokeeper.sim.scenario import load_scenario  # noqa: PLC0415
     from topokeeper.sim.simulator import Story  # noqa: PLC0415
     from topokeeper.sim.stack import BUCKET  # noqa: PLC0415
@@ -194,7 +194,10 @@ def simulate_20k(head_node: str, wall_minutes: float) -> dict[str, Any]:  # noqa
             measured["send_command"] = max(measured["send_command"], size)
 
         client("events").meta.events.register("provide-client-params.events.PutEvents", put_events)
-        client("ssm").meta.events.register("provide-client-params.ssm.SendCommand", send_command)
+        # SendCommand goes through its own client (no automatic retry): measure that one.
+        client("ssm", None, SEND_COMMAND_CONFIG).meta.events.register(
+            "provide-client-params.ssm.SendCommand", send_command
+        )
         invoke = world.functions.invoke
 
         def timed(function: str, event: Any) -> Any:
