@@ -130,3 +130,24 @@ def test_a_presigned_url_fetch_is_counted_by_its_operation(aws: AwsEmulator) -> 
     with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 (the emulator's own http URL)
         assert response.read() == b"print()"  # as the head node's SSM command fetches the applier
     assert aws.calls.by_service() == {"s3": {"GetObject": 1}}  # credentials in the query, not "Unknown"
+
+
+def _request_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if "process_request_thread" in t.name}
+
+
+def test_stop_joins_the_thread_of_a_connection_still_open() -> None:
+    # socketserver joins only non-daemon request threads: a daemon one still reading a kept-alive connection
+    # outlived stop() and leaked into the next test (a flaky CI run).
+    before = _request_threads()
+    with AwsEmulator(seed=1) as emulator:
+        host, port = emulator.endpoint_url.removeprefix("http://").rsplit(":", 1)
+        idle = socket.create_connection((host, int(port)), timeout=10)
+        idle.sendall(b"GET / HTTP/1.1\r\n")  # a request line, headers still to come: its thread is reading
+        for _ in range(500):
+            if _request_threads() - before:
+                break
+            threading.Event().wait(0.01)
+        assert _request_threads() - before, "the connection got no request thread"
+    assert _request_threads() - before == set()
+    idle.close()

@@ -202,21 +202,33 @@ class _Handler(MotoRequestHandler):
 
 class _Server(ThreadedWSGIServer):
     """Request threads are tracked and joined on close (kept-alive connections are closed first); they
-    stay daemon threads so that an emulator never stopped cannot hold the interpreter at exit."""
+    stay daemon threads so that an emulator never stopped cannot hold the interpreter at exit. socketserver
+    joins only non-daemon threads, so this class keeps its own list."""
 
     daemon_threads = True
-    block_on_close = True
 
     def __init__(self, host: str, port: int, app: WsgiApp) -> None:
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        self._request_threads: list[threading.Thread] = []
         super().__init__(host, port, app, handler=_Handler)
 
     def process_request(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
         if isinstance(request, socket.socket):
             with self._connections_lock:
                 self._connections.add(request)
-        super().process_request(request, client_address)
+        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address), daemon=True)
+        with self._connections_lock:
+            self._request_threads = [t for t in self._request_threads if t.is_alive()]
+            self._request_threads.append(thread)
+        thread.start()
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._connections_lock:
+            threads, self._request_threads = self._request_threads, []
+        for thread in threads:
+            thread.join(timeout=10)
 
     def shutdown_request(self, request: socket.socket | tuple[bytes, socket.socket]) -> None:
         if isinstance(request, socket.socket):
