@@ -16,7 +16,7 @@ import pytest
 from tests.integration.aws.test_adapters import TABLE, _large, _records, _rendered, _trail
 from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.agent.agent import MAX_DETAIL_BYTES
-from topokeeper.engine.snapshot import SlurmNodeRecord
+from topokeeper.domain.models import SlurmNodeRecord
 from topokeeper.ports import (
     MAX_TRIGGERS,
     ApplyResult,

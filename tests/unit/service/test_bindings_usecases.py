@@ -9,7 +9,7 @@ from tests.helpers import event_envelope
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.constants import AGENT_VERIFY_DETAIL_TYPE, agent_source
-from topokeeper.engine.snapshot import SlurmNodeRecord
+from topokeeper.domain.models import SlurmNodeRecord
 from topokeeper.ports import ApplyResult, Channel, Metric, Outcome
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.drift import check_drift, pending_window

@@ -14,7 +14,14 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from topokeeper.constants import INSTANCE_ID_PATTERN
-from topokeeper.domain.models import ClusterName, PartitionSettings, PlannerConfig, SlurmVersion
+from topokeeper.domain.models import (
+    ClusterName,
+    PartitionSettings,
+    PlannerConfig,
+    SlurmVersion,
+    empty_dict,
+    empty_list,
+)
 from topokeeper.domain.names import SlurmName
 from topokeeper.ports import Channel
 
@@ -133,8 +140,8 @@ class LoginEndpointConfig(BaseModel):
     vpc_id: VpcId | None = None
     # Without VpcConfig a HyperPod cluster's node IPs live in a service VPC no balancer of yours can reach.
     vpc_config: ClusterVpcConfig | None = None
-    allowed_cidrs: list[Ipv4Cidr] = Field(default_factory=list, max_length=50)
-    allowed_security_group_ids: list[SecurityGroupId] = Field(default_factory=list, max_length=50)
+    allowed_cidrs: list[Ipv4Cidr] = Field(default_factory=empty_list, max_length=50)
+    allowed_security_group_ids: list[SecurityGroupId] = Field(default_factory=empty_list, max_length=50)
     client_vpn_security_group_id: SecurityGroupId | None = None
     deletion_protection: bool = False
     # ELBv2's maximum: an SSH session on a departing login node gets an hour to finish.
@@ -169,7 +176,7 @@ class ClusterConfig(BaseModel):
     channel: Channel | None = None
     head_node: SsmTarget | None = None
     slurm_version: str | None = None  # until the head node reports its own
-    partitions: dict[SlurmName, PartitionSettings] = Field(default_factory=dict)
+    partitions: dict[SlurmName, PartitionSettings] = Field(default_factory=empty_dict)
     ec2: Ec2Discovery = Ec2Discovery()
     # Alarm on HyperPod's own topology changes (metric ManagedTopologyUpdates), as AWS advises SREs to.
     alarm_on_managed_topology_updates: bool = False

@@ -11,12 +11,15 @@ import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from topokeeper.engine.snapshot import AwsSnapshot, SlurmNodeRecord
-from topokeeper.render.bundle import Bundle
+from topokeeper.domain.models import SlurmNodeRecord, empty_dict, empty_list
+
+if TYPE_CHECKING:  # in signatures only: ingest, which never plans or renders, loads neither the engine nor render
+    from topokeeper.engine.snapshot import AwsSnapshot
+    from topokeeper.render.bundle import Bundle
 
 
 class Outcome(StrEnum):
@@ -66,12 +69,12 @@ class ApplyResult(BaseModel):
     plan_sha256: str | None = None
     before_sha256: str | None = None
     after_sha256: str | None = None
-    partitions_changed: list[str] = Field(default_factory=list)
+    partitions_changed: list[str] = Field(default_factory=empty_list)
     reconfigured: bool = False
     reconfigure_exit_code: int | None = None
-    readback: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per topology: units, matches, mismatches
-    partition_topologies: dict[str, Any] = Field(default_factory=dict)  # slurmctld's live assignment
-    drift: list[dict[str, Any]] = Field(default_factory=list)
+    readback: dict[str, dict[str, Any]] = Field(default_factory=empty_dict)  # per topology: units, matches, mismatches
+    partition_topologies: dict[str, Any] = Field(default_factory=empty_dict)  # slurmctld's live assignment
+    drift: list[dict[str, Any]] = Field(default_factory=empty_list)
     grouping_drift: bool | None = None  # verify: nodes grouped differently, not just named so (None: not said)
     diff: str | None = None  # dry-run and verify: unified diff of the files
     slurm_version: str | None = None  # as the head node's slurmctld reports it
@@ -83,7 +86,7 @@ class ApplyResult(BaseModel):
     recovery: dict[str, Any] | None = None
     duration_seconds: float = 0.0
     error: str | None = None
-    dropped: dict[str, int] = Field(default_factory=dict)  # entries cut to fit SSM's stdout cap
+    dropped: dict[str, int] = Field(default_factory=empty_dict)  # entries cut to fit SSM's stdout cap
     signature: Literal["verified", "unchecked"] | None = None  # the applier checked the bundle's signature
     generation: int | None = None  # the signed bundle's generation, when the signature was verified
     truncated: bool = False  # the agent sent only a summary to fit one event
@@ -91,7 +94,7 @@ class ApplyResult(BaseModel):
     slurm_nodes: list[list[str]] | None = None
     # Who else writes the live topology file ("parallelcluster": its generated topology.conf); apply refuses then.
     managed_by: Literal["parallelcluster"] | None = None
-    powered_down: list[str] = Field(default_factory=list)  # planned nodes that powered down since: written anyway
+    powered_down: list[str] = Field(default_factory=empty_list)  # planned nodes that powered down since: written anyway
     # Where the whole document went when stdout could not carry it: {key, bytes, sha256, error} (SSM channel)
     full_result: dict[str, Any] | None = None
 
@@ -269,11 +272,11 @@ class PendingDelivery(BaseModel):
 
     handle: DeliveryHandle
     generation: int
-    triggers: list[Trigger] = Field(default_factory=list)
+    triggers: list[Trigger] = Field(default_factory=empty_list)
     trigger_count: int = 0
     previous_plan_sha256: str | None = None
-    repair: list[str] = Field(default_factory=list)  # partitions rewritten because the live topology drifted
-    repair_moves: list[NodeMove] = Field(default_factory=list)  # the live drift those rewrites undo
+    repair: list[str] = Field(default_factory=empty_list)  # partitions rewritten because the live topology drifted
+    repair_moves: list[NodeMove] = Field(default_factory=empty_list)  # the live drift those rewrites undo
     waiting_receipt: str | None = None  # the reconcile message deferred behind this delivery, resumed by its result
     bundle_generation: int | None = None  # the generation its bundle is signed with
 
@@ -286,7 +289,7 @@ class ClusterState(BaseModel):
     reconciled_generation: int = 0  # the newest generation a reconcile has fully handled
     last_event_at: datetime | None = None
     first_pending_at: datetime | None = None  # oldest change not yet reconciled (bounds the debounce)
-    triggers: list[Trigger] = Field(default_factory=list)
+    triggers: list[Trigger] = Field(default_factory=empty_list)
     trigger_count: int = 0
     desired_sha256: str | None = None
     applied_sha256: str | None = None
@@ -294,8 +297,8 @@ class ClusterState(BaseModel):
     pending: PendingDelivery | None = None
     slurm_version: str | None = None  # as the head node reported it
     topology_retries: int = 0
-    repair_partitions: list[str] = Field(default_factory=list)  # live drift to repair on the next write
-    repair_moves: list[NodeMove] = Field(default_factory=list)  # nodes found in another leaf or block live
+    repair_partitions: list[str] = Field(default_factory=empty_list)  # live drift to repair on the next write
+    repair_moves: list[NodeMove] = Field(default_factory=empty_list)  # nodes found in another leaf or block live
     last_verify: ApplyResult | None = None
     last_verify_at: datetime | None = None
     bundle_generation: int = 0  # the last generation signed for delivery: only grows (service/signing.py)
@@ -303,7 +306,7 @@ class ClusterState(BaseModel):
     slurm_nodes: list[SlurmNodeRecord] | None = None
     # The instances the reconcile last read the node table for (none of its NodeAddrs named them): one still
     # unnamed is left out, not asked about again; only an instance new since then asks for another read.
-    table_read_for: list[str] = Field(default_factory=list)
+    table_read_for: list[str] = Field(default_factory=empty_list)
     # Set once a head node reported a topology file another tool writes: the cluster is verify from then on.
     managed_by: str | None = None
     version: int = 0  # optimistic concurrency
@@ -386,7 +389,7 @@ class AuditRecord(BaseModel):
     nodes_added_count: int
     nodes_removed_count: int
     # Nodes whose leaf switch or block changes (a replacement in another UltraServer, a hand edit undone).
-    nodes_moved: list[NodeMove] = Field(default_factory=list)
+    nodes_moved: list[NodeMove] = Field(default_factory=empty_list)
     nodes_moved_count: int = 0
     node_count: int
     switch_count: int
@@ -400,9 +403,9 @@ class AuditRecord(BaseModel):
     error: str | None
     # What the planner could not do as asked (the plan's and this partition's warnings), e.g. instances
     # DescribeInstanceTopology does not see, planned without network topology.
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=empty_list)
     # Before Slurm 25.05 one cluster-wide topology serves every partition: how this partition was folded into it.
-    folds: list[str] = Field(default_factory=list)
+    folds: list[str] = Field(default_factory=empty_list)
     generation: int
     requested_at: datetime
     completed_at: datetime
@@ -435,7 +438,7 @@ class KueueAuditRecord(BaseModel):
     node_count: int
     nodes_without_topology_data: list[str]
     nodes_without_topology_data_count: int
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=empty_list)
     triggers: list[Trigger]
     trigger_count: int
     generation: int

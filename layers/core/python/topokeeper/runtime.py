@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -43,9 +43,10 @@ from topokeeper.constants import (
 from topokeeper.errors import InputError
 from topokeeper.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics, WorkQueue
 from topokeeper.service.ingest import IngestDeps
-from topokeeper.service.reconcile import ControllerDeps
-from topokeeper.service.result import ResultDeps
-from topokeeper.service.signing import trusted_key_document
+
+if TYPE_CHECKING:  # each function's handler loads its own use case at init; ingest never loads the others
+    from topokeeper.service.reconcile import ControllerDeps
+    from topokeeper.service.result import ResultDeps
 
 # What a reconcile needs after discovery: planning 20,000 nodes, the plan to S3, the claim, SendCommand, the
 # state; and one last batch of DescribeInstanceTopology (5 pages) started just before the deadline.
@@ -154,6 +155,8 @@ class Runtime:
     def ssm_channel(self, cluster: ClusterConfig, deadline: datetime | None = None) -> SsmChannel:
         if cluster.head_node is None:
             raise InputError(f"clusters.{cluster.name}.head_node", "required for channel ssm")
+        from topokeeper.service.signing import trusted_key_document  # noqa: PLC0415 - service.reconcile loads it
+
         signer = self.signer
         return SsmChannel(
             client("ssm"),
@@ -227,6 +230,8 @@ class Runtime:
         facts: Callable[[ClusterConfig], FactsSource],
         channel: Callable[[ClusterConfig], DeliveryChannel] | None = None,
     ) -> ControllerDeps:
+        from topokeeper.service.reconcile import ControllerDeps  # noqa: PLC0415 - see TYPE_CHECKING above
+
         return ControllerDeps(
             settings=self.settings,
             state=self.state,
@@ -242,6 +247,8 @@ class Runtime:
         )
 
     def result_deps(self) -> ResultDeps:
+        from topokeeper.service.result import ResultDeps  # noqa: PLC0415 - see TYPE_CHECKING above
+
         return ResultDeps(
             settings=self.settings,
             state=self.state,

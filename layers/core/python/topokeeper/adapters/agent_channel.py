@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.constants import agent_bundle_key, agent_verify_key, agent_verify_request_key
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, StateStore
-from topokeeper.render.bundle import Bundle
+
+if TYPE_CHECKING:  # in signatures only: the functions that deliver load it at init (service.reconcile)
+    from topokeeper.render.bundle import Bundle
 
 
 class AgentChannel:

@@ -28,7 +28,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors
-from topokeeper.engine.snapshot import SlurmNodeRecord
+from topokeeper.domain.models import SlurmNodeRecord
 from topokeeper.errors import ConcurrentUpdate, Retryable
 from topokeeper.ports import CHANGE_FIELDS, MAX_TRIGGERS, ClusterState, Trigger
 

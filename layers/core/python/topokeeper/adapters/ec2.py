@@ -33,7 +33,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
@@ -41,9 +41,11 @@ from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.config import Ec2Discovery
 from topokeeper.constants import INSTANCE_ID
 from topokeeper.domain.catalog import Capability, ec2_instance_type, lookup
-from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.errors import InputError, TopokeeperError
 from topokeeper.ports import NodeFactsCache, RateLimiter
+
+if TYPE_CHECKING:  # ingest and the login sync use this module but never read a cluster's facts
+    from topokeeper.engine.snapshot import AwsSnapshot
 
 MAX_IDS_PER_CALL = 100
 PAGE_WITH_IDS = 20  # the documented default page, which ids cannot change (no MaxResults with them)
@@ -330,6 +332,8 @@ class Ec2ClusterFacts:
         capable = [n["InstanceId"] for n in nodes if n["InstanceId"] in running and _capable(n["InstanceType"])]
         types = {n["InstanceId"]: n["InstanceType"] for n in nodes}
         topology = self._topology.read(cluster, capable, launched, types)
+        from topokeeper.engine.snapshot import AwsSnapshot  # noqa: PLC0415 - loaded at init by the functions that read facts
+
         return AwsSnapshot.model_validate(
             {
                 "describe_cluster": {"ClusterName": cluster, "InstanceGroups": instance_groups},

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from botocore.exceptions import ClientError
@@ -16,8 +16,10 @@ from botocore.exceptions import ClientError
 from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.adapters.ec2 import InstanceTopologyReader, not_visible_warning, undescribed_warning
 from topokeeper.domain.catalog import Capability, lookup
-from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.errors import InputError
+
+if TYPE_CHECKING:  # the login sync uses this module but never reads a cluster's facts
+    from topokeeper.engine.snapshot import AwsSnapshot
 
 LEGACY_MAPPING_FILE = "provisioning_parameters.json"
 LEGACY_MAPPING_MAX_BYTES = 1024 * 1024
@@ -60,6 +62,8 @@ class HyperPodFacts:
             {node["InstanceId"]: str(node.get("LaunchTime", "")) for node in nodes},
             {node["InstanceId"]: str(node["InstanceType"]) for node in nodes},
         )
+        from topokeeper.engine.snapshot import AwsSnapshot  # noqa: PLC0415 - loaded at init by the functions that read facts
+
         return AwsSnapshot.model_validate(
             {
                 "describe_cluster": described,

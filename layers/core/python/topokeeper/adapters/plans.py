@@ -4,10 +4,12 @@ rewrite of the same plan is harmless), read back by the result and drift functio
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topokeeper.adapters.aws import aws_errors
-from topokeeper.render.bundle import Bundle
+
+if TYPE_CHECKING:
+    from topokeeper.render.bundle import Bundle
 
 
 def plan_prefix(cluster: str, sha256: str) -> str:
@@ -42,6 +44,8 @@ class S3PlanStore:
 
     @aws_errors()
     def bundle(self, cluster: str, sha256: str) -> Bundle:
+        from topokeeper.render.bundle import Bundle  # noqa: PLC0415 - loaded at init by result and drift (their use cases)
+
         return Bundle.model_validate(self._read(plan_prefix(cluster, sha256) + "bundle.json"))
 
     @aws_errors()

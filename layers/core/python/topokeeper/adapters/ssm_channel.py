@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from botocore.exceptions import ClientError
@@ -38,7 +38,9 @@ from topokeeper.constants import RESULT_KEY_PREFIX, ssm_applier_key, ssm_payload
 from topokeeper.errors import InputError, Permanent
 from topokeeper.events import RUN_SHELL_DOCUMENT
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, log
-from topokeeper.render.bundle import Bundle
+
+if TYPE_CHECKING:  # in signatures only: the functions that deliver load it at init (service.reconcile)
+    from topokeeper.render.bundle import Bundle
 
 APPLIER_PATH = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
 INLINE_LIMIT_BYTES = 48_000  # of the JSON-encoded commands; SSM rejects documents over 64 KB

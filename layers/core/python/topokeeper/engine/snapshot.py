@@ -31,7 +31,10 @@ from topokeeper.domain.models import (
     Partition,
     PartitionSettings,
     PlannerConfig,
+    SlurmNodeRecord,
     SlurmVersion,
+    empty_dict,
+    empty_list,
 )
 from topokeeper.errors import InputError
 
@@ -45,7 +48,7 @@ class _Aws(BaseModel):
 
 class AwsSlurmConfig(_Aws):
     NodeType: str | None = None
-    PartitionNames: list[str] = Field(default_factory=list)
+    PartitionNames: list[str] = Field(default_factory=empty_list)
 
 
 class AwsInstanceGroup(_Aws):
@@ -57,7 +60,7 @@ class AwsInstanceGroup(_Aws):
 class AwsDescribeCluster(_Aws):
     ClusterArn: str | None = None
     ClusterName: str
-    InstanceGroups: list[AwsInstanceGroup] = Field(default_factory=list)
+    InstanceGroups: list[AwsInstanceGroup] = Field(default_factory=empty_list)
     Orchestrator: dict[str, Any] | None = None
 
 
@@ -96,27 +99,18 @@ class AwsInstanceTopology(_Aws):
     CapacityBlockId: str | None = None
 
 
-class SlurmNodeRecord(_Aws):
-    """One item of ``scontrol show nodes --json``'s ``nodes``: what binds a Slurm node to an instance."""
-
-    name: str
-    address: str | None = None  # NodeAddr: the private IP once bound; the node's own name while powered down
-    hostname: str | None = None
-    partitions: list[str] = Field(default_factory=list)
-
-
 class SnapshotSlurm(_Aws):
     version: str | None = None
-    partitions: dict[str, str] = Field(default_factory=dict)  # legacy: instance group -> partition
+    partitions: dict[str, str] = Field(default_factory=empty_dict)  # legacy: instance group -> partition
     nodes: list[SlurmNodeRecord] | None = None  # name nodes as slurmctld does (ParallelCluster)
 
 
 class AwsSnapshot(_Aws):
     describe_cluster: AwsDescribeCluster
-    nodes: list[AwsClusterNode] = Field(default_factory=list)
-    instance_topology: list[AwsInstanceTopology] = Field(default_factory=list)
+    nodes: list[AwsClusterNode] = Field(default_factory=empty_list)
+    instance_topology: list[AwsInstanceTopology] = Field(default_factory=empty_list)
     slurm: SnapshotSlurm = SnapshotSlurm()
-    warnings: list[str] = Field(default_factory=list)  # what reading the facts found (plan and audit carry them)
+    warnings: list[str] = Field(default_factory=empty_list)  # what reading the facts found (plan and audit carry them)
     # Instances whose topology discovery has not reached yet (its time ran out): the next read continues.
     undescribed: int = Field(0, ge=0)
 

@@ -27,6 +27,7 @@ from topokeeper.adapters.login_nodes import (
 )
 from topokeeper.adapters.login_run_command import RunCommandInstaller
 from topokeeper.config import ClusterConfig, Orchestrator
+from topokeeper.domain.models import empty_dict, empty_list
 from topokeeper.errors import InputError, Retryable
 from topokeeper.events import EC2_STATE_DETAIL_TYPE, RUN_SHELL_DOCUMENT, Ec2StateDetail, TopokeeperEvent
 from topokeeper.login.host_keys import secret_names
@@ -54,8 +55,8 @@ def login_environment_bytes(clusters: list[str]) -> int:
 
 class LoginSyncReport(BaseModel):
     model_config = ConfigDict(frozen=True)
-    synced: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    failures: list[str] = Field(default_factory=list)
+    synced: dict[str, dict[str, Any]] = Field(default_factory=empty_dict)
+    failures: list[str] = Field(default_factory=empty_list)
 
     def raise_failures(self) -> None:
         if self.failures:

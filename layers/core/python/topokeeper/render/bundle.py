@@ -24,6 +24,7 @@ from topokeeper.domain.models import (
     SlurmFormat,
     Topology,
     TreeTopology,
+    empty_list,
 )
 from topokeeper.render.mermaid import render_mermaid
 from topokeeper.render.slurm_conf import render_conf
@@ -67,8 +68,8 @@ class ExpectedUnit(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["switch", "block"]
-    nodes: list[str] = Field(default_factory=list)
-    switches: list[str] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=empty_list)
+    switches: list[str] = Field(default_factory=empty_list)
 
 
 class BundleSignature(BaseModel):

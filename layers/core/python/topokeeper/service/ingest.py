@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from topokeeper.config import Orchestrator, Settings
+from topokeeper.domain.models import empty_list
 from topokeeper.errors import InputError
 from topokeeper.events import (
     CLOUDTRAIL_DETAIL_TYPE,
@@ -46,7 +47,7 @@ class IngestDeps:
 class IngestResult(BaseModel):
     status: Literal["queued", "duplicate", "ignored"]
     cluster: str | None = None
-    clusters: list[str] = Field(default_factory=list)  # every cluster changed (MoveClusterNodes: two)
+    clusters: list[str] = Field(default_factory=empty_list)  # every cluster changed (MoveClusterNodes: two)
     generation: int | None = None
     reason: str = ""
 

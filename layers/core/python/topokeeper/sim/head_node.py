@@ -25,8 +25,7 @@ from typing import Literal, NamedTuple, Protocol
 
 from topokeeper.applier.applier import node_rows, partition_topologies
 from topokeeper.domain.hostlist import compress, expand
-from topokeeper.domain.models import SlurmFormat
-from topokeeper.engine.snapshot import SlurmNodeRecord
+from topokeeper.domain.models import SlurmFormat, SlurmNodeRecord
 from topokeeper.render.bundle import Bundle
 from topokeeper.sim.aws.hyperpod.managed_topology import ManagedFiles
 from topokeeper.sim.slurm_chroot import (
