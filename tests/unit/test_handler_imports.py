@@ -58,21 +58,43 @@ LOADED_AT_INIT = {
     ),
 }
 
+# Models a function validates only on some paths, built on first use (``defer_build``): nothing at import may
+# build them, or importing would pay for them again.
+BUILT_ON_FIRST_USE = (
+    "topokeeper.events.ClusterStateDetail",
+    "topokeeper.events.NodeHealthDetail",
+    "topokeeper.events.ClusterEventDetail",
+    "topokeeper.events.CloudTrailDetail",
+    "topokeeper.events.Ec2StateDetail",
+    "topokeeper.events.SsmInvocationDetail",
+    "topokeeper.events.AgentResultDetail",
+    "topokeeper.ports.KueueAuditRecord",
+    "topokeeper.ports.LoginNode",
+    "topokeeper.ports.LaunchedInstance",
+)
+
 IMPORT_AND_LIST = """
 import json, sys
-sys.path[:0] = sys.argv[1:]
+sys.path[:0] = sys.argv[2:]
 import handler
-print(json.dumps(sorted(sys.modules)))
+built = []
+for name in json.loads(sys.argv[1]):
+    module, _, model = name.rpartition(".")
+    if module in sys.modules and getattr(sys.modules[module], model).__pydantic_complete__:
+        built.append(name)
+print(json.dumps({"modules": sorted(sys.modules), "built": built}))
 """
 
 
-def _loaded_by(function: str) -> list[str]:
+def _import_handler(function: str) -> tuple[list[str], list[str]]:
+    """The modules ``import handler`` loads, and which of BUILT_ON_FIRST_USE it built."""
     paths = [str(ROOT / "functions" / function), str(ROOT / "layers" / "core" / "python")]
     ran = subprocess.run(
-        [sys.executable, "-c", IMPORT_AND_LIST, *paths], capture_output=True, text=True, check=True, cwd=ROOT
-    )
-    loaded: list[str] = json.loads(ran.stdout.splitlines()[-1])
-    return loaded
+        [sys.executable, "-c", IMPORT_AND_LIST, json.dumps(BUILT_ON_FIRST_USE), *paths],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    found = json.loads(ran.stdout.splitlines()[-1])
+    return found["modules"], found["built"]
 
 
 def _under(modules: list[str], packages: tuple[str, ...]) -> list[str]:
@@ -81,8 +103,9 @@ def _under(modules: list[str], packages: tuple[str, ...]) -> list[str]:
 
 @pytest.mark.parametrize("function", FUNCTION_NAMES)
 def test_each_handler_loads_its_own_path_at_init_and_no_boto3(function: str) -> None:
-    loaded = _loaded_by(function)
+    loaded, built = _import_handler(function)
     assert _under(loaded, NO_FUNCTION_LOADS) == []
+    assert built == []
     assert [name for name in LOADED_AT_INIT[function] if name not in loaded] == []
     if function == "ingest":
         assert _under(loaded, INGEST_NEVER_LOADS) == []

@@ -130,8 +130,10 @@ def _command_id(value: str) -> str:
     return value
 
 
+# The detail models are built on first use (``defer_build``): an event needs one of them, and every function
+# imports this module (its names), most never validating a detail.
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
 
 class ClusterStateDetail(_Lenient):
@@ -182,7 +184,7 @@ class SsmInvocationDetail(_Lenient):
 
 
 class AgentResultDetail(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)  # built on first use, as the detail models above
     cluster: str
     plan_sha256: str | None = None
     etag: str | None = None

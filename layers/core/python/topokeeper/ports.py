@@ -417,7 +417,8 @@ class AuditRecord(BaseModel):
 class KueueAuditRecord(BaseModel):
     """``UpdateKueueTopology``: the Kueue objects and node labels of an EKS cluster changed (plan bucket)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Built on first use: only an EKS cluster's reconcile writes one, and every function imports this module.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     schema_: Literal["topokeeper.audit/1"] = Field("topokeeper.audit/1", alias="schema")
     event_name: Literal["UpdateKueueTopology"] = "UpdateKueueTopology"
@@ -469,7 +470,7 @@ class AuditSink(Protocol):
 
 
 class LoginNode(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)  # built on first use: login endpoints only
     node_id: str
     private_ip: str | None
     status: str
@@ -545,7 +546,7 @@ class LoginAudit(Protocol):
 class LaunchedInstance(BaseModel):
     """What DescribeInstances says of the instance an EC2 state-change event names."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)  # built on first use: EC2 login nodes only
     instance_id: str
     state: str  # EC2's: pending, running, ...
     launch_time: datetime
