@@ -61,14 +61,14 @@ def _import_program(path: list[Path], statement: str = "import handler") -> str:
     )
 
 
-# The libraries alone: every module ``import handler`` loads but the handler and the topokeeper package, imported
-# in the order it loaded them (what is left of a handler's figure is the package's own).
+# The libraries alone: every module of another distribution that ``import handler`` loads, in the order it loaded
+# them, with the standard library they import (what is left of a handler's figure is the package's own).
 _LOADED_LIBRARIES = (
     "before = set(sys.modules)\n"
     "import handler\n"
     "import json\n"
-    "ours = {'handler', 'topokeeper'}\n"
-    "print(json.dumps([m for m in sys.modules if m not in before and m.split('.')[0] not in ours]))\n"
+    "skip = {'handler', 'topokeeper', *sys.stdlib_module_names}\n"
+    "print(json.dumps([m for m in sys.modules if m not in before and m.split('.')[0] not in skip]))\n"
 )
 
 
@@ -261,9 +261,9 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
         "no planner, renderer or other function's use case; botocore makes the clients, so no function imports "
         "boto3 (and its s3transfer). Built on first use instead (pydantic's `defer_build`): the event detail "
         "models (an event validates one of them, ~1 ms), the Kueue audit record (EKS clusters) and the login node "
-        'models (login endpoints). "Of which libraries" imports, in a fresh interpreter, every module the '
-        "handler loads but the handler and the package (Powertools, pydantic, botocore, the standard library): "
-        "the rest is the package's own (its pydantic models, built at import, are most of it).",
+        'models (login endpoints). "Of which libraries" imports, in a fresh interpreter, every module of '
+        "another distribution the handler loads (Powertools, pydantic, botocore and what they import): the rest is "
+        "the package's own (its pydantic models, built at import, are most of it).",
         "",
         "| handler | no bytecode | core layer bytecode | core + Powertools bytecode | of which libraries (both) "
         "| most self time ms (both) |",
