@@ -243,11 +243,11 @@ def section(entries: list[dict[str, Any]]) -> str:
                 if run is None:
                     continue
                 floor = run["api_floor_seconds"]
-                beyond = "-" if run["max"] is None else f"{run['max'] - floor:.1f}"
+                beyond = "-" if run["max"] is None else f"{run['max'] - floor:.1f} s"
                 if delay and run["max"] is not None:
                     # The delay is AWS's too: no node can be written before EC2 reports it.
                     beyond += (
-                        f" (the 10 s page floor alone); with the delay, floor {floor} + {delay:.0f} ="
+                        f" (against the pages alone); API floor with the delay {floor} + {delay:.0f} ="
                         f" {floor + delay:.0f} s, max beyond it {run['max'] - floor - delay:.1f} s"
                     )
                 met = ", ".join(f"{goal}: {'met' if ok else 'NOT met'}" for goal, ok in goals(run))
@@ -296,12 +296,12 @@ def delay_bound(entries: list[dict[str, Any]]) -> list[str]:
         measured = rolling[delay]["p50"]
         lines += [
             "",
-            f"At D = {delay:.0f} s with the goal's {ROLLING_WRITES} writes:"
-            f" {delay:.0f} + {span:.0f} / {2 * ROLLING_WRITES} + {pipeline:.1f} = {least:.1f} s"
-            f" (measured: {_seconds(measured)} s), against a goal of"
-            f" {ROLLING_P50:g} s. A p50 of {ROLLING_P50:g} s at this delay is not reachable with at most"
-            f" {ROLLING_WRITES} writes: it needs T / (2W) <= {ROLLING_P50:g} - {delay:.0f} - {pipeline:.1f} ="
-            f" {room:.1f} s, {needed} over {span:.0f} s. topokeeper does not chase it: the write goal stands.",
+            f"At D = {delay:.0f} s with the goal's {ROLLING_WRITES} writes: {delay:.0f} + {span:.0f} /"
+            f" {2 * ROLLING_WRITES} + {pipeline:.1f} = {least:.1f} s (measured: {_seconds(measured)} s),",
+            f"against a goal of {ROLLING_P50:g} s. **A p50 of {ROLLING_P50:g} s at a {delay:.0f} s delay is not"
+            f" reachable with at most {ROLLING_WRITES} writes**:",
+            f"it needs T / (2W) <= {ROLLING_P50:g} - {delay:.0f} - {pipeline:.1f} = {room:.1f} s, {needed} over"
+            f" {span:.0f} s. topokeeper does not chase it: the write goal stands.",
         ]
     return [*lines, ""]
 
