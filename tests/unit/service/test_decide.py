@@ -1,10 +1,14 @@
+import random
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from topokeeper.config import ClusterConfig, Settings
-from topokeeper.ports import Channel, ClusterState, DeliveryHandle, PendingDelivery, ReconcileRequest
+from topokeeper.events import WORK_QUEUE_MAX_RECEIVES
+from topokeeper.ports import Channel, ClusterState, DeliveryHandle, PendingDelivery, ReconcileRequest, Trigger
 from topokeeper.service.reconcile import DELIVERY_TIMEOUT, Decision, decide
+from topokeeper.service.state import OWN_TRIGGER_SOURCE
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SETTINGS = Settings(
@@ -59,10 +63,11 @@ def test_a_debounce_wait_ends_when_the_oldest_change_has_waited_max_wait() -> No
 
 
 def test_minimum_interval_between_writes() -> None:
-    state = _state(last_write_at=NOW - timedelta(seconds=45))
+    """Changes that stopped wait at least half the interval since the last write."""
+    state = _state(last_write_at=NOW - timedelta(seconds=20))
     verdict = decide(state, _request(), NOW, SETTINGS)
     assert verdict.decision is Decision.DEFERRED
-    assert verdict.defer_seconds == pytest.approx(15)
+    assert verdict.defer_seconds == pytest.approx(10)
 
 
 def test_delivery_in_flight_blocks_until_timeout() -> None:
@@ -99,3 +104,173 @@ def test_only_a_newer_message_in_the_same_batch_supersedes() -> None:
 
     bodies = [ReconcileRequest(cluster="c1", generation=g).model_dump_json() for g in (3, 5, 4)] + ["{broken"]
     assert newest_generations(bodies) == {"c1": 5}
+
+
+# ------------------------------------------------------------------ pacing: writes against latency, any event spacing
+
+CHANGE = Trigger(source="aws.sagemaker", detail_type="Cluster Node Change", event_id="e", time=NOW)
+RETRY = Trigger(source=OWN_TRIGGER_SOURCE, detail_type="Topology Retry", event_id="retry", time=NOW)
+PACED = SETTINGS.model_copy(update={"max_wait_seconds": 30})  # the defaults: debounce 10, max wait 30, interval 60
+
+
+def test_once_changes_stop_the_pending_ones_are_written_after_half_the_interval() -> None:
+    """A burst ended 11 s ago, 35 s after the last write: its second write goes now, not 25 s later (if it places
+    every node: the verdict says how long the full interval still has, for a write that would not)."""
+    state = _state(
+        last_event_at=NOW - timedelta(seconds=11),
+        first_pending_at=NOW - timedelta(seconds=40),
+        last_write_at=NOW - timedelta(seconds=35),
+    )
+    verdict = decide(state, _request(), NOW, PACED)
+    assert (verdict.decision, verdict.full_interval_in) == (Decision.PROCEED, pytest.approx(25))
+    sooner = state.model_copy(update={"last_write_at": NOW - timedelta(seconds=25)})
+    verdict = decide(sooner, _request(), NOW, PACED)
+    assert (verdict.decision, verdict.defer_seconds) == (Decision.DEFERRED, pytest.approx(5))
+    after_the_interval = state.model_copy(update={"last_write_at": NOW - timedelta(seconds=61)})
+    verdict = decide(after_the_interval, _request(), NOW, PACED)
+    assert (verdict.decision, verdict.full_interval_in) == (Decision.PROCEED, None)
+
+
+def test_while_changes_arrive_the_full_interval_holds_and_the_message_looks_again_when_it_could_be_quiet() -> None:
+    state = _state(
+        last_event_at=NOW - timedelta(seconds=2),
+        first_pending_at=NOW - timedelta(seconds=40),
+        last_write_at=NOW - timedelta(seconds=35),
+    )
+    verdict = decide(state, _request(), NOW, PACED)
+    assert (verdict.decision, verdict.defer_seconds) == (Decision.DEFERRED, pytest.approx(8))  # quiet in 8 s at best
+    just_written = state.model_copy(update={"last_write_at": NOW - timedelta(seconds=1)})
+    verdict = decide(just_written, _request(), NOW, PACED)
+    assert (verdict.decision, verdict.defer_seconds) == (Decision.DEFERRED, pytest.approx(29))  # half the interval
+    almost_quiet = state.model_copy(update={"last_event_at": NOW - timedelta(seconds=9.5)})
+    verdict = decide(almost_quiet, _request(), NOW, PACED)  # not sooner than a tenth of the interval: 6 s
+    assert (verdict.decision, verdict.defer_seconds) == (Decision.DEFERRED, pytest.approx(6))
+    nearly_the_interval = state.model_copy(update={"last_write_at": NOW - timedelta(seconds=57)})
+    verdict = decide(nearly_the_interval, _request(), NOW, PACED)  # never later than the full interval
+    assert (verdict.decision, verdict.defer_seconds) == (Decision.DEFERRED, pytest.approx(3))
+
+
+@dataclass
+class Run:
+    writes: list[float]
+    most_receives: int  # the most receives one message took before it was written or dropped
+
+
+def _paced(events: list[float], settings: Settings, *, report_delay: float = 0, horizon: float = 3600.0) -> Run:
+    """The queue around ``decide`` and ``reconcile``'s use of its verdict, in simulated seconds. Each change is a
+    node launched, recorded as ingest records it, with one message per cycle (SQS deduplicates the rest); a
+    deferred message comes back after its wait. EC2 reports a node's topology ``report_delay`` after its launch:
+    an early write that would leave a node without it waits for the full interval; a write that proceeds (the
+    worst case: every one changes the plan) and leaves nodes without topology asks again (``close_cycle``)."""
+    state = ClusterState(cluster="c1")
+    at = NOW.timestamp()
+    pending = sorted(events)
+    launched: list[float] = []
+    message: float | None = None  # when the cycle's message is visible next
+    receives = most = 0
+    writes: list[float] = []
+
+    def record(t: float, trigger: Trigger) -> None:
+        nonlocal state, message
+        when = datetime.fromtimestamp(at + t, UTC)
+        state = state.model_copy(
+            update={
+                "generation": state.generation + 1,
+                "last_event_at": when,
+                "first_pending_at": state.first_pending_at or when,
+                "triggers": [*state.triggers, trigger],
+                "trigger_count": state.trigger_count + 1,
+            }
+        )
+        message = t if message is None else message
+
+    while pending or message is not None:
+        if pending and (message is None or pending[0] <= message):
+            launched.append(pending[0])
+            record(pending.pop(0), CHANGE)
+            continue
+        assert message is not None and message <= horizon, "a change was never written"
+        t, receives = message, receives + 1
+        verdict = decide(state, _request(state.generation), datetime.fromtimestamp(at + t, UTC), settings)
+        without_topology = any(t - report_delay < launch <= t for launch in launched)
+        if verdict.decision is Decision.PROCEED and verdict.full_interval_in is not None and without_topology:
+            message = t + verdict.full_interval_in
+            continue
+        if verdict.decision is Decision.DEFERRED:
+            message = t + (verdict.defer_seconds or 0)
+            continue
+        most, receives, message = max(most, receives), 0, None
+        if verdict.decision is Decision.PROCEED:
+            writes.append(t)
+            when = datetime.fromtimestamp(at + t, UTC)
+            state = state.model_copy(
+                update={
+                    "reconciled_generation": state.generation,
+                    "last_write_at": when,
+                    "first_pending_at": None,
+                    "triggers": [],
+                    "trigger_count": 0,
+                }
+            )
+            if without_topology:
+                record(t, RETRY)
+    return Run(writes, most)
+
+
+BURST = [i * 0.06 for i in range(1000)]  # 1,000 nodes in one minute
+ROLLING = [i * 0.3 for i in range(1000)]  # 1,000 nodes in five minutes
+
+
+def test_a_burst_gets_its_second_write_right_after_it_ends() -> None:
+    """Written after max wait (30 s), then 10 s after the last change (70 s), not a full interval after the first
+    write (90 s)."""
+    assert _paced(BURST, PACED).writes == pytest.approx([30, 59.94 + 10], abs=1)
+
+
+def test_a_rolling_scale_up_keeps_one_write_per_interval_while_it_lasts() -> None:
+    """Never quiet while the changes arrive, so one write a minute, and the last one 10 s after the last change."""
+    assert _paced(ROLLING, PACED).writes == pytest.approx([30, 90, 150, 210, 270, 299.7 + 10], abs=1)
+
+
+def test_nodes_ec2_has_not_reported_yet_add_no_write() -> None:
+    """EC2 reports topology 30 s after launch: 10 s after the last change the newest nodes have none yet, so the
+    early write would need another; the writes keep the full interval instead, as many as without the early
+    write (a write at the full interval that leaves nodes without topology asks again, at the full interval)."""
+    assert _paced(BURST, PACED, report_delay=30).writes == pytest.approx([30, 90], abs=1)
+    assert _paced(ROLLING, PACED, report_delay=30).writes == pytest.approx([30, 90, 150, 210, 270, 330], abs=1)
+    longer = _paced(BURST, PACED, report_delay=100).writes  # nodes reported only after the next full interval
+    assert longer == pytest.approx([30, 90, 150, 180], abs=1), longer
+
+
+@pytest.mark.parametrize("report_delay", [0, 5, 30])
+@pytest.mark.parametrize("spacing", [0.5, *range(1, 121)])
+def test_writes_stay_bounded_whatever_the_spacing_of_the_changes(spacing: float, report_delay: float) -> None:
+    """Adversarial spacing: a change just often enough to end a quiet spell at every half interval earns a
+    write each half interval, never more; while changes arrive closer than the debounce, one per interval.
+    Every message is written within the queue's receive budget."""
+    span = 1800.0
+    run = _paced([i * spacing for i in range(int(span / spacing) + 1)], PACED, report_delay=report_delay)
+    interval = PACED.min_write_interval_seconds
+    assert all(b - a >= interval / 2 - 1e-6 for a, b in zip(run.writes, run.writes[1:], strict=False))
+    assert len(run.writes) <= 2 * span / interval + 2
+    if spacing < PACED.debounce_seconds:
+        assert len(run.writes) <= span / interval + 2
+    assert run.most_receives < WORK_QUEUE_MAX_RECEIVES
+
+
+def test_the_early_write_is_what_doubles_the_writes_at_worst() -> None:
+    """The bound above is reached: a change every 30 s, each quiet 10 s later, is written every 30 s."""
+    assert len(_paced([i * 30.0 for i in range(61)], PACED).writes) == 61
+
+
+def test_random_spacing_keeps_the_bound() -> None:
+    rng = random.Random(13)
+    for _ in range(20):
+        events, t = [], 0.0
+        while t < 1800:
+            events.append(t)
+            t += rng.choice((0.1, 1.0, 5.0, 9.9, 10.1, 20.0, 29.0, 31.0, 45.0, 61.0))
+        run = _paced(events, PACED, report_delay=rng.choice((0, 5, 30, 90)))
+        assert all(b - a >= 30 - 1e-6 for a, b in zip(run.writes, run.writes[1:], strict=False))
+        assert len(run.writes) <= 2 * 1800 / 60 + 3
+        assert run.most_receives < WORK_QUEUE_MAX_RECEIVES

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fakes import FakeFacts
 from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.errors import ConcurrentUpdate, Permanent, Retryable
 from topokeeper.ports import Metric, ReconcileRequest
 from topokeeper.service.reconcile import DELIVERY_TIMEOUT, ReconcileReport, process_message, reconcile
@@ -191,13 +193,75 @@ def test_debounce_is_bounded_by_the_maximum_wait() -> None:
 
 
 def test_writes_keep_the_minimum_interval() -> None:
+    """A change that stopped (no debounce here) waits half the interval since the last write, then goes."""
     controller = Controller(min_write_interval_seconds=60)
     _deliver_once(controller)
     state = controller.now_state()
     controller.state.save(state.model_copy(update={"pending": None}))
-    controller.clock.advance(45)
-    report = reconcile(controller.change("second"), controller.deps())
-    assert (report.action, report.defer_seconds) == ("deferred", 15)
+    controller.clock.advance(20)
+    request = controller.change("second")
+    report = reconcile(request, controller.deps())
+    assert (report.action, report.defer_seconds) == ("deferred", 10)
+    controller.clock.advance(10)
+    assert reconcile(request, controller.deps()).action == "delivered"
+
+
+def _deliver_quiet(controller: Controller) -> None:
+    request = controller.change("first")
+    controller.clock.advance(controller.debounce_seconds)
+    assert reconcile(request, controller.deps()).action == "delivered"
+
+
+class LastNodeNotReported(FakeFacts):
+    """EC2 has not reported the newest node's topology yet (``reported`` says when it has)."""
+
+    reported = False
+
+    def read(self, cluster: str) -> AwsSnapshot:
+        raw = super().read(cluster)
+        return raw if self.reported else raw.model_copy(update={"instance_topology": raw.instance_topology[:-1]})
+
+
+def test_an_early_write_is_taken_only_when_it_places_every_node() -> None:
+    """The changes stopped half an interval after the last write; EC2 has not reported a new node yet: an early
+    write would need another when it does, so the message waits for the full interval, which writes."""
+    controller = Controller(debounce_seconds=10, max_wait_seconds=30, min_write_interval_seconds=60)
+    controller.facts = LastNodeNotReported(8)
+    controller.facts.reported = True
+    _deliver_quiet(controller)
+    state = controller.now_state()
+    controller.state.save(state.model_copy(update={"pending": None}))
+    controller.facts.nodes, controller.facts.reported = 9, False  # a node launched
+    controller.facts.move(8, 2)
+    controller.clock.advance(25)
+    controller.change("launch")
+    request = controller.change("running")
+    controller.clock.advance(10)  # quiet for the debounce, 35 s after the write
+
+    early = reconcile(request, controller.deps())
+
+    assert (early.action, early.defer_seconds) == ("deferred", 25)
+    assert "1 node(s) without topology" in early.reason
+    assert len(controller.channel.delivered) == 1 and controller.now_state().reconciled_generation == 1
+    assert controller.metrics.values(Metric.EVENTS_COALESCED) == []  # counted once, by the reconcile that writes
+    controller.clock.advance(25)
+    full = reconcile(request, controller.deps())
+    assert (full.action, full.nodes_without_topology) == ("delivered", 1)  # it writes what is there
+    assert controller.metrics.values(Metric.EVENTS_COALESCED) == [1]
+
+
+def test_an_early_write_that_places_every_node_goes_at_half_the_interval() -> None:
+    controller = Controller(debounce_seconds=10, max_wait_seconds=30, min_write_interval_seconds=60)
+    _deliver_quiet(controller)
+    state = controller.now_state()
+    controller.state.save(state.model_copy(update={"pending": None}))
+    controller.facts.nodes = 9
+    controller.facts.move(8, 2)
+    controller.clock.advance(25)
+    request = controller.change("launch")
+    controller.clock.advance(10)
+    report = reconcile(request, controller.deps())
+    assert (report.action, report.nodes_without_topology) == ("delivered", 0)
 
 
 def test_a_covered_message_is_dropped_and_queues_the_changes_after_it() -> None:

@@ -5,10 +5,11 @@ collapses three ways: SQS deduplicates every change of a reconcile cycle into on
 ``ReconcileRequest.since``); a message whose generation an earlier reconcile already covered, or that a
 newer one in the same batch supersedes, is dropped; and the message waits for a quiet period
 (``debounce_seconds``, bounded by ``max_wait_seconds``) and for ``min_write_interval`` since the last
-write. Waiting is a report with ``defer_seconds``: the message is hidden for that long with one
-ChangeMessageVisibility (FIFO queues take no per-message delay), and the FIFO group keeps the cluster's
-later messages behind it. A message waiting behind a delivery in flight is resumed by that delivery's
-result, so it spends two receives at most, never the dead-letter queue's count.
+write (half of it once the changes stopped, for a write that places every node: see ``decide``). Waiting
+is a report with ``defer_seconds``: the message is hidden for that long with one ChangeMessageVisibility
+(FIFO queues take no per-message delay), and the FIFO group keeps the cluster's later messages behind it.
+A message waiting behind a delivery in flight is resumed by that delivery's result, so it spends two
+receives at most, never the dead-letter queue's count.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this m
 DELIVERY_TIMEOUT = timedelta(minutes=25)
 RETRY_SECONDS = 60  # a reconcile that failed for now is tried again this soon, not after the visibility timeout
 CLAIM_RACE_SECONDS = 5  # another writer saved the state while this one planned: look again shortly
+# Changes that stopped may be written this fraction of min_write_interval after the last write, and a message
+# waiting for that looks again at most EARLY_WRITE_CHECKS times an interval.
+EARLY_WRITE = 0.5
+EARLY_WRITE_CHECKS = 10
 NODE_TABLE_REQUEST = "nt-"  # a read the reconcile asked for the node table: an answer that comes later replans
 
 
@@ -79,6 +84,9 @@ class Verdict:
     defer_seconds: float | None = None
     reason: str = ""
     behind_delivery: bool = False  # waiting for the delivery in flight, which resumes the message when done
+    # Proceeding before the full min_write_interval (the changes stopped): the seconds left of it. A write that
+    # would leave nodes without topology waits them out instead (``reconcile``).
+    full_interval_in: float | None = None
 
 
 def _wait(seconds: float, reason: str, *, behind_delivery: bool = False) -> Verdict:
@@ -94,18 +102,31 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
     if state.pending is not None and now - state.pending.handle.sent_at < DELIVERY_TIMEOUT:
         remaining = DELIVERY_TIMEOUT - (now - state.pending.handle.sent_at)
         return _wait(remaining.total_seconds(), "a delivery is in flight", behind_delivery=True)
-    if state.last_event_at is not None and state.first_pending_at is not None:
-        quiet = (now - state.last_event_at).total_seconds()
+    quiet = float("inf") if state.last_event_at is None else (now - state.last_event_at).total_seconds()
+    if state.first_pending_at is not None:
         waited = (now - state.first_pending_at).total_seconds()
         if quiet < settings.debounce_seconds and waited < settings.max_wait_seconds:
             # Back when it is quiet or when the oldest change has waited long enough, whichever comes first.
             wait = min(settings.debounce_seconds - quiet, settings.max_wait_seconds - waited)
             return _wait(wait, "debounce: changes are still arriving")
-    if state.last_write_at is not None:
-        since_write = (now - state.last_write_at).total_seconds()
-        if since_write < settings.min_write_interval_seconds:
-            return _wait(settings.min_write_interval_seconds - since_write, "minimum interval between writes")
-    return Verdict(Decision.PROCEED)
+    if state.last_write_at is None:
+        return Verdict(Decision.PROCEED)
+    since_write = (now - state.last_write_at).total_seconds()
+    interval = settings.min_write_interval_seconds
+    if since_write >= interval:
+        return Verdict(Decision.PROCEED)
+    # Changes that stopped (quiet for the debounce) may be written after part of the interval: a burst gets its
+    # second write when it ends, not a whole interval after its first; writes stay within 1 / EARLY_WRITE of
+    # an interval apart whatever the spacing of the changes.
+    early = interval * EARLY_WRITE
+    if since_write >= early and quiet >= settings.debounce_seconds:
+        return Verdict(Decision.PROCEED, full_interval_in=interval - since_write)
+    # Back at the first moment a quiet spell could allow it, though not more often than EARLY_WRITE_CHECKS
+    # times an interval (each return is a receive), and never later than the full interval.
+    wait = max(early - since_write, settings.debounce_seconds - quiet)
+    if since_write >= early:
+        wait = max(wait, interval / EARLY_WRITE_CHECKS)
+    return _wait(min(wait, interval - since_write), "minimum interval between writes")
 
 
 @dataclass
@@ -212,6 +233,33 @@ def topology_retries(state: ClusterState, missing: int, undescribed: int) -> int
     return (0 if changed else state.topology_retries) + int(not undescribed)
 
 
+def _not_now(deps: ControllerDeps, cluster: str, request: ReconcileRequest, verdict: Verdict) -> ReconcileReport:
+    """A message that waits (deferred) or has nothing left to do (covered, superseded)."""
+    if verdict.decision is Decision.DEFERRED:
+        return _deferred(cluster, request, verdict)
+    # A covered message may be the only one of its cycle if a reconcile died after closing the cycle: make sure
+    # the changes after it have a message.
+    queue_next_cycle(deps.state, deps.queue, cluster)
+    return ReconcileReport(cluster=cluster, generation=request.generation, action=verdict.decision.value)
+
+
+def _count_coalesced(deps: ControllerDeps, cluster: str, state: ClusterState) -> None:
+    """Every change since the last reconcile is handled by this one: all but one needed no reconcile of its own."""
+    coalesced = state.generation - state.reconciled_generation - 1
+    if coalesced > 0:
+        deps.metrics.emit(cluster, Metric.EVENTS_COALESCED, coalesced)
+
+
+def _early_but_incomplete(verdict: Verdict, rendered: RenderedPlan, elapsed: timedelta) -> Verdict | None:
+    """An early write (before the full interval) that would leave nodes without topology: EC2 has not reported
+    them yet, and writing now would need another write when it does. It waits for the full interval instead,
+    whose write places what is there. None: go on."""
+    if verdict.full_interval_in is None or not (missing := missing_topology(rendered)):
+        return None
+    reason = f"minimum interval between writes: {missing} node(s) without topology data yet"
+    return _wait(verdict.full_interval_in - elapsed.total_seconds(), reason)
+
+
 def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileReport:
     cluster = deps.settings.cluster(request.cluster)
     if cluster is None:
@@ -220,24 +268,19 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     now = deps.clock.now()
     state = deps.state.get(cluster.name)
     verdict = decide(state, request, now, deps.settings)
-    if verdict.decision is Decision.DEFERRED:
-        return _deferred(cluster.name, request, verdict)
     if verdict.decision is not Decision.PROCEED:
-        # A covered message may be the only one of its cycle if a reconcile died after closing the cycle:
-        # make sure the changes after it have a message.
-        queue_next_cycle(deps.state, deps.queue, cluster.name)
-        return ReconcileReport(cluster=cluster.name, generation=request.generation, action=verdict.decision.value)
-    # Every change since the last reconcile is handled by this one: all but one needed no reconcile of its own.
-    coalesced = state.generation - state.reconciled_generation - 1
-    if coalesced > 0:
-        deps.metrics.emit(cluster.name, Metric.EVENTS_COALESCED, coalesced)
+        return _not_now(deps, cluster.name, request, verdict)
     if cluster.orchestrator is Orchestrator.EKS:
         from topokeeper.service.eks import reconcile_eks  # noqa: PLC0415 (it builds on this module)
 
+        _count_coalesced(deps, cluster.name, state)
         return reconcile_eks(cluster, state, request, deps)
 
     raw = deps.facts(cluster).read(cluster.name)
     rendered = plan_facts(cluster, state, raw)
+    if (incomplete := _early_but_incomplete(verdict, rendered, deps.clock.now() - now)) is not None:
+        return _deferred(cluster.name, request, incomplete)
+    _count_coalesced(deps, cluster.name, state)
     # What the read learned is saved with this reconcile's fields (the claim too), conditional on the state read.
     learned, rendered, awaiting_table = read_node_table(deps, cluster, state, raw, rendered)
     state = state.model_copy(update=learned)
