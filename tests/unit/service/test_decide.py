@@ -44,9 +44,11 @@ def test_quiet_cluster_proceeds() -> None:
 
 def test_trailing_debounce_waits_for_quiet() -> None:
     state = _state(last_event_at=NOW - timedelta(seconds=3), first_pending_at=NOW - timedelta(seconds=30))
-    verdict = decide(state, _request(), NOW, SETTINGS)
+    verdict = decide(state, _request(), NOW, SETTINGS.model_copy(update={"max_wait_seconds": 60}))
     assert verdict.decision is Decision.DEFERRED
     assert verdict.defer_seconds == pytest.approx(7)
+    # Under a 300 s max wait, the message looks again no sooner than 300 / 20 s: each look is a receive.
+    assert decide(state, _request(), NOW, SETTINGS).defer_seconds == pytest.approx(15)
 
 
 def test_debounce_is_bounded_by_max_wait() -> None:
@@ -274,3 +276,14 @@ def test_random_spacing_keeps_the_bound() -> None:
         assert all(b - a >= 30 - 1e-6 for a, b in zip(run.writes, run.writes[1:], strict=False))
         assert len(run.writes) <= 2 * 1800 / 60 + 3
         assert run.most_receives < WORK_QUEUE_MAX_RECEIVES
+
+
+@pytest.mark.parametrize("spacing", [0.3, 0.5, 0.95, 2.0])
+def test_a_short_debounce_under_a_long_max_wait_stays_within_the_receive_budget(spacing: float) -> None:
+    """Each debounce wait is one receive: a 1 s debounce under a 600 s max wait, with changes arriving all the
+    while, must not spend the queue's 50 receives (the message would go to the dead-letter queue unwritten)."""
+    settings = PACED.model_copy(update={"debounce_seconds": 1, "max_wait_seconds": 600})
+    run = _paced([i * spacing for i in range(int(1800 / spacing) + 1)], settings)
+    if spacing < settings.debounce_seconds:  # never quiet: the oldest change waited max_wait, no more
+        assert run.writes[0] == pytest.approx(600, abs=1)
+    assert run.most_receives < WORK_QUEUE_MAX_RECEIVES

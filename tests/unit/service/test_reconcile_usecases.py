@@ -174,7 +174,7 @@ def test_a_delivery_that_finished_while_deferring_resumes_at_once() -> None:
 
 
 def test_debounce_waits_for_a_quiet_period() -> None:
-    controller = Controller(debounce_seconds=10)
+    controller = Controller(debounce_seconds=10, max_wait_seconds=60)
     request = controller.change()
     controller.clock.advance(3)
     report = reconcile(request, controller.deps())

@@ -68,6 +68,7 @@ CLAIM_RACE_SECONDS = 5  # another writer saved the state while this one planned:
 # waiting for that looks again at most EARLY_WRITE_CHECKS times an interval.
 EARLY_WRITE = 0.5
 EARLY_WRITE_CHECKS = 10
+DEBOUNCE_CHECKS = 20  # with EARLY_WRITE_CHECKS and a delivery's two: well under the queue's 50 receives
 NODE_TABLE_REQUEST = "nt-"  # a read the reconcile asked for the node table: an answer that comes later replans
 
 
@@ -106,8 +107,10 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
     if state.first_pending_at is not None:
         waited = (now - state.first_pending_at).total_seconds()
         if quiet < settings.debounce_seconds and waited < settings.max_wait_seconds:
-            # Back when it is quiet or when the oldest change has waited long enough, whichever comes first.
-            wait = min(settings.debounce_seconds - quiet, settings.max_wait_seconds - waited)
+            # Back when it is quiet or when the oldest change has waited long enough, whichever comes first;
+            # not more often than DEBOUNCE_CHECKS times a max wait (each return is a receive).
+            wait = max(settings.debounce_seconds - quiet, settings.max_wait_seconds / DEBOUNCE_CHECKS)
+            wait = min(wait, settings.max_wait_seconds - waited)
             return _wait(wait, "debounce: changes are still arriving")
     if state.last_write_at is None:
         return Verdict(Decision.PROCEED)
