@@ -513,10 +513,10 @@ class HyperPodModel:
         self._drop(cluster, node, keep_ip=False)
 
     def _scale_to(self, cluster: Cluster, group: str, count: int) -> tuple[list[str], list[str]]:
-        current = cluster.group_nodes(group)
-        added = [self._launch(cluster, group).instance_id for _ in range(count - len(current))]
+        size = sum(1 for node in cluster.nodes.values() if node.group == group)  # a rolling scale-up counts per node
+        added = [self._launch(cluster, group).instance_id for _ in range(count - size)]
         removed = []
-        for node in reversed(current[count:] if count < len(current) else []):
+        for node in reversed(cluster.group_nodes(group)[count:] if count < size else []):
             self._remove(cluster, node)
             removed.append(node.instance_id)
         return added, removed
