@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any
 
 from topokeeper.sim.aws.hyperpod.model import Cluster, ClusterNode, HyperPodModel, validate_request
@@ -128,22 +129,24 @@ class HyperPodApi:
             def key(node: ClusterNode) -> list[Any]:
                 return [node.group, node.sequence] if by_name else [epoch(node.launch_time), node.sequence]
 
-            nodes = sorted(
+            # Each node's key once per request: a 20,000-node cluster is listed in 200 pages, each sorting it all.
+            keyed = sorted(
                 (
-                    n
+                    (key(n), n)
                     for n in cluster.nodes.values()
                     if (contains is None or contains in n.group)
                     and (after is None or n.launch_time > after)
                     and (before is None or n.launch_time < before)
                 ),
-                key=key,
+                key=itemgetter(0),
                 reverse=descending,
             )
             if params.get("NextToken"):
                 cursor = decode_token(params["NextToken"])
                 if not isinstance(cursor, list):
                     raise ApiError("ValidationException", "Invalid pagination token.")
-                nodes = [n for n in nodes if (key(n) < cursor if descending else key(n) > cursor)]
+                keyed = [(k, n) for k, n in keyed if (k < cursor if descending else k > cursor)]
+            nodes = [n for _, n in keyed]
             logical_ids = bool(params.get("IncludeNodeLogicalIds"))
             result: dict[str, Any] = {
                 "ClusterNodeSummaries": [self._model.shapes.summary(n, logical_ids=logical_ids) for n in nodes[:page]]
