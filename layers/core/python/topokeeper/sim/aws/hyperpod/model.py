@@ -105,6 +105,7 @@ class Cluster:
     nodes: dict[str, ClusterNode] = field(default_factory=dict)
     # instance id -> (Slurm name, group) of every node in ``nodes``, kept with it: the simulator reads it per event.
     members: dict[str, tuple[str, str]] = field(default_factory=dict)
+    changes: int = 0  # nodes launched and dropped: a cached listing of ``nodes`` holds while it stays
     status: str = "InService"
     failure_message: str = ""
 
@@ -498,6 +499,7 @@ class HyperPodModel:
             self._drop(cluster, cluster.nodes[replaces], keep_ip=True)
         cluster.nodes[instance_id] = node
         cluster.members[instance_id] = (node.slurm_name, group)
+        cluster.changes += 1
         self._node_cluster[instance_id] = cluster.name
         return node
 
@@ -505,6 +507,7 @@ class HyperPodModel:
         self._network.release(node.instance_id)
         cluster.nodes.pop(node.instance_id, None)
         cluster.members.pop(node.instance_id, None)
+        cluster.changes += 1
         self._node_cluster.pop(node.instance_id, None)
         if not keep_ip:
             self._used_ips.discard(node.private_ip)
