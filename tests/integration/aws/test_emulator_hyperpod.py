@@ -90,6 +90,21 @@ def test_botocore_rejects_a_request_it_can_check_and_the_emulator_what_aws_check
     assert _error(info)[0] == "ResourceNotFound"
 
 
+def test_pages_read_newest_first_and_a_listing_sees_nodes_launched_between_its_pages(aws: AwsEmulator) -> None:
+    sagemaker = aws.client("sagemaker")
+    sagemaker.create_cluster(**cluster_request("paged", group("p5", "ml.p5.48xlarge", 24)))
+    oldest_first = [n["InstanceId"] for n in all_nodes(sagemaker, "paged", page_size=7)]
+    pages = sagemaker.get_paginator("list_cluster_nodes").paginate(
+        ClusterName="paged", SortOrder="Descending", PaginationConfig={"PageSize": 7}
+    )
+    assert [n["InstanceId"] for page in pages for n in page["ClusterNodeSummaries"]] == oldest_first[::-1]
+    first = sagemaker.list_cluster_nodes(ClusterName="paged", MaxResults=20)
+    added, _ = aws.hyperpod.scale("paged", "p5", 30)  # six more between the first page and the second
+    second = sagemaker.list_cluster_nodes(ClusterName="paged", MaxResults=20, NextToken=first["NextToken"])
+    listed = [n["InstanceId"] for n in first["ClusterNodeSummaries"] + second["ClusterNodeSummaries"]]
+    assert listed == oldest_first + added and "NextToken" not in second
+
+
 def test_pagination_over_250_nodes_returns_each_node_once(aws: AwsEmulator) -> None:
     sagemaker = aws.client("sagemaker")
     sagemaker.create_cluster(**cluster_request("big", group("p5", "ml.p5.48xlarge", 249)))

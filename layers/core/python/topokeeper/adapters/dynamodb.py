@@ -18,6 +18,7 @@ them as gzipped rows in its own binary attribute, so the item stays under Dynamo
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import time
@@ -26,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import ClientError
+from pydantic import TypeAdapter
 
 from topokeeper.adapters.aws import aws_errors
 from topokeeper.domain.models import SlurmNodeRecord
@@ -37,6 +39,18 @@ EVENT_TTL = timedelta(days=1)
 NODE_FACTS_TTL = timedelta(days=30)
 _CONTROLLER_FIELDS = frozenset(ClusterState.model_fields) - CHANGE_FIELDS - {"slurm_nodes"}
 NODE_TABLE_ATTRIBUTE = "slurm_nodes_gz"  # [[name, address, hostname, [partition, ...]], ...], JSON, gzipped
+
+
+@functools.lru_cache(maxsize=1)
+def _node_rows(table: bytes) -> tuple[tuple[str, str | None, str | None, tuple[str, ...]], ...]:
+    """The gzipped node table's rows. Every change an ingest records returns the whole state item, and the table
+    in it changes only when a reconcile saves a new one: one table parsed, not one per event."""
+    return tuple((n, a, h, tuple(p)) for n, a, h, p in json.loads(gzip.decompress(table)))
+
+
+@functools.cache
+def _node_record_list() -> TypeAdapter[list[SlurmNodeRecord]]:
+    return TypeAdapter(list[SlurmNodeRecord])  # validates a table's rows in one call, not one model at a time
 
 
 def cluster_key(cluster: str) -> dict[str, dict[str, str]]:
@@ -65,8 +79,10 @@ class DynamoStateStore:
     def _node_records(item: dict[str, Any]) -> list[SlurmNodeRecord] | None:
         if NODE_TABLE_ATTRIBUTE not in item:
             return None
-        rows = json.loads(gzip.decompress(item[NODE_TABLE_ATTRIBUTE]["B"]))
-        return [SlurmNodeRecord(name=n, address=a, hostname=h, partitions=p) for n, a, h, p in rows]
+        rows = _node_rows(item[NODE_TABLE_ATTRIBUTE]["B"])
+        return _node_record_list().validate_python(
+            [{"name": n, "address": a, "hostname": h, "partitions": p} for n, a, h, p in rows]
+        )
 
     @aws_errors()
     def get(self, cluster: str) -> ClusterState:

@@ -3,7 +3,10 @@
 A temporary directory holds slurm.conf, the topology files, the agent and its state; a stand-in
 ``scontrol`` (``topokeeper.sim.standin_scontrol``) comes first on PATH and answers the applier, the agent
 and the simulator from those files, as slurmctld 26.05 or 24.11 would for what they ask. Scripts run
-with ``sh`` on this machine, as the SSM agent runs them, with that PATH and ``SLURM_CONF``.
+with ``sh`` on this machine, as the SSM agent runs them, with that PATH and ``SLURM_CONF``. Their ``python3``
+is this machine's, found once on PATH when the head node starts (a version manager's shim, such as pyenv's,
+costs a quarter second on every call otherwise). The simulator's own ``scontrol`` calls run the same
+stand-in in this process: no shell or script of topokeeper's is in between.
 
 It is a stand-in, not Slurm: no slurmctld runs, nothing is scheduled or placed, and only the
 ``scontrol`` answers listed in ``standin_scontrol`` exist. It lets the demo and the simulator tell their
@@ -13,6 +16,8 @@ story anywhere; what they show of Slurm itself is proven only with the real head
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import os
 import shlex
@@ -71,6 +76,12 @@ class StandInController:
             f'exec {shlex.quote(sys.executable)} -m {standin_scontrol.__name__} {shlex.quote(str(state))} "$@"\n'
         )
         scontrol.chmod(0o755)
+        python = _machine_python3(os.environ.get("PATH", os.defpath))
+        if python is not None:
+            wrapper = self.root / "bin" / "python3"
+            # exec, not a symlink: a virtual environment's python3 finds its pyvenv.cfg beside the path it runs as.
+            wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(python)} "$@"\n')
+            wrapper.chmod(0o755)
         self.write_slurm_conf(nodes, partitions)
 
     def write_slurm_conf(
@@ -102,10 +113,21 @@ class StandInController:
         return ["env", f"PATH={path}", f"SLURM_CONF={self.etc / 'slurm.conf'}", *argv]
 
     def run(self, *argv: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(self.command(*argv), capture_output=True, text=True, timeout=timeout, check=False)
+        if argv[:1] == ("scontrol",):
+            result = self._scontrol(list(argv))
+        else:
+            result = subprocess.run(self.command(*argv), capture_output=True, text=True, timeout=timeout, check=False)
         if check and result.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}: {result.stdout}{result.stderr}")
         return result
+
+    def _scontrol(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        """What ``bin/scontrol`` answers, from the same stand-in's ``main`` run in this process."""
+        stdout, stderr = io.StringIO(), io.StringIO()
+        code = standin_scontrol.main(
+            [str(self.root / "state"), *argv[1:]], stdout=stdout, stderr=stderr, slurm_conf=str(self.etc / "slurm.conf")
+        )
+        return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
 
     def show_topology(self, name: str | None = None) -> str:
         result = self.run("scontrol", "show", "topology", *([name] if name else []))
@@ -164,3 +186,20 @@ class FileHeadNode(HeadNode):
         result = self.controller.run("python3", str(APPLIER_SOURCE), "verify", str(probe), timeout=300)
         document: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
         return document
+
+
+@functools.cache
+def _machine_python3(path: str) -> str | None:
+    """The interpreter ``python3`` on ``path`` runs, resolved through any shim; None without one."""
+    try:
+        result = subprocess.run(
+            ["python3", "-c", "import sys; print(sys.executable)"],
+            env={**os.environ, "PATH": path},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None

@@ -42,7 +42,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TextIO
 
 from topokeeper.domain.hostlist import HostlistError, compress, expand
 
@@ -472,7 +472,7 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _reconfigure(state: dict[str, Any], state_path: str, version: tuple[int, int]) -> int:
+def _reconfigure(state: dict[str, Any], state_path: str, version: tuple[int, int], stderr: TextIO) -> int:
     conf_path = state["slurm_conf"]
     topology_file = YAML_FILE if version >= FIRST_YAML_VERSION else CONF_FILE
     topology_path = os.path.join(os.path.dirname(conf_path), topology_file)
@@ -483,13 +483,23 @@ def _reconfigure(state: dict[str, Any], state_path: str, version: tuple[int, int
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         with open(state["log_file"], "a") as log:
             log.writelines(f"[{stamp}] {line}\n" for line in error.lines)
-        sys.stderr.write("slurm_reconfigure error: Unspecified error\n")
+        stderr.write("slurm_reconfigure error: Unspecified error\n")
         return 1
     _write_state(state_path, {**state, "loaded": files})
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    slurm_conf: str | None = None,
+) -> int:
+    """``scontrol ARGS`` for ``argv`` = STATE_DIR ARGS...; in process (the simulator's own reads of the file-only
+    head node) it writes to ``stdout`` and ``stderr`` and takes ``slurm_conf`` for $SLURM_CONF."""
+    stdout = sys.stdout if stdout is None else stdout
+    stderr = sys.stderr if stderr is None else stderr
     state_dir, *arguments = sys.argv[1:] if argv is None else argv
     state_path = os.path.join(state_dir, STATE_FILE)
     with open(state_path) as handle:
@@ -497,36 +507,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     major, minor = state["slurm_version"].split(".")[:2]
     version = (int(major), int(minor))
     yaml_format = version >= FIRST_YAML_VERSION
-    conf_path = os.environ.get("SLURM_CONF") or state["slurm_conf"]
+    conf_path = (os.environ.get("SLURM_CONF") if slurm_conf is None else slurm_conf) or state["slurm_conf"]
     try:  # every scontrol reads slurm.conf first, and stops when it cannot
         parse_slurm_conf(_read(conf_path), conf_path, yaml_format=yaml_format)
     except ConfigError as error:
-        sys.stderr.writelines(f"scontrol: {line}\n" for line in error.lines)
-        sys.stderr.write("scontrol: fatal: Unable to process configuration file\n")
+        stderr.writelines(f"scontrol: {line}\n" for line in error.lines)
+        stderr.write("scontrol: fatal: Unable to process configuration file\n")
         return 1
     options = {argument for argument in arguments if argument.startswith("-")}
     words = [argument for argument in arguments if not argument.startswith("-")]
     modeled = options <= _OPTIONS
     if modeled and words == ["version"]:
-        sys.stdout.write(f"slurm {state['slurm_version']}\n")
+        stdout.write(f"slurm {state['slurm_version']}\n")
     elif modeled and words == ["show", "config"]:
-        sys.stdout.write(f"SLURM_CONF              = {state['slurm_conf']}\n")
-        sys.stdout.write(f"SLURM_VERSION           = {state['slurm_version']}\n")
+        stdout.write(f"SLURM_CONF              = {state['slurm_conf']}\n")
+        stdout.write(f"SLURM_VERSION           = {state['slurm_version']}\n")
     elif modeled and words == ["reconfigure"]:
-        return _reconfigure(state, state_path, version)
+        return _reconfigure(state, state_path, version, stderr)
     elif modeled and state["loaded"] is None:
-        sys.stderr.write("Unable to contact slurm controller (connect failure)\n")
+        stderr.write("Unable to contact slurm controller (connect failure)\n")
         return 1
     elif modeled and "-o" in options and words in (["show", "partition"], ["show", "nodes"]):
         conf = parse_slurm_conf(state["loaded"]["slurm.conf"], state["slurm_conf"], yaml_format=yaml_format)
-        sys.stdout.write(show_partitions(conf) if words[1] == "partition" else show_nodes(conf))
+        stdout.write(show_partitions(conf) if words[1] == "partition" else show_nodes(conf))
     elif modeled and words[:2] == ["show", "topology"] and len(words) <= 3:
         loaded = load(state["loaded"], state["slurm_conf"], version)
-        stdout, stderr = show_topology(loaded, words[2] if len(words) == 3 else None)
-        sys.stdout.write(stdout)
-        sys.stderr.write(stderr)
+        shown, complaint = show_topology(loaded, words[2] if len(words) == 3 else None)
+        stdout.write(shown)
+        stderr.write(complaint)
     else:
-        sys.stderr.write(f"scontrol (topokeeper's file-only stand-in): not modeled: {' '.join(arguments)}\n")
+        stderr.write(f"scontrol (topokeeper's file-only stand-in): not modeled: {' '.join(arguments)}\n")
         return 1
     return 0
 

@@ -280,6 +280,12 @@ class World:
             return self.parallelcluster.nodes(group)
         return self.emulator.hyperpod.nodes(self.cluster.name, group)
 
+    def _membership(self) -> dict[str, tuple[str, str]]:
+        """Instance id -> (Slurm name, group) of the running nodes: ``cluster_nodes`` without a copy of each."""
+        if self.parallelcluster is not None:
+            return {n.instance_id: (n.slurm_name, n.group) for n in self.parallelcluster.nodes(None)}
+        return self.emulator.hyperpod.membership(self.cluster.name)
+
     def sync_head_node(self) -> None:
         """HyperPod's side: bring slurm.conf's node lines up to date. Done before anything runs on the head
         node and when a step ends, rather than per instance: slurmctld only needs them when it is asked."""
@@ -421,7 +427,7 @@ class World:
             self.counters.events_sent += 1
             if result and result.get("status") == "queued":
                 self.counters.last_event_at = self.clock.monotonic()
-            members = {n.instance_id: (n.slurm_name, n.group) for n in self.cluster_nodes()}
+            members = self._membership()
             changes = membership_changes(self._members, members, self._partition_of)
             self._members = members
             status = f"{result.get('status')} ({result.get('reason', '')})" if result else "?"

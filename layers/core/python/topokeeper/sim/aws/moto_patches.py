@@ -2,8 +2,8 @@
 an emulator runs and undone after.
 
 Everything else the emulator adds is served by its own gateway in front of moto (``server.Gateway``), so
-these are the only changes to moto's module state. ``apply`` is idempotent; ``restore`` puts back
-exactly what ``apply`` replaced.
+these are the only changes to moto's module state (and, to share parsed models, botocore's loader factory).
+``apply`` is idempotent; ``restore`` puts back exactly what ``apply`` replaced.
 
 Besides these, the emulator reads (never replaces) moto's in-process backends where AWS itself acts
 without an API call of the account, or where a request would be counted and charged simulated time:
@@ -15,15 +15,19 @@ pyproject.toml pins moto to the minor version these were written against.
 
 from __future__ import annotations
 
+import base64
 import functools
 import threading
 from datetime import timedelta
 from typing import Any
 
+import botocore.session
 import jsonpath_ng.ext
 import moto.backends
+import moto.core.responses
 import moto.sqs.models
-from moto.core.utils import camelcase_to_underscores, utcnow
+from moto.core.serialize import BaseJSONSerializer
+from moto.core.utils import camelcase_to_underscores, method_names_from_class, utcnow
 from moto.ec2.models.instances import Instance
 from moto.events.utils import EventTemplateParser
 
@@ -71,6 +75,108 @@ def _start_relaunches(self: Any) -> Any:
     return previous
 
 
+@functools.cache
+def _shared_loader(search_path_string: str | None = None) -> Any:
+    """One botocore data loader per data path for every session made while the emulator runs: each boto3 client
+    the functions and moto create has a session of its own, which read and parsed endpoints.json and the service
+    models (EC2's is megabytes) again. A loader only reads files and caches what it parsed, as one session's
+    clients already share it."""
+    return _ORIGINAL_CREATE_LOADER(search_path_string)
+
+
+_ORIGINAL_CREATE_LOADER = botocore.session.create_loader
+
+# moto lists a response class's methods (inspect.getmembers) for every request it dispatches; they never change.
+_cached_method_names = functools.lru_cache(maxsize=256)(method_names_from_class)
+
+_ORIGINAL_SERIALIZE_STRUCTURE = BaseJSONSerializer._serialize_type_structure
+
+
+class _NotPlain(Exception):
+    """A value the direct AttributeValue writer does not cover: moto's own serializer writes it."""
+
+
+def _string(item: Any) -> str:
+    if type(item) is not str:
+        raise _NotPlain
+    return item
+
+
+def _strings(item: Any) -> list[str]:
+    if not isinstance(item, list):
+        raise _NotPlain
+    return [_string(each) for each in item]
+
+
+def _blob(item: Any) -> str:
+    if isinstance(item, str):
+        item = item.encode()
+    if not isinstance(item, bytes):
+        raise _NotPlain
+    return base64.b64encode(item).strip().decode()
+
+
+def _blobs(item: Any) -> list[str]:
+    if not isinstance(item, list):
+        raise _NotPlain
+    return [_blob(each) for each in item]
+
+
+def _map(item: Any) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise _NotPlain
+    return {key: _attribute_value(each) for key, each in item.items()}
+
+
+def _list(item: Any) -> list[Any]:
+    if not isinstance(item, list):
+        raise _NotPlain
+    return [_attribute_value(each) for each in item]
+
+
+def _as_is(item: Any) -> Any:
+    return item
+
+
+# DynamoDB's AttributeValue members in its model's order (botocore's dynamodb-2012-08-10), each written as moto's
+# JSON serializer writes its shape: strings as str, blobs in base64, booleans as they are.
+_ATTRIBUTE_VALUE_WRITERS = {
+    "S": _string,
+    "N": _string,
+    "B": _blob,
+    "SS": _strings,
+    "NS": _strings,
+    "BS": _blobs,
+    "M": _map,
+    "L": _list,
+    "NULL": _as_is,
+    "BOOL": _as_is,
+}
+
+
+def _attribute_value(value: Any) -> dict[str, Any]:
+    """What moto's serializer writes for a DynamoDB AttributeValue held as a plain dict (as ``dynamo_to_dict``
+    leaves every item), without its per-member shape walk and attribute lookups (a whole state item on every
+    UpdateItem's ALL_NEW was a third of the simulator's time). Anything else raises ``_NotPlain``."""
+    if not isinstance(value, dict) or not value.keys() <= _ATTRIBUTE_VALUE_WRITERS.keys():
+        raise _NotPlain
+    return {
+        member: write(value[member])
+        for member, write in _ATTRIBUTE_VALUE_WRITERS.items()
+        if value.get(member) is not None
+    }
+
+
+def _serialize_structure(self: Any, serialized: Any, value: Any, shape: Any, key: str) -> None:
+    if key and shape.name == "AttributeValue" and self.service_model.service_name == "dynamodb":
+        try:
+            serialized[key] = _attribute_value(value)
+            return
+        except _NotPlain:
+            pass
+    _ORIGINAL_SERIALIZE_STRUCTURE(self, serialized, value, shape, key)
+
+
 def _patches() -> list[tuple[Any, str, Any]]:
     return [
         (EventTemplateParser, "DEFAULT_EVENT_INPUT_TEMPLATE", EVENT_TEMPLATE_WITH_ACCOUNT),
@@ -78,6 +184,9 @@ def _patches() -> list[tuple[Any, str, Any]]:
         (Instance, "start", _start_relaunches),
         (moto.backends, "list_of_moto_modules", _moto_modules),
         (moto.sqs.models, "camelcase_to_underscores", _cached_camelcase_to_underscores),
+        (moto.core.responses, "method_names_from_class", _cached_method_names),
+        (botocore.session, "create_loader", _shared_loader),
+        (BaseJSONSerializer, "_serialize_type_structure", _serialize_structure),
     ]
 
 

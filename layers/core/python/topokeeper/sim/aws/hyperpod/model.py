@@ -103,6 +103,9 @@ class Cluster:
     config: dict[str, Any]  # VpcConfig, Orchestrator, NodeRecovery, Tags, ... as given
     groups: dict[str, InstanceGroup] = field(default_factory=dict)
     nodes: dict[str, ClusterNode] = field(default_factory=dict)
+    # instance id -> (Slurm name, group) of every node in ``nodes``, kept with it: the simulator reads it per event.
+    members: dict[str, tuple[str, str]] = field(default_factory=dict)
+    changes: int = 0  # nodes launched and dropped: a cached listing of ``nodes`` holds while it stays
     status: str = "InService"
     failure_message: str = ""
 
@@ -167,6 +170,11 @@ class HyperPodModel:
             return [
                 n.copy() for n in sorted(found.nodes.values(), key=lambda n: n.sequence) if group in (None, n.group)
             ]
+
+    def membership(self, cluster: str) -> dict[str, tuple[str, str]]:
+        """Instance id -> (Slurm name, group) of a cluster's nodes, as ``nodes`` lists them (no order)."""
+        with self.lock:
+            return dict(self.cluster(cluster).members)
 
     def slurm_members(self, cluster: str) -> dict[str, list[ClusterNode]]:
         """Partition -> copies of the nodes HyperPod lists in it in slurm.conf, by Slurm name."""
@@ -490,12 +498,16 @@ class HyperPodModel:
         if replaces is not None and not release_first:
             self._drop(cluster, cluster.nodes[replaces], keep_ip=True)
         cluster.nodes[instance_id] = node
+        cluster.members[instance_id] = (node.slurm_name, group)
+        cluster.changes += 1
         self._node_cluster[instance_id] = cluster.name
         return node
 
     def _drop(self, cluster: Cluster, node: ClusterNode, *, keep_ip: bool) -> None:
         self._network.release(node.instance_id)
         cluster.nodes.pop(node.instance_id, None)
+        cluster.members.pop(node.instance_id, None)
+        cluster.changes += 1
         self._node_cluster.pop(node.instance_id, None)
         if not keep_ip:
             self._used_ips.discard(node.private_ip)
@@ -504,10 +516,10 @@ class HyperPodModel:
         self._drop(cluster, node, keep_ip=False)
 
     def _scale_to(self, cluster: Cluster, group: str, count: int) -> tuple[list[str], list[str]]:
-        current = cluster.group_nodes(group)
-        added = [self._launch(cluster, group).instance_id for _ in range(count - len(current))]
+        size = sum(1 for node in cluster.nodes.values() if node.group == group)  # a rolling scale-up counts per node
+        added = [self._launch(cluster, group).instance_id for _ in range(count - size)]
         removed = []
-        for node in reversed(current[count:] if count < len(current) else []):
+        for node in reversed(cluster.group_nodes(group)[count:] if count < size else []):
             self._remove(cluster, node)
             removed.append(node.instance_id)
         return added, removed
