@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from enum import Enum
 from typing import Any
 
+import boto3
 import pytest
 from moto.core.serialize import JSONSerializer
 from moto.core.utils import get_service_model
@@ -87,3 +88,18 @@ def test_items_across_operations_match_moto(unpatched: None) -> None:
 def test_values_the_direct_writer_does_not_cover_fall_back_to_moto(unpatched: None, item: dict[str, Any]) -> None:
     original, patched = _both("GetItem", {"Item": item})
     assert patched == original
+
+
+def test_boto3_sessions_do_not_grow_the_shared_loaders_search_paths(unpatched: None) -> None:
+    """boto3 appends its data directory to its session's loader: shared, that loader would take one more path for
+    every boto3 session made while the emulator runs (and keep them after it stops)."""
+    moto_patches.apply()
+    try:
+        loader = boto3.session.Session()._loader
+        paths = list(loader.search_paths)
+        for _ in range(3):
+            assert boto3.session.Session()._loader is loader
+        assert loader.search_paths == paths
+        assert sum(path.endswith("boto3/data") for path in paths) == 1  # boto3's resources still load
+    finally:
+        moto_patches.restore()

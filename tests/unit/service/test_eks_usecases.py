@@ -271,3 +271,27 @@ def test_discovery_cut_short_continues_at_once_without_spending_a_topology_retry
     assert (report.action, report.undescribed) == ("published", 1)
     assert eks.state.get(CLUSTER).topology_retries == 0
     assert eks.state.get(CLUSTER).triggers[-1].detail_type == "Discovery Continues"
+
+
+def test_an_early_write_waits_for_the_full_interval_when_a_node_has_no_topology_yet(eks: EksController) -> None:
+    """As for Slurm (``test_an_early_write_is_taken_only_when_it_places_every_node``): changes that stopped half
+    an interval after the last write are written early only if every node is placed; else at the full interval."""
+    eks.settings = eks.settings.model_copy(
+        update={"debounce_seconds": 10, "max_wait_seconds": 30, "min_write_interval_seconds": 60}
+    )
+    first = eks.change("e-1")
+    eks.clock.advance(10)
+    assert reconcile(first, eks.deps()).action == "published"
+    eks.facts.document["instance_topology"].pop(5)  # a node EC2 has not reported yet
+    eks.clock.advance(25)
+    state = eks.state.record_change(CLUSTER, trigger("e-2", eks.clock.now()), eks.clock.now())
+    request = ReconcileRequest(cluster=CLUSTER, generation=state.generation, since=state.reconciled_generation)
+    eks.clock.advance(10)  # quiet for the debounce, 35 s after the write
+
+    early = reconcile(request, eks.deps())
+
+    assert (early.action, early.defer_seconds) == ("deferred", 25)
+    assert len(eks.records()) == 1
+    eks.clock.advance(25)
+    assert reconcile(request, eks.deps()).action == "published"  # the full interval writes what is there
+    assert eks.records()[-1].nodes_without_topology_data_count == 1

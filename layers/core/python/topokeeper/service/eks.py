@@ -21,7 +21,16 @@ from topokeeper.errors import Permanent
 from topokeeper.kueue.publication import SUMMARY_FILE, KueuePublication, publish_kueue
 from topokeeper.ports import AuditSink, ClusterState, KueueAuditRecord, KueueStore, Metric, ReconcileRequest, Trigger
 from topokeeper.service.drift import DriftReport
-from topokeeper.service.reconcile import ControllerDeps, ReconcileReport, close_cycle, topology_retries
+from topokeeper.service.reconcile import (
+    ControllerDeps,
+    ReconcileReport,
+    Verdict,
+    _count_coalesced,
+    _deferred,
+    _early_but_incomplete,
+    close_cycle,
+    topology_retries,
+)
 from topokeeper.service.state import request_reconcile, save_fields
 
 MAX_LISTED = 200  # like the partition records: lists are cut, counts stay exact
@@ -44,13 +53,16 @@ def _ports(deps: ControllerDeps) -> tuple[KueueStore, AuditSink]:
 
 
 def reconcile_eks(
-    cluster: ClusterConfig, state: ClusterState, request: ReconcileRequest, deps: ControllerDeps
+    cluster: ClusterConfig, state: ClusterState, request: ReconcileRequest, deps: ControllerDeps, verdict: Verdict
 ) -> ReconcileReport:
-    """Called by ``reconcile`` once it decided to proceed."""
+    """Called by ``reconcile`` once it decided to proceed (``verdict``)."""
     started = time.monotonic()
     now = deps.clock.now()
     publication, arn, undescribed = publication_for(cluster, deps)
     missing = len(publication.nodes_without_topology_data)
+    if (incomplete := _early_but_incomplete(verdict, missing, deps.clock.now() - now)) is not None:
+        return _deferred(cluster.name, request, incomplete)  # as for Slurm: an early write places every node
+    _count_coalesced(deps, cluster.name, state)
     action = "unchanged"
     if publication.sha256 != state.desired_sha256:
         store, audit = _ports(deps)

@@ -253,11 +253,11 @@ def _count_coalesced(deps: ControllerDeps, cluster: str, state: ClusterState) ->
         deps.metrics.emit(cluster, Metric.EVENTS_COALESCED, coalesced)
 
 
-def _early_but_incomplete(verdict: Verdict, rendered: RenderedPlan, elapsed: timedelta) -> Verdict | None:
+def _early_but_incomplete(verdict: Verdict, missing: int, elapsed: timedelta) -> Verdict | None:
     """An early write (before the full interval) that would leave nodes without topology: EC2 has not reported
     them yet, and writing now would need another write when it does. It waits for the full interval instead,
     whose write places what is there. None: go on."""
-    if verdict.full_interval_in is None or not (missing := missing_topology(rendered)):
+    if verdict.full_interval_in is None or not missing:
         return None
     reason = f"minimum interval between writes: {missing} node(s) without topology data yet"
     return _wait(verdict.full_interval_in - elapsed.total_seconds(), reason)
@@ -276,12 +276,11 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     if cluster.orchestrator is Orchestrator.EKS:
         from topokeeper.service.eks import reconcile_eks  # noqa: PLC0415 (it builds on this module)
 
-        _count_coalesced(deps, cluster.name, state)
-        return reconcile_eks(cluster, state, request, deps)
+        return reconcile_eks(cluster, state, request, deps, verdict)
 
     raw = deps.facts(cluster).read(cluster.name)
     rendered = plan_facts(cluster, state, raw)
-    if (incomplete := _early_but_incomplete(verdict, rendered, deps.clock.now() - now)) is not None:
+    if (incomplete := _early_but_incomplete(verdict, missing_topology(rendered), deps.clock.now() - now)) is not None:
         return _deferred(cluster.name, request, incomplete)
     _count_coalesced(deps, cluster.name, state)
     # What the read learned is saved with this reconcile's fields (the claim too), conditional on the state read.

@@ -81,7 +81,17 @@ def _shared_loader(search_path_string: str | None = None) -> Any:
     the functions and moto create has a session of its own, which read and parsed endpoints.json and the service
     models (EC2's is megabytes) again. A loader only reads files and caches what it parsed, as one session's
     clients already share it."""
-    return _ORIGINAL_CREATE_LOADER(search_path_string)
+    loader = _ORIGINAL_CREATE_LOADER(search_path_string)
+    loader._search_paths = _DistinctPaths(loader.search_paths)  # the list boto3 appends to
+    return loader
+
+
+class _DistinctPaths(list[str]):
+    """A shared loader's search paths: each boto3 session appends its data directory, once is enough."""
+
+    def append(self, path: str) -> None:
+        if path not in self:
+            super().append(path)
 
 
 _ORIGINAL_CREATE_LOADER = botocore.session.create_loader
