@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ from topokeeper.applier.applier import content_sha256, parse_show_topology, part
 from topokeeper.domain.models import BlockTopology, SlurmVersion, Topology, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import RenderedPlan, render
-from topokeeper.sim.file_head_node import FileHeadNode
+from topokeeper.sim.file_head_node import FileHeadNode, _machine_python3
 from topokeeper.sim.head_node import APPLIER_SOURCE, HEAD_NODE_VARIABLE, choose_head_node
 from topokeeper.sim.slurm_chroot import HarnessError
 
@@ -225,3 +227,16 @@ def test_the_file_only_head_node_keeps_nothing_after_it_stops() -> None:
     assert (root / "bin" / "scontrol").exists()
     head.stop()
     assert not root.exists()
+
+
+def test_the_machines_python3_is_found_through_a_shim_that_prints_first(tmp_path: Path) -> None:
+    # A sitecustomize or a chatty shim may print before the interpreter answers: the last line is the answer.
+    shim = tmp_path / "python3"
+    shim.write_text(f'#!/bin/sh\necho "welcome to this machine"\nexec {sys.executable} "$@"\n')
+    shim.chmod(0o755)
+    assert _machine_python3(str(tmp_path)) == sys.executable
+    talking_only = tmp_path / "elsewhere"
+    talking_only.mkdir()
+    (talking_only / "python3").write_text("#!/bin/sh\necho /no/such/python3\n")
+    (talking_only / "python3").chmod(0o755)
+    assert _machine_python3(str(talking_only)) is None

@@ -202,4 +202,6 @@ def _machine_python3(path: str) -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return result.stdout.strip() or None
+    # The last line: a shim or a sitecustomize may print before the interpreter answers.
+    lines = result.stdout.strip().splitlines()
+    return lines[-1] if lines and os.access(lines[-1], os.X_OK) else None
