@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import Any
 
@@ -103,6 +104,16 @@ def test_pages_read_newest_first_and_a_listing_sees_nodes_launched_between_its_p
     second = sagemaker.list_cluster_nodes(ClusterName="paged", MaxResults=20, NextToken=first["NextToken"])
     listed = [n["InstanceId"] for n in first["ClusterNodeSummaries"] + second["ClusterNodeSummaries"]]
     assert listed == oldest_first + added and "NextToken" not in second
+
+
+def test_a_token_of_another_sort_or_a_forged_one_is_a_validation_error(aws: AwsEmulator) -> None:
+    sagemaker = aws.client("sagemaker")
+    sagemaker.create_cluster(**cluster_request("tokens", group("p5", "ml.p5.48xlarge", 24)))
+    by_name = sagemaker.list_cluster_nodes(ClusterName="tokens", SortBy="NAME", MaxResults=5)["NextToken"]
+    forged = base64.urlsafe_b64encode(b'[[1], {"a": 2}]').decode()
+    for token, sort in ((by_name, "CREATION_TIME"), (forged, "NAME"), (forged, "CREATION_TIME")):
+        with pytest.raises(sagemaker.exceptions.ClientError, match="ValidationException"):
+            sagemaker.list_cluster_nodes(ClusterName="tokens", SortBy=sort, MaxResults=5, NextToken=token)
 
 
 def test_pagination_over_250_nodes_returns_each_node_once(aws: AwsEmulator) -> None:

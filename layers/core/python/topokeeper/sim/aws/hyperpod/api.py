@@ -29,6 +29,13 @@ def _list_key(node: ClusterNode, by_name: bool) -> list[Any]:
     return [node.group, node.sequence] if by_name else [epoch(node.launch_time), node.sequence]
 
 
+def _is_list_key(cursor: Any, by_name: bool) -> bool:
+    """Whether ``cursor`` has the shape of ``_list_key``'s keys for this sort."""
+    if not (isinstance(cursor, list) and len(cursor) == 2 and type(cursor[1]) is int):
+        return False
+    return isinstance(cursor[0], str) if by_name else type(cursor[0]) in (int, float)
+
+
 class HyperPodApi:
     def __init__(self, model: HyperPodModel) -> None:
         self._model = model
@@ -134,7 +141,7 @@ class HyperPodApi:
             begin, end = 0, len(nodes)  # nodes[begin:end] ascending by key; descending reads it from the end
             if params.get("NextToken"):
                 cursor = decode_token(params["NextToken"])
-                if not isinstance(cursor, list):
+                if not _is_list_key(cursor, by_name):  # another sort's token, or not ours
                     raise ApiError("ValidationException", "Invalid pagination token.")
                 if descending:
                     end = bisect_left(keys, cursor)  # the keys below the cursor
