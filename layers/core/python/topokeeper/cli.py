@@ -29,7 +29,7 @@ from topokeeper.render.bundle import RenderedPlan, json_text, render
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
-# Commands that plan from a file: with one of these first, the others (which import boto3, ~0.5 s) stay unloaded.
+# Commands that plan from a file: with one of these first, the others (which import botocore, ~0.5 s) stay unloaded.
 PLANNING_COMMANDS = frozenset({"plan", "show", "applier-path"})
 
 
@@ -190,7 +190,7 @@ def _register_operator_commands(parser: argparse.ArgumentParser, commands: Any) 
 
 
 def _run_reaching_aws(args: argparse.Namespace) -> int:
-    from topokeeper.adapters.aws import aws_setup_errors  # noqa: PLC0415 (boto3: see PLANNING_COMMANDS)
+    from topokeeper.adapters.aws import aws_setup_errors  # noqa: PLC0415 (botocore: see PLANNING_COMMANDS)
 
     with aws_setup_errors():  # a missing region or credentials in one line
         result: int = args.run(args)
