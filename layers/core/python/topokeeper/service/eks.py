@@ -25,10 +25,10 @@ from topokeeper.service.reconcile import (
     ControllerDeps,
     ReconcileReport,
     Verdict,
-    _count_coalesced,
-    _deferred,
-    _early_but_incomplete,
     close_cycle,
+    count_coalesced,
+    deferred_report,
+    early_but_incomplete,
     topology_retries,
 )
 from topokeeper.service.state import request_reconcile, save_fields
@@ -60,9 +60,9 @@ def reconcile_eks(
     now = deps.clock.now()
     publication, arn, undescribed = publication_for(cluster, deps)
     missing = len(publication.nodes_without_topology_data)
-    if (incomplete := _early_but_incomplete(verdict, missing, deps.clock.now() - now)) is not None:
-        return _deferred(cluster.name, request, incomplete)  # as for Slurm: an early write places every node
-    _count_coalesced(deps, cluster.name, state)
+    if (incomplete := early_but_incomplete(verdict, missing, deps.clock.now() - now)) is not None:
+        return deferred_report(cluster.name, request, incomplete)  # as for Slurm: an early write places every node
+    count_coalesced(deps, cluster.name, state)
     action = "unchanged"
     if publication.sha256 != state.desired_sha256:
         store, audit = _ports(deps)

@@ -239,21 +239,21 @@ def topology_retries(state: ClusterState, missing: int, undescribed: int) -> int
 def _not_now(deps: ControllerDeps, cluster: str, request: ReconcileRequest, verdict: Verdict) -> ReconcileReport:
     """A message that waits (deferred) or has nothing left to do (covered, superseded)."""
     if verdict.decision is Decision.DEFERRED:
-        return _deferred(cluster, request, verdict)
+        return deferred_report(cluster, request, verdict)
     # A covered message may be the only one of its cycle if a reconcile died after closing the cycle: make sure
     # the changes after it have a message.
     queue_next_cycle(deps.state, deps.queue, cluster)
     return ReconcileReport(cluster=cluster, generation=request.generation, action=verdict.decision.value)
 
 
-def _count_coalesced(deps: ControllerDeps, cluster: str, state: ClusterState) -> None:
+def count_coalesced(deps: ControllerDeps, cluster: str, state: ClusterState) -> None:
     """Every change since the last reconcile is handled by this one: all but one needed no reconcile of its own."""
     coalesced = state.generation - state.reconciled_generation - 1
     if coalesced > 0:
         deps.metrics.emit(cluster, Metric.EVENTS_COALESCED, coalesced)
 
 
-def _early_but_incomplete(verdict: Verdict, missing: int, elapsed: timedelta) -> Verdict | None:
+def early_but_incomplete(verdict: Verdict, missing: int, elapsed: timedelta) -> Verdict | None:
     """An early write (before the full interval) that would leave nodes without topology: EC2 has not reported
     them yet, and writing now would need another write when it does. It waits for the full interval instead,
     whose write places what is there. None: go on."""
@@ -280,9 +280,9 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
 
     raw = deps.facts(cluster).read(cluster.name)
     rendered = plan_facts(cluster, state, raw)
-    if (incomplete := _early_but_incomplete(verdict, missing_topology(rendered), deps.clock.now() - now)) is not None:
-        return _deferred(cluster.name, request, incomplete)
-    _count_coalesced(deps, cluster.name, state)
+    if (incomplete := early_but_incomplete(verdict, missing_topology(rendered), deps.clock.now() - now)) is not None:
+        return deferred_report(cluster.name, request, incomplete)
+    count_coalesced(deps, cluster.name, state)
     # What the read learned is saved with this reconcile's fields (the claim too), conditional on the state read.
     learned, rendered, awaiting_table = read_node_table(deps, cluster, state, raw, rendered)
     state = state.model_copy(update=learned)
@@ -309,7 +309,7 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     elif rendered.sha256 != state.applied_sha256 or state.repair_partitions:
         delivery = _claim_delivery(deps, cluster, state, rendered, now)
         if delivery is None:
-            return _deferred(
+            return deferred_report(
                 cluster.name, request, _wait(CLAIM_RACE_SECONDS, "the cluster's state changed while planning")
             )
         handle = _send(deps, cluster, rendered, delivery)
@@ -404,7 +404,7 @@ def newest_generations(bodies: Iterable[str]) -> dict[str, int]:
     return newest
 
 
-def _deferred(cluster: str, request: ReconcileRequest, verdict: Verdict) -> ReconcileReport:
+def deferred_report(cluster: str, request: ReconcileRequest, verdict: Verdict) -> ReconcileReport:
     return ReconcileReport(
         cluster=cluster,
         generation=request.generation,
