@@ -3,33 +3,29 @@
 from typing import Any
 
 from aws_lambda_powertools import Logger
-from aws_lambda_powertools.utilities.batch import SqsFifoPartialProcessor, process_partial_response
-from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
-from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from topokeeper.errors import Retryable
+from topokeeper.fifo_batch import PartialBatchResponse, process_fifo_batch
 from topokeeper.runtime import lambda_runtime
 from topokeeper.service.drift import verify_managed_updates
 from topokeeper.service.reconcile import newest_generations, process_message
 
 logger = Logger(service="topokeeper")
-# A failed message stops the rest of its cluster's group in this batch; other clusters go on.
-processor = SqsFifoPartialProcessor(skip_group_on_error=True)
-# A deferred message is a batch item failure by design, not an error: never fail the whole invocation.
-processor.raise_on_entire_batch_failure = False
 # An SSM verify waits up to 120 s for the head node's answer (topokeeper.adapters.ssm_channel).
 VERIFY_BUDGET_MILLIS = 130_000
 
 
 @logger.inject_lambda_context
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialBatchResponse:
     deps = lambda_runtime().reconcile_deps(context.get_remaining_time_in_millis() / 1000)
     newest = newest_generations(record.get("body", "") for record in event.get("Records", []))
 
-    def record_handler(record: SQSRecord) -> None:
-        report = process_message(record.body, record.receipt_handle, deps, newest)
-        logger.info("reconciled", extra=report.model_dump(mode="json") if report else {"malformed": record.message_id})
+    def record_handler(record: dict[str, Any]) -> None:
+        report = process_message(record["body"], record["receiptHandle"], deps, newest)
+        logger.info(
+            "reconciled", extra=report.model_dump(mode="json") if report else {"malformed": record["messageId"]}
+        )
         if report is not None and report.defer_seconds is not None:
             # A batch item failure keeps the message in the queue, hidden for the time process_message set.
             raise Retryable(f"deferred {report.defer_seconds:.0f}s: {report.reason}")
@@ -46,4 +42,6 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItem
             if verified is not None:
                 logger.info("verified", extra=verified.model_dump(mode="json"))
 
-    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)
+    # A failed message stops the rest of its cluster's group in this batch; other clusters go on. A deferred
+    # message is a batch item failure by design, not an error: the invocation never fails for its records.
+    return process_fifo_batch(event, record_handler)
