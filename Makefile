@@ -85,7 +85,7 @@ bench: install install-system
 	$(BIN)/python bench/plan_scaling.py
 	# The simulation report at 10,000 nodes in headless Chromium (make test runs it at 1,000).
 	TOPOKEEPER_REPORT_NODES=10000 $(BIN)/pytest -q tests/e2e/test_report_in_chromium.py -k scale
-	$(BIN)/python -m bench.scale --simulate --slurm
+	$(BIN)/python -m bench.scale --simulate
 	$(BIN)/python -m bench.latency
 	# Handler cold imports in Python 3.14, layer sizes, the applier's CPU and memory at 20,000 nodes.
 	$(BIN)/python -m bench.lambda_cold_start

@@ -211,7 +211,9 @@ def applier_on_head_node(nodes: int) -> dict[str, Any]:
     rendered = render(plan(cluster))
     head = ChrootHeadNode(cluster.slurm_version.format, "lambda-bench")
     measured: dict[str, Any] = {"nodes": nodes, "slurm": head.description}
+    started = time.monotonic()
     head.start({p.name: [n.name for n in p.nodes] for p in cluster.partitions})
+    measured["start_seconds"] = time.monotonic() - started
     try:
         controller = head.controller
         inner = controller.inner_dir
@@ -223,6 +225,8 @@ def applier_on_head_node(nodes: int) -> dict[str, Any]:
             argv = controller.command("python3", f"{inner}/applier.py", mode, f"{inner}/bundle.json")
             usage, stdout = _wait_measured(argv)
             measured[mode] = usage | {"outcome": json.loads(stdout.strip().splitlines()[-1]).get("outcome")}
+        # The reconfigure alone (the apply above ran one): slurmctld's own work is in its wall time only.
+        measured["reconfigure"] = _wait_measured(controller.command("scontrol", "reconfigure"))[0]
     finally:
         head.stop()
     measured["agent"] = agent_cycles(bundle.encode(), cluster.cluster_name)
@@ -257,11 +261,18 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
         "Serverless\"). What the first invocation does next (building the clients) runs at the memory's share, "
         "one vCPU at 1,769 MB: ingest has 256 MB (infra/functions.py), about a seventh of one; result 1,024 MB.",
         "",
-        "Each handler loads at init what its common path runs (tests/unit/test_handler_imports.py): ingest loads "
-        "no planner, renderer or other function's use case; botocore makes the clients, so no function imports "
-        "boto3 (and its s3transfer). Built on first use instead (pydantic's `defer_build`): the event detail "
-        "models (an event validates one of them, ~1 ms), the Kueue audit record (EKS clusters) and the login node "
-        'models (login endpoints). "Of which libraries" imports, in a fresh interpreter, every module of '
+        "Each handler loads at init what its common path runs (tests/unit/test_handler_imports.py): its use case "
+        "and the adapters its deps make (topokeeper.runtime.FUNCTION_ADAPTERS), the login endpoints' modules only "
+        "when the stack has one; ingest loads no planner, renderer or other function's use case, result no planner "
+        "input, discovery or other use case; botocore makes the clients, so no function imports boto3 (and its "
+        "s3transfer). Reconcile answers its SQS FIFO batch with topokeeper.fifo_batch (Powertools' "
+        "SqsFifoPartialProcessor semantics, checked against it in tests/unit/test_fifo_batch.py), not Powertools' "
+        "batch utility, which loads asyncio and the data classes of every event source. Each handler imports with "
+        "the cyclic collector off and freezes what it loaded (`gc.freeze`: objects that live as long as the "
+        "execution environment, which no later collection scans either). Built on first use instead (pydantic's "
+        "`defer_build`): the event detail models (an event validates one of them, ~1 ms), the Kueue audit record "
+        "(EKS clusters) and the login models (login endpoints). "
+        '"Of which libraries" imports, in a fresh interpreter, every module of '
         "another distribution the handler loads (Powertools, pydantic, botocore and what they import): the rest is "
         "the package's own (its pydantic models, built at import, are most of it).",
         "",
@@ -293,8 +304,10 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
             "",
             f"### The applier on the head node: {head['nodes']:,} nodes ({head['slurm']})",
             "",
-            f"The bundle is {head['bundle_bytes']:,} B. CPU and peak memory from wait4: the applier and the scontrol "
-            "calls it makes (peak: the largest of those processes); slurmctld's own work is not in them.",
+            f"The bundle is {head['bundle_bytes']:,} B; slurmctld started with every node in "
+            f"{head['start_seconds']:.1f} s. CPU and peak memory from wait4: the applier and the scontrol calls it "
+            "makes (peak: the largest of those processes); slurmctld's own work is not in them (the reconfigure's "
+            "wall time holds it). The one measurement of these at 20,000 nodes (docs/performance/scale.md cites it).",
             "",
             "| run | wall s | CPU s | peak RSS MB | outcome |",
             "|---|---|---|---|---|",
@@ -303,6 +316,8 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
                 f"{head[mode]['max_rss_mb']:.0f} | {head[mode]['outcome']} |"
                 for mode in ("apply", "verify")
             ),
+            f"| `scontrol reconfigure` alone | {head['reconfigure']['seconds']:.2f} | "
+            f"{head['reconfigure']['cpu']:.2f} | {head['reconfigure']['max_rss_mb']:.0f} | exit 0 |",
             "",
             "The pull agent (`agent.py --once`, this machine's Python, S3 and EventBridge in moto): its own work, "
             "with the tests' fake applier in place of the one above.",

@@ -28,7 +28,7 @@ from infra.constants import EVENT_BUS_NAME, PROVISIONING_PARAMETERS_OBJECTS
 from infra.encryption import DataKey
 from infra.nag import acknowledge
 from topokeeper.config import ClusterConfig, LoginEndpointConfig, Orchestrator
-from topokeeper.events import AUDIT_SOURCE, RUN_SHELL_DOCUMENT
+from topokeeper.constants import AUDIT_SOURCE, RUN_SHELL_DOCUMENT
 from topokeeper.login.host_keys import secret_names
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
 from topokeeper.ports import Metric

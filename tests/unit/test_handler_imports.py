@@ -1,24 +1,38 @@
 """What each Lambda handler loads at init (bench/lambda_cold_start.py measures it; the goal is under 300 ms).
 
 Lazy imports are the contract here: ingest never plans, renders or signs, so it must not load the engine, the
-renderers or the other functions' use cases; no function loads boto3 (botocore makes the clients:
-boto3 would add s3transfer and concurrent.futures to every cold start). What a handler's own path runs stays
-loaded at init, where Lambda measures it, not in the first invocation.
+renderers or the other functions' use cases; result neither plans nor discovers; no function loads boto3 (botocore
+makes the clients: boto3 would add s3transfer and concurrent.futures to every cold start), nor Powertools' batch
+utility (asyncio and every event source's data classes: topokeeper.fifo_batch does the reconcile's batch), nor the
+login endpoints' modules when the stack has no login endpoint. What a handler's own path runs stays loaded at init,
+where Lambda measures it, not in the first invocation: its use case, the adapters its deps make
+(topokeeper.runtime.FUNCTION_ADAPTERS), and the login modules when the stack has login endpoints.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
 from topokeeper.stack_spec import FUNCTION_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
-NO_FUNCTION_LOADS = ("boto3", "s3transfer", "topokeeper.sim", "topokeeper.cli", "topokeeper.operator_commands")
+NO_FUNCTION_LOADS = (
+    "boto3",
+    "s3transfer",
+    "aws_lambda_powertools.utilities.batch",
+    "aws_lambda_powertools.utilities.data_classes",
+    "asyncio",
+    "topokeeper.sim",
+    "topokeeper.cli",
+    "topokeeper.operator_commands",
+)
 # Ingest's path: parse the event, count the change, queue a reconcile, sync login targets.
 INGEST_NEVER_LOADS = (
     "topokeeper.engine",
@@ -27,10 +41,38 @@ INGEST_NEVER_LOADS = (
     "topokeeper.service.result",
     "topokeeper.service.drift",
     "topokeeper.service.signing",
+    "topokeeper.adapters.ssm_channel",
+    "topokeeper.applier",
+)
+# Result records what a delivery did: it neither plans nor discovers.
+RESULT_NEVER_LOADS = (
+    "topokeeper.engine.snapshot",
+    "topokeeper.service.reconcile",
+    "topokeeper.service.drift",
+    "topokeeper.service.ingest",
+    "topokeeper.adapters.ec2",
+    "topokeeper.adapters.hyperpod",
+)
+# Syncing login targets and installing host identities, loaded only where the stack has a login endpoint.
+LOGIN_MODULES = (
+    "topokeeper.adapters.elbv2",
+    "topokeeper.adapters.login_nodes",
+    "topokeeper.adapters.login_run_command",
+    "topokeeper.login.host_keys",
+    "topokeeper.login.install",
+    "topokeeper.service.login",
 )
 # What each function's common path runs, loaded at init (a lazy import must not move it into the invocation).
 LOADED_AT_INIT = {
-    "ingest": ("botocore.session", "topokeeper.service.ingest", "topokeeper.adapters.dynamodb"),
+    "ingest": (
+        "botocore.session",
+        "topokeeper.service.ingest",
+        "topokeeper.adapters.dynamodb",
+        "topokeeper.adapters.queue",
+        "topokeeper.adapters.metrics",
+        "topokeeper.adapters.ec2",
+        "topokeeper.login.lambda_sync",
+    ),
     "reconcile": (
         "botocore.session",
         "topokeeper.service.reconcile",
@@ -38,15 +80,24 @@ LOADED_AT_INIT = {
         "topokeeper.engine.snapshot",
         "topokeeper.render.bundle",
         "topokeeper.service.signing",
+        "topokeeper.service.drift",
+        "topokeeper.fifo_batch",
         "topokeeper.adapters.ssm_channel",
         "topokeeper.adapters.agent_channel",
         "topokeeper.adapters.plans",
+        "topokeeper.adapters.ec2",
+        "topokeeper.adapters.hyperpod",
+        "topokeeper.adapters.kms",
+        "topokeeper.adapters.audit_trail",
     ),
     "result": (
         "botocore.session",
         "topokeeper.service.result",
         "topokeeper.render.bundle",
         "topokeeper.adapters.plans",
+        "topokeeper.adapters.ssm_channel",
+        "topokeeper.adapters.kms",
+        "topokeeper.adapters.audit_trail",
     ),
     "drift": (
         "botocore.session",
@@ -55,6 +106,12 @@ LOADED_AT_INIT = {
         "topokeeper.engine.snapshot",
         "topokeeper.render.bundle",
         "topokeeper.login.lambda_sync",
+        "topokeeper.adapters.ssm_channel",
+        "topokeeper.adapters.agent_channel",
+        "topokeeper.adapters.ec2",
+        "topokeeper.adapters.hyperpod",
+        "topokeeper.adapters.kms",
+        "topokeeper.adapters.audit_trail",
     ),
 }
 
@@ -70,6 +127,8 @@ BUILT_ON_FIRST_USE = (
     "topokeeper.events.AgentResultDetail",
     "topokeeper.ports.KueueAuditRecord",
     "topokeeper.ports.LoginNode",
+    "topokeeper.ports.LoginAuditRecord",
+    "topokeeper.ports.LoginInstallRecord",
     "topokeeper.ports.LaunchedInstance",
 )
 
@@ -86,12 +145,15 @@ print(json.dumps({"modules": sorted(sys.modules), "built": built}))
 """
 
 
-def _import_handler(function: str) -> tuple[list[str], list[str]]:
+def _import_handler(function: str, login_target_groups: str | None = None) -> tuple[list[str], list[str]]:
     """The modules ``import handler`` loads, and which of BUILT_ON_FIRST_USE it built."""
     paths = [str(ROOT / "functions" / function), str(ROOT / "layers" / "core" / "python")]
+    environment = {k: v for k, v in os.environ.items() if k != LOGIN_TARGET_GROUPS_ENV}
+    if login_target_groups is not None:
+        environment[LOGIN_TARGET_GROUPS_ENV] = login_target_groups
     ran = subprocess.run(
         [sys.executable, "-c", IMPORT_AND_LIST, json.dumps(BUILT_ON_FIRST_USE), *paths],
-        capture_output=True, text=True, check=True, cwd=ROOT,
+        capture_output=True, text=True, check=True, cwd=ROOT, env=environment,
     )  # fmt: skip
     found = json.loads(ran.stdout.splitlines()[-1])
     return found["modules"], found["built"]
@@ -109,3 +171,12 @@ def test_each_handler_loads_its_own_path_at_init_and_no_boto3(function: str) -> 
     assert [name for name in LOADED_AT_INIT[function] if name not in loaded] == []
     if function == "ingest":
         assert _under(loaded, INGEST_NEVER_LOADS) == []
+    if function == "result":
+        assert _under(loaded, RESULT_NEVER_LOADS) == []
+    assert _under(loaded, LOGIN_MODULES) == []  # the stack has no login endpoint
+
+
+@pytest.mark.parametrize("function", ["ingest", "drift"])
+def test_with_a_login_endpoint_ingest_and_drift_load_its_modules_at_init(function: str) -> None:
+    loaded, _ = _import_handler(function, json.dumps({"llm-train": "arn:aws:elasticloadbalancing:x"}))
+    assert [name for name in LOGIN_MODULES if name not in loaded] == []

@@ -16,8 +16,8 @@ from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.ec2 import instance_tags
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Settings
+from topokeeper.constants import AUDIT_SOURCE
 from topokeeper.events import (
-    AUDIT_SOURCE,
     CLOUDTRAIL_DETAIL_TYPE,
     CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
     EC2_STATE_DETAIL_TYPE,

@@ -14,7 +14,8 @@ from topokeeper.events import (
     TopokeeperEvent,
 )
 from topokeeper.ports import Metric, ReconcileRequest
-from topokeeper.service.ingest import ingest, is_managed_topology_update
+from topokeeper.service.ingest import ingest
+from topokeeper.service.reconcile import is_managed_topology_update
 
 CLUSTER_ARN = "arn:aws:sagemaker:us-east-1:111122223333:cluster/abcdefabcdef"
 

@@ -91,3 +91,17 @@ ENV_EVENT_BUS = "EVENT_BUS_NAME"
 ENV_CLOUDTRAIL_CHANNEL = "CLOUDTRAIL_CHANNEL_ARN"
 ENV_AUDIT_RETENTION = "AUDIT_RETENTION_DAYS"
 ENV_SIGNING_KEY = "SIGNING_KEY_ID"  # the bundle-signing KMS key (reconcile and drift sign with it)
+# Here rather than in topokeeper.events, whose models the adapters that use these do not need.
+AUDIT_SOURCE = "topokeeper"
+AUDIT_DETAIL_TYPE = "UpdatePartitionTopology"
+RUN_SHELL_DOCUMENT = "AWS-RunShellScript"
+HYPERPOD_SOURCE = "aws.sagemaker"
+CLOUDTRAIL_DETAIL_TYPE = "AWS API Call via CloudTrail"
+CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE = "AWS Service Event via CloudTrail"
+# HyperPod's own record of a topology change it made (when it manages the topology). Its shape is designed from
+# the documentation, not seen: it may come as an API call or as a service event, so the rule takes both.
+MANAGED_TOPOLOGY_EVENT = "UpdatePartitionTopology"
+CLOUDTRAIL_DETAIL_TYPES = (CLOUDTRAIL_DETAIL_TYPE, CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE)
+# The trigger's summary is the only place a trigger keeps the event's name (the audit schema is fixed).
+MANAGED_TOPOLOGY_SUMMARY = f"{MANAGED_TOPOLOGY_EVENT} by HyperPod"
+NODE_TABLE_REQUEST = "nt-"  # a read the reconcile asked for the node table: an answer that comes later replans

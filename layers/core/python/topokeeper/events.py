@@ -17,17 +17,20 @@ from topokeeper.constants import (
     AGENT_APPLY_DETAIL_TYPE,
     AGENT_SOURCE,
     AGENT_VERIFY_DETAIL_TYPE,
+    CLOUDTRAIL_DETAIL_TYPE,
+    CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
+    HYPERPOD_SOURCE,
     INSTANCE_ID,
+    MANAGED_TOPOLOGY_EVENT,
+    RUN_SHELL_DOCUMENT,
 )
 from topokeeper.ports import ApplyResult
 
-HYPERPOD_SOURCE = "aws.sagemaker"
 HYPERPOD_DETAIL_TYPES = (
     "SageMaker HyperPod Cluster State Change",
     "SageMaker HyperPod Cluster Node Health Event",
     "SageMaker HyperPod Cluster Event",
 )
-CLOUDTRAIL_DETAIL_TYPE = "AWS API Call via CloudTrail"
 CLOUDTRAIL_EVENT_NAMES = (
     "CreateCluster",
     "UpdateCluster",
@@ -40,17 +43,10 @@ CLOUDTRAIL_EVENT_NAMES = (
     "MoveClusterNodes",  # names a source and a target cluster: both change
 )
 MOVE_CLUSTER_NODES = "MoveClusterNodes"
-# HyperPod's own record of a topology change it made (when it manages the topology). Its shape is designed from
-# the documentation, not seen: it may come as an API call or as a service event, so the rule takes both.
-MANAGED_TOPOLOGY_EVENT = "UpdatePartitionTopology"
-CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE = "AWS Service Event via CloudTrail"
 EC2_STATE_DETAIL_TYPE = "EC2 Instance State-change Notification"
 EC2_STATES = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
 SSM_INVOCATION_DETAIL_TYPE = "EC2 Command Invocation Status-change Notification"
 SSM_TERMINAL_STATUSES = ("Success", "Failed", "TimedOut", "Cancelled", "Undeliverable", "Terminated")
-AUDIT_SOURCE = "topokeeper"
-AUDIT_DETAIL_TYPE = "UpdatePartitionTopology"
-RUN_SHELL_DOCUMENT = "AWS-RunShellScript"
 
 
 def change_patterns() -> dict[str, dict[str, Any]]:

@@ -501,7 +501,7 @@ class LoginTargetLedger(Protocol):
 
 
 class LoginAuditRecord(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)  # built on first use: login endpoints
 
     schema_: Literal["topokeeper.audit/1"] = Field("topokeeper.audit/1", alias="schema")
     event_name: Literal["UpdateLoginTargets"] = "UpdateLoginTargets"
@@ -522,7 +522,7 @@ class LoginAuditRecord(BaseModel):
 class LoginInstallRecord(BaseModel):
     """The host identity installer sent to one launch of an EC2 login node (tag-scoped SendCommand)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)  # built on first use, as above
 
     schema_: Literal["topokeeper.audit/1"] = Field("topokeeper.audit/1", alias="schema")
     event_name: Literal["InstallLoginHostIdentity"] = "InstallLoginHostIdentity"

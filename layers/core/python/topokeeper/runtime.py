@@ -6,6 +6,7 @@ one against the emulated AWS with a simulated clock, so both run identical code.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -17,17 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from topokeeper.adapters.agent_channel import AgentChannel
-from topokeeper.adapters.audit_trail import AuditTrail
 from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, aws_errors, client, presigning_s3
 from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
-from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, instance_tags
-from topokeeper.adapters.hyperpod import HyperPodFacts
-from topokeeper.adapters.kms import KmsBundleSigner
 from topokeeper.adapters.metrics import EmfMetrics
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
-from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.constants import (
     ENV_AUDIT_RETENTION,
@@ -42,9 +37,13 @@ from topokeeper.constants import (
 )
 from topokeeper.errors import InputError
 from topokeeper.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics, WorkQueue
-from topokeeper.service.ingest import IngestDeps
 
-if TYPE_CHECKING:  # each function's handler loads its own use case at init; ingest never loads the others
+if TYPE_CHECKING:  # each function's handler loads its own use case and adapters at init (load_adapters)
+    from topokeeper.adapters.audit_trail import AuditTrail
+    from topokeeper.adapters.ec2 import InstanceTopologyReader
+    from topokeeper.adapters.kms import KmsBundleSigner
+    from topokeeper.adapters.ssm_channel import SsmChannel
+    from topokeeper.service.ingest import IngestDeps
     from topokeeper.service.reconcile import ControllerDeps
     from topokeeper.service.result import ResultDeps
 
@@ -56,6 +55,20 @@ DRIFT_DISCOVERY_SECONDS = 120
 # What a reconcile needs after it read the head node's node table (ParallelCluster): planning again, the plan to
 # S3, the claim, SendCommand, the state. The read stops waiting for an answer this long before the invocation ends.
 AFTER_READ_SECONDS = 20
+# The adapters each function's deps make (beyond the state, plans, queue and metrics every one makes), imported
+# by its handler at init (load_adapters), where Lambda's init phase pays for them, not by the first invocation.
+FUNCTION_ADAPTERS = {
+    "ingest": ("ec2",),
+    "reconcile": ("ec2", "hyperpod", "ssm_channel", "agent_channel", "kms", "audit_trail"),
+    "result": ("ssm_channel", "kms", "audit_trail"),
+    "drift": ("ec2", "hyperpod", "ssm_channel", "agent_channel", "kms", "audit_trail"),
+}
+
+
+def load_adapters(function: str) -> None:
+    """Import the adapters ``function``'s deps make (its handler calls this at init)."""
+    for adapter in FUNCTION_ADAPTERS[function]:
+        importlib.import_module(f"topokeeper.adapters.{adapter}")
 
 
 class SystemClock:
@@ -123,6 +136,8 @@ class Runtime:
         return SqsWorkQueue(client("sqs"), self.env.queue_url, self.env.dead_letter_queue_url)
 
     def topology_reader(self, deadline: datetime | None = None) -> InstanceTopologyReader:
+        from topokeeper.adapters.ec2 import InstanceTopologyReader  # noqa: PLC0415 - see FUNCTION_ADAPTERS
+
         limiter = DynamoRateLimiter(
             client("dynamodb"), self.env.table, now=lambda: self.clock.now().timestamp(), sleep=self.sleep
         )
@@ -131,6 +146,9 @@ class Runtime:
 
     def facts(self, cluster: ClusterConfig, deadline: datetime | None = None) -> FactsSource:
         """``deadline``: no DescribeInstanceTopology batch starts after it (the read continues next time)."""
+        from topokeeper.adapters.ec2 import Ec2ClusterFacts  # noqa: PLC0415 - see FUNCTION_ADAPTERS
+        from topokeeper.adapters.hyperpod import HyperPodFacts  # noqa: PLC0415
+
         if cluster.orchestrator is Orchestrator.EC2:
             return Ec2ClusterFacts(client("ec2"), self.topology_reader(deadline), cluster.ec2)
         return HyperPodFacts(client("sagemaker"), client("s3"), self.topology_reader(deadline))
@@ -139,6 +157,8 @@ class Runtime:
         """``deadline``: an SSM verify stops waiting for the head node's answer then (PENDING)."""
         if cluster.effective_channel is Channel.SSM:
             return self.ssm_channel(cluster, deadline)
+        from topokeeper.adapters.agent_channel import AgentChannel  # noqa: PLC0415 - see FUNCTION_ADAPTERS
+
         return AgentChannel(
             client("s3"),
             self.env.bucket,
@@ -150,11 +170,14 @@ class Runtime:
 
     @cached_property
     def signer(self) -> KmsBundleSigner | None:
+        from topokeeper.adapters.kms import KmsBundleSigner  # noqa: PLC0415 - see FUNCTION_ADAPTERS
+
         return None if self.env.signing_key_id is None else KmsBundleSigner(client("kms"), self.env.signing_key_id)
 
     def ssm_channel(self, cluster: ClusterConfig, deadline: datetime | None = None) -> SsmChannel:
         if cluster.head_node is None:
             raise InputError(f"clusters.{cluster.name}.head_node", "required for channel ssm")
+        from topokeeper.adapters.ssm_channel import SsmChannel  # noqa: PLC0415 - see FUNCTION_ADAPTERS
         from topokeeper.service.signing import trusted_key_document  # noqa: PLC0415 - service.reconcile loads it
 
         signer = self.signer
@@ -175,6 +198,8 @@ class Runtime:
 
     @cached_property
     def audit(self) -> AuditTrail:
+        from topokeeper.adapters.audit_trail import AuditTrail  # noqa: PLC0415 - see FUNCTION_ADAPTERS
+
         lake = client("cloudtrail-data") if self.env.cloudtrail_channel_arn else None
         account = client("sts").get_caller_identity()["Account"] if lake is not None else ""
         function_arn = (
@@ -202,9 +227,13 @@ class Runtime:
         return name
 
     def instance_tags(self, instance_id: str) -> dict[str, str]:
+        from topokeeper.adapters.ec2 import instance_tags  # noqa: PLC0415 - see FUNCTION_ADAPTERS
+
         return instance_tags(client("ec2"), instance_id)
 
     def ingest_deps(self) -> IngestDeps:
+        from topokeeper.service.ingest import IngestDeps  # noqa: PLC0415 - see TYPE_CHECKING above
+
         return IngestDeps(
             settings=self.settings,
             state=self.state,

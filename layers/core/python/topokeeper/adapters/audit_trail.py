@@ -17,8 +17,8 @@ from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors
 from topokeeper.adapters.dynamodb import audit_history_key
+from topokeeper.constants import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
 from topokeeper.errors import Permanent, Retryable, TopokeeperError
-from topokeeper.events import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
 from topokeeper.ports import AnyAuditRecord, AuditRecord
 
 PUT_EVENTS_BATCH = 10

@@ -15,8 +15,8 @@ from topokeeper.adapters.aws import aws_errors
 from topokeeper.adapters.login_nodes import RUNNING_STATUS, Ec2LoginNodes
 from topokeeper.adapters.ssm_channel import INLINE_LIMIT_BYTES, command_size
 from topokeeper.config import SSM_TARGET
+from topokeeper.constants import RUN_SHELL_DOCUMENT
 from topokeeper.errors import InputError, Permanent
-from topokeeper.events import RUN_SHELL_DOCUMENT
 
 # SendCommand takes at most 50 InstanceIds per call (its InstanceIds shape), which botocore does not check.
 MAX_INSTANCES_PER_COMMAND = 50

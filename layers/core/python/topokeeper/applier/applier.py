@@ -98,7 +98,6 @@ Choices the callers can rely on:
 
 from __future__ import annotations
 
-import argparse
 import base64
 import bisect
 import contextlib
@@ -2760,12 +2759,14 @@ class _UsageError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
-
-
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
+    # Here, not at the top: the Lambda functions import this module for its constants, never to run it.
+    import argparse  # noqa: PLC0415
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise _UsageError(message)
+
     parser = _Parser(prog="applier.py", description="Apply, dry-run or verify a topokeeper bundle on a head node.")
     parser.add_argument("mode", choices=MODES)
     parser.add_argument("bundle", help="bundle.json, or - to read it from stdin")

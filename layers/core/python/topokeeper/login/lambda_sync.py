@@ -8,6 +8,7 @@ the others, nor the function's topology work: the handler raises the failures on
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Mapping
@@ -17,28 +18,27 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from topokeeper.adapters.aws import client
-from topokeeper.adapters.elbv2 import ElbTargetGroup
-from topokeeper.adapters.login_nodes import (
-    DynamoLoginInstallLedger,
-    DynamoLoginLedger,
-    Ec2LoginNodes,
-    HyperPodLoginNodes,
-    launched_instance,
-)
-from topokeeper.adapters.login_run_command import RunCommandInstaller
 from topokeeper.config import ClusterConfig, Orchestrator
+from topokeeper.constants import RUN_SHELL_DOCUMENT
 from topokeeper.domain.models import empty_dict, empty_list
 from topokeeper.errors import InputError, Retryable
-from topokeeper.events import EC2_STATE_DETAIL_TYPE, RUN_SHELL_DOCUMENT, Ec2StateDetail, TopokeeperEvent
-from topokeeper.login.host_keys import secret_names
-from topokeeper.login.install import install_script
-from topokeeper.ports import LoginNodeSource
-from topokeeper.service.login import EC2_RUNNING, LoginInstall, install_host_identity_at_launch, sync_login_targets
 
 if TYPE_CHECKING:
+    from topokeeper.events import TopokeeperEvent
+    from topokeeper.ports import LoginNodeSource
     from topokeeper.runtime import Runtime
+    from topokeeper.service.login import LoginInstall
 
 LOGIN_TARGET_GROUPS_ENV = "LOGIN_TARGET_GROUPS"
+# What syncing and installing run, when the stack gave some cluster a login endpoint (load_login_modules).
+LOGIN_MODULES = (
+    "topokeeper.adapters.elbv2",
+    "topokeeper.adapters.login_nodes",
+    "topokeeper.adapters.login_run_command",
+    "topokeeper.login.host_keys",
+    "topokeeper.login.install",
+    "topokeeper.service.login",
+)
 # Twice the ingest function's timeout (30 s): an install claim older than this has no living holder.
 INSTALL_CLAIM_LEASE = timedelta(minutes=1)
 # The longest target group ARN: arn:<partition>:elasticloadbalancing:<region>:<account>:targetgroup/<32>/<16 hex>.
@@ -76,6 +76,14 @@ def login_target_groups(environ: Mapping[str, str]) -> dict[str, str]:
     return groups
 
 
+def load_login_modules(environ: Mapping[str, str]) -> None:
+    """At init (the ingest and drift handlers), the modules of the login endpoints the stack has, if any: every
+    invocation syncs them; without one, nothing here runs past ``login_target_groups``."""
+    if environ.get(LOGIN_TARGET_GROUPS_ENV):
+        for module in LOGIN_MODULES:
+            importlib.import_module(module)
+
+
 def sync_login_endpoints(runtime: Runtime, environ: Mapping[str, str], cluster: str | None = None) -> LoginSyncReport:
     """Sync ``cluster`` (a name or ARN), or every cluster with a login endpoint when None."""
     groups = login_target_groups(environ)
@@ -85,6 +93,10 @@ def sync_login_endpoints(runtime: Runtime, environ: Mapping[str, str], cluster: 
     synced: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
     for name, target_group in sorted(groups.items()):
+        from topokeeper.adapters.elbv2 import ElbTargetGroup  # noqa: PLC0415 - see load_login_modules
+        from topokeeper.adapters.login_nodes import DynamoLoginLedger  # noqa: PLC0415
+        from topokeeper.service.login import sync_login_targets  # noqa: PLC0415
+
         try:
             result = sync_login_targets(
                 cluster=name,
@@ -105,6 +117,8 @@ def sync_login_endpoints(runtime: Runtime, environ: Mapping[str, str], cluster: 
 
 
 def _login_nodes(cluster: ClusterConfig | None) -> LoginNodeSource:
+    from topokeeper.adapters.login_nodes import Ec2LoginNodes, HyperPodLoginNodes  # noqa: PLC0415
+
     if cluster is not None and cluster.orchestrator is Orchestrator.EC2:
         return Ec2LoginNodes(client("ec2"), cluster.ec2.login_tag)
     return HyperPodLoginNodes(client("sagemaker"), client("s3"))
@@ -117,6 +131,8 @@ def host_identity_secret_arn(cluster: str, target_group_arn: str) -> tuple[str, 
     if len(fields) < 6 or fields[0] != "arn" or fields[2] != "elasticloadbalancing":
         raise InputError(LOGIN_TARGET_GROUPS_ENV, f"{cluster}: not a target group ARN: {target_group_arn!r}")
     partition, region, account = fields[1], fields[3], fields[4]
+    from topokeeper.login.host_keys import secret_names  # noqa: PLC0415 - see load_login_modules
+
     return f"arn:{partition}:secretsmanager:{region}:{account}:secret:{secret_names(cluster)[0]}", region
 
 
@@ -125,12 +141,19 @@ def install_login_host_identity(
 ) -> LoginInstall | None:
     """On an EC2 instance's ``running`` event: the installer to it when it is a login node of an EC2 cluster with a
     login endpoint (its login tag holds the cluster's name), once per launch. None for any other event."""
+    from topokeeper.events import EC2_STATE_DETAIL_TYPE, Ec2StateDetail  # noqa: PLC0415 - ingest loads them
+
     if event.source != "aws.ec2" or event.detail_type != EC2_STATE_DETAIL_TYPE:
         return None
     detail = Ec2StateDetail.model_validate(event.detail)
     groups = login_target_groups(environ)
     clusters = [c for c in runtime.settings.clusters if c.orchestrator is Orchestrator.EC2 and c.name in groups]
-    if detail.state != EC2_RUNNING or not clusters:
+    if not clusters:
+        return None
+    from topokeeper.adapters.login_nodes import launched_instance  # noqa: PLC0415 - see load_login_modules
+    from topokeeper.service.login import EC2_RUNNING  # noqa: PLC0415
+
+    if detail.state != EC2_RUNNING:
         return None
     instance = launched_instance(client("ec2"), detail.instance_id)
     if instance is None:  # not known to DescribeInstances yet: no tags to tell whose it is
@@ -138,6 +161,11 @@ def install_login_host_identity(
     for cluster in clusters:
         if instance.tags.get(cluster.ec2.login_tag) != cluster.name:
             continue
+        from topokeeper.adapters.login_nodes import DynamoLoginInstallLedger  # noqa: PLC0415
+        from topokeeper.adapters.login_run_command import RunCommandInstaller  # noqa: PLC0415
+        from topokeeper.login.install import install_script  # noqa: PLC0415
+        from topokeeper.service.login import install_host_identity_at_launch  # noqa: PLC0415
+
         secret_arn, region = host_identity_secret_arn(cluster.name, groups[cluster.name])
         return install_host_identity_at_launch(
             cluster=cluster.name,

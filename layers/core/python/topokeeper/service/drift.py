@@ -20,6 +20,7 @@ from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
 from topokeeper.errors import Retryable
 from topokeeper.ports import ApplyResult, ClusterState, Metric, NodeMove, Outcome, Trigger
 from topokeeper.render.bundle import Bundle
+from topokeeper.service.live import live_status
 from topokeeper.service.reconcile import (
     DELIVERY_TIMEOUT,
     ControllerDeps,
@@ -95,20 +96,6 @@ def aws_status(
     if state.has_unreconciled_changes and oldest is not None and now - oldest < pending_window(settings):
         return "pending"
     return "changed"
-
-
-def live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift", "pending", "unknown"]:
-    if result.outcome is Outcome.PENDING:
-        return "pending"
-    if result.outcome is Outcome.IN_SYNC:
-        return "in_sync"
-    if result.outcome is Outcome.DRIFT:
-        # In verify mode another writer (HyperPod) owns the files and names things its own way: only a
-        # different grouping of nodes is drift. In enforce mode the files are ours, names included.
-        if mode is Mode.VERIFY and result.grouping_drift is False:
-            return "in_sync"
-        return "drift"
-    return "unknown"
 
 
 def _observed(deps: ControllerDeps, cluster: str, state: ClusterState, live_result: ApplyResult) -> ClusterState:

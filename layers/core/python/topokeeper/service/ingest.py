@@ -13,15 +13,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from topokeeper.config import Orchestrator, Settings
+from topokeeper.constants import (
+    CLOUDTRAIL_DETAIL_TYPE,
+    CLOUDTRAIL_DETAIL_TYPES,
+    HYPERPOD_SOURCE,
+    MANAGED_TOPOLOGY_EVENT,
+    MANAGED_TOPOLOGY_SUMMARY,
+)
 from topokeeper.domain.models import empty_list
 from topokeeper.errors import InputError
 from topokeeper.events import (
-    CLOUDTRAIL_DETAIL_TYPE,
-    CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
     EC2_STATE_DETAIL_TYPE,
     HYPERPOD_DETAIL_TYPES,
-    HYPERPOD_SOURCE,
-    MANAGED_TOPOLOGY_EVENT,
     MOVE_CLUSTER_NODES,
     CloudTrailDetail,
     ClusterEventDetail,
@@ -59,28 +62,12 @@ def _detail(model: type[BaseModel], event: TopokeeperEvent) -> Any:
         raise InputError.from_validation(error, prefix="detail") from error
 
 
-_CLOUDTRAIL_DETAIL_TYPES = (CLOUDTRAIL_DETAIL_TYPE, CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE)
-
-
 def _is_managed_topology_event(event: TopokeeperEvent) -> bool:
     """HyperPod's own CloudTrail record of a topology change it made."""
     return (
         event.source == HYPERPOD_SOURCE
-        and event.detail_type in _CLOUDTRAIL_DETAIL_TYPES
+        and event.detail_type in CLOUDTRAIL_DETAIL_TYPES
         and event.detail.get("eventName") == MANAGED_TOPOLOGY_EVENT
-    )
-
-
-# The trigger's summary is the only place a trigger keeps the event's name (the audit schema is fixed).
-_MANAGED_SUMMARY = f"{MANAGED_TOPOLOGY_EVENT} by HyperPod"
-
-
-def is_managed_topology_update(trigger: Trigger) -> bool:
-    """Whether a recorded trigger is HyperPod's own topology change (it asks for an immediate verify)."""
-    return (
-        trigger.source == HYPERPOD_SOURCE
-        and trigger.detail_type in _CLOUDTRAIL_DETAIL_TYPES
-        and trigger.summary.startswith(_MANAGED_SUMMARY)
     )
 
 
@@ -98,7 +85,7 @@ def _managed_update_cluster(event: TopokeeperEvent, deps: IngestDeps) -> tuple[s
         raise InputError(
             "detail.requestParameters.clusterName", "missing from the CloudTrail event (and no cluster elsewhere)"
         )
-    return _cluster_name(names[0], deps), f"{_MANAGED_SUMMARY}, CloudTrail event {call.eventID or 'not given'}"
+    return _cluster_name(names[0], deps), f"{MANAGED_TOPOLOGY_SUMMARY}, CloudTrail event {call.eventID or 'not given'}"
 
 
 def cluster_reference(event: TopokeeperEvent, deps: IngestDeps) -> tuple[str | None, str]:

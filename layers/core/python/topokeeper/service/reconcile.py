@@ -24,6 +24,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
+from topokeeper.constants import CLOUDTRAIL_DETAIL_TYPES, HYPERPOD_SOURCE, MANAGED_TOPOLOGY_SUMMARY, NODE_TABLE_REQUEST
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances
 from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, TopokeeperError
@@ -47,7 +48,6 @@ from topokeeper.ports import (
     WorkQueue,
 )
 from topokeeper.render.bundle import RenderedPlan, render
-from topokeeper.service.ingest import is_managed_topology_update
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
 from topokeeper.service.state import (
     OWN_TRIGGER_SOURCE,
@@ -69,7 +69,6 @@ CLAIM_RACE_SECONDS = 5  # another writer saved the state while this one planned:
 EARLY_WRITE = 0.5
 EARLY_WRITE_CHECKS = 10
 DEBOUNCE_CHECKS = 20  # with EARLY_WRITE_CHECKS and a delivery's two: well under the queue's 50 receives
-NODE_TABLE_REQUEST = "nt-"  # a read the reconcile asked for the node table: an answer that comes later replans
 
 
 class Decision(StrEnum):
@@ -162,6 +161,15 @@ class ReconcileReport(BaseModel):
     reason: str = ""  # deferred: why; planned-only: why verify when the config did not say so
     behind_delivery: bool = False  # deferred behind a delivery in flight, whose result resumes the message
     managed_updates: list[Trigger] = []  # HyperPod's own topology changes this reconcile took: verify them now
+
+
+def is_managed_topology_update(trigger: Trigger) -> bool:
+    """Whether a recorded trigger is HyperPod's own topology change (it asks for an immediate verify)."""
+    return (
+        trigger.source == HYPERPOD_SOURCE
+        and trigger.detail_type in CLOUDTRAIL_DETAIL_TYPES
+        and trigger.summary.startswith(MANAGED_TOPOLOGY_SUMMARY)
+    )
 
 
 def plan_cluster(cluster: ClusterConfig, state: ClusterState, facts: FactsSource) -> RenderedPlan:

@@ -15,7 +15,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Settings
-from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE, agent_source_cluster
+from topokeeper.constants import (
+    AGENT_APPLY_DETAIL_TYPE,
+    AGENT_SOURCE,
+    AGENT_VERIFY_DETAIL_TYPE,
+    NODE_TABLE_REQUEST,
+    agent_source_cluster,
+)
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.errors import InputError, Retryable
 from topokeeper.events import (
@@ -39,8 +45,7 @@ from topokeeper.ports import (
     WorkQueue,
 )
 from topokeeper.service.audit import build_records
-from topokeeper.service.drift import live_status
-from topokeeper.service.reconcile import NODE_TABLE_REQUEST
+from topokeeper.service.live import live_status
 from topokeeper.service.state import request_reconcile, save_fields, topology_owner_fields
 
 SUCCESS = frozenset({Outcome.APPLIED, Outcome.UNCHANGED})

@@ -13,6 +13,7 @@ visibility timeout, deferrals when the function asked).
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
 import inspect
 import json
@@ -62,6 +63,9 @@ def load_handler(name: str, directory: Path | None = None) -> Handler:
         raise HarnessError(f"cannot load {path}")
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
+    # A handler freezes what its init made (Lambda's execution environment keeps it for good); in this
+    # long-lived process, whatever was alive then goes back to the collector.
+    gc.unfreeze()
     handler: Handler = module.lambda_handler
     return handler
 
