@@ -295,8 +295,8 @@ def write(limit_rows: list[tuple[str, str, str, str]], simulated: dict[str, Any]
                 "",
             ]
     # Measured once, by bench/lambda_cold_start.py: the applier and `scontrol reconfigure` on the real slurmctld.
-    lines += ["The applier and `scontrol reconfigure` on the real slurmctld with 20,000 nodes: see "
-              "[the Lambda section](lambda.md) (`bench/lambda_cold_start.py`).", ""]  # fmt: skip
+    lines += ["The applier and `scontrol reconfigure` on the real slurmctld with 20,000 nodes: see the Lambda "
+              "section (`bench/lambda_cold_start.py`, docs/performance/lambda.md).", ""]  # fmt: skip
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines))
     print(OUT.read_text())
