@@ -97,6 +97,26 @@ def import_seconds(
     return min(cpu), min(wall)
 
 
+def import_instructions(python: LayerPython, path: list[Path]) -> int | None:
+    """Instructions ``import handler`` executes (valgrind's count, the same in every run whatever the machine's
+    load), without the interpreter's own start and exit; None without valgrind."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    counts = []
+    for statement in ("pass", "import handler"):
+        program = f"import os, sys; sys.path[:0] = {[str(p) for p in path]!r}\n{statement}\nos._exit(0)\n"
+        ran = subprocess.run(
+            [valgrind, "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+             *python.command, "-S", "-c", program],
+            env={"PATH": os.environ.get("PATH", os.defpath), "PYTHONDONTWRITEBYTECODE": "1"},
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        refs = next(line for line in ran.stderr.splitlines() if "I refs:" in line or "I   refs:" in line)
+        counts.append(int(refs.rsplit(":", 1)[1].replace(",", "")))
+    return counts[1] - counts[0]
+
+
 def import_breakdown(python: LayerPython, path: list[Path]) -> Counter[str]:
     """Self time (us) by top-level package, from one ``-X importtime`` run."""
     ran = python.run("-X", "importtime", "-c", _import_program(path), environment={"PYTHONDONTWRITEBYTECODE": "1"})
@@ -123,6 +143,7 @@ def cold_imports(python: LayerPython, runs: int, scratch: Path) -> dict[str, Any
         ("core only", "core with bytecode", "without"),
         ("both", "core with bytecode", "with"),
     ]
+    load = os.getloadavg()[0]
     results: dict[str, Any] = {"configurations": [c[0] for c in configurations], "handlers": {}}
     for name in FUNCTION_NAMES:
         row = {}
@@ -132,8 +153,10 @@ def cold_imports(python: LayerPython, runs: int, scratch: Path) -> dict[str, Any
         both = [FUNCTIONS_DIR / name, layers["core with bytecode"], powertools["with"]]
         row["libraries"] = import_seconds(python, both, runs, libraries_statement(python, both))
         row["breakdown"] = import_breakdown(python, both).most_common(4)
+        row["instructions"] = import_instructions(python, both)
         results["handlers"][name] = row
         print(name, {k: v for k, v in row.items() if k != "breakdown"}, flush=True)
+    results["load"] = sorted((load, os.getloadavg()[0]))
     results["sizes"] = {
         "core layer with bytecode": zipped_size(core.parent),
         "core layer without bytecode": zipped_size(layers["core without"].parent),
@@ -276,13 +299,18 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
         "another distribution the handler loads (Powertools, pydantic, botocore and what they import): the rest is "
         "the package's own (its pydantic models, built at import, are most of it).",
         "",
+        "Instructions (both): what valgrind counts for `import handler` (interpreter start and exit taken out), the "
+        f"same in every run whatever else the machine runs; the CPU figures move with the machine's load (its "
+        f"1-minute load average was {imports['load'][0]:.1f} to {imports['load'][1]:.1f} while they were taken).",
+        "",
         "| handler | no bytecode | core layer bytecode | core + Powertools bytecode | of which libraries (both) "
-        "| most self time ms (both) |",
-        "|---|---|---|---|---|---|",
+        "| instructions (both), millions | most self time ms (both) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, row in imports["handlers"].items():
         cells = [f"{_ms(row[label][0])} ({_ms(row[label][1])})" for label in imports["configurations"]]
         cells.append(f"{_ms(row['libraries'][0])} ({_ms(row['libraries'][1])})")
+        cells.append("n/a" if row["instructions"] is None else f"{row['instructions'] / 1e6:,.0f}")
         breakdown = ", ".join(f"{package} {us / 1000:.0f}" for package, us in row["breakdown"])
         lines.append(f"| {name} | {' | '.join(cells)} | {breakdown} |")
     lines += [
