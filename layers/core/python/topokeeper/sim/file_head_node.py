@@ -29,6 +29,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+import topokeeper
 from topokeeper.applier.applier import partition_topologies
 from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import SlurmVersion
@@ -73,7 +76,7 @@ class StandInController:
         scontrol.write_text(
             "#!/bin/sh\n"
             "# topokeeper's file-only head node: a stand-in for scontrol, NOT Slurm.\n"
-            f'exec {shlex.quote(sys.executable)} -m {standin_scontrol.__name__} {shlex.quote(str(state))} "$@"\n'
+            f'exec {shlex.join(_standin_command())} {shlex.quote(str(state))} "$@"\n'
         )
         scontrol.chmod(0o755)
         python = _machine_python3(os.environ.get("PATH", os.defpath))
@@ -186,6 +189,15 @@ class FileHeadNode(HeadNode):
         result = self.controller.run("python3", str(APPLIER_SOURCE), "verify", str(probe), timeout=300)
         document: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
         return document
+
+
+def _standin_command() -> list[str]:
+    """This interpreter running the stand-in's ``main``, isolated (-I) and without ``site`` (-S): the applier
+    runs one for every scontrol it asks, and setting up the environment's site-packages cost more than most
+    answers. After the standard library, its path holds the stand-in's packages: topokeeper and PyYAML."""
+    paths = [str(Path(topokeeper.__file__).parent.parent), str(Path(yaml.__file__).parent.parent)]
+    code = f"import sys; sys.path += {paths!r}; from {standin_scontrol.__name__} import main; sys.exit(main())"
+    return [sys.executable, "-I", "-S", "-c", code]
 
 
 @functools.cache

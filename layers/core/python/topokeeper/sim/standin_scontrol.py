@@ -31,8 +31,9 @@ sizes, Include lines, every other slurm.conf key, and scontrol reading topology 
 refuses what it does not model (exit 1, "not modeled") rather than guess. Nothing here may be cited as
 Slurm's behaviour: tests/integration/slurm prove that on a real slurmctld.
 
-Run as ``python -m topokeeper.sim.standin_scontrol STATE_DIR ARGS...`` after ``write_state``. It runs for
-every call the applier makes, so it imports little: no yaml unless a topology.yaml is read.
+Run as ``python -m topokeeper.sim.standin_scontrol STATE_DIR ARGS...`` after ``write_state`` (the file-only
+head node runs ``main`` without ``site``). It runs for every call the applier makes, so it imports little (no
+yaml unless a topology.yaml is read), and ``reconfigure`` keeps the answers to the reads with what it loaded.
 """
 
 from __future__ import annotations
@@ -442,9 +443,10 @@ def show_partitions(conf: SlurmConf) -> str:
 
 
 def show_nodes(conf: SlurmConf) -> str:
+    members = [(partition.name, set(partition.nodes)) for partition in conf.partitions]
     lines = []
     for node in conf.nodes:
-        partitions = ",".join(p.name for p in conf.partitions if node in p.nodes)
+        partitions = ",".join(name for name, nodes in members if node in nodes)
         lines.append(f"NodeName={node} Partitions={partitions}\n")
     return "".join(lines)
 
@@ -478,15 +480,27 @@ def _reconfigure(state: dict[str, Any], state_path: str, version: tuple[int, int
     topology_path = os.path.join(os.path.dirname(conf_path), topology_file)
     files = {"slurm.conf": _read(conf_path), topology_file: _read(topology_path)}
     try:
-        load(files, conf_path, version)
+        loaded = load(files, conf_path, version)
     except ConfigError as error:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         with open(state["log_file"], "a") as log:
             log.writelines(f"[{stamp}] {line}\n" for line in error.lines)
         stderr.write("slurm_reconfigure error: Unspecified error\n")
         return 1
-    _write_state(state_path, {**state, "loaded": files})
+    _write_state(state_path, {**state, "loaded": files, "answers": _answers(loaded)})
     return 0
+
+
+def _answers(loaded: Loaded) -> dict[str, Any]:
+    """What the reads ask of a loaded config, computed once when it loads (as slurmctld builds its tables then):
+    ``main`` answers these from the state without parsing slurm.conf or the topology file again (every
+    ``scontrol`` is a process of its own). Other topology names are computed when asked."""
+    return {
+        "partition": show_partitions(loaded.conf),
+        "nodes": show_nodes(loaded.conf),
+        "topology": show_topology(loaded, None),
+        "named topology": {name: show_topology(loaded, name) for name in loaded.topologies},
+    }
 
 
 def main(
@@ -508,8 +522,10 @@ def main(
     version = (int(major), int(minor))
     yaml_format = version >= FIRST_YAML_VERSION
     conf_path = (os.environ.get("SLURM_CONF") if slurm_conf is None else slurm_conf) or state["slurm_conf"]
-    try:  # every scontrol reads slurm.conf first, and stops when it cannot
-        parse_slurm_conf(_read(conf_path), conf_path, yaml_format=yaml_format)
+    conf_text = _read(conf_path)
+    try:  # every scontrol reads slurm.conf first, and stops when it cannot (the text loaded last did parse)
+        if conf_text != (state["loaded"] or {}).get("slurm.conf"):
+            parse_slurm_conf(conf_text, conf_path, yaml_format=yaml_format)
     except ConfigError as error:
         stderr.writelines(f"scontrol: {line}\n" for line in error.lines)
         stderr.write("scontrol: fatal: Unable to process configuration file\n")
@@ -528,11 +544,14 @@ def main(
         stderr.write("Unable to contact slurm controller (connect failure)\n")
         return 1
     elif modeled and "-o" in options and words in (["show", "partition"], ["show", "nodes"]):
-        conf = parse_slurm_conf(state["loaded"]["slurm.conf"], state["slurm_conf"], yaml_format=yaml_format)
-        stdout.write(show_partitions(conf) if words[1] == "partition" else show_nodes(conf))
+        stdout.write(state["answers"][words[1]])
     elif modeled and words[:2] == ["show", "topology"] and len(words) <= 3:
-        loaded = load(state["loaded"], state["slurm_conf"], version)
-        shown, complaint = show_topology(loaded, words[2] if len(words) == 3 else None)
+        name = words[2] if len(words) == 3 else None
+        answers = state["answers"]
+        known = answers["topology"] if name is None else answers["named topology"].get(name)
+        if known is None:  # a name that is no topology (before 25.05: a switch, block or node)
+            known = show_topology(load(state["loaded"], state["slurm_conf"], version), name)
+        shown, complaint = known
         stdout.write(shown)
         stderr.write(complaint)
     else:

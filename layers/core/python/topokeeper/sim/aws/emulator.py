@@ -139,9 +139,9 @@ class AwsEmulator:
             self._server.start()
             host, port = self._server.get_host_and_port()
             self._endpoint_url = f"http://{host}:{port}"
-            assert self._server.app is not None  # noqa: S101 - set by start()
+            assert self._server.in_process_app is not None  # noqa: S101 - set by start()
             # botocore sessions made from now on (every client made after start) call the application in process.
-            self._transport = ("before-send", InProcessTransport(self._server.app, host, port))
+            self._transport = ("before-send", InProcessTransport(self._server.in_process_app, host, port))
             botocore.handlers.BUILTIN_HANDLERS.append(self._transport)
             self._reset_moto()  # whatever an earlier user of moto in this process left
         except BaseException:

@@ -8,9 +8,10 @@ unlike ThreadedMotoServer's ``stop``, ours closes kept-alive client connections,
 and releases the port.
 
 botocore clients in this process skip the socket: ``InProcessTransport`` hands their requests to the same
-application in the calling thread (werkzeug's server closes the connection after every response, so each HTTP
-request costs a connect and a server thread). Anything else (the stdlib agent and applier, presigned URLs)
-reaches the application over HTTP.
+gateway in the calling thread (werkzeug's server closes the connection after every response, so each HTTP
+request costs a connect and a server thread), and the gateway hands what moto answers to moto's handlers
+without Flask's request machinery (``MotoHandlers``). Anything else (the stdlib agent and applier, presigned
+URLs) reaches the gateway over HTTP and moto through its Flask application.
 """
 
 from __future__ import annotations
@@ -27,15 +28,28 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse
+from botocore.exceptions import ClientError
+from flask import Flask, Response
 from moto.core.botocore_stubber import MockRawResponse
 from moto.core.request import (
     PRESERVED_HEADER_NAMES_ENVIRON_KEY,
     environ_key_for_header,
     should_preserve_original_header_name,
 )
-from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from moto.core.utils import convert_to_flask_response
+from moto.moto_api import recorder
+from moto.moto_server.werkzeug_app import (
+    BackendRequest,
+    DomainDispatcherApplication,
+    MotoRequestHandler,
+    create_backend_app,
+)
+from moto.settings import DISABLE_GLOBAL_CORS
 from urllib3 import HTTPHeaderDict
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import Rule
 from werkzeug.serving import ThreadedWSGIServer
+from werkzeug.wrappers import Response as WerkzeugResponse
 
 from topokeeper.sim.aws.clock import RateLimits
 from topokeeper.sim.aws.ids import IdFactory
@@ -193,6 +207,72 @@ class Gateway:
         return json_error(error, request_id)
 
 
+class MotoHandlers:
+    """moto's server application for botocore's requests in this process: the request goes to the handler of
+    the backend and URL rule moto's Flask application would route it to, and comes back as the response that
+    application would make of the handler's answer (``convert_to_flask_response`` and flask-cors' header), but
+    without Flask's request context, signals, session and dispatch around it (about a fifth of a request's time
+    in process). What needs them goes to the Flask application itself: moto's own API, a CORS request (an
+    ``Origin``, a private-network preflight header, ``OPTIONS``), a URL no rule or a view of another kind takes.
+    tests/integration/aws/test_emulator_transport.py holds the two to the same bytes."""
+
+    def __init__(self, dispatcher: DomainDispatcherApplication) -> None:
+        self._dispatcher = dispatcher
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if _needs_flask(environ):
+            flask_answer: Iterable[bytes] = self._dispatcher(environ, start_response)
+            return flask_answer
+        app: Flask = self._dispatcher.get_application(environ)
+        request = BackendRequest(environ)
+        adapter = app.create_url_adapter(request)
+        try:
+            rule, _ = adapter.match(return_rule=True) if adapter is not None else (None, {})
+        except HTTPException:
+            return app(environ, start_response)
+        view = app.view_functions[rule.endpoint] if isinstance(rule, Rule) else None
+        if not isinstance(view, convert_to_flask_response):
+            return app(environ, start_response)
+        response: WerkzeugResponse
+        try:
+            response = _moto_response(view, request)
+        except HTTPException as error:
+            if app.trap_http_exception(error):
+                raise  # as Flask raises it (moto's app runs in debug mode)
+            # What Flask makes of an HTTP error a view raises: the error's own response (moto registers no handler).
+            response = app.response_class.force_type(error, environ)  # type: ignore[arg-type]
+        if not DISABLE_GLOBAL_CORS and _ALLOW_ORIGIN not in response.headers:
+            response.headers.add(_ALLOW_ORIGIN, "*")  # flask-cors' defaults, for a request without an Origin
+        return response(environ, start_response)
+
+
+_ALLOW_ORIGIN = "Access-Control-Allow-Origin"
+
+
+def _needs_flask(environ: Mapping[str, Any]) -> bool:
+    path = str(environ.get("PATH_INFO", ""))
+    return (
+        path.startswith(("/moto-api", "/favicon.ico", "/latest/"))
+        or environ.get("REQUEST_METHOD") == "OPTIONS"
+        or "HTTP_ORIGIN" in environ
+        or "HTTP_ACCESS_CONTROL_REQUEST_PRIVATE_NETWORK" in environ
+    )
+
+
+def _moto_response(view: convert_to_flask_response, request: BackendRequest) -> Response:
+    """``convert_to_flask_response.__call__`` with the request given rather than Flask's context-local one."""
+    recorder._record_request(request)
+    try:
+        result = view.callback(request, request.raw_url, dict(request.headers))
+    except ClientError as error:
+        result = 400, {}, error.response["Error"]["Message"]
+    status, headers, content = result if len(result) == 3 else (200, {}, result)
+    response = Response(response=content, status=status, headers=headers)
+    if request.method == "HEAD" and "content-length" in headers:
+        response.headers["Content-Length"] = headers["content-length"]
+    return response
+
+
 class _Handler(MotoRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as werkzeug would set on moto's handler class itself
 
@@ -252,11 +332,14 @@ class EmulatorServer:
         self._host = host
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self.app: WsgiApp | None = None  # what the server serves, for InProcessTransport
+        self.app: WsgiApp | None = None  # what the server serves
+        self.in_process_app: WsgiApp | None = None  # the same gateway and moto, for InProcessTransport
 
     def start(self) -> None:
         """Binds before returning (a bind error is raised here), then serves in a daemon thread."""
-        self.app = self._wrap(DomainDispatcherApplication(create_backend_app))
+        dispatcher = DomainDispatcherApplication(create_backend_app)
+        self.app = self._wrap(dispatcher)
+        self.in_process_app = self._wrap(MotoHandlers(dispatcher))
         server = _Server(self._host, 0, self.app)
         self._server = server
         self._thread = threading.Thread(
