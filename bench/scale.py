@@ -305,8 +305,9 @@ def write(limit_rows: list[tuple[str, str, str, str]],
         lines += [
             f"### 20,000 nodes simulated ({SCENARIO.relative_to(ROOT)}, head node: {simulated['head_node']})",
             "",
-            f"{simulated['wall']:.0f} s of wall time for {simulated['simulated']:.0f} s simulated; cold create "
-            f"{state}. Longest reconcile invocation {longest:.0f} s of simulated time (timeout "
+            f"{simulated['wall']:.0f} s of wall time for {simulated['simulated']:.0f} s simulated (cold create "
+            f"{simulated['cold_create_wall']:.0f} s, the steps {simulated['steps_wall']:.0f} s); cold "
+            f"create {state}. Longest reconcile invocation {longest:.0f} s of simulated time (timeout "
             f"{stack_spec.RECONCILE_TIMEOUT_SECONDS} s: an invocation over its timeout fails the run; AWS calls "
             f"cost simulated time outside it) over {len(simulated['reconcile_seconds'])} "
             f"invocations. Largest DynamoDB item {simulated['largest_item']:,} B of {simulated['items']:,} items "
