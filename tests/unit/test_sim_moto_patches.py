@@ -103,3 +103,198 @@ def test_boto3_sessions_do_not_grow_the_shared_loaders_search_paths(unpatched: N
         assert sum(path.endswith("boto3/data") for path in paths) == 1  # boto3's resources still load
     finally:
         moto_patches.restore()
+
+
+def _create_table(db: Any, name: str, kind: str = "S", *, sort_key: bool = True) -> None:
+    schema = [("pk", "HASH"), ("sk", "RANGE")] if sort_key else [("pk", "HASH")]
+    db.create_table(
+        TableName=name,
+        BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": n, "KeyType": k} for n, k in schema],
+        AttributeDefinitions=[{"AttributeName": n, "AttributeType": kind} for n, _ in schema],
+    )
+
+
+def _transactions() -> list[list[dict[str, Any]]]:
+    """Transactions over a table with a sort key ("t") and one without ("h"): committed, cancelled by a condition
+    after writes of every kind, refused as invalid after a first write, and naming a table that does not exist."""
+
+    def update(table: str, key: dict[str, Any], expression: str, values: dict[str, Any]) -> dict[str, Any]:
+        return {"Update": {"TableName": table, "Key": key, "UpdateExpression": expression,
+                           "ExpressionAttributeValues": values}}  # fmt: skip
+
+    node = {"pk": {"S": "CLUSTER#c"}, "sk": {"S": "NODE#1"}}
+    state = {"pk": {"S": "CLUSTER#c"}, "sk": {"S": "STATE"}}
+    in_place = "ADD generation :one SET triggers = list_append(triggers, :t), nested.deep = :t"
+    values = {":one": {"N": "1"}, ":t": {"L": [{"S": "new"}]}}
+    other = {"pk": {"S": "CLUSTER#c"}, "sk": {"S": "NODE#3"}}
+    fails = {"ConditionCheck": {"TableName": "t", "Key": other, "ConditionExpression": "attribute_not_exists(pk)"}}
+    return [
+        [update("t", state, in_place, values),
+         {"Put": {"Item": {"pk": {"S": "CLUSTER#c"}, "sk": {"S": "AUDIT#1"}, "x": {"S": "y"}}, "TableName": "t"}},
+         {"Delete": {"TableName": "t", "Key": node}},
+         {"ConditionCheck": {"TableName": "h", "Key": {"pk": {"S": "one"}}, "ConditionExpression": "n = :one",
+                             "ExpressionAttributeValues": {":one": {"N": "1"}}}}],
+        [update("t", state, in_place, values),
+         {"Put": {"Item": {"pk": {"S": "CLUSTER#c"}, "sk": {"S": "AUDIT#2"}}, "TableName": "t"}},
+         {"Put": {"Item": {"pk": {"S": "CLUSTER#new"}, "sk": {"S": "STATE"}}, "TableName": "t"}},
+         {"Delete": {"TableName": "t", "Key": {"pk": {"S": "CLUSTER#c"}, "sk": {"S": "NODE#2"}}}},
+         update("h", {"pk": {"S": "one"}}, "ADD n :one", {":one": {"N": "1"}}),
+         fails],
+        [update("h", {"pk": {"S": "one"}}, "ADD n :one", {":one": {"N": "1"}}),
+         {"Delete": {"TableName": "h", "Key": {"pk": {"S": "two"}}}},
+         update("t", state, in_place, values),
+         update("t", state, in_place, values)],  # the same item twice: a ValidationException after two writes
+        [{"Put": {"Item": {"pk": {"S": "CLUSTER#c"}, "sk": {"S": "AUDIT#3"}}, "TableName": "t"}},
+         {"Put": {"Item": {"pk": {"S": "x"}, "sk": {"S": "y"}}, "TableName": "missing"}}],
+    ]  # fmt: skip
+
+
+def _play_transactions() -> list[Any]:
+    """Each transaction's answer (or error) and both tables' items after it, through moto's own API."""
+    from moto import mock_aws
+
+    with mock_aws():
+        db = boto3.client("dynamodb", region_name="us-east-1")
+        _create_table(db, "t")
+        _create_table(db, "h", sort_key=False)
+        state = {"pk": {"S": "CLUSTER#c"}, "sk": {"S": "STATE"}, "generation": {"N": "1"}}
+        db.put_item(
+            TableName="t", Item={**state, "triggers": {"L": [{"S": "old"}]}, "nested": {"M": {"deep": {"L": []}}}}
+        )
+        for n in range(1, 4):
+            db.put_item(TableName="t", Item={"pk": {"S": "CLUSTER#c"}, "sk": {"S": f"NODE#{n}"}, "f": {"S": str(n)}})
+        for name in ("one", "two"):
+            db.put_item(TableName="h", Item={"pk": {"S": name}, "n": {"N": "1"}, "m": {"M": {"a": {"L": []}}}})
+        seen: list[Any] = []
+        for transaction in _transactions():
+            try:
+                answer = db.transact_write_items(TransactItems=transaction)
+                seen.append({key: value for key, value in answer.items() if key != "ResponseMetadata"})
+            except db.exceptions.ClientError as error:
+                seen.append({key: value for key, value in error.response.items() if key != "ResponseMetadata"})
+            seen.append([db.scan(TableName=table, ConsistentRead=True)["Items"] for table in ("t", "h")])
+        return seen
+
+
+def test_transactions_commit_and_roll_back_as_moto_does(unpatched: None) -> None:
+    original = _play_transactions()
+    moto_patches.apply()
+    try:
+        patched = _play_transactions()
+    finally:
+        moto_patches.restore()
+    assert patched == original
+    codes = [answer.get("Error", {}).get("Code") for answer in original[::2]]
+    assert codes == [None, "TransactionCanceledException", "ValidationException", "ResourceNotFoundException"]
+    assert original[3] == original[1]  # the cancelled one left both tables as they were
+
+
+def test_a_transaction_copies_only_the_items_it_writes(unpatched: None) -> None:
+    """The savings themselves: a cancelled transaction puts back a table that shares its untouched items."""
+    from moto import mock_aws
+    from moto.dynamodb.models import dynamodb_backends
+
+    moto_patches.apply()
+    try:
+        with mock_aws():
+            db = boto3.client("dynamodb", region_name="us-east-1")
+            _create_table(db, "t")
+            for sk in ("STATE", "NODE#1", "NODE#2"):
+                db.put_item(TableName="t", Item={"pk": {"S": "c"}, "sk": {"S": sk}, "n": {"N": "1"}})
+            backend = dynamodb_backends["123456789012"]["us-east-1"]
+            before = {item.range_key.value: item for item in backend.tables["t"].all_items()}
+            with pytest.raises(db.exceptions.TransactionCanceledException):
+                db.transact_write_items(TransactItems=[
+                    {"Update": {"TableName": "t", "Key": {"pk": {"S": "c"}, "sk": {"S": "STATE"}},
+                                "UpdateExpression": "ADD n :one", "ExpressionAttributeValues": {":one": {"N": "1"}}}},
+                    {"ConditionCheck": {"TableName": "t", "Key": {"pk": {"S": "c"}, "sk": {"S": "NODE#1"}},
+                                        "ConditionExpression": "attribute_not_exists(pk)"}},
+                ])  # fmt: skip
+            after = {item.range_key.value: item for item in backend.tables["t"].all_items()}
+    finally:
+        moto_patches.restore()
+    assert after["STATE"] is not before["STATE"] and after["STATE"].attrs["n"].value == "1"  # written: put back
+    assert after["NODE#2"] is before["NODE#2"]  # not named by the transaction: shared, not copied
+
+
+# BatchGetItem projections: the node-facts cache's (a top-level string) and every kind moto handles itself.
+PROJECTIONS = [
+    ("facts", {}),
+    ("facts, #n, absent", {"#n": "name"}),
+    ("generation", {}),  # a number: moto normalizes it ("01.50" comes back as "1.50")
+    ("nested.deep, triggers[1]", {}),
+    ("bits, flag", {}),
+]
+
+
+def _play_reads() -> list[Any]:
+    """Queries, scans and projected BatchGetItems over a table keyed by strings and one keyed by numbers."""
+    from moto import mock_aws
+
+    with mock_aws():
+        db = boto3.client("dynamodb", region_name="us-east-1")
+        _create_table(db, "s")
+        _create_table(db, "n", "N")
+        sorts = {
+            "s": ["NODE#9", "NODE#10", "AUDIT#2", "AUDIT#10", "STATE", "a", "B"],
+            "n": ["10", "-2", "1.5", "9", "0"],
+        }
+        for table, keys in sorts.items():
+            for hash_key in reversed(keys[:3]):
+                for number, sort_key in enumerate(keys):
+                    db.put_item(TableName=table, Item={
+                        "pk": {"S" if table == "s" else "N": hash_key}, "sk": {"S" if table == "s" else "N": sort_key},
+                        "facts": {"S": json.dumps({"InstanceId": f"i-{number}"})}, "name": {"S": ""},
+                        "generation": {"N": "01.50"}, "bits": {"B": b"\x00\x01"}, "flag": {"BOOL": True},
+                        "nested": {"M": {"deep": {"S": "d"}, "other": {"N": "2"}}},
+                        "triggers": {"L": [{"S": "a"}, {"M": {"b": {"N": "3"}}}]},
+                    })  # fmt: skip
+        seen: list[Any] = []
+        s_key = {"pk": {"S": "AUDIT#2"}, "sk": {"S": "NODE#10"}}
+        for expression, names in PROJECTIONS:
+            request: dict[str, Any] = {"Keys": [s_key, {"pk": {"S": "x"}, "sk": {"S": "y"}}],
+                                       "ProjectionExpression": expression}  # fmt: skip
+            if names:
+                request["ExpressionAttributeNames"] = names
+            seen.append(db.batch_get_item(RequestItems={"s": request})["Responses"])
+        for forward in (True, False):
+            seen.append(db.query(TableName="s", KeyConditionExpression="pk = :pk AND begins_with(sk, :p)",
+                                 ExpressionAttributeValues={":pk": {"S": "NODE#10"}, ":p": {"S": "AUDIT#"}},
+                                 ScanIndexForward=forward)["Items"])  # fmt: skip
+            seen.append(db.query(TableName="n", KeyConditionExpression="pk = :pk AND sk > :low",
+                                 ExpressionAttributeValues={":pk": {"N": "-2"}, ":low": {"N": "0"}},
+                                 ScanIndexForward=forward, Limit=2)["Items"])  # fmt: skip
+        for table in sorts:
+            seen.append(db.scan(TableName=table)["Items"])
+            seen.append(db.scan(TableName=table, Limit=4)["LastEvaluatedKey"])
+        return seen
+
+
+def test_reads_answer_as_moto_does(unpatched: None) -> None:
+    original = _play_reads()
+    moto_patches.apply()
+    try:
+        patched = _play_reads()
+    finally:
+        moto_patches.restore()
+    assert patched == original
+    assert original[0]["s"] == [{"facts": {"S": json.dumps({"InstanceId": "i-1"})}}]
+    assert original[2]["s"] == [{"generation": {"N": "1.50"}}]  # a number moto normalizes
+    scan = [(item["pk"]["N"], item["sk"]["N"]) for item in original[-2]]  # the number table, in moto's order
+    assert scan[:5] == [("-2", "-2"), ("-2", "0"), ("-2", "1.5"), ("-2", "9"), ("-2", "10")]
+
+
+def test_a_string_projection_is_taken_as_it_is(unpatched: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The savings themselves: moto's own projection runs only for what the direct one does not cover."""
+    calls: list[list[list[str]]] = []
+    original = moto_patches._ORIGINAL_PROJECT
+    monkeypatch.setattr(
+        moto_patches, "_ORIGINAL_PROJECT", lambda item, paths: calls.append(paths) or original(item, paths)
+    )
+    moto_patches.apply()
+    try:
+        _play_reads()
+    finally:
+        moto_patches.restore()
+    assert calls == [[["generation"]], [["nested", "deep"], ["triggers[1]"]], [["bits"], ["flag"]]]

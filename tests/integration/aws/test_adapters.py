@@ -26,7 +26,12 @@ from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.audit_trail import PUT_EVENTS_MAX_BYTES, AuditTrail, put_events_entry_size
 from topokeeper.adapters.aws import PRESIGN_CONFIG, SEND_COMMAND_CONFIG, client, presigning_s3
-from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter, DynamoStateStore
+from topokeeper.adapters.dynamodb import (
+    NODE_TABLE_ATTRIBUTE,
+    DynamoNodeFactsCache,
+    DynamoRateLimiter,
+    DynamoStateStore,
+)
 from topokeeper.adapters.ec2 import (
     ASKED_KEY,
     LAUNCH_KEY,
@@ -40,7 +45,7 @@ from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.constants import agent_bundle_key, agent_verify_key, agent_verify_request_key
 from topokeeper.domain.catalog import Capability, lookup
-from topokeeper.domain.models import BlockTopology, PlannerConfig, TopologyKind
+from topokeeper.domain.models import BlockTopology, PlannerConfig, SlurmNodeRecord, TopologyKind
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
 from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, Retryable
@@ -638,6 +643,40 @@ def test_save_refuses_a_stale_version_and_never_clobbers_the_change_counter(
     state = store.get("llm-train")
     assert (state.desired_sha256, state.version, state.generation, state.trigger_count) == ("a" * 64, 1, 1, 1)
     assert store.save(state.model_copy(update={"reconciled_generation": 1})).version == 2
+
+
+def test_save_sends_the_node_table_only_when_the_stored_one_differs(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    """The table is written by saves alone and each save bumps the version: a save conditioned on the version
+    it read need not send the same table again. Any other table, or a version moved by another store, is sent."""
+    sent: list[bool] = []  # per save: did it send the table
+
+    def saves(params: dict[str, Any], **_: Any) -> None:
+        if params["UpdateExpression"].startswith("SET controller"):
+            sent.append(f"{NODE_TABLE_ATTRIBUTE} =" in params["UpdateExpression"])
+
+    def store() -> DynamoStateStore:
+        db = aws.client("dynamodb")
+        db.meta.events.register("provide-client-params.dynamodb.UpdateItem", saves)
+        return DynamoStateStore(db, table)
+
+    rows = [SlurmNodeRecord(name=f"n{i}", address=f"10.0.0.{i}", partitions=["p"]) for i in range(3)]
+    first, second = store(), store()
+    saved = first.save(first.get("pc").model_copy(update={"slurm_nodes": rows}))
+    saved = first.save(saved.model_copy(update={"desired_sha256": "a" * 64}))  # the same table, as saved
+    changed = first.record_change("pc", _trigger(1, clock), clock.now())  # returns the item, table and all
+    saved = first.save(changed.model_copy(update={"desired_sha256": "b" * 64}))  # as the change read it
+    second.save(second.get("pc").model_copy(update={"desired_sha256": "c" * 64}))  # as another store read it
+    assert sent == [True, False, False, False]
+
+    moved = [*rows[:2], rows[2].model_copy(update={"address": "10.0.0.9"})]  # one row changed, same length
+    second.save(second.get("pc").model_copy(update={"slurm_nodes": moved}))
+    assert second.get("pc").slurm_nodes == moved
+    # The first store last saw the old table at an older version: it sends its table, and it is stored
+    stale = saved.model_copy(update={"version": second.get("pc").version})
+    first.save(stale)
+    assert sent[-1] is True and first.get("pc").slurm_nodes == rows and second.get("pc").slurm_nodes == rows
 
 
 def test_consume_triggers_only_when_no_newer_change_arrived(aws: AwsEmulator, clock: ManualClock, table: str) -> None:

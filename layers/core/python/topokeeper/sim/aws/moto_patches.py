@@ -16,7 +16,9 @@ pyproject.toml pins moto to the minor version these were written against.
 from __future__ import annotations
 
 import base64
+import copy
 import functools
+import re
 import threading
 from datetime import timedelta
 from typing import Any
@@ -25,9 +27,12 @@ import botocore.session
 import jsonpath_ng.ext
 import moto.backends
 import moto.core.responses
+import moto.dynamodb.models
 import moto.sqs.models
 from moto.core.serialize import BaseJSONSerializer
 from moto.core.utils import camelcase_to_underscores, method_names_from_class, utcnow
+from moto.dynamodb.models.dynamo_type import DynamoType, Item
+from moto.dynamodb.models.table import Table
 from moto.ec2.models.instances import Instance
 from moto.events.utils import EventTemplateParser
 
@@ -187,6 +192,118 @@ def _serialize_structure(self: Any, serialized: Any, value: Any, shape: Any, key
     _ORIGINAL_SERIALIZE_STRUCTURE(self, serialized, value, shape, key)
 
 
+# DynamoDB's TransactWriteItems: moto keeps a deep copy of every table a transaction names, to put back if it is
+# cancelled. The state table of a 20,000-node cluster holds ~20,000 node-facts items, so each audit record's
+# transaction copied all of them (~2 s). The copy below is the same snapshot for every item the transaction
+# can change (its targets, deep-copied) and shares the rest, which no operation of the transaction touches
+# (a Put or Delete replaces or drops the target's entry, an Update changes the target in place).
+_transaction = threading.local()
+_ORIGINAL_TRANSACT_WRITE_ITEMS = moto.dynamodb.models.DynamoDBBackend.transact_write_items
+
+_Key = tuple[DynamoType, DynamoType | None]
+
+
+def _transaction_targets(backend: Any, transact_items: list[dict[str, Any]]) -> dict[str, set[_Key]] | None:
+    """table name -> the keys the transaction names, or None where moto's own checks have to speak first (an
+    unknown table or a key that is not one): moto then copies whole tables as it always does."""
+    targets: dict[str, set[_Key]] = {}
+    try:
+        for entry in transact_items:
+            for operation, request in entry.items():
+                table = backend.tables[request["TableName"]]
+                key = request["Item"] if operation == "Put" else request["Key"]
+                range_key = DynamoType(key[table.range_key_attr]) if table.range_key_attr else None
+                targets.setdefault(table.name, set()).add((DynamoType(key[table.hash_key_attr]), range_key))
+    except (AttributeError, KeyError, TypeError):
+        return None
+    return targets
+
+
+def _transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> None:
+    _transaction.targets = _transaction_targets(self, transact_items)
+    try:
+        _ORIGINAL_TRANSACT_WRITE_ITEMS(self, transact_items)
+    finally:
+        _transaction.targets = None
+
+
+def _transaction_backup(table: Table, keys: set[_Key]) -> Table:
+    """What ``copy.deepcopy(table)`` gives back for a transaction that writes only ``keys``: every attribute but
+    the items deep-copied; the item maps copied; the targets' items deep-copied, the others shared."""
+    backup: Table = copy.copy(table)
+    memo: dict[int, Any] = {id(table): backup}
+    for name, value in vars(table).items():
+        if name != "items":
+            setattr(backup, name, copy.deepcopy(value, memo))
+    items = copy.copy(table.items)  # the defaultdict, factory and order kept
+    for hash_key, range_key in keys:
+        if hash_key not in items:
+            continue
+        if range_key is None:
+            items[hash_key] = copy.deepcopy(items[hash_key], memo)
+            continue
+        held = items[hash_key] = dict(items[hash_key])
+        if range_key in held:
+            held[range_key] = copy.deepcopy(held[range_key], memo)
+    backup.items = items
+    return backup
+
+
+class _TransactionCopy:
+    """``copy`` as moto's DynamoDB backend module sees it: a table copied inside a transaction whose targets are
+    known is copied by ``_transaction_backup``; everything else by ``copy`` itself."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(copy, name)
+
+    @staticmethod
+    def deepcopy(value: Any, memo: dict[int, Any] | None = None) -> Any:
+        targets: dict[str, set[_Key]] | None = getattr(_transaction, "targets", None)
+        if targets is not None and type(value) is Table and value.name in targets:
+            return _transaction_backup(value, targets[value.name])
+        return copy.deepcopy(value, memo)
+
+
+_ORIGINAL_PROJECT = Item.project
+_LIST_ELEMENT = re.compile(r"(.+)\[(\d+)\]$")  # moto's find_nested_key: a path element naming a list item
+
+
+def _project(self: Any, projection_expressions: list[list[str]]) -> Any:
+    """moto's ``Item.project`` for the projection the node-facts cache asks of every item of a BatchGetItem: top-
+    level attributes that are strings. moto turns the whole item into Python values and back for each (two
+    thirds of a 20,000-item read); a string comes back as it was, so it is taken as it is. Any other path or
+    type (numbers come back normalized) goes to moto."""
+    attrs: dict[str, Any] = {}
+    for path in projection_expressions:
+        if len(path) != 1 or _LIST_ELEMENT.match(path[0]):
+            return _ORIGINAL_PROJECT(self, projection_expressions)
+        value = self.attrs.get(path[0])
+        if value is None:
+            continue
+        if value.type != "S":
+            return _ORIGINAL_PROJECT(self, projection_expressions)
+        attrs[path[0]] = {"S": value.value}
+    return Item(hash_key=self.hash_key, range_key=self.range_key, attrs=attrs)
+
+
+def _item_order(item: Any) -> Any:
+    return (item.hash_key.cast_value, item.range_key.cast_value) if item.range_key else item.hash_key.cast_value
+
+
+def _all_items(self: Any) -> list[Any]:
+    """moto's ``Table.all_items`` (every Query and Scan starts from it) in the same order, sorted by the keys'
+    values rather than by ``DynamoType`` comparisons, which cost a Python call each (a Query of the audit
+    history sorted the ~20,000 node-facts items of a large cluster in ~1 s). A table's keys all have its
+    schema's type, and ``DynamoType`` orders them by these very values."""
+    items: list[Any] = []
+    for hash_set in self.items.values():
+        if self.range_key_attr:
+            items.extend(hash_set.values())
+        else:
+            items.append(hash_set)
+    return sorted(items, key=_item_order)
+
+
 def _patches() -> list[tuple[Any, str, Any]]:
     return [
         (EventTemplateParser, "DEFAULT_EVENT_INPUT_TEMPLATE", EVENT_TEMPLATE_WITH_ACCOUNT),
@@ -197,6 +314,10 @@ def _patches() -> list[tuple[Any, str, Any]]:
         (moto.core.responses, "method_names_from_class", _cached_method_names),
         (botocore.session, "create_loader", _shared_loader),
         (BaseJSONSerializer, "_serialize_type_structure", _serialize_structure),
+        (moto.dynamodb.models.DynamoDBBackend, "transact_write_items", _transact_write_items),
+        (moto.dynamodb.models, "copy", _TransactionCopy()),
+        (Item, "project", _project),
+        (Table, "all_items", _all_items),
     ]
 
 

@@ -19,6 +19,7 @@ the answer silently: which of the two AWS does for DescribeInstanceTopology awai
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -354,8 +355,12 @@ def _filters(filters: list[dict[str, Any]]) -> Callable[[Placement], bool]:
             raise ApiError("InvalidParameterValue", f"The filter '{name}' is invalid")
         tests.append((_FILTER_FIELDS[name], [str(v) for v in entry.get("Values") or []]))
 
+    @functools.cache
+    def admits(index: int, value: str) -> bool:  # a sweep tests 20,000 placements with a few distinct values
+        return any(fnmatch.fnmatchcase(value, pattern) for pattern in tests[index][1])
+
     def matches(placement: Placement) -> bool:
-        return all(any(fnmatch.fnmatchcase(value_of(placement), v) for v in values) for value_of, values in tests)
+        return all(admits(index, value_of(placement)) for index, (value_of, _) in enumerate(tests))
 
     return matches
 
