@@ -141,7 +141,8 @@ class SlurmNodeRecord(BaseModel):
     The snapshot reads it, and the cluster state (``topokeeper.ports``) keeps it: it lives here so that ingest,
     which never plans, does not load the engine for it."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # Frozen: the state store shares one table's records between the states it reads (topokeeper.adapters.dynamodb).
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
     name: str
     address: str | None = None  # NodeAddr: the private IP once bound; the node's own name while powered down
