@@ -234,9 +234,28 @@ def test_the_machines_python3_is_found_through_a_shim_that_prints_first(tmp_path
     shim = tmp_path / "python3"
     shim.write_text(f'#!/bin/sh\necho "welcome to this machine"\nexec {sys.executable} "$@"\n')
     shim.chmod(0o755)
-    assert _machine_python3(str(tmp_path)) == sys.executable
+    assert _machine_python3(str(tmp_path)) == sys._base_executable  # a virtual environment's: its base interpreter
     talking_only = tmp_path / "elsewhere"
     talking_only.mkdir()
     (talking_only / "python3").write_text("#!/bin/sh\necho /no/such/python3\n")
     (talking_only / "python3").chmod(0o755)
     assert _machine_python3(str(talking_only)) is None
+
+
+def test_the_head_nodes_python3_sees_the_standard_library_alone_and_stays_itself_when_it_execs() -> None:
+    head = FileHeadNode(SlurmVersion.parse("26.05"), "unit")
+    head.start({"gpu": ["p5-001"]})
+    try:
+        probe = (
+            "import importlib.util, json, os, sys; print(json.dumps([sys.executable, sys.path,"
+            " [m for m in ('yaml', 'botocore', 'certifi') if importlib.util.find_spec(m)]]))"
+        )
+        executable, path, found = json.loads(head.controller.run("python3", "-c", probe, check=True).stdout)
+        assert executable == str(head.controller.root / "bin" / "python3")  # what the bootstrap's execv runs again
+        assert found == [] and not any("site-packages" in entry for entry in path), path
+        again = head.controller.run(
+            "python3", "-c", f"import os, sys; os.execv(sys.executable, [sys.executable, '-c', {probe!r}])", check=True
+        )
+        assert json.loads(again.stdout)[0] == executable
+    finally:
+        head.stop()

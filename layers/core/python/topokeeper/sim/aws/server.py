@@ -11,7 +11,8 @@ botocore clients in this process skip the socket: ``InProcessTransport`` hands t
 gateway in the calling thread (werkzeug's server closes the connection after every response, so each HTTP
 request costs a connect and a server thread), and the gateway hands what moto answers to moto's handlers
 without Flask's request machinery (``MotoHandlers``). Anything else (the stdlib agent and applier, presigned
-URLs) reaches the gateway over HTTP and moto through its Flask application.
+URLs) reaches the gateway over HTTP and moto through its Flask application. What goes in process is not
+signed in full (``ScopeOnlySigning``): moto checks no header signature.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from botocore.awsrequest import AWSPreparedRequest, AWSResponse
-from botocore.exceptions import ClientError
+import botocore.auth
+from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
+from botocore.awsrequest import AWSPreparedRequest, AWSRequest, AWSResponse
+from botocore.exceptions import ClientError, NoCredentialsError
 from flask import Flask, Response
 from moto.core.botocore_stubber import MockRawResponse
 from moto.core.request import (
@@ -379,12 +382,21 @@ class InProcessTransport:
         """Answer nothing more: a session made meanwhile keeps this handler, and a later emulator may get the port."""
         self._app = None
 
+    def answers(self, url: str) -> bool:
+        """Whether a request for ``url`` is answered here (else it goes on over HTTP)."""
+        parts = urlsplit(url)
+        host = str(parts.hostname)
+        return (
+            self._app is not None
+            and parts.port == self._port
+            and (host == self._host or host.endswith(f".{self._host}"))
+        )
+
     def __call__(self, request: AWSPreparedRequest, **_: Any) -> AWSResponse | None:
-        url = urlsplit(request.url)
         app = self._app
-        host = str(url.hostname)
-        if app is None or url.port != self._port or not (host == self._host or host.endswith(f".{self._host}")):
+        if app is None or not self.answers(request.url):
             return None
+        url = urlsplit(request.url)
         body = request.body
         if body is None:
             data = b""
@@ -463,6 +475,55 @@ class InProcessTransport:
             environ[key] = ",".join(joined)
         environ[PRESERVED_HEADER_NAMES_ENVIRON_KEY] = names
         return environ
+
+
+UNCOMPUTED_SIGNATURE = "0" * 64  # where a request answered in process carries its SigV4 signature
+
+
+class ScopeOnlySigning:
+    """botocore's SigV4 header signing (``v4``, ``s3v4``) for the requests ``answers(url)`` takes in process:
+    every header botocore sets (``X-Amz-Date``, the session token, S3's payload hash, ``Authorization`` with
+    its credential scope and signed header names) but the signature itself is not computed: hashing the
+    canonical request and the key derivation were a tenth of a request's time, and moto checks no header
+    signature (the gateway reads the scope: service, region, access key). A client without credentials still
+    fails as botocore's does, an unsigned one still sends no ``Authorization`` (and S3 refuses it), and what
+    goes over HTTP or is presigned (the agent, presigned URLs, which the emulator verifies) is signed in full.
+    ``apply`` replaces the two entries of botocore's signer table with subclasses; ``restore`` puts them back."""
+
+    _VERSIONS = ("v4", "s3v4")
+
+    def __init__(self, answers: Callable[[str], bool]) -> None:
+        self._answers = answers
+        self._originals: dict[str, type[SigV4Auth]] = {}
+
+    def apply(self) -> None:
+        for version in self._VERSIONS:
+            original = botocore.auth.AUTH_TYPE_MAPS[version]
+            if issubclass(original, SigV4Auth):  # botocore's own signer (not awscrt's)
+                self._originals[version] = original
+                botocore.auth.AUTH_TYPE_MAPS[version] = _scope_only(original, self._answers)
+
+    def restore(self) -> None:
+        for version, original in self._originals.items():
+            botocore.auth.AUTH_TYPE_MAPS[version] = original
+        self._originals.clear()
+
+
+def _scope_only(signer: type[SigV4Auth], answers: Callable[[str], bool]) -> type[SigV4Auth]:
+    class ScopeOnly(signer):  # type: ignore[misc]
+        def add_auth(self, request: AWSRequest) -> None:
+            if not answers(request.url):
+                super().add_auth(request)
+                return
+            # SigV4Auth.add_auth without the canonical request, the string to sign and the signature.
+            if self.credentials is None:
+                raise NoCredentialsError()
+            request.context["timestamp"] = botocore.auth.get_current_datetime().strftime(SIGV4_TIMESTAMP)
+            self._modify_request_before_signing(request)
+            self._inject_signature_to_request(request, UNCOMPUTED_SIGNATURE)
+
+    ScopeOnly.__name__ = ScopeOnly.__qualname__ = f"ScopeOnly{signer.__name__}"
+    return ScopeOnly
 
 
 def _text(value: str | bytes) -> str:
