@@ -28,7 +28,7 @@ from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_ba
 
 from topokeeper.sim.aws.clock import ManualClock
 from topokeeper.sim.aws.events import PUT_EVENTS_TOO_LARGE
-from topokeeper.sim.aws.server import UNCOMPUTED_SIGNATURE, InProcessTransport, MotoHandlers
+from topokeeper.sim.aws.server import UNCOMPUTED_SIGNATURE, BackendDispatcher, InProcessTransport, MotoHandlers
 from topokeeper.sim.aws_emulator import AwsEmulator
 
 NO_RETRIES = Config(retries={"total_max_attempts": 1})
@@ -52,10 +52,9 @@ def compare(aws: AwsEmulator) -> Iterator[Callable[[Any], list[tuple[str, Answer
     answer; the returned list collects (operation, Flask's answer, the handlers' answer)."""
     endpoint = urlsplit(aws.endpoint_url)
     host, port = str(endpoint.hostname), int(endpoint.port or 0)
-    dispatcher = DomainDispatcherApplication(create_backend_app)
     flask, handlers = (
-        InProcessTransport(dispatcher, host, port),
-        InProcessTransport(MotoHandlers(dispatcher), host, port),
+        InProcessTransport(DomainDispatcherApplication(create_backend_app), host, port),  # moto's own, as it is
+        InProcessTransport(MotoHandlers(BackendDispatcher(create_backend_app)), host, port),
     )
     compared: list[tuple[str, Answer, Answer]] = []
 
@@ -151,6 +150,23 @@ def test_moto_answers_in_process_with_the_bytes_its_flask_application_sends(
         assert via_handlers == via_flask, operation
     statuses = {status for _, (status, _, _), _ in compared}
     assert statuses == {200, 400, 404}  # answers and errors of both kinds were compared
+
+
+def test_the_dispatcher_finds_each_hosts_backend_as_moto_does() -> None:
+    ours, moto = BackendDispatcher(create_backend_app), DomainDispatcherApplication(create_backend_app)
+    hosts = [
+        None,
+        "moto_api",
+        "dynamodb",
+        "sqs.us-east-1.amazonaws.com",
+        "api.sagemaker.eu-west-1.amazonaws.com",
+        "s3.us-east-1.amazonaws.com",
+        "topokeeper-plans.s3.us-east-1.amazonaws.com",
+        "unknown.example.com",
+    ]
+    for _ in range(2):  # found, then remembered
+        assert [ours.get_backend_for_host(host) for host in hosts] == [moto.get_backend_for_host(h) for h in hosts]
+    assert ours.get_backend_for_host("dynamodb") == "dynamodb"
 
 
 def _over_http(request: AWSPreparedRequest) -> Answer:

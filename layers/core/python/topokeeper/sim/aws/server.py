@@ -219,8 +219,11 @@ class MotoHandlers:
     ``Origin``, a private-network preflight header, ``OPTIONS``), a URL no rule or a view of another kind takes.
     tests/integration/aws/test_emulator_transport.py holds the two to the same bytes."""
 
+    _RULES_KEPT = 4096  # (application, method, path) -> rule; S3 paths name objects, so the memo is bounded
+
     def __init__(self, dispatcher: DomainDispatcherApplication) -> None:
         self._dispatcher = dispatcher
+        self._rules: dict[tuple[Flask, str, str], Rule] = {}
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if _needs_flask(environ):
@@ -228,12 +231,10 @@ class MotoHandlers:
             return flask_answer
         app: Flask = self._dispatcher.get_application(environ)
         request = BackendRequest(environ)
-        adapter = app.create_url_adapter(request)
-        try:
-            rule, _ = adapter.match(return_rule=True) if adapter is not None else (None, {})
-        except HTTPException:
+        rule = self._rule(app, request)
+        if rule is None:
             return app(environ, start_response)
-        view = app.view_functions[rule.endpoint] if isinstance(rule, Rule) else None
+        view = app.view_functions[rule.endpoint]
         if not isinstance(view, convert_to_flask_response):
             return app(environ, start_response)
         response: WerkzeugResponse
@@ -247,6 +248,47 @@ class MotoHandlers:
         if not DISABLE_GLOBAL_CORS and _ALLOW_ORIGIN not in response.headers:
             response.headers.add(_ALLOW_ORIGIN, "*")  # flask-cors' defaults, for a request without an Origin
         return response(environ, start_response)
+
+    def _rule(self, app: Flask, request: BackendRequest) -> Rule | None:
+        """The URL rule Flask routes the request to, None if it routes it to none (an error, a redirect). A rule
+        is matched on the method and the path alone (moto's applications match no host or subdomain), so each
+        is matched once: werkzeug binds and walks the application's whole map for every request."""
+        key = (app, request.method, request.path)
+        rule = self._rules.get(key)
+        if rule is not None and _routes_by_path(app):
+            return rule
+        adapter = app.create_url_adapter(request)
+        try:
+            matched, _ = adapter.match(return_rule=True) if adapter is not None else (None, {})
+        except HTTPException:
+            return None
+        if not isinstance(matched, Rule):
+            return None
+        if len(self._rules) >= self._RULES_KEPT:
+            self._rules.clear()
+        self._rules[key] = matched
+        return matched
+
+
+def _routes_by_path(app: Flask) -> bool:
+    """Whether the application's rules match on the method and path alone: no host or subdomain matching, and no
+    trusted hosts to check (``create_url_adapter`` refuses an untrusted one)."""
+    return not (app.url_map.host_matching or app.subdomain_matching or app.config["TRUSTED_HOSTS"])
+
+
+class BackendDispatcher(DomainDispatcherApplication):
+    """moto's dispatcher, finding each host's backend once: ``get_backend_for_host`` tries the host against every
+    service's URL patterns (a fifth of moto's routing of a request), and its answer depends on the host alone (the
+    patterns and moto's modules are fixed once it starts)."""
+
+    def __init__(self, create_app: Callable[..., Flask]) -> None:
+        super().__init__(create_app)
+        self._backends: dict[str | None, Any] = {}
+
+    def get_backend_for_host(self, host: str | None) -> Any:
+        if host not in self._backends:
+            self._backends[host] = super().get_backend_for_host(host)
+        return self._backends[host]
 
 
 _ALLOW_ORIGIN = "Access-Control-Allow-Origin"
@@ -340,7 +382,7 @@ class EmulatorServer:
 
     def start(self) -> None:
         """Binds before returning (a bind error is raised here), then serves in a daemon thread."""
-        dispatcher = DomainDispatcherApplication(create_backend_app)
+        dispatcher = BackendDispatcher(create_backend_app)
         self.app = self._wrap(dispatcher)
         self.in_process_app = self._wrap(MotoHandlers(dispatcher))
         server = _Server(self._host, 0, self.app)
