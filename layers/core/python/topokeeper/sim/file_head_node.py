@@ -36,7 +36,7 @@ from topokeeper.applier.applier import partition_topologies
 from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.render.bundle import Bundle
-from topokeeper.sim import standin_scontrol
+from topokeeper.sim import standin_reads, standin_scontrol
 from topokeeper.sim.head_node import AGENT_SOURCE, APPLIER_SOURCE, HeadNode
 
 
@@ -124,7 +124,7 @@ class StandInController:
     def _scontrol(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         """What ``bin/scontrol`` answers, from the same stand-in's ``main`` run in this process."""
         stdout, stderr = io.StringIO(), io.StringIO()
-        code = standin_scontrol.main(
+        code = standin_reads.main(
             [str(self.root / "state"), *argv[1:]], stdout=stdout, stderr=stderr, slurm_conf=str(self.etc / "slurm.conf")
         )
         return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
@@ -189,11 +189,12 @@ class FileHeadNode(HeadNode):
 
 
 def _standin_command() -> list[str]:
-    """This interpreter running the stand-in's ``main``, isolated (-I) and without ``site`` (-S): the applier
-    runs one for every scontrol it asks, and setting up the environment's site-packages cost more than most
-    answers. After the standard library, its path holds the stand-in's packages: topokeeper and PyYAML."""
+    """This interpreter running the stand-in's front door (``standin_reads.main``), isolated (-I) and without
+    ``site`` (-S): the applier runs one for every scontrol it asks, and setting up the environment's site-packages
+    cost more than most answers. After the standard library, its path holds the stand-in's packages: topokeeper and
+    PyYAML."""
     paths = [str(Path(topokeeper.__file__).parent.parent), str(Path(yaml.__file__).parent.parent)]
-    code = f"import sys; sys.path += {paths!r}; from {standin_scontrol.__name__} import main; sys.exit(main())"
+    code = f"import sys; sys.path += {paths!r}; from {standin_reads.__name__} import main; sys.exit(main())"
     return [sys.executable, "-I", "-S", "-c", code]
 
 
