@@ -1,25 +1,34 @@
 """The emulator's two ways in: botocore in this process (moto's handlers called without Flask) and HTTP (moto's
 Flask application). The same request gets the same bytes from moto either way, and what the emulator refuses over
-HTTP it refuses in process too."""
+HTTP it refuses in process too. In process, botocore sets every SigV4 header but computes no signature (moto checks
+none); over HTTP and in presigned URLs (which the emulator verifies) it signs in full."""
 
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
+from unittest.mock import patch
 from urllib.parse import urlsplit
 
+import botocore.auth
 import pytest
 from botocore import UNSIGNED
-from botocore.awsrequest import AWSPreparedRequest, AWSResponse
+from botocore.auth import S3SigV4Auth, SigV4Auth
+from botocore.awsrequest import AWSPreparedRequest, AWSRequest, AWSResponse
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.credentials import Credentials
+from botocore.exceptions import ClientError, NoCredentialsError
 from botocore.httpsession import URLLib3Session
 from moto.moto_api._internal import mock_random
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
+from topokeeper.sim.aws.clock import ManualClock
 from topokeeper.sim.aws.events import PUT_EVENTS_TOO_LARGE
-from topokeeper.sim.aws.server import InProcessTransport, MotoHandlers
+from topokeeper.sim.aws.server import UNCOMPUTED_SIGNATURE, BackendDispatcher, InProcessTransport, MotoHandlers
 from topokeeper.sim.aws_emulator import AwsEmulator
 
 NO_RETRIES = Config(retries={"total_max_attempts": 1})
@@ -43,10 +52,9 @@ def compare(aws: AwsEmulator) -> Iterator[Callable[[Any], list[tuple[str, Answer
     answer; the returned list collects (operation, Flask's answer, the handlers' answer)."""
     endpoint = urlsplit(aws.endpoint_url)
     host, port = str(endpoint.hostname), int(endpoint.port or 0)
-    dispatcher = DomainDispatcherApplication(create_backend_app)
     flask, handlers = (
-        InProcessTransport(dispatcher, host, port),
-        InProcessTransport(MotoHandlers(dispatcher), host, port),
+        InProcessTransport(DomainDispatcherApplication(create_backend_app), host, port),  # moto's own, as it is
+        InProcessTransport(MotoHandlers(BackendDispatcher(create_backend_app)), host, port),
     )
     compared: list[tuple[str, Answer, Answer]] = []
 
@@ -144,6 +152,23 @@ def test_moto_answers_in_process_with_the_bytes_its_flask_application_sends(
     assert statuses == {200, 400, 404}  # answers and errors of both kinds were compared
 
 
+def test_the_dispatcher_finds_each_hosts_backend_as_moto_does() -> None:
+    ours, moto = BackendDispatcher(create_backend_app), DomainDispatcherApplication(create_backend_app)
+    hosts = [
+        None,
+        "moto_api",
+        "dynamodb",
+        "sqs.us-east-1.amazonaws.com",
+        "api.sagemaker.eu-west-1.amazonaws.com",
+        "s3.us-east-1.amazonaws.com",
+        "topokeeper-plans.s3.us-east-1.amazonaws.com",
+        "unknown.example.com",
+    ]
+    for _ in range(2):  # found, then remembered
+        assert [ours.get_backend_for_host(host) for host in hosts] == [moto.get_backend_for_host(h) for h in hosts]
+    assert ours.get_backend_for_host("dynamodb") == "dynamodb"
+
+
 def _over_http(request: AWSPreparedRequest) -> Answer:
     session = URLLib3Session()
     try:
@@ -195,3 +220,71 @@ def _error_code(body: bytes) -> str:
         return str(json.loads(text).get("__type", "")).rsplit("#", 1)[-1]
     start = text.find("<Code>")
     return text[start + 6 : text.find("</Code>")] if start >= 0 else ""
+
+
+def _sent_headers(aws: AwsEmulator, service: str) -> dict[str, str]:
+    """The headers of one request of a new ``service`` client, as botocore sent it (in process) at a fixed time."""
+    client = aws.client(service, config=NO_RETRIES)
+    seen: dict[str, str] = {}
+
+    def capture(request: AWSPreparedRequest, **_: Any) -> None:
+        seen.update({name: _text(value) for name, value in request.headers.items()})
+
+    client.meta.events.register_first("before-send", capture)
+    with patch("botocore.auth.get_current_datetime", return_value=datetime(2026, 12, 3, 9, 30)):
+        client.list_buckets() if service == "s3" else client.list_queues()
+    return seen
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@pytest.mark.parametrize("service", ["sqs", "s3"])
+def test_in_process_requests_carry_every_signing_header_but_the_signature_is_not_computed(
+    aws: AwsEmulator, service: str
+) -> None:
+    scope_only = _sent_headers(aws, service)
+    with patch.dict(botocore.auth.AUTH_TYPE_MAPS, {"v4": SigV4Auth, "s3v4": S3SigV4Auth}):  # botocore's own
+        full = _sent_headers(aws, service)
+    authorization, _, signature = full.pop("Authorization").rpartition("Signature=")
+    assert scope_only.pop("Authorization") == authorization + "Signature=" + UNCOMPUTED_SIGNATURE
+    assert signature != UNCOMPUTED_SIGNATURE and len(signature) == 64
+    del scope_only["amz-sdk-invocation-id"], full["amz-sdk-invocation-id"]  # a new uuid for each call
+    assert scope_only == full  # X-Amz-Date, S3's X-Amz-Content-SHA256, ...
+    assert "X-Amz-Date" in full and (service != "s3" or "X-Amz-Content-SHA256" in full)
+
+
+def test_what_goes_over_http_or_is_presigned_is_signed_in_full(aws: AwsEmulator) -> None:
+    # A signer for another endpoint (an account's, or the emulator over HTTP) computes the signature.
+    signer = botocore.auth.AUTH_TYPE_MAPS["v4"](Credentials("testing", "testing"), "sqs", aws.region)
+    request = AWSRequest(method="POST", url="http://127.0.0.1:1/", data=b"Action=ListQueues")
+    signer.add_auth(request)
+    assert not str(request.headers["Authorization"]).endswith(UNCOMPUTED_SIGNATURE)
+    # A presigned URL is verified by the emulator: a signature that is not botocore's is refused.
+    s3 = aws.client("s3", config=Config(signature_version="s3v4"))
+    s3.create_bucket(Bucket="topokeeper-plans")
+    s3.put_object(Bucket="topokeeper-plans", Key="plan.json", Body=b"{}")
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": "topokeeper-plans", "Key": "plan.json"})
+    assert UNCOMPUTED_SIGNATURE not in url
+    with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - the emulator on 127.0.0.1
+        assert response.read() == b"{}"
+    forged = url.replace(url.split("X-Amz-Signature=")[1][:64], UNCOMPUTED_SIGNATURE)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(forged, timeout=30)  # noqa: S310
+    assert refused.value.code == 403
+
+
+def test_without_credentials_an_in_process_request_fails_as_botocore_fails(aws: AwsEmulator) -> None:
+    for version, service in (("v4", "sqs"), ("s3v4", "s3")):
+        signer = botocore.auth.AUTH_TYPE_MAPS[version](None, service, aws.region)
+        with pytest.raises(NoCredentialsError):
+            signer.add_auth(AWSRequest(method="GET", url=aws.endpoint_url + "/"))
+
+
+def test_the_signer_table_is_botocores_again_once_the_emulator_stops(clock: ManualClock) -> None:
+    originals = dict(botocore.auth.AUTH_TYPE_MAPS)
+    with AwsEmulator(seed=7, clock=clock):
+        assert botocore.auth.AUTH_TYPE_MAPS["v4"] is not originals["v4"]
+        assert issubclass(botocore.auth.AUTH_TYPE_MAPS["s3v4"], originals["s3v4"])
+    assert originals == botocore.auth.AUTH_TYPE_MAPS

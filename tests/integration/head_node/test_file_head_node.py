@@ -6,6 +6,7 @@ This proves the stand-in serves the applier, the agent and the simulator; it pro
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from topokeeper.applier.applier import content_sha256, parse_show_topology, part
 from topokeeper.domain.models import BlockTopology, SlurmVersion, Topology, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import RenderedPlan, render
+from topokeeper.sim import standin_reads, standin_scontrol
 from topokeeper.sim.file_head_node import FileHeadNode, _machine_python3
 from topokeeper.sim.head_node import APPLIER_SOURCE, HEAD_NODE_VARIABLE, choose_head_node
 from topokeeper.sim.slurm_chroot import HarnessError
@@ -234,9 +236,64 @@ def test_the_machines_python3_is_found_through_a_shim_that_prints_first(tmp_path
     shim = tmp_path / "python3"
     shim.write_text(f'#!/bin/sh\necho "welcome to this machine"\nexec {sys.executable} "$@"\n')
     shim.chmod(0o755)
-    assert _machine_python3(str(tmp_path)) == sys.executable
+    assert _machine_python3(str(tmp_path)) == sys._base_executable  # a virtual environment's: its base interpreter
     talking_only = tmp_path / "elsewhere"
     talking_only.mkdir()
     (talking_only / "python3").write_text("#!/bin/sh\necho /no/such/python3\n")
     (talking_only / "python3").chmod(0o755)
     assert _machine_python3(str(talking_only)) is None
+
+
+def test_the_head_nodes_python3_sees_the_standard_library_alone_and_stays_itself_when_it_execs() -> None:
+    head = FileHeadNode(SlurmVersion.parse("26.05"), "unit")
+    head.start({"gpu": ["p5-001"]})
+    try:
+        probe = (
+            "import importlib.util, json, os, sys; print(json.dumps([sys.executable, sys.path,"
+            " [m for m in ('yaml', 'botocore', 'certifi') if importlib.util.find_spec(m)]]))"
+        )
+        executable, path, found = json.loads(head.controller.run("python3", "-c", probe, check=True).stdout)
+        assert executable == str(head.controller.root / "bin" / "python3")  # what the bootstrap's execv runs again
+        assert found == [] and not any("site-packages" in entry for entry in path), path
+        again = head.controller.run(
+            "python3", "-c", f"import os, sys; os.execv(sys.executable, [sys.executable, '-c', {probe!r}])", check=True
+        )
+        assert json.loads(again.stdout)[0] == executable
+    finally:
+        head.stop()
+
+
+def test_the_reads_computed_at_load_are_answered_without_the_full_stand_in_and_the_same(head_nodes: HeadNodes) -> None:
+    rendered = mixed_cluster("26.05")
+    head = head_nodes(rendered)
+    state, conf = str(head.controller.root / "state"), str(head.controller.etc / "slurm.conf")
+    assert _applier(head, "apply", rendered.bundle.document())["outcome"] == "applied"
+    reads = [
+        ["version"],
+        ["show", "config"],
+        ["-a", "-o", "show", "partition"],
+        ["-o", "--future", "show", "nodes"],
+        ["show", "topology"],
+        ["show", "topology", "tree-gpu"],
+    ]
+    others = [["show", "topology", "no-such-name"], ["show", "partition"], ["ping"]]
+    for argv in reads + others:
+        answers = []
+        for main in (standin_reads.main, standin_scontrol.main):
+            stdout, stderr = io.StringIO(), io.StringIO()
+            code = main([state, *argv], stdout=stdout, stderr=stderr, slurm_conf=conf)
+            answers.append((code, stdout.getvalue(), stderr.getvalue()))
+        assert answers[0] == answers[1], argv
+    # In its own process (as the applier's scontrol runs it), a read imports neither json nor re nor the stand-in.
+    probe = (
+        f"import sys; sys.path += {[str(Path(standin_reads.__file__).parents[2])]!r}\n"
+        "from topokeeper.sim.standin_reads import main\n"
+        f"for argv in {reads!r}: main([{state!r}, *argv], slurm_conf={conf!r})\n"
+        "print(sorted(m for m in ('json', 're', 'typing', 'topokeeper.sim.standin_scontrol') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines()[-1] == "[]"
+    # slurm.conf changed since the load: the full stand-in reads it again (and refuses what does not parse).
+    Path(conf).write_text("PartitionName=broken Nodes=p5-[001\n")
+    result = head.controller.run("scontrol", "version")
+    assert result.returncode == 1 and "Unable to process configuration file" in result.stderr

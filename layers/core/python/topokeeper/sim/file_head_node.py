@@ -5,8 +5,8 @@ A temporary directory holds slurm.conf, the topology files, the agent and its st
 and the simulator from those files, as slurmctld 26.05 or 24.11 would for what they ask. Scripts run
 with ``sh`` on this machine, as the SSM agent runs them, with that PATH and ``SLURM_CONF``. Their ``python3``
 is this machine's, found once on PATH when the head node starts (a version manager's shim, such as pyenv's,
-costs a quarter second on every call otherwise). The simulator's own ``scontrol`` calls run the same
-stand-in in this process: no shell or script of topokeeper's is in between.
+costs a quarter second on every call otherwise), without its site-packages. The simulator's own ``scontrol``
+calls run the same stand-in in this process: no shell or script of topokeeper's is in between.
 
 It is a stand-in, not Slurm: no slurmctld runs, nothing is scheduled or placed, and only the
 ``scontrol`` answers listed in ``standin_scontrol`` exist. It lets the demo and the simulator tell their
@@ -36,7 +36,7 @@ from topokeeper.applier.applier import partition_topologies
 from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.render.bundle import Bundle
-from topokeeper.sim import standin_scontrol
+from topokeeper.sim import standin_reads, standin_scontrol
 from topokeeper.sim.head_node import AGENT_SOURCE, APPLIER_SOURCE, HeadNode
 
 
@@ -81,10 +81,7 @@ class StandInController:
         scontrol.chmod(0o755)
         python = _machine_python3(os.environ.get("PATH", os.defpath))
         if python is not None:
-            wrapper = self.root / "bin" / "python3"
-            # exec, not a symlink: a virtual environment's python3 finds its pyvenv.cfg beside the path it runs as.
-            wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(python)} "$@"\n')
-            wrapper.chmod(0o755)
+            _write_head_node_python(self.root, python)
         self.write_slurm_conf(nodes, partitions)
 
     def write_slurm_conf(
@@ -127,7 +124,7 @@ class StandInController:
     def _scontrol(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         """What ``bin/scontrol`` answers, from the same stand-in's ``main`` run in this process."""
         stdout, stderr = io.StringIO(), io.StringIO()
-        code = standin_scontrol.main(
+        code = standin_reads.main(
             [str(self.root / "state"), *argv[1:]], stdout=stdout, stderr=stderr, slurm_conf=str(self.etc / "slurm.conf")
         )
         return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
@@ -192,20 +189,34 @@ class FileHeadNode(HeadNode):
 
 
 def _standin_command() -> list[str]:
-    """This interpreter running the stand-in's ``main``, isolated (-I) and without ``site`` (-S): the applier
-    runs one for every scontrol it asks, and setting up the environment's site-packages cost more than most
-    answers. After the standard library, its path holds the stand-in's packages: topokeeper and PyYAML."""
+    """This interpreter running the stand-in's front door (``standin_reads.main``), isolated (-I) and without
+    ``site`` (-S): the applier runs one for every scontrol it asks, and setting up the environment's site-packages
+    cost more than most answers. After the standard library, its path holds the stand-in's packages: topokeeper and
+    PyYAML."""
     paths = [str(Path(topokeeper.__file__).parent.parent), str(Path(yaml.__file__).parent.parent)]
-    code = f"import sys; sys.path += {paths!r}; from {standin_scontrol.__name__} import main; sys.exit(main())"
+    code = f"import sys; sys.path += {paths!r}; from {standin_reads.__name__} import main; sys.exit(main())"
     return [sys.executable, "-I", "-S", "-c", code]
+
+
+def _write_head_node_python(root: Path, interpreter: str) -> None:
+    """``bin/python3``: ``interpreter`` as a virtual environment of its own (``pyvenv.cfg`` beside ``bin``) with no
+    packages. The applier and the agent are standard library only, as a head node's python3 serves them; this
+    machine's site-packages add nothing they may use, and their ``.pth`` files cost more than the applier's own
+    start (~50 ms of every run here). ``sys.executable`` stays ``bin/python3``, so the applier the bootstrap
+    execs, and the one the agent starts, run the same way."""
+    (root / "pyvenv.cfg").write_text(f"home = {Path(interpreter).parent}\ninclude-system-site-packages = false\n")
+    link = root / "bin" / "python3"
+    link.unlink(missing_ok=True)
+    link.symlink_to(interpreter)
 
 
 @functools.cache
 def _machine_python3(path: str) -> str | None:
-    """The interpreter ``python3`` on ``path`` runs, resolved through any shim; None without one."""
+    """The interpreter ``python3`` on ``path`` runs, resolved through any shim and out of any virtual environment
+    (its base interpreter); None without one."""
     try:
         result = subprocess.run(
-            ["python3", "-c", "import sys; print(sys.executable)"],
+            ["python3", "-c", "import sys; print(getattr(sys, '_base_executable', sys.executable))"],
             env={**os.environ, "PATH": path},
             capture_output=True,
             text=True,

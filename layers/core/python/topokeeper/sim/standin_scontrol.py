@@ -33,12 +33,12 @@ Slurm's behaviour: tests/integration/slurm prove that on a real slurmctld.
 
 Run as ``python -m topokeeper.sim.standin_scontrol STATE_DIR ARGS...`` after ``write_state`` (the file-only
 head node runs ``main`` without ``site``). It runs for every call the applier makes, so it imports little (no
-yaml unless a topology.yaml is read), and ``reconfigure`` keeps the answers to the reads with what it loaded.
+yaml unless a topology.yaml is read), and ``reconfigure`` keeps the answers to the reads with what it loaded;
+``topokeeper.sim.standin_reads`` answers those without importing this module.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -46,12 +46,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TextIO
 
 from topokeeper.domain.hostlist import HostlistError, compress, expand
+from topokeeper.sim import standin_reads
+from topokeeper.sim.standin_reads import read_text
 
-STATE_FILE = "standin-scontrol.json"
 YAML_FILE, CONF_FILE = "topology.yaml", "topology.conf"
 FIRST_YAML_VERSION = (25, 5)
 PLUGIN_FATAL = "fatal: Failed to initialize topology plugin"
-_OPTIONS = {"-o", "-a", "--future"}  # output options the applier passes; the stand-in always prints one-liners
 _CONF_KEYS = {
     "topology/tree": {"switchname", "switches", "nodes", "linkspeed"},
     "topology/block": {"blockname", "nodes", "blocksizes"},
@@ -457,28 +457,14 @@ def show_nodes(conf: SlurmConf) -> str:
 def write_state(state_dir: str, *, slurm_version: str, slurm_conf: str, log_file: str) -> None:
     """The stand-in's state before slurmctld's first load: what ``main`` needs to answer."""
     state = {"slurm_version": slurm_version, "slurm_conf": slurm_conf, "log_file": log_file, "loaded": None}
-    _write_state(os.path.join(state_dir, STATE_FILE), state)
+    standin_reads.write_state(state_dir, state)
 
 
-def _write_state(path: str, state: Mapping[str, Any]) -> None:
-    with open(f"{path}.tmp", "w") as handle:
-        json.dump(state, handle)
-    os.replace(f"{path}.tmp", path)
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
-
-
-def _reconfigure(state: dict[str, Any], state_path: str, version: tuple[int, int], stderr: TextIO) -> int:
+def _reconfigure(state: dict[str, Any], state_dir: str, version: tuple[int, int], stderr: TextIO) -> int:
     conf_path = state["slurm_conf"]
     topology_file = YAML_FILE if version >= FIRST_YAML_VERSION else CONF_FILE
     topology_path = os.path.join(os.path.dirname(conf_path), topology_file)
-    files = {"slurm.conf": _read(conf_path), topology_file: _read(topology_path)}
+    files = {"slurm.conf": read_text(conf_path), topology_file: read_text(topology_path)}
     try:
         loaded = load(files, conf_path, version)
     except ConfigError as error:
@@ -487,7 +473,7 @@ def _reconfigure(state: dict[str, Any], state_path: str, version: tuple[int, int
             log.writelines(f"[{stamp}] {line}\n" for line in error.lines)
         stderr.write("slurm_reconfigure error: Unspecified error\n")
         return 1
-    _write_state(state_path, {**state, "loaded": files, "answers": _answers(loaded)})
+    standin_reads.write_state(state_dir, {**state, "loaded": files, "answers": _answers(loaded)})
     return 0
 
 
@@ -515,14 +501,12 @@ def main(
     stdout = sys.stdout if stdout is None else stdout
     stderr = sys.stderr if stderr is None else stderr
     state_dir, *arguments = sys.argv[1:] if argv is None else argv
-    state_path = os.path.join(state_dir, STATE_FILE)
-    with open(state_path) as handle:
-        state = json.load(handle)
+    state = standin_reads.read_state(state_dir)
     major, minor = state["slurm_version"].split(".")[:2]
     version = (int(major), int(minor))
     yaml_format = version >= FIRST_YAML_VERSION
     conf_path = (os.environ.get("SLURM_CONF") if slurm_conf is None else slurm_conf) or state["slurm_conf"]
-    conf_text = _read(conf_path)
+    conf_text = read_text(conf_path)
     try:  # every scontrol reads slurm.conf first, and stops when it cannot (the text loaded last did parse)
         if conf_text != (state["loaded"] or {}).get("slurm.conf"):
             parse_slurm_conf(conf_text, conf_path, yaml_format=yaml_format)
@@ -532,26 +516,19 @@ def main(
         return 1
     options = {argument for argument in arguments if argument.startswith("-")}
     words = [argument for argument in arguments if not argument.startswith("-")]
-    modeled = options <= _OPTIONS
-    if modeled and words == ["version"]:
-        stdout.write(f"slurm {state['slurm_version']}\n")
-    elif modeled and words == ["show", "config"]:
-        stdout.write(f"SLURM_CONF              = {state['slurm_conf']}\n")
-        stdout.write(f"SLURM_VERSION           = {state['slurm_version']}\n")
+    modeled = options <= standin_reads.OPTIONS
+    answer = standin_reads.loaded_answer(state, arguments)  # version, show config, the reads computed at load
+    if answer is not None:
+        stdout.write(answer[0])
+        stderr.write(answer[1])
     elif modeled and words == ["reconfigure"]:
-        return _reconfigure(state, state_path, version, stderr)
+        return _reconfigure(state, state_dir, version, stderr)
     elif modeled and state["loaded"] is None:
         stderr.write("Unable to contact slurm controller (connect failure)\n")
         return 1
-    elif modeled and "-o" in options and words in (["show", "partition"], ["show", "nodes"]):
-        stdout.write(state["answers"][words[1]])
-    elif modeled and words[:2] == ["show", "topology"] and len(words) <= 3:
-        name = words[2] if len(words) == 3 else None
-        answers = state["answers"]
-        known = answers["topology"] if name is None else answers["named topology"].get(name)
-        if known is None:  # a name that is no topology (before 25.05: a switch, block or node)
-            known = show_topology(load(state["loaded"], state["slurm_conf"], version), name)
-        shown, complaint = known
+    elif modeled and words[:2] == ["show", "topology"] and len(words) == 3:
+        # A name that is no topology (before 25.05: a switch, block or node).
+        shown, complaint = show_topology(load(state["loaded"], state["slurm_conf"], version), words[2])
         stdout.write(shown)
         stderr.write(complaint)
     else:

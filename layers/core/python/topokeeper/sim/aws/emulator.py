@@ -34,7 +34,14 @@ from topokeeper.sim.aws.kms import KmsSigning
 from topokeeper.sim.aws.load_balancing import TargetHealth
 from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
 from topokeeper.sim.aws.s3 import S3Refusals
-from topokeeper.sim.aws.server import CallCounter, EmulatorServer, Gateway, InProcessTransport, WsgiApp
+from topokeeper.sim.aws.server import (
+    CallCounter,
+    EmulatorServer,
+    Gateway,
+    InProcessTransport,
+    ScopeOnlySigning,
+    WsgiApp,
+)
 from topokeeper.sim.aws.ssm import SsmRunCommand
 
 ACCOUNT_ID = "123456789012"  # moto's default account, which dummy credentials map to
@@ -105,6 +112,7 @@ class AwsEmulator:
         self._server: EmulatorServer | None = None
         self._endpoint_url: str | None = None
         self._transport: tuple[str, InProcessTransport] | None = None
+        self._signing: ScopeOnlySigning | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -141,8 +149,11 @@ class AwsEmulator:
             self._endpoint_url = f"http://{host}:{port}"
             assert self._server.in_process_app is not None  # noqa: S101 - set by start()
             # botocore sessions made from now on (every client made after start) call the application in process.
-            self._transport = ("before-send", InProcessTransport(self._server.in_process_app, host, port))
+            transport = InProcessTransport(self._server.in_process_app, host, port)
+            self._transport = ("before-send", transport)
             botocore.handlers.BUILTIN_HANDLERS.append(self._transport)
+            self._signing = ScopeOnlySigning(transport.answers)
+            self._signing.apply()
             self._reset_moto()  # whatever an earlier user of moto in this process left
         except BaseException:
             if self._server is not None:
@@ -165,6 +176,9 @@ class AwsEmulator:
 
     def _release(self) -> None:
         global _active  # noqa: PLW0603
+        if self._signing is not None:
+            self._signing.restore()
+            self._signing = None
         if self._transport is not None:
             botocore.handlers.BUILTIN_HANDLERS.remove(self._transport)
             self._transport[1].close()

@@ -11,7 +11,8 @@ botocore clients in this process skip the socket: ``InProcessTransport`` hands t
 gateway in the calling thread (werkzeug's server closes the connection after every response, so each HTTP
 request costs a connect and a server thread), and the gateway hands what moto answers to moto's handlers
 without Flask's request machinery (``MotoHandlers``). Anything else (the stdlib agent and applier, presigned
-URLs) reaches the gateway over HTTP and moto through its Flask application.
+URLs) reaches the gateway over HTTP and moto through its Flask application. What goes in process is not
+signed in full (``ScopeOnlySigning``): moto checks no header signature.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from botocore.awsrequest import AWSPreparedRequest, AWSResponse
-from botocore.exceptions import ClientError
+import botocore.auth
+from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
+from botocore.awsrequest import AWSPreparedRequest, AWSRequest, AWSResponse
+from botocore.exceptions import ClientError, NoCredentialsError
 from flask import Flask, Response
 from moto.core.botocore_stubber import MockRawResponse
 from moto.core.request import (
@@ -216,8 +219,11 @@ class MotoHandlers:
     ``Origin``, a private-network preflight header, ``OPTIONS``), a URL no rule or a view of another kind takes.
     tests/integration/aws/test_emulator_transport.py holds the two to the same bytes."""
 
+    _RULES_KEPT = 4096  # (application, method, path) -> rule; S3 paths name objects, so the memo is bounded
+
     def __init__(self, dispatcher: DomainDispatcherApplication) -> None:
         self._dispatcher = dispatcher
+        self._rules: dict[tuple[Flask, str, str], Rule] = {}
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if _needs_flask(environ):
@@ -225,12 +231,10 @@ class MotoHandlers:
             return flask_answer
         app: Flask = self._dispatcher.get_application(environ)
         request = BackendRequest(environ)
-        adapter = app.create_url_adapter(request)
-        try:
-            rule, _ = adapter.match(return_rule=True) if adapter is not None else (None, {})
-        except HTTPException:
+        rule = self._rule(app, request)
+        if rule is None:
             return app(environ, start_response)
-        view = app.view_functions[rule.endpoint] if isinstance(rule, Rule) else None
+        view = app.view_functions[rule.endpoint]
         if not isinstance(view, convert_to_flask_response):
             return app(environ, start_response)
         response: WerkzeugResponse
@@ -244,6 +248,47 @@ class MotoHandlers:
         if not DISABLE_GLOBAL_CORS and _ALLOW_ORIGIN not in response.headers:
             response.headers.add(_ALLOW_ORIGIN, "*")  # flask-cors' defaults, for a request without an Origin
         return response(environ, start_response)
+
+    def _rule(self, app: Flask, request: BackendRequest) -> Rule | None:
+        """The URL rule Flask routes the request to, None if it routes it to none (an error, a redirect). A rule
+        is matched on the method and the path alone (moto's applications match no host or subdomain), so each
+        is matched once: werkzeug binds and walks the application's whole map for every request."""
+        key = (app, request.method, request.path)
+        rule = self._rules.get(key)
+        if rule is not None and _routes_by_path(app):
+            return rule
+        adapter = app.create_url_adapter(request)
+        try:
+            matched, _ = adapter.match(return_rule=True) if adapter is not None else (None, {})
+        except HTTPException:
+            return None
+        if not isinstance(matched, Rule):
+            return None
+        if len(self._rules) >= self._RULES_KEPT:
+            self._rules.clear()
+        self._rules[key] = matched
+        return matched
+
+
+def _routes_by_path(app: Flask) -> bool:
+    """Whether the application's rules match on the method and path alone: no host or subdomain matching, and no
+    trusted hosts to check (``create_url_adapter`` refuses an untrusted one)."""
+    return not (app.url_map.host_matching or app.subdomain_matching or app.config["TRUSTED_HOSTS"])
+
+
+class BackendDispatcher(DomainDispatcherApplication):
+    """moto's dispatcher, finding each host's backend once: ``get_backend_for_host`` tries the host against every
+    service's URL patterns (a fifth of moto's routing of a request), and its answer depends on the host alone (the
+    patterns and moto's modules are fixed once it starts)."""
+
+    def __init__(self, create_app: Callable[..., Flask]) -> None:
+        super().__init__(create_app)
+        self._backends: dict[str | None, Any] = {}
+
+    def get_backend_for_host(self, host: str | None) -> Any:
+        if host not in self._backends:
+            self._backends[host] = super().get_backend_for_host(host)
+        return self._backends[host]
 
 
 _ALLOW_ORIGIN = "Access-Control-Allow-Origin"
@@ -337,7 +382,7 @@ class EmulatorServer:
 
     def start(self) -> None:
         """Binds before returning (a bind error is raised here), then serves in a daemon thread."""
-        dispatcher = DomainDispatcherApplication(create_backend_app)
+        dispatcher = BackendDispatcher(create_backend_app)
         self.app = self._wrap(dispatcher)
         self.in_process_app = self._wrap(MotoHandlers(dispatcher))
         server = _Server(self._host, 0, self.app)
@@ -379,12 +424,21 @@ class InProcessTransport:
         """Answer nothing more: a session made meanwhile keeps this handler, and a later emulator may get the port."""
         self._app = None
 
+    def answers(self, url: str) -> bool:
+        """Whether a request for ``url`` is answered here (else it goes on over HTTP)."""
+        parts = urlsplit(url)
+        host = str(parts.hostname)
+        return (
+            self._app is not None
+            and parts.port == self._port
+            and (host == self._host or host.endswith(f".{self._host}"))
+        )
+
     def __call__(self, request: AWSPreparedRequest, **_: Any) -> AWSResponse | None:
-        url = urlsplit(request.url)
         app = self._app
-        host = str(url.hostname)
-        if app is None or url.port != self._port or not (host == self._host or host.endswith(f".{self._host}")):
+        if app is None or not self.answers(request.url):
             return None
+        url = urlsplit(request.url)
         body = request.body
         if body is None:
             data = b""
@@ -463,6 +517,55 @@ class InProcessTransport:
             environ[key] = ",".join(joined)
         environ[PRESERVED_HEADER_NAMES_ENVIRON_KEY] = names
         return environ
+
+
+UNCOMPUTED_SIGNATURE = "0" * 64  # where a request answered in process carries its SigV4 signature
+
+
+class ScopeOnlySigning:
+    """botocore's SigV4 header signing (``v4``, ``s3v4``) for the requests ``answers(url)`` takes in process:
+    every header botocore sets (``X-Amz-Date``, the session token, S3's payload hash, ``Authorization`` with
+    its credential scope and signed header names) but the signature itself is not computed: hashing the
+    canonical request and the key derivation were a tenth of a request's time, and moto checks no header
+    signature (the gateway reads the scope: service, region, access key). A client without credentials still
+    fails as botocore's does, an unsigned one still sends no ``Authorization`` (and S3 refuses it), and what
+    goes over HTTP or is presigned (the agent, presigned URLs, which the emulator verifies) is signed in full.
+    ``apply`` replaces the two entries of botocore's signer table with subclasses; ``restore`` puts them back."""
+
+    _VERSIONS = ("v4", "s3v4")
+
+    def __init__(self, answers: Callable[[str], bool]) -> None:
+        self._answers = answers
+        self._originals: dict[str, type[SigV4Auth]] = {}
+
+    def apply(self) -> None:
+        for version in self._VERSIONS:
+            original = botocore.auth.AUTH_TYPE_MAPS[version]
+            if issubclass(original, SigV4Auth):  # botocore's own signer (not awscrt's)
+                self._originals[version] = original
+                botocore.auth.AUTH_TYPE_MAPS[version] = _scope_only(original, self._answers)
+
+    def restore(self) -> None:
+        for version, original in self._originals.items():
+            botocore.auth.AUTH_TYPE_MAPS[version] = original
+        self._originals.clear()
+
+
+def _scope_only(signer: type[SigV4Auth], answers: Callable[[str], bool]) -> type[SigV4Auth]:
+    class ScopeOnly(signer):  # type: ignore[misc]
+        def add_auth(self, request: AWSRequest) -> None:
+            if not answers(request.url):
+                super().add_auth(request)
+                return
+            # SigV4Auth.add_auth without the canonical request, the string to sign and the signature.
+            if self.credentials is None:
+                raise NoCredentialsError()
+            request.context["timestamp"] = botocore.auth.get_current_datetime().strftime(SIGV4_TIMESTAMP)
+            self._modify_request_before_signing(request)
+            self._inject_signature_to_request(request, UNCOMPUTED_SIGNATURE)
+
+    ScopeOnly.__name__ = ScopeOnly.__qualname__ = f"ScopeOnly{signer.__name__}"
+    return ScopeOnly
 
 
 def _text(value: str | bytes) -> str:
