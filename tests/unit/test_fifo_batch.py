@@ -99,3 +99,18 @@ def test_random_batches_match_powertools_sqs_fifo_partial_processor_skipping_fai
         records = [_record(f"m{index}", chance.choice(groups)) for index in range(chance.randint(1, 10))]
         failing = {record["body"] for record in records if chance.random() < 0.3}
         assert _run(records, failing) == _run_powertools(records, failing), (records, failing)
+
+
+def test_a_failure_that_is_no_deferral_is_logged_with_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """A deferral is routine (debug only); any other failure is an error the operator must see in the logs."""
+
+    def handler(record: dict[str, Any]) -> None:
+        if record["body"] == "deferred":
+            raise Retryable("deferred 30s")
+        raise KeyError("a defect")
+
+    caplog.set_level("DEBUG", logger="topokeeper")
+    process_fifo_batch({"Records": [_record("deferred", "a"), _record("broken", "b")]}, handler)
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [(r.getMessage(), r.exc_info is not None) for r in errors] == [("record broken failed", True)]
+    assert any(r.levelname == "DEBUG" and "deferred" in r.getMessage() for r in caplog.records)

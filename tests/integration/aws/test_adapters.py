@@ -31,6 +31,7 @@ from topokeeper.adapters.dynamodb import (
     DynamoNodeFactsCache,
     DynamoRateLimiter,
     DynamoStateStore,
+    cluster_key,
 )
 from topokeeper.adapters.ec2 import (
     ASKED_KEY,
@@ -677,6 +678,26 @@ def test_save_sends_the_node_table_only_when_the_stored_one_differs(
     stale = saved.model_copy(update={"version": second.get("pc").version})
     first.save(stale)
     assert sent[-1] is True and first.get("pc").slurm_nodes == rows and second.get("pc").slurm_nodes == rows
+
+
+def test_a_state_item_made_anew_gets_the_node_table_again(aws: AwsEmulator, table: str) -> None:
+    """The item is deleted (a table rebuilt) and made anew without a node table while a store still remembers
+    the table it saved at that version: the save that would not send the table is refused, and one read again
+    sends it."""
+    db = aws.client("dynamodb")
+    first, second = DynamoStateStore(db, table), DynamoStateStore(db, table)
+    rows = [SlurmNodeRecord(name=f"n{i}", address=f"10.0.0.{i}", partitions=["p"]) for i in range(3)]
+    saved = first.save(first.get("pc").model_copy(update={"slurm_nodes": rows}))  # version 1, with the table
+    db.delete_item(TableName=table, Key=cluster_key("pc"))
+    second.save(second.get("pc"))  # version 1 again, no table
+    # A state read before the deletion, at the version the new item has: the condition refuses a save that
+    # would not send the table to an item without one
+    with pytest.raises(ConcurrentUpdate):
+        first.save(saved.model_copy(update={"version": 1}))
+    assert first.get("pc").slurm_nodes is None
+    # Read again (no table), the table learnt again is sent and stored
+    first.save(first.get("pc").model_copy(update={"slurm_nodes": rows}))
+    assert second.get("pc").slurm_nodes == rows
 
 
 def test_consume_triggers_only_when_no_newer_change_arrived(aws: AwsEmulator, clock: ManualClock, table: str) -> None:

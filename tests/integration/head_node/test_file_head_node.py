@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -297,3 +298,18 @@ def test_the_reads_computed_at_load_are_answered_without_the_full_stand_in_and_t
     Path(conf).write_text("PartitionName=broken Nodes=p5-[001\n")
     result = head.controller.run("scontrol", "version")
     assert result.returncode == 1 and "Unable to process configuration file" in result.stderr
+
+
+def test_a_missing_slurm_conf_stops_every_scontrol_before_and_after_a_load(head_nodes: HeadNodes) -> None:
+    """Real scontrol reads slurm.conf first and stops when it is not there, whatever slurmctld loaded."""
+    head = head_nodes(mixed_cluster("26.05"))
+    loaded, missing = str(head.controller.root / "state"), str(head.controller.root / "no-such" / "slurm.conf")
+    unloaded = head.controller.root / "state-before-a-load"
+    unloaded.mkdir()
+    standin_scontrol.write_state(str(unloaded), slurm_version="26.05.5", slurm_conf=missing, log_file=os.devnull)
+    for state in (loaded, str(unloaded)):
+        for argv in (["version"], ["show", "config"], ["-o", "show", "nodes"], ["reconfigure"]):
+            for main in (standin_reads.main, standin_scontrol.main):
+                stderr = io.StringIO()
+                code = main([state, *argv], stdout=io.StringIO(), stderr=stderr, slurm_conf=missing)
+                assert code == 1 and "Unable to process configuration file" in stderr.getvalue(), (state, main, argv)

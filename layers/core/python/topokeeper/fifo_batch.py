@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
 
-from topokeeper.errors import InputError
+from topokeeper.errors import InputError, Retryable
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,10 @@ def process_fifo_batch(
                 record_handler(record)
                 continue
             except Exception as error:  # any failure of one message is that message's: the batch goes on
-                log.debug("record %s failed: %r", record.get("messageId"), error)
+                if isinstance(error, Retryable):  # a deferral or a retry: the message comes back
+                    log.debug("record %s failed: %r", record.get("messageId"), error)
+                else:
+                    log.exception("record %s failed", record.get("messageId"))
                 if group:
                     failed_groups.add(group)
         failed.append(record)

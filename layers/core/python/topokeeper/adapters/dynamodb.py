@@ -76,10 +76,11 @@ class DynamoStateStore:
     def __init__(self, dynamodb: Any, table: str) -> None:
         self._db = dynamodb
         self._table = table
-        # cluster -> (version, records): the node table its state item holds at that version, as last read or
-        # saved here. Only a save writes the table and every save bumps the version, so a save conditioned on
-        # that version need not send the same table again (nor gzip 20,000 rows to find it unchanged).
-        self._stored_tables: dict[str, tuple[int, tuple[SlurmNodeRecord, ...]]] = {}
+        # (cluster, version, records): the node table the state item held at that version, as this store last
+        # read (get) or saved it. Only a save writes the table and every save bumps the version, so a save
+        # conditioned on that version need not send the same table again (nor gzip 20,000 rows to find it
+        # unchanged). One cluster's only: a reconcile gets and saves one cluster, and a table can be 16 MB.
+        self._stored_table: tuple[str, int, tuple[SlurmNodeRecord, ...]] | None = None
 
     @staticmethod
     def _node_table(records: list[SlurmNodeRecord]) -> bytes:
@@ -89,9 +90,13 @@ class DynamoStateStore:
     @aws_errors()
     def get(self, cluster: str) -> ClusterState:
         item = self._db.get_item(TableName=self._table, Key=cluster_key(cluster), ConsistentRead=True).get("Item")
-        return self._state(cluster, item or {})
+        state = self._state(cluster, item or {})
+        stored = item is not None and NODE_TABLE_ATTRIBUTE in item and state.slurm_nodes is not None
+        self._stored_table = (cluster, state.version, tuple(state.slurm_nodes or ())) if stored else None
+        return state
 
-    def _state(self, cluster: str, item: dict[str, Any]) -> ClusterState:
+    @staticmethod
+    def _state(cluster: str, item: dict[str, Any]) -> ClusterState:
         controller = json.loads(item["controller"]["S"]) if "controller" in item else {}
         # An empty table is a table: only None falls back.
         table = list(_node_records(item[NODE_TABLE_ATTRIBUTE]["B"])) if NODE_TABLE_ATTRIBUTE in item else None
@@ -109,8 +114,6 @@ class DynamoStateStore:
                 "version": int(item.get("version", {}).get("N", "0")),
             }
         )
-        if table is not None and state.slurm_nodes is not None:
-            self._stored_tables[cluster] = (state.version, tuple(state.slurm_nodes))
         return state
 
     @aws_errors()
@@ -144,9 +147,14 @@ class DynamoStateStore:
             ":seen": {"N": str(state.version)},
         }
         expression = "SET controller = :c, version = :next"
+        condition = "(attribute_not_exists(version) OR version = :seen)"
+        stored, self._stored_table = self._stored_table, None
         if state.slurm_nodes is None:
             expression += f" REMOVE {NODE_TABLE_ATTRIBUTE}"
-        elif self._stored_tables.get(state.cluster) != (state.version, tuple(state.slurm_nodes)):
+        elif stored == (state.cluster, state.version, tuple(state.slurm_nodes)):
+            # Not sent again; the item must still hold a table (it may have been deleted and made anew since).
+            condition += f" AND attribute_exists({NODE_TABLE_ATTRIBUTE})"
+        else:
             expression += f", {NODE_TABLE_ATTRIBUTE} = :t"
             values[":t"] = {"B": self._node_table(state.slurm_nodes)}
         try:
@@ -154,17 +162,15 @@ class DynamoStateStore:
                 TableName=self._table,
                 Key=cluster_key(state.cluster),
                 UpdateExpression=expression,
-                ConditionExpression="attribute_not_exists(version) OR version = :seen",
+                ConditionExpression=condition,
                 ExpressionAttributeValues=values,
             )
         except ClientError as error:
             if _conditional_failed(error):
                 raise ConcurrentUpdate(f"cluster {state.cluster} state changed concurrently") from error
             raise
-        if state.slurm_nodes is None:
-            self._stored_tables.pop(state.cluster, None)
-        else:
-            self._stored_tables[state.cluster] = (state.version + 1, tuple(state.slurm_nodes))
+        if state.slurm_nodes is not None:
+            self._stored_table = (state.cluster, state.version + 1, tuple(state.slurm_nodes))
         return state.model_copy(update={"version": state.version + 1})
 
     @aws_errors()

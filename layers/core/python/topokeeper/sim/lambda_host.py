@@ -62,10 +62,14 @@ def load_handler(name: str, directory: Path | None = None) -> Handler:
     if module_spec is None or module_spec.loader is None:
         raise HarnessError(f"cannot load {path}")
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    # A handler freezes what its init made (Lambda's execution environment keeps it for good); in this
-    # long-lived process, whatever was alive then goes back to the collector.
-    gc.unfreeze()
+    try:
+        module_spec.loader.exec_module(module)
+    finally:
+        # A handler imports with the collector off and freezes what its init made (Lambda's execution
+        # environment keeps it for good); in this long-lived process the collector goes on as before, even
+        # when the import failed halfway.
+        gc.unfreeze()
+        gc.enable()
     handler: Handler = module.lambda_handler
     return handler
 

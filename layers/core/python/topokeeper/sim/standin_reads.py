@@ -81,8 +81,9 @@ def main(
     state_dir, *arguments = sys.argv[1:] if argv is None else argv
     state = read_state(state_dir)
     conf_path = (os.environ.get("SLURM_CONF") if slurm_conf is None else slurm_conf) or state["slurm_conf"]
-    # Every scontrol reads slurm.conf first: only the text loaded last is known to parse.
-    loaded_conf = read_text(conf_path) == (state["loaded"] or {}).get("slurm.conf")
+    # Every scontrol reads slurm.conf first: only the text loaded last is known to parse (a missing file never).
+    conf_text = read_text(conf_path)
+    loaded_conf = conf_text is not None and conf_text == (state["loaded"] or {}).get("slurm.conf")
     answer = loaded_answer(state, arguments) if loaded_conf else None
     if answer is None:
         from topokeeper.sim.standin_scontrol import main as answer_all  # noqa: PLC0415 - only where needed

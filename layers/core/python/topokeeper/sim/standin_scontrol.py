@@ -508,7 +508,7 @@ def main(
     conf_path = (os.environ.get("SLURM_CONF") if slurm_conf is None else slurm_conf) or state["slurm_conf"]
     conf_text = read_text(conf_path)
     try:  # every scontrol reads slurm.conf first, and stops when it cannot (the text loaded last did parse)
-        if conf_text != (state["loaded"] or {}).get("slurm.conf"):
+        if conf_text is None or conf_text != (state["loaded"] or {}).get("slurm.conf"):
             parse_slurm_conf(conf_text, conf_path, yaml_format=yaml_format)
     except ConfigError as error:
         stderr.writelines(f"scontrol: {line}\n" for line in error.lines)
