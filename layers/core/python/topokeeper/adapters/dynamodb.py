@@ -147,13 +147,13 @@ class DynamoStateStore:
             ":seen": {"N": str(state.version)},
         }
         expression = "SET controller = :c, version = :next"
-        condition = "(attribute_not_exists(version) OR version = :seen)"
+        condition = "attribute_not_exists(version) OR version = :seen"
         stored, self._stored_table = self._stored_table, None
         if state.slurm_nodes is None:
             expression += f" REMOVE {NODE_TABLE_ATTRIBUTE}"
         elif stored == (state.cluster, state.version, tuple(state.slurm_nodes)):
             # Not sent again; the item must still hold a table (it may have been deleted and made anew since).
-            condition += f" AND attribute_exists({NODE_TABLE_ATTRIBUTE})"
+            condition = f"({condition}) AND attribute_exists({NODE_TABLE_ATTRIBUTE})"
         else:
             expression += f", {NODE_TABLE_ATTRIBUTE} = :t"
             values[":t"] = {"B": self._node_table(state.slurm_nodes)}
