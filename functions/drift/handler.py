@@ -1,30 +1,22 @@
 """Drift: on a schedule, verify every managed cluster's live topology and its plan against AWS."""
 
-# ruff: noqa: E402 - the imports run with the collector off (see gc.freeze below)
-import gc
+from topokeeper.lambda_init import frozen_init
 
-_collecting = gc.isenabled()
-gc.disable()  # what init makes lives as long as the execution environment: collecting it is wasted work
+with frozen_init():
+    import os
+    from typing import Any
 
-import os
-from typing import Any
+    from aws_lambda_powertools import Logger
+    from aws_lambda_powertools.utilities.parser import event_parser
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from aws_lambda_powertools import Logger
-from aws_lambda_powertools.utilities.parser import event_parser
-from aws_lambda_powertools.utilities.typing import LambdaContext
+    from topokeeper.login.lambda_sync import load_login_modules, sync_login_endpoints
+    from topokeeper.runtime import lambda_runtime, load_adapters
+    from topokeeper.service.drift import DriftRequest, check_requested
 
-from topokeeper.login.lambda_sync import load_login_modules, sync_login_endpoints
-from topokeeper.runtime import lambda_runtime, load_adapters
-from topokeeper.service.drift import DriftRequest, check_requested
-
-logger = Logger(service="topokeeper")
-load_adapters("drift")
-load_login_modules(os.environ)
-
-# Init's objects stay out of every later collection; the collector resumes for the invocations' own.
-gc.freeze()
-if _collecting:
-    gc.enable()
+    logger = Logger(service="topokeeper")
+    load_adapters("drift")
+    load_login_modules(os.environ)
 
 
 @logger.inject_lambda_context

@@ -1,31 +1,23 @@
 """Ingest: HyperPod, CloudTrail and EC2 events -> one reconcile request per changed cluster."""
 
-# ruff: noqa: E402 - the imports run with the collector off (see gc.freeze below)
-import gc
+from topokeeper.lambda_init import frozen_init
 
-_collecting = gc.isenabled()
-gc.disable()  # what init makes lives as long as the execution environment: collecting it is wasted work
+with frozen_init():
+    import os
+    from typing import Any
 
-import os
-from typing import Any
+    from aws_lambda_powertools import Logger
+    from aws_lambda_powertools.utilities.parser import event_parser
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from aws_lambda_powertools import Logger
-from aws_lambda_powertools.utilities.parser import event_parser
-from aws_lambda_powertools.utilities.typing import LambdaContext
+    from topokeeper.events import TopokeeperEvent
+    from topokeeper.login.lambda_sync import install_login_host_identity, load_login_modules, sync_login_endpoints
+    from topokeeper.runtime import lambda_runtime, load_adapters
+    from topokeeper.service.ingest import ingest
 
-from topokeeper.events import TopokeeperEvent
-from topokeeper.login.lambda_sync import install_login_host_identity, load_login_modules, sync_login_endpoints
-from topokeeper.runtime import lambda_runtime, load_adapters
-from topokeeper.service.ingest import ingest
-
-logger = Logger(service="topokeeper")
-load_adapters("ingest")
-load_login_modules(os.environ)
-
-# Init's objects stay out of every later collection; the collector resumes for the invocations' own.
-gc.freeze()
-if _collecting:
-    gc.enable()
+    logger = Logger(service="topokeeper")
+    load_adapters("ingest")
+    load_login_modules(os.environ)
 
 
 @logger.inject_lambda_context

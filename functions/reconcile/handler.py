@@ -1,31 +1,24 @@
 """Reconcile: SQS FIFO reconcile requests -> facts -> plan -> delivery when the content hash changed."""
 
-# ruff: noqa: E402 - the imports run with the collector off (see gc.freeze below)
-import gc
+from topokeeper.lambda_init import frozen_init
 
-_collecting = gc.isenabled()
-gc.disable()  # what init makes lives as long as the execution environment: collecting it is wasted work
+with frozen_init():
+    from typing import Any
 
-from typing import Any
+    from aws_lambda_powertools import Logger
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from aws_lambda_powertools import Logger
-from aws_lambda_powertools.utilities.typing import LambdaContext
+    from topokeeper.errors import Retryable
+    from topokeeper.fifo_batch import PartialBatchResponse, process_fifo_batch
+    from topokeeper.runtime import lambda_runtime, load_adapters
+    from topokeeper.service.drift import verify_managed_updates
+    from topokeeper.service.reconcile import newest_generations, process_message
 
-from topokeeper.errors import Retryable
-from topokeeper.fifo_batch import PartialBatchResponse, process_fifo_batch
-from topokeeper.runtime import lambda_runtime, load_adapters
-from topokeeper.service.drift import verify_managed_updates
-from topokeeper.service.reconcile import newest_generations, process_message
+    logger = Logger(service="topokeeper")
+    load_adapters("reconcile")
 
-logger = Logger(service="topokeeper")
-load_adapters("reconcile")
 # An SSM verify waits up to 120 s for the head node's answer (topokeeper.adapters.ssm_channel).
 VERIFY_BUDGET_MILLIS = 130_000
-
-# Init's objects stay out of every later collection; the collector resumes for the invocations' own.
-gc.freeze()
-if _collecting:
-    gc.enable()
 
 
 @logger.inject_lambda_context

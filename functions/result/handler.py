@@ -1,28 +1,20 @@
 """Result: SSM command status and head-node agent reports -> state, UpdatePartitionTopology audit, metrics."""
 
-# ruff: noqa: E402 - the imports run with the collector off (see gc.freeze below)
-import gc
+from topokeeper.lambda_init import frozen_init
 
-_collecting = gc.isenabled()
-gc.disable()  # what init makes lives as long as the execution environment: collecting it is wasted work
+with frozen_init():
+    from typing import Any
 
-from typing import Any
+    from aws_lambda_powertools import Logger
+    from aws_lambda_powertools.utilities.parser import event_parser
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from aws_lambda_powertools import Logger
-from aws_lambda_powertools.utilities.parser import event_parser
-from aws_lambda_powertools.utilities.typing import LambdaContext
+    from topokeeper.events import TopokeeperEvent
+    from topokeeper.runtime import lambda_runtime, load_adapters
+    from topokeeper.service.result import record_result
 
-from topokeeper.events import TopokeeperEvent
-from topokeeper.runtime import lambda_runtime, load_adapters
-from topokeeper.service.result import record_result
-
-logger = Logger(service="topokeeper")
-load_adapters("result")
-
-# Init's objects stay out of every later collection; the collector resumes for the invocations' own.
-gc.freeze()
-if _collecting:
-    gc.enable()
+    logger = Logger(service="topokeeper")
+    load_adapters("result")
 
 
 @logger.inject_lambda_context

@@ -70,6 +70,7 @@ LAMBDA_MODULES = [
     "kueue/node_list.py",
     "kueue/objects.py",
     "kueue/publication.py",
+    "lambda_init.py",
     "login/__init__.py",
     "login/host_keys.py",
     "login/install.py",

@@ -11,6 +11,7 @@ where Lambda measures it, not in the first invocation: its use case, the adapter
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from topokeeper.lambda_init import frozen_init
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
 from topokeeper.stack_spec import FUNCTION_NAMES
 
@@ -133,20 +135,23 @@ BUILT_ON_FIRST_USE = (
 )
 
 IMPORT_AND_LIST = """
-import json, sys
+import gc, json, sys
 sys.path[:0] = sys.argv[2:]
 import handler
+collector = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count() > 0}
 built = []
 for name in json.loads(sys.argv[1]):
     module, _, model = name.rpartition(".")
     if module in sys.modules and getattr(sys.modules[module], model).__pydantic_complete__:
         built.append(name)
-print(json.dumps({"modules": sorted(sys.modules), "built": built}))
+print(json.dumps({"modules": sorted(sys.modules), "built": built, "collector": collector}))
 """
 
 
-def _import_handler(function: str, login_target_groups: str | None = None) -> tuple[list[str], list[str]]:
-    """The modules ``import handler`` loads, and which of BUILT_ON_FIRST_USE it built."""
+def _import_handler(
+    function: str, login_target_groups: str | None = None
+) -> tuple[list[str], list[str], dict[str, bool]]:
+    """The modules ``import handler`` loads, which of BUILT_ON_FIRST_USE it built, and the collector after it."""
     paths = [str(ROOT / "functions" / function), str(ROOT / "layers" / "core" / "python")]
     environment = {k: v for k, v in os.environ.items() if k != LOGIN_TARGET_GROUPS_ENV}
     if login_target_groups is not None:
@@ -156,7 +161,7 @@ def _import_handler(function: str, login_target_groups: str | None = None) -> tu
         capture_output=True, text=True, check=True, cwd=ROOT, env=environment,
     )  # fmt: skip
     found = json.loads(ran.stdout.splitlines()[-1])
-    return found["modules"], found["built"]
+    return found["modules"], found["built"], found["collector"]
 
 
 def _under(modules: list[str], packages: tuple[str, ...]) -> list[str]:
@@ -165,9 +170,10 @@ def _under(modules: list[str], packages: tuple[str, ...]) -> list[str]:
 
 @pytest.mark.parametrize("function", FUNCTION_NAMES)
 def test_each_handler_loads_its_own_path_at_init_and_no_boto3(function: str) -> None:
-    loaded, built = _import_handler(function)
+    loaded, built, collector = _import_handler(function)
     assert _under(loaded, NO_FUNCTION_LOADS) == []
     assert built == []
+    assert collector == {"enabled": True, "frozen": True}  # init's objects frozen, the collector on for the rest
     assert [name for name in LOADED_AT_INIT[function] if name not in loaded] == []
     if function == "ingest":
         assert _under(loaded, INGEST_NEVER_LOADS) == []
@@ -178,5 +184,14 @@ def test_each_handler_loads_its_own_path_at_init_and_no_boto3(function: str) -> 
 
 @pytest.mark.parametrize("function", ["ingest", "drift"])
 def test_with_a_login_endpoint_ingest_and_drift_load_its_modules_at_init(function: str) -> None:
-    loaded, _ = _import_handler(function, json.dumps({"llm-train": "arn:aws:elasticloadbalancing:x"}))
+    loaded, _, _ = _import_handler(function, json.dumps({"llm-train": "arn:aws:elasticloadbalancing:x"}))
     assert [name for name in LOGIN_MODULES if name not in loaded] == []
+
+
+def test_an_init_that_fails_freezes_nothing_and_turns_the_collector_back_on() -> None:
+    frozen = gc.get_freeze_count()
+    with pytest.raises(ImportError), frozen_init():
+        assert not gc.isenabled()
+        raise ImportError("halfway")
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen

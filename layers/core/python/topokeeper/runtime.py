@@ -38,7 +38,7 @@ from topokeeper.constants import (
 from topokeeper.errors import InputError
 from topokeeper.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics, WorkQueue
 
-if TYPE_CHECKING:  # each function's handler loads its own use case and adapters at init (load_adapters)
+if TYPE_CHECKING:  # each function loads only its own use case and adapters (its handler, at init: load_adapters)
     from topokeeper.adapters.audit_trail import AuditTrail
     from topokeeper.adapters.ec2 import InstanceTopologyReader
     from topokeeper.adapters.kms import KmsBundleSigner
@@ -57,6 +57,7 @@ DRIFT_DISCOVERY_SECONDS = 120
 AFTER_READ_SECONDS = 20
 # The adapters each function's deps make (beyond the state, plans, queue and metrics every one makes), imported
 # by its handler at init (load_adapters), where Lambda's init phase pays for them, not by the first invocation.
+# No function makes them all (ingest makes ec2 only, result no ec2), so Runtime imports each where it makes it.
 FUNCTION_ADAPTERS = {
     "ingest": ("ec2",),
     "reconcile": ("ec2", "hyperpod", "ssm_channel", "agent_channel", "kms", "audit_trail"),
@@ -147,7 +148,7 @@ class Runtime:
     def facts(self, cluster: ClusterConfig, deadline: datetime | None = None) -> FactsSource:
         """``deadline``: no DescribeInstanceTopology batch starts after it (the read continues next time)."""
         from topokeeper.adapters.ec2 import Ec2ClusterFacts  # noqa: PLC0415 - see FUNCTION_ADAPTERS
-        from topokeeper.adapters.hyperpod import HyperPodFacts  # noqa: PLC0415
+        from topokeeper.adapters.hyperpod import HyperPodFacts  # noqa: PLC0415 - see FUNCTION_ADAPTERS
 
         if cluster.orchestrator is Orchestrator.EC2:
             return Ec2ClusterFacts(client("ec2"), self.topology_reader(deadline), cluster.ec2)
@@ -178,7 +179,7 @@ class Runtime:
         if cluster.head_node is None:
             raise InputError(f"clusters.{cluster.name}.head_node", "required for channel ssm")
         from topokeeper.adapters.ssm_channel import SsmChannel  # noqa: PLC0415 - see FUNCTION_ADAPTERS
-        from topokeeper.service.signing import trusted_key_document  # noqa: PLC0415 - service.reconcile loads it
+        from topokeeper.service.signing import trusted_key_document  # noqa: PLC0415 - ingest never signs
 
         signer = self.signer
         return SsmChannel(

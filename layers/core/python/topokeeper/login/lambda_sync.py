@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from topokeeper.service.login import LoginInstall
 
 LOGIN_TARGET_GROUPS_ENV = "LOGIN_TARGET_GROUPS"
-# What syncing and installing run, when the stack gave some cluster a login endpoint (load_login_modules).
+# What syncing and installing run, when the stack gave some cluster a login endpoint (load_login_modules); imported
+# where they are used, as without a login endpoint ingest and drift must not load them.
 LOGIN_MODULES = (
     "topokeeper.adapters.elbv2",
     "topokeeper.adapters.login_nodes",
@@ -93,9 +94,9 @@ def sync_login_endpoints(runtime: Runtime, environ: Mapping[str, str], cluster: 
     synced: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
     for name, target_group in sorted(groups.items()):
-        from topokeeper.adapters.elbv2 import ElbTargetGroup  # noqa: PLC0415 - see load_login_modules
-        from topokeeper.adapters.login_nodes import DynamoLoginLedger  # noqa: PLC0415
-        from topokeeper.service.login import sync_login_targets  # noqa: PLC0415
+        from topokeeper.adapters.elbv2 import ElbTargetGroup  # noqa: PLC0415 - see LOGIN_MODULES
+        from topokeeper.adapters.login_nodes import DynamoLoginLedger  # noqa: PLC0415 - see LOGIN_MODULES
+        from topokeeper.service.login import sync_login_targets  # noqa: PLC0415 - see LOGIN_MODULES
 
         try:
             result = sync_login_targets(
@@ -117,7 +118,7 @@ def sync_login_endpoints(runtime: Runtime, environ: Mapping[str, str], cluster: 
 
 
 def _login_nodes(cluster: ClusterConfig | None) -> LoginNodeSource:
-    from topokeeper.adapters.login_nodes import Ec2LoginNodes, HyperPodLoginNodes  # noqa: PLC0415
+    from topokeeper.adapters.login_nodes import Ec2LoginNodes, HyperPodLoginNodes  # noqa: PLC0415 - see LOGIN_MODULES
 
     if cluster is not None and cluster.orchestrator is Orchestrator.EC2:
         return Ec2LoginNodes(client("ec2"), cluster.ec2.login_tag)
@@ -131,7 +132,7 @@ def host_identity_secret_arn(cluster: str, target_group_arn: str) -> tuple[str, 
     if len(fields) < 6 or fields[0] != "arn" or fields[2] != "elasticloadbalancing":
         raise InputError(LOGIN_TARGET_GROUPS_ENV, f"{cluster}: not a target group ARN: {target_group_arn!r}")
     partition, region, account = fields[1], fields[3], fields[4]
-    from topokeeper.login.host_keys import secret_names  # noqa: PLC0415 - see load_login_modules
+    from topokeeper.login.host_keys import secret_names  # noqa: PLC0415 - see LOGIN_MODULES
 
     return f"arn:{partition}:secretsmanager:{region}:{account}:secret:{secret_names(cluster)[0]}", region
 
@@ -141,7 +142,7 @@ def install_login_host_identity(
 ) -> LoginInstall | None:
     """On an EC2 instance's ``running`` event: the installer to it when it is a login node of an EC2 cluster with a
     login endpoint (its login tag holds the cluster's name), once per launch. None for any other event."""
-    from topokeeper.events import EC2_STATE_DETAIL_TYPE, Ec2StateDetail  # noqa: PLC0415 - ingest loads them
+    from topokeeper.events import EC2_STATE_DETAIL_TYPE, Ec2StateDetail  # noqa: PLC0415 - drift does not load them
 
     if event.source != "aws.ec2" or event.detail_type != EC2_STATE_DETAIL_TYPE:
         return None
@@ -150,8 +151,8 @@ def install_login_host_identity(
     clusters = [c for c in runtime.settings.clusters if c.orchestrator is Orchestrator.EC2 and c.name in groups]
     if not clusters:
         return None
-    from topokeeper.adapters.login_nodes import launched_instance  # noqa: PLC0415 - see load_login_modules
-    from topokeeper.service.login import EC2_RUNNING  # noqa: PLC0415
+    from topokeeper.adapters.login_nodes import launched_instance  # noqa: PLC0415 - see LOGIN_MODULES
+    from topokeeper.service.login import EC2_RUNNING  # noqa: PLC0415 - see LOGIN_MODULES
 
     if detail.state != EC2_RUNNING:
         return None
@@ -161,10 +162,10 @@ def install_login_host_identity(
     for cluster in clusters:
         if instance.tags.get(cluster.ec2.login_tag) != cluster.name:
             continue
-        from topokeeper.adapters.login_nodes import DynamoLoginInstallLedger  # noqa: PLC0415
-        from topokeeper.adapters.login_run_command import RunCommandInstaller  # noqa: PLC0415
-        from topokeeper.login.install import install_script  # noqa: PLC0415
-        from topokeeper.service.login import install_host_identity_at_launch  # noqa: PLC0415
+        from topokeeper.adapters.login_nodes import DynamoLoginInstallLedger  # noqa: PLC0415 - see LOGIN_MODULES
+        from topokeeper.adapters.login_run_command import RunCommandInstaller  # noqa: PLC0415 - see LOGIN_MODULES
+        from topokeeper.login.install import install_script  # noqa: PLC0415 - see LOGIN_MODULES
+        from topokeeper.service.login import install_host_identity_at_launch  # noqa: PLC0415 - see LOGIN_MODULES
 
         secret_arn, region = host_identity_secret_arn(cluster.name, groups[cluster.name])
         return install_host_identity_at_launch(
