@@ -69,6 +69,29 @@ def test_a_new_cluster_reaches_slurmctld_and_every_change_is_audited_once(world_
     assert len(_records(world)) == 3 and capture.events() == []
 
 
+def test_the_inbox_that_stands_in_for_eventbridge_invoking_a_function_is_not_a_counted_request(world_factory) -> None:
+    # EventBridge invokes ingest and result without an API call of the account; only the work queue, which
+    # Lambda's event source polls in the account, is received from by request (once per reconcile batch).
+    world = world_factory(head_node="file")
+    world.settle()
+    reconcile = world.functions.handlers["reconcile"]
+    batches: list[object] = []
+
+    def counted(event: object, context: object) -> object:
+        batches.append(event)
+        return reconcile(event, context)
+
+    world.functions.handlers["reconcile"] = counted
+    world.emulator.calls.reset()
+    for _ in range(3):
+        world.put_event(
+            "aws.sagemaker", HYPERPOD_DETAIL_TYPES[0], {"ClusterArn": "x", "ClusterName": world.cluster.name}
+        )
+    world.settle()
+    assert batches and world.emulator.calls["sqs:ReceiveMessage"] == len(batches)
+    assert world.emulator.calls["sqs:SendMessage"] == 3  # ingest ran for each event
+
+
 def test_scale_up_replace_and_scale_down(world_factory) -> None:
     world = world_factory()
     world.settle()

@@ -167,24 +167,30 @@ class LambdaHost:
     def drain(self) -> int:
         return self._drain_inbox(spec.INGEST) + self._drain_inbox(spec.RESULT) + self._drain_work()
 
+    def _queue_backend(self) -> Any:
+        """moto's in-process SQS, for what AWS does without an API call of the account."""
+        emulator = self._world.emulator
+        return sqs_backends[emulator.account_id][emulator.region]
+
     def _has_visible_messages(self, queue_url: str) -> bool:
         """A peek into moto's in-process queue, so an idle loop costs no ReceiveMessage requests (which the
         emulator would count and charge simulated time for). moto has no public way to look without a request."""
-        emulator = self._world.emulator
-        queue = sqs_backends[emulator.account_id][emulator.region].get_queue(queue_url.rsplit("/", 1)[-1])
-        return bool(queue.approximate_number_of_messages)
+        return bool(self._queue_backend().get_queue(queue_url.rsplit("/", 1)[-1]).approximate_number_of_messages)
 
     def _drain_inbox(self, function: str) -> int:
-        world, sqs, inbox = self._world, client("sqs"), self._world.stack.inboxes[function]
+        """EventBridge invokes the function with each event; the inbox queue only stands in for that invocation
+        (moto cannot invoke a Lambda), which AWS makes without an API call of the account. So the inbox is read
+        from moto's backend, neither counted as a request nor charged simulated time."""
+        world, backend = self._world, self._queue_backend()
+        inbox = world.stack.inboxes[function].rsplit("/", 1)[-1]
         handled = 0
         calls = world.emulator.calls
         spent: list[int] = []
-        while self._has_visible_messages(inbox) and (
-            messages := sqs.receive_message(QueueUrl=inbox, MaxNumberOfMessages=10).get("Messages")
-        ):
-            _delete(sqs, inbox, messages)
+        while messages := backend.receive_message(inbox, 10, 0, spec.WORK_VISIBILITY_TIMEOUT_SECONDS):
             for message in messages:
-                event = json.loads(message["Body"])
+                backend.delete_message(inbox, message.receipt_handle)
+            for message in messages:
+                event = json.loads(message.body)
                 deliveries = world.event_filter(event) if function == spec.INGEST else [event]
                 for delivery in deliveries:
                     handled += 1

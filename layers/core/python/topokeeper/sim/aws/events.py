@@ -111,9 +111,8 @@ class EventEmitter:
         for rule in list(bus.rules.values()):
             if getattr(rule, "state", "ENABLED") != "ENABLED":
                 continue
-            message = copy.deepcopy(dict(envelope))
-            message["time"] = timestamp  # moto's targets format the epoch themselves
-            message["ingestion-time"] = timestamp
+            # moto's targets format the epoch themselves, in the top level of the message (nothing below it).
+            message = {**envelope, "time": timestamp, "ingestion-time": timestamp}
             rule.send_to_targets(cast(Any, message))
 
     def cloudtrail(
