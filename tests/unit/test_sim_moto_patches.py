@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import Any
 
@@ -298,3 +299,229 @@ def test_a_string_projection_is_taken_as_it_is(unpatched: None, monkeypatch: pyt
     finally:
         moto_patches.restore()
     assert calls == [[["generation"]], [["nested", "deep"], ["triggers[1]"]], [["bits"], ["flag"]]]
+
+
+# UpdateItem as the state store sends it (record_change, the trigger append, save, consume_triggers) and the kinds
+# moto refuses: each played twice, so that a second answer comes from what the first one parsed.
+_UPDATES: list[dict[str, Any]] = [
+    {"UpdateExpression": "SET last_event_at = :now, first_pending_at = if_not_exists(first_pending_at, :now) "
+                         "ADD generation :one, trigger_count :one",
+     "ExpressionAttributeValues": {":now": {"S": "2026-01-05T09:00:00Z"}, ":one": {"N": "1"}},
+     "ReturnValues": "ALL_NEW"},
+    {"UpdateExpression": "SET last_event_at = :now, first_pending_at = if_not_exists(first_pending_at, :now) "
+                         "ADD generation :one, trigger_count :one",
+     "ExpressionAttributeValues": {":now": {"S": "2026-01-05T09:00:07Z"}, ":one": {"N": "2"}},
+     "ReturnValues": "UPDATED_NEW"},
+    {"UpdateExpression": "SET triggers = list_append(if_not_exists(triggers, :empty), :t)",
+     "ExpressionAttributeValues": {":t": {"L": [{"S": '{"kind": "launch"}'}]}, ":empty": {"L": []}},
+     "ReturnValues": "UPDATED_OLD"},
+    {"UpdateExpression": "SET controller = :c, version = :next, node_table = :t",
+     "ConditionExpression": "attribute_not_exists(version) OR version = :seen",
+     "ExpressionAttributeValues": {":c": {"S": '{"a": 1}'}, ":next": {"N": "1"}, ":seen": {"N": "0"},
+                                   ":t": {"B": b"\x1f\x8b\x08table"}},
+     "ReturnValues": "ALL_OLD"},
+    {"UpdateExpression": "SET controller = :c, version = :next",
+     "ConditionExpression": "(attribute_not_exists(version) OR version = :seen) AND attribute_exists(node_table)",
+     "ExpressionAttributeValues": {":c": {"S": '{"a": 2}'}, ":next": {"N": "2"}, ":seen": {"N": "1"}}},
+    {"UpdateExpression": "REMOVE triggers, first_pending_at SET trigger_count = :zero",
+     "ConditionExpression": "generation = :g",
+     "ExpressionAttributeValues": {":zero": {"N": "0"}, ":g": {"N": "999"}}},  # ConditionalCheckFailed
+    {"UpdateExpression": "SET #n[0] = :v, m.#n = :v REMOVE nums[1] ADD tags :tags DELETE gone :gone",
+     "ExpressionAttributeNames": {"#n": "nested"},
+     "ExpressionAttributeValues": {":v": {"N": "5"}, ":tags": {"SS": ["x"]}, ":gone": {"SS": ["a"]}},
+     "ReturnValues": "ALL_NEW"},
+    {"UpdateExpression": "SET tally = tally + :one, spare = :ten - trigger_count",
+     "ExpressionAttributeValues": {":one": {"N": "1"}, ":ten": {"N": "10"}}, "ReturnValues": "ALL_NEW"},
+    {"UpdateExpression": "SET x = absent + :one", "ExpressionAttributeValues": {":one": {"N": "1"}}},
+    {"UpdateExpression": "SET sk = :k", "ExpressionAttributeValues": {":k": {"S": "other"}}},
+    {"UpdateExpression": "SET x = :a SET y = :a", "ExpressionAttributeValues": {":a": {"S": "x"}}},
+    {"UpdateExpression": "SET x = :undefined", "ExpressionAttributeValues": {":a": {"S": "x"}}},
+    {"UpdateExpression": "SET = :a", "ExpressionAttributeValues": {":a": {"S": "x"}}},  # not an expression
+    {"UpdateExpression": "SET x = :a, x = :a", "ExpressionAttributeValues": {":a": {"S": "x"}}},
+]  # fmt: skip
+
+
+def _play_updates() -> list[Any]:
+    """Each update's answer (or error) and the item after it, on an existing item and on one it makes; then the
+    first update inside a transaction."""
+    from moto import mock_aws
+
+    with mock_aws():
+        db = boto3.client("dynamodb", region_name="us-east-1")
+        _create_table(db, "t")
+        existing = {"pk": {"S": "CLUSTER#c"}, "sk": {"S": "STATE"}}
+        db.put_item(TableName="t", Item={
+            **existing, "generation": {"N": "7"}, "tally": {"N": "1.50"}, "node_table": {"B": b"\x00\x01"},
+            "triggers": {"L": [{"S": json.dumps({"at": n})} for n in range(20)]}, "gone": {"SS": ["a", "b"]},
+            "nested": {"L": [{"N": "1"}]}, "m": {"M": {}}, "nums": {"L": [{"N": "1"}, {"N": "2"}, {"N": "3"}]},
+        })  # fmt: skip
+        seen: list[Any] = []
+        for key in (existing, {"pk": {"S": "CLUSTER#new"}, "sk": {"S": "STATE"}}):
+            for update in _UPDATES + _UPDATES:
+                try:
+                    answer = db.update_item(TableName="t", Key=key, **update)
+                    seen.append({name: value for name, value in answer.items() if name != "ResponseMetadata"})
+                except db.exceptions.ClientError as error:
+                    seen.append(error.response["Error"])
+                seen.append(db.get_item(TableName="t", Key=key, ConsistentRead=True).get("Item"))
+        request = {name: value for name, value in _UPDATES[0].items() if name != "ReturnValues"}
+        db.transact_write_items(TransactItems=[{"Update": {"TableName": "t", "Key": existing, **request}}])
+        seen.append(db.get_item(TableName="t", Key=existing, ConsistentRead=True)["Item"])
+        return seen
+
+
+def test_updates_answer_and_store_as_moto_does(unpatched: None) -> None:
+    original = _play_updates()
+    moto_patches.apply()
+    try:
+        patched = _play_updates()
+    finally:
+        moto_patches.restore()
+    assert patched == original
+    assert original[0]["Attributes"]["generation"] == {"N": "8"}
+    assert original[2]["Attributes"]["generation"] == {"N": "10"}  # the second values, not the first ones again
+    codes = [answer.get("Code") for answer in original[::2]]
+    refused = ["ValidationException"] * 6
+    assert codes[: len(_UPDATES)] == [None] * 5 + ["ConditionalCheckFailedException", None, None, *refused]
+    failed = ["ConditionalCheckFailedException"] * 3
+    # Refused again: a refusal is not remembered, nor a success in its place.
+    assert codes[len(_UPDATES) : 2 * len(_UPDATES)] == [None] * 3 + failed + [None, None, *refused]
+
+
+def _tree(node: Any, parent: Any = None) -> Any:
+    """A parsed expression's shape: each node's class, its values and its children's, with each parent checked."""
+    if not isinstance(node, moto_patches.AstNode):
+        return node
+    assert node.parent is parent
+    state = {name: value for name, value in vars(node).items() if name not in ("children", "parent")}
+    return type(node), state, [_tree(child, node) for child in node.children or []]
+
+
+def _nodes(node: Any) -> set[int]:
+    if not isinstance(node, moto_patches.AstNode):
+        return set()
+    return {id(node)}.union(*(_nodes(child) for child in node.children or []))
+
+
+def test_a_parsed_expression_is_copied_into_the_same_tree_as_deepcopy_makes(unpatched: None) -> None:
+    UpdateExpressionParser = moto_patches.UpdateExpressionParser
+
+    for update in _UPDATES:
+        if update["UpdateExpression"] == "SET = :a":
+            continue
+        parsed = UpdateExpressionParser.make(update["UpdateExpression"])
+        copied = moto_patches._copy_expression(parsed)
+        assert _tree(copied) == _tree(copy.deepcopy(parsed)) == _tree(parsed)
+        assert len(_nodes(copied)) == len(_nodes(parsed)) > 5 and not _nodes(copied) & _nodes(parsed)
+    with pytest.raises(moto_patches._NotATree):  # a node listed twice is no parsed tree: deepcopy copies it
+        moto_patches._copy_node(_shared_child_tree(), (None, None), set())
+
+
+def _shared_child_tree() -> Any:
+    shared = moto_patches._AST_NODES["ExpressionAttribute"]("a")
+    return moto_patches._AST_NODES["UpdateExpression"](children=[shared, shared])
+
+
+def test_an_update_expression_is_parsed_once_and_a_bad_one_every_time(
+    unpatched: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The savings themselves, and only successful parses kept."""
+    from moto.dynamodb.exceptions import MockValidationException
+
+    UpdateExpressionParser = moto_patches.UpdateExpressionParser
+    parsed: list[str] = []
+    original = moto_patches._ORIGINAL_MAKE_UPDATE_EXPRESSION.__func__
+
+    def counted(cls: type, text: str) -> Any:
+        parsed.append(text)
+        return original(cls, text)
+
+    moto_patches._parsed_update_expression.cache_clear()
+    moto_patches.apply()
+    try:
+        monkeypatch.setattr(
+            moto_patches,
+            "_ORIGINAL_MAKE_UPDATE_EXPRESSION",
+            classmethod(counted),
+        )
+        first = UpdateExpressionParser.make("SET a = :a ADD n :one")
+        assert UpdateExpressionParser.make("SET a = :a ADD n :one") is first
+        for _ in range(2):
+            with pytest.raises(MockValidationException):
+                UpdateExpressionParser.make("SET = :a")
+    finally:
+        moto_patches.restore()
+        moto_patches._parsed_update_expression.cache_clear()
+    assert parsed == ["SET a = :a ADD n :one", "SET = :a", "SET = :a"]
+
+
+def _draw_ids(seed: int) -> list[str]:
+    """moto's ids of each kind the emulator draws many of, 300 of each, from a seed."""
+    import moto.sqs.models
+    from moto.moto_api._internal import mock_random
+    from moto.utilities.aws_headers import gen_amzn_requestid_long
+
+    mock_random.seed(seed)
+    kinds: list[Callable[[], str]] = [
+        gen_amzn_requestid_long,
+        mock_random.get_random_string,
+        lambda: mock_random.get_random_string(8, include_digits=False),
+        lambda: mock_random.get_random_string(12, lower_case=True),
+        vars(moto.sqs.models)["generate_receipt_handle"],  # as SQS's messages call it
+    ]
+    return [
+        "".join(sorted(set("".join(draws)))) + "/" + ",".join(sorted({str(len(d)) for d in draws}))
+        for draws in ([kind() for _ in range(300)] for kind in kinds)
+    ]
+
+
+def test_moto_ids_keep_their_alphabet_and_length_and_follow_the_seed(unpatched: None) -> None:
+    """Drawn as moto draws them (the characters each kind uses, each id's length), from the seed."""
+    from moto.moto_api._internal import mock_random
+
+    original = _draw_ids(13)
+    moto_patches.apply()
+    try:
+        patched = _draw_ids(13)
+        assert _draw_ids(13) == patched
+        mock_random.seed(13)
+        first = mock_random.get_random_string(52)
+        mock_random.seed(13)
+        assert mock_random.get_random_string(52) == first
+        mock_random.seed(14)
+        assert mock_random.get_random_string(52) != first
+    finally:
+        moto_patches.restore()
+    assert patched == original
+    assert original[-1] == "abcdefghijklmnopqrstuvwxyz/185"
+
+
+def _enrich_each() -> list[Any]:
+    """moto's answer enrichment (status, request id header, an XML body's RequestId) of each kind of body, with
+    the request id (drawn as the patches draw it) written as ``<id>``."""
+    from moto.core.responses import BaseResponse
+
+    xml = "<R><ResponseMetadata><RequestId>old</RequestId></ResponseMetadata></R>"
+    json_body = json.dumps({"RequestId": "x", "t": "<RequestId>" * 2})  # the tag without its end: no match
+    enriched: list[Any] = []
+    for body in [xml, xml.replace("R>", "R>\n"), json_body, b"<RequestId>b</RequestId>", None]:
+        given: dict[str, Any] = {"status": 200, "k": "v"}
+        headers, answer = BaseResponse._enrich_response(given, body)
+        request_id = headers.pop("x-amzn-requestid")
+        assert len(request_id) == 52
+        enriched.append((headers, answer.replace(request_id, "<id>") if isinstance(answer, str) else answer))
+    return enriched
+
+
+def test_answers_are_enriched_as_moto_enriches_them(unpatched: None) -> None:
+    original = _enrich_each()
+    moto_patches.apply()
+    try:
+        patched = _enrich_each()
+    finally:
+        moto_patches.restore()
+    assert patched == original
+    assert original[0] == (
+        {"status": "200", "k": "v"},
+        "<R><ResponseMetadata><RequestId><id></RequestId></ResponseMetadata></R>",
+    )

@@ -19,7 +19,9 @@ import base64
 import copy
 import functools
 import re
+import string
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -28,13 +30,26 @@ import jsonpath_ng.ext
 import moto.backends
 import moto.core.responses
 import moto.dynamodb.models
+import moto.dynamodb.parsing.ast_nodes
+import moto.dynamodb.parsing.expressions
+import moto.dynamodb.parsing.validators
 import moto.sqs.models
+from moto.core.responses import BaseResponse
 from moto.core.serialize import BaseJSONSerializer
 from moto.core.utils import camelcase_to_underscores, method_names_from_class, utcnow
 from moto.dynamodb.models.dynamo_type import DynamoType, Item
 from moto.dynamodb.models.table import Table
 from moto.ec2.models.instances import Instance
 from moto.events.utils import EventTemplateParser
+from moto.moto_api._internal import mock_random
+from moto.moto_api._internal.moto_random import MotoRandom
+from moto.utilities.aws_headers import gen_amzn_requestid_long
+
+# moto's expression parser modules are untyped (a module-wide ``type: ignore``): their classes are taken as values.
+_AST_NODES = vars(moto.dynamodb.parsing.ast_nodes)
+AstNode: Any = _AST_NODES["Node"]
+DepthFirstTraverser: Any = _AST_NODES["DepthFirstTraverser"]
+UpdateExpressionParser: Any = vars(moto.dynamodb.parsing.expressions)["UpdateExpressionParser"]
 
 _lock = threading.Lock()
 _originals: dict[tuple[Any, str], Any] = {}
@@ -66,7 +81,8 @@ def _moto_modules() -> tuple[str, ...]:
 
 _ORIGINAL_LIST_OF_MOTO_MODULES = moto.backends.list_of_moto_modules
 
-# SQS converts each of a queue's attribute names from camelCase whenever it reads the queue's attributes.
+# SQS converts each of a queue's attribute names from camelCase whenever it reads the queue's attributes, and
+# moto's dispatch each request's action name.
 _cached_camelcase_to_underscores = functools.lru_cache(maxsize=1024)(camelcase_to_underscores)
 
 _ORIGINAL_INSTANCE_START = Instance.start
@@ -304,6 +320,171 @@ def _all_items(self: Any) -> list[Any]:
     return sorted(items, key=_item_order)
 
 
+# DynamoDB's UpdateItem parses its update expression twice a request (moto/dynamodb/responses.py reads the names
+# and values it uses, the backend parses it again to validate), and the simulator sends the same few expressions
+# over and over. Only a successful parse is kept (a bad expression raises as it always did). The parsed tree is
+# shared: its readers only read it (``find_clauses``), and the validator works on a copy of its own.
+_ORIGINAL_MAKE_UPDATE_EXPRESSION = vars(UpdateExpressionParser)["make"]
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_update_expression(expression: str) -> Any:
+    return _ORIGINAL_MAKE_UPDATE_EXPRESSION.__func__(UpdateExpressionParser, expression)
+
+
+def _make_update_expression(cls: type, expression: str) -> Any:
+    if cls is not UpdateExpressionParser or type(expression) is not str:
+        return _ORIGINAL_MAKE_UPDATE_EXPRESSION.__func__(cls, expression)
+    return _parsed_update_expression(expression)
+
+
+class _NotATree(Exception):
+    """Not the tree the parser builds (a node shared, a parent elsewhere, a value of another kind)."""
+
+
+_LEAF_TYPES = (str, int, type(None))
+
+
+def _node_class(kind: Any) -> bool:
+    """``isinstance(node, Node)`` by the node's class: moto's nodes are ABCs, whose ``isinstance`` is slow."""
+    return issubclass(kind, AstNode)
+
+
+_is_node: Callable[[Any], bool] = functools.cache(_node_class)
+
+
+def _copy_node(node: Any, parent: tuple[Any, Any], copied_ids: set[int]) -> Any:
+    """A copy of ``node`` whose parent is ``parent[1]``, the copy of its parent ``parent[0]``."""
+    if id(node) in copied_ids or node.parent is not parent[0]:
+        raise _NotATree
+    copied_ids.add(id(node))
+    kind: Any = type(node)
+    copied = kind.__new__(kind)
+    state: dict[str, Any] = {}
+    for name, value in vars(node).items():
+        if name == "parent":
+            state[name] = parent[1]
+        elif name == "children" and type(value) is list:
+            children = []
+            for child in value:
+                if _is_node(type(child)):
+                    children.append(_copy_node(child, (node, copied), copied_ids))
+                elif type(child) in _LEAF_TYPES:
+                    children.append(child)
+                else:
+                    raise _NotATree
+            state[name] = children
+        elif type(value) in _LEAF_TYPES:
+            state[name] = value
+        else:
+            raise _NotATree
+    vars(copied).update(state)
+    return copied
+
+
+def _copy_expression(value: Any, memo: dict[int, Any] | None = None) -> Any:
+    """``deepcopy`` as moto's DynamoDB validators see it: the validator copies the whole parsed expression before
+    it resolves it against the item (a generic deep copy of a ~40-node tree, each node an ABC). A tree as the
+    parser builds it (each node listed once, by its parent; names, numbers and nodes only) is copied node by node
+    into the same tree; anything else by ``copy.deepcopy``."""
+    if memo is None and _is_node(type(value)) and value.parent is None:
+        try:
+            return _copy_node(value, (None, None), set())
+        except _NotATree:
+            pass
+    return copy.deepcopy(value, memo)
+
+
+_NO_PRE_PROCESSING = DepthFirstTraverser.pre_processing_of_child  # a hook that does nothing unless overridden
+# (traverser class, node class) -> the class of the traverser's processing map that takes such a node, or None
+_processed_as: dict[tuple[type, type], type | None] = {}
+
+
+def _traverse_node_recursively(self: Any, node: Any, child_id: int = -1) -> Any:
+    """moto's ``DepthFirstTraverser.traverse_node_recursively`` (each of the validator's ten processors walks the
+    whole tree with it), with the processing map's class for a node's class found once per traverser class (a
+    map names the same classes on every call, as each of moto's does) rather than by ``isinstance`` against
+    ABCs at every node, the map built only for a node it processes, and no call for a child that is no node
+    (it would come back as it is) nor for the hook a traverser does not override."""
+    if not _is_node(type(node)):
+        return node
+    parent_node = node.parent
+    if node.children is not None:
+        pre_process = None if type(self).pre_processing_of_child is _NO_PRE_PROCESSING else self.pre_processing_of_child
+        for i, child_node in enumerate(node.children):
+            if pre_process is not None:
+                pre_process(node, i)
+            if _is_node(type(child_node)):
+                self.traverse_node_recursively(child_node, i)
+    kinds = (type(self), type(node))
+    if kinds not in _processed_as:
+        _processed_as[kinds] = next((key for key in self._processing_map() if issubclass(kinds[1], key)), None)
+    key = _processed_as[kinds]
+    if key is not None:
+        node = self._processing_map()[key](node)
+        node.parent = parent_node
+        if parent_node:
+            parent_node.children[child_id] = node
+    return node
+
+
+def _clause_container(kind: Any) -> bool:
+    return issubclass(kind, (_AST_NODES["Expression"], _AST_NODES["UpdateExpressionFunction"]))
+
+
+_searched_for_clauses: Callable[[Any], bool] = functools.cache(_clause_container)
+
+
+def _find_clauses(self: Any, clause_types: list[type]) -> list[Any]:
+    """moto's ``Node.find_clauses`` (the validators look for clauses from every node that is an expression), with
+    the class of a child that is no clause looked up once rather than by ``isinstance`` against ABCs."""
+    clauses = []
+    for child in self.children or []:
+        if type(child) in clause_types:
+            clauses.append(child)
+        elif _searched_for_clauses(type(child)):
+            clauses.extend(child.find_clauses(clause_types))
+    return clauses
+
+
+# moto's ids (a request id on every answer, a receipt handle of 185 letters for every message received) are drawn
+# one ``random.choice`` per character. The same alphabets and lengths, from the same seeded generator, in one
+# draw of bytes each (a byte's value modulo the alphabet's length picks the character).
+_LETTERS = string.ascii_letters
+_LETTERS_AND_DIGITS = string.ascii_letters + string.digits
+
+
+@functools.cache
+def _alphabet_table(alphabet: str) -> bytes:
+    return bytes(ord(alphabet[value % len(alphabet)]) for value in range(256))
+
+
+def _random_string(self: Any, length: int = 20, include_digits: bool = True, lower_case: bool = False) -> str:
+    alphabet = _LETTERS_AND_DIGITS if include_digits else _LETTERS
+    text: str = self.randbytes(length).translate(_alphabet_table(alphabet)).decode()
+    return text.lower() if lower_case else text
+
+
+def _receipt_handle() -> str:
+    return mock_random.randbytes(185).translate(_alphabet_table(string.ascii_lowercase)).decode()
+
+
+_ORIGINAL_ENRICH_RESPONSE = vars(BaseResponse)["_enrich_response"]
+
+
+def _enrich_response(headers: dict[str, str], body: Any) -> tuple[dict[str, str], Any]:
+    """moto's ``BaseResponse._enrich_response`` for every answer: it writes the request id into an XML body's
+    ``<RequestId>`` by a look-behind pattern run over the whole body (a DynamoDB item with its node table is
+    tens of kilobytes). A body without that tag (JSON, bytes) cannot match: moto's other steps only."""
+    if isinstance(body, str) and "<RequestId>" in body:
+        enriched: tuple[dict[str, str], Any] = _ORIGINAL_ENRICH_RESPONSE.__func__(headers, body)
+        return enriched
+    if "status" in headers:
+        headers["status"] = str(headers["status"])
+    gen_amzn_requestid_long(headers)
+    return headers, body
+
+
 def _patches() -> list[tuple[Any, str, Any]]:
     return [
         (EventTemplateParser, "DEFAULT_EVENT_INPUT_TEMPLATE", EVENT_TEMPLATE_WITH_ACCOUNT),
@@ -318,6 +499,14 @@ def _patches() -> list[tuple[Any, str, Any]]:
         (moto.dynamodb.models, "copy", _TransactionCopy()),
         (Item, "project", _project),
         (Table, "all_items", _all_items),
+        (UpdateExpressionParser, "make", classmethod(_make_update_expression)),
+        (moto.dynamodb.parsing.validators, "deepcopy", _copy_expression),
+        (DepthFirstTraverser, "traverse_node_recursively", _traverse_node_recursively),
+        (AstNode, "find_clauses", _find_clauses),
+        (MotoRandom, "get_random_string", _random_string),
+        (moto.sqs.models, "generate_receipt_handle", _receipt_handle),
+        (moto.core.responses, "camelcase_to_underscores", _cached_camelcase_to_underscores),
+        (BaseResponse, "_enrich_response", staticmethod(_enrich_response)),
     ]
 
 
@@ -326,7 +515,8 @@ def apply() -> None:
         for owner, name, value in _patches():
             key = (owner, name)
             if key not in _originals:
-                _originals[key] = getattr(owner, name)
+                # A class's own attribute as it is held (a classmethod, not the method it binds to).
+                _originals[key] = vars(owner)[name] if name in getattr(owner, "__dict__", {}) else getattr(owner, name)
             setattr(owner, name, value)
 
 
