@@ -303,3 +303,27 @@ def test_set_status_shows_in_list_cluster_nodes_and_delete_cluster(aws: AwsEmula
 
     assert sagemaker.delete_cluster(ClusterName="llm-train")["ClusterArn"] == arn
     assert sagemaker.list_clusters()["ClusterSummaries"] == []
+
+
+def test_each_group_s_current_count_is_its_listed_nodes_through_scaling_replacement_and_deletion(
+    aws: AwsEmulator,
+) -> None:
+    sagemaker = aws.client("sagemaker")
+    sagemaker.create_cluster(**cluster_request())
+
+    def counts() -> tuple[dict[str, int], dict[str, int]]:
+        described = sagemaker.describe_cluster(ClusterName="llm-train")["InstanceGroups"]
+        listed: dict[str, int] = {}
+        for node in all_nodes(sagemaker, "llm-train"):
+            listed[node["InstanceGroupName"]] = listed.get(node["InstanceGroupName"], 0) + 1
+        return {g["InstanceGroupName"]: g["CurrentCount"] for g in described if g["CurrentCount"]}, listed
+
+    aws.hyperpod.scale("llm-train", "p5-train", 6)
+    worker = next(n["InstanceId"] for n in all_nodes(sagemaker, "llm-train") if n["InstanceGroupName"] == "p5-train")
+    sagemaker.batch_replace_cluster_nodes(ClusterName="llm-train", NodeIds=[worker])
+    described, listed = counts()
+    assert described == listed and listed["p5-train"] == 6
+    sagemaker.batch_delete_cluster_nodes(ClusterName="llm-train", NodeIds=[worker])  # replaced: no longer listed
+    aws.hyperpod.scale("llm-train", "p5-train", 2)
+    described, listed = counts()
+    assert described == listed and listed["p5-train"] == 2

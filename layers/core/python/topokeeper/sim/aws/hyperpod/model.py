@@ -12,6 +12,7 @@ import copy
 import ipaddress
 import re
 import threading
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -105,6 +106,7 @@ class Cluster:
     nodes: dict[str, ClusterNode] = field(default_factory=dict)
     # instance id -> (Slurm name, group) of every node in ``nodes``, kept with it: the simulator reads it per event.
     members: dict[str, tuple[str, str]] = field(default_factory=dict)
+    sizes: Counter[str] = field(default_factory=Counter)  # group -> its nodes in ``nodes``, kept with it (per event)
     changes: int = 0  # nodes launched and dropped: a cached listing of ``nodes`` holds while it stays
     status: str = "InService"
     failure_message: str = ""
@@ -499,13 +501,15 @@ class HyperPodModel:
             self._drop(cluster, cluster.nodes[replaces], keep_ip=True)
         cluster.nodes[instance_id] = node
         cluster.members[instance_id] = (node.slurm_name, group)
+        cluster.sizes[group] += 1
         cluster.changes += 1
         self._node_cluster[instance_id] = cluster.name
         return node
 
     def _drop(self, cluster: Cluster, node: ClusterNode, *, keep_ip: bool) -> None:
         self._network.release(node.instance_id)
-        cluster.nodes.pop(node.instance_id, None)
+        if cluster.nodes.pop(node.instance_id, None) is not None:
+            cluster.sizes[node.group] -= 1
         cluster.members.pop(node.instance_id, None)
         cluster.changes += 1
         self._node_cluster.pop(node.instance_id, None)
@@ -516,7 +520,7 @@ class HyperPodModel:
         self._drop(cluster, node, keep_ip=False)
 
     def _scale_to(self, cluster: Cluster, group: str, count: int) -> tuple[list[str], list[str]]:
-        size = sum(1 for node in cluster.nodes.values() if node.group == group)  # a rolling scale-up counts per node
+        size = cluster.sizes[group]
         added = [self._launch(cluster, group).instance_id for _ in range(count - size)]
         removed = []
         for node in reversed(cluster.group_nodes(group)[count:] if count < size else []):

@@ -7,7 +7,6 @@ would echo, and nothing botocore would not parse.
 from __future__ import annotations
 
 import copy
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from botocore.model import Shape
@@ -48,8 +47,7 @@ class Shapes:
         return details
 
     def describe(self, cluster: Cluster) -> dict[str, Any]:
-        # Counted in one pass (every state-change event describes the cluster: 20,000 nodes sorted per group)
-        counts = Counter(node.group for node in cluster.nodes.values())
+        counts = cluster.sizes  # kept as nodes come and go: every state-change event describes the cluster
         result: dict[str, Any] = {
             "ClusterArn": cluster.arn,
             "ClusterName": cluster.name,
