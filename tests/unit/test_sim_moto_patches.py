@@ -525,3 +525,21 @@ def test_answers_are_enriched_as_moto_enriches_them(unpatched: None) -> None:
         {"status": "200", "k": "v"},
         "<R><ResponseMetadata><RequestId><id></RequestId></ResponseMetadata></R>",
     )
+
+
+def test_moto_ec2_imported_with_one_botocore_session_lists_every_region_and_leaves_boto3_as_it_was() -> None:
+    import boto3
+    import boto3.session
+    import botocore.session
+    from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
+
+    from topokeeper.sim.aws import network
+
+    assert network.ec2_backends is not None and boto3.Session is boto3.session.Session
+    session = botocore.session.get_session()
+    expected = {
+        region
+        for partition in ("aws", "aws-us-gov", "aws-cn")
+        for region in session.get_available_regions("ec2", partition_name=partition)
+    }
+    assert {region.name for region in RegionsAndZonesBackend.regions} == expected
