@@ -23,10 +23,12 @@ def _import_moto_ec2() -> Any:
     try:
         from moto.ec2 import models  # noqa: PLC0415
 
-        vars(sys.modules["moto.ec2.models.availability_zones_and_regions"])["Session"] = original
         return models
     finally:
         boto3.Session = original
+        regions = sys.modules.get("moto.ec2.models.availability_zones_and_regions")  # even from a failed import
+        if regions is not None:
+            vars(regions)["Session"] = original
 
 
 _models = _import_moto_ec2()
