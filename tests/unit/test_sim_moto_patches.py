@@ -543,3 +543,46 @@ def test_moto_ec2_imported_with_one_botocore_session_lists_every_region_and_leav
         for region in session.get_available_regions("ec2", partition_name=partition)
     }
     assert {region.name for region in RegionsAndZonesBackend.regions} == expected
+
+
+_EC2_REGION_SESSIONS = """
+import sys
+import botocore.session
+
+listed = []
+original = botocore.session.Session.get_available_regions
+
+
+def counted(self, service_name, *args, **kwargs):
+    if service_name == "ec2":
+        listed.append(id(self))
+    return original(self, service_name, *args, **kwargs)
+
+
+botocore.session.Session.get_available_regions = counted
+__import__(sys.argv[1])
+import functools
+modules = list(sys.modules.values())
+bound = [module for module in modules if isinstance(getattr(module, "Session", None), functools.partial)]
+print(len(set(listed)), len(listed), len(bound))
+"""
+
+
+@pytest.mark.parametrize(
+    "first_import", ["topokeeper.sim.aws.network", "topokeeper.sim.aws.moto_patches", "topokeeper.sim.world"]
+)
+def test_moto_ec2_lists_its_regions_with_one_botocore_session_whatever_the_emulator_imports_first(
+    first_import: str,
+) -> None:
+    """The saving holds for every entry point: the world (tests, bench/scale.py) and moto_patches import moto.ec2
+    (moto_patches through moto.ec2.models.instances) before network.py's swap could take effect."""
+    import subprocess
+    import sys
+
+    ran = subprocess.run(
+        [sys.executable, "-c", _EC2_REGION_SESSIONS, first_import], capture_output=True, text=True, check=True
+    )
+    sessions, listings, partials_left = map(int, ran.stdout.split())
+    assert listings == 3
+    assert sessions == 1
+    assert partials_left == 0  # no module keeps the swapped-in Session (moto binds it with ``from boto3 import``)

@@ -384,3 +384,29 @@ def test_a_cluster_whose_nodes_ec2_does_not_see_is_planned_and_says_so(world_fac
     for partition in ("ml-p5", "ml-p6e"):
         (warning,) = [w for w in records[partition]["warnings"] if "DescribeInstanceTopology" in w]
         assert "does not see 26 instance(s)" in warning and "UltraServerInfo" in warning
+
+
+def test_a_world_that_fails_to_start_leaves_the_next_one_free_to_start(world_factory, monkeypatch) -> None:
+    # A world stops what it started when its start fails part way (here after the emulator started and the
+    # environment pointed at it): the collector's thresholds, the emulator (one per process) and the environment.
+    import gc
+    import os
+
+    from topokeeper.sim import world as world_module
+
+    def refused(settings: object) -> object:
+        raise RuntimeError("the stack refused")
+
+    thresholds, environment = gc.get_threshold(), dict(os.environ)
+    monkeypatch.setattr(world_module, "create_stack", refused)
+    with (
+        pytest.raises(RuntimeError, match="the stack refused"),
+        world_module.running(small_scenario(), head_node="file"),
+    ):
+        pass
+    monkeypatch.undo()
+    assert gc.get_threshold() == thresholds
+    assert dict(os.environ) == environment
+    world = world_factory(head_node="file")
+    world.settle()
+    assert world.emulator.calls.total > 0

@@ -599,10 +599,10 @@ def running(scenario: Scenario, **options: Any) -> Iterator[World]:
     gc.set_threshold(50_000, 20, 20)
     world = World(scenario, **options)
     try:
-        world.start()
         try:
+            world.start()
             yield world
         finally:
-            world.stop()
+            world.stop()  # also what a start that failed part way had started (stop copes with a partial start)
     finally:
         gc.set_threshold(*thresholds)

@@ -39,11 +39,12 @@ from moto.core.serialize import BaseJSONSerializer
 from moto.core.utils import camelcase_to_underscores, method_names_from_class, utcnow
 from moto.dynamodb.models.dynamo_type import DynamoType, Item
 from moto.dynamodb.models.table import Table
-from moto.ec2.models.instances import Instance
 from moto.events.utils import EventTemplateParser
 from moto.moto_api._internal import mock_random
 from moto.moto_api._internal.moto_random import MotoRandom
 from moto.utilities.aws_headers import gen_amzn_requestid_long
+
+from topokeeper.sim.aws.moto_ec2 import Instance
 
 # moto's expression parser modules are untyped (a module-wide ``type: ignore``): their classes are taken as values.
 _AST_NODES = vars(moto.dynamodb.parsing.ast_nodes)

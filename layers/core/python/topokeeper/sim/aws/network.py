@@ -26,30 +26,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import boto3
-import botocore.session
-
 from topokeeper.constants import INSTANCE_ID
 from topokeeper.domain.catalog import Capability, ec2_instance_type, lookup
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.ids import IdFactory
+from topokeeper.sim.aws.moto_ec2 import ec2_backends
 from topokeeper.sim.aws.protocol import ApiError, ApiRequest, decode_token, ec2_params, encode_token, operation_model
 
-
-def _import_moto_ec2() -> Any:
-    """moto's EC2 backends. Its import lists EC2's regions with three new boto3 sessions, each parsing botocore's
-    endpoint data again (~0.2 s each): one botocore session serves the three."""
-    original = boto3.Session
-    boto3.Session = functools.partial(original, botocore_session=botocore.session.get_session())
-    try:
-        from moto.ec2.models import ec2_backends  # noqa: PLC0415
-
-        return ec2_backends
-    finally:
-        boto3.Session = original
-
-
-ec2_backends = _import_moto_ec2()
 MAX_IDS = 100
 DEFAULT_PAGE = 20
 _DIRECTIONS = {
