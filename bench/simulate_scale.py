@@ -24,10 +24,11 @@ SCENARIO = SCENARIOS / "scale-1000.yaml"
 # The run test_scaling_latency.py makes, its totals written where the bench reads them.
 RUN = """
 import json, logging, sys
+from pathlib import Path
 from topokeeper.sim.scenario import load_scenario
 from topokeeper.sim.simulator import simulate
 logging.disable(logging.CRITICAL)
-result = simulate(load_scenario(sys.argv[1]), head_node="file")
+result = simulate(load_scenario(Path(sys.argv[1])), head_node="file")
 with open(sys.argv[2], "w") as out:
     json.dump(result.totals, out)
 """
@@ -40,12 +41,13 @@ def run_once(scenario: Path) -> tuple[float, float, dict[str, object]]:
         process = subprocess.Popen(
             [sys.executable, "-c", RUN, str(scenario), totals.name],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
+        error = process.stderr.read() if process.stderr else b""
         _, status, usage = os.wait4(process.pid, 0)
         wall = time.monotonic() - started
         if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"the simulator run failed (exit {os.waitstatus_to_exitcode(status)})")
+            raise SystemExit(f"the simulator run failed (exit {os.waitstatus_to_exitcode(status)}):\n{error.decode()}")
         return wall, usage.ru_utime + usage.ru_stime, json.loads(Path(totals.name).read_text())
 
 

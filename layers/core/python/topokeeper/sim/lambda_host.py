@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from topokeeper.sim.world import World
 
 FUNCTIONS_DIR_VARIABLE = "TOPOKEEPER_FUNCTIONS_DIR"
+_SQS_DEFAULT_VISIBILITY_TIMEOUT = 30
 # layers/core/python/topokeeper/sim/lambda_host.py -> the repository root.
 _CHECKOUT_FUNCTIONS_DIR = Path(__file__).resolve().parents[5] / "functions"
 Handler = Callable[[Any, Any], Any]
@@ -186,7 +187,8 @@ class LambdaHost:
         handled = 0
         calls = world.emulator.calls
         spent: list[int] = []
-        while messages := backend.receive_message(inbox, 10, 0, spec.WORK_VISIBILITY_TIMEOUT_SECONDS):
+        # Deleted as soon as received, so the visibility timeout (SQS's default) never runs out.
+        while messages := backend.receive_message(inbox, 10, 0, _SQS_DEFAULT_VISIBILITY_TIMEOUT):
             for message in messages:
                 backend.delete_message(inbox, message.receipt_handle)
             for message in messages:
