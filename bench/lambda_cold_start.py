@@ -29,6 +29,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.child_usage import wait_measured
 from bench.performance_doc import ROOT, machine, write_section
 from infra.constants import CORE_LAYER_SOURCE, FUNCTION_NAMES, FUNCTIONS_DIR
 from infra.layers import LayerPython, build_core_layer, find_layer_python
@@ -165,34 +166,6 @@ def cold_imports(python: LayerPython, runs: int, scratch: Path) -> dict[str, Any
     return results
 
 
-# A lean parent for the measured process: a child's peak RSS counts what it had before exec, so forking this
-# bench (hundreds of MB with a 20,000-node plan in memory) would inflate it.
-_RUSAGE_OF_CHILD = (
-    "import json, os, subprocess, sys\n"
-    "child = subprocess.Popen(sys.argv[2:])\n"
-    "_, status, usage = os.wait4(child.pid, 0)\n"
-    "with open(sys.argv[1], 'w') as out:\n"
-    "    json.dump([os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime, usage.ru_maxrss], out)\n"
-)
-
-
-def _wait_measured(argv: list[str], environment: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
-    """Run ``argv``; its wall time, CPU time and peak RSS (its own and its waited-for children's: wait4), and
-    its stdout."""
-    with tempfile.TemporaryDirectory() as scratch:
-        usage_file = Path(scratch) / "usage.json"
-        started = time.monotonic()
-        ran = subprocess.run(
-            [sys.executable, "-S", "-c", _RUSAGE_OF_CHILD, str(usage_file), *argv],
-            env=environment, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        wall = time.monotonic() - started
-        exit_code, cpu, max_rss_kb = json.loads(usage_file.read_text())
-    if exit_code != 0:
-        raise RuntimeError(f"{argv[:3]} exited {exit_code}: {ran.stderr[-2000:]}")
-    return {"seconds": wall, "cpu": cpu, "max_rss_mb": max_rss_kb / 1024}, ran.stdout
-
-
 def agent_cycles(bundle: bytes, cluster: str) -> dict[str, Any]:
     """Two cycles of the shipped agent against S3 and EventBridge in moto: the first fetches ``bundle`` and runs
     the applier (the tests' fake one, so that the agent's own cost shows), the second finds it unchanged (304)."""
@@ -218,7 +191,7 @@ def agent_cycles(bundle: bytes, cluster: str) -> dict[str, Any]:
             )  # fmt: skip
             argv = [sys.executable, str(AGENT_FILE), "--config", str(config), "--once"]
             environment = {**os.environ, **keys}
-            cycles = {name: _wait_measured(argv, environment)[0] for name in ("fetch and apply", "unchanged (304)")}
+            cycles = {name: wait_measured(argv, environment)[0] for name in ("fetch and apply", "unchanged (304)")}
     finally:
         server.stop()
     return cycles
@@ -246,10 +219,10 @@ def applier_on_head_node(nodes: int) -> dict[str, Any]:
         (head.root / inner.lstrip("/") / "applier.py").write_text(APPLIER_SOURCE.read_text())
         for mode in ("apply", "verify"):
             argv = controller.command("python3", f"{inner}/applier.py", mode, f"{inner}/bundle.json")
-            usage, stdout = _wait_measured(argv)
+            usage, stdout = wait_measured(argv)
             measured[mode] = usage | {"outcome": json.loads(stdout.strip().splitlines()[-1]).get("outcome")}
         # The reconfigure alone (the apply above ran one): slurmctld's own work is in its wall time only.
-        measured["reconfigure"] = _wait_measured(controller.command("scontrol", "reconfigure"))[0]
+        measured["reconfigure"] = wait_measured(controller.command("scontrol", "reconfigure"))[0]
     finally:
         head.stop()
     measured["agent"] = agent_cycles(bundle.encode(), cluster.cluster_name)

@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from bench.child_usage import wait_measured
 from bench.performance_doc import machine, write_section
 from topokeeper.sim.commands import SCENARIOS
 
@@ -37,18 +36,8 @@ with open(sys.argv[2], "w") as out:
 def run_once(scenario: Path) -> tuple[float, float, dict[str, object]]:
     """Wall and CPU seconds (the process and every process it started) of one fresh run, and its totals."""
     with tempfile.NamedTemporaryFile(suffix=".json") as totals:
-        started = time.monotonic()
-        process = subprocess.Popen(
-            [sys.executable, "-c", RUN, str(scenario), totals.name],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        error = process.stderr.read() if process.stderr else b""
-        _, status, usage = os.wait4(process.pid, 0)
-        wall = time.monotonic() - started
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"the simulator run failed (exit {os.waitstatus_to_exitcode(status)}):\n{error.decode()}")
-        return wall, usage.ru_utime + usage.ru_stime, json.loads(Path(totals.name).read_text())
+        usage, _ = wait_measured([sys.executable, "-c", RUN, str(scenario), totals.name])
+        return usage["seconds"], usage["cpu"], json.loads(Path(totals.name).read_text())
 
 
 def main() -> None:
