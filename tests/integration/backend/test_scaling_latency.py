@@ -5,12 +5,18 @@ full-rescan baseline and the published figures are in bench/latency.py, `make be
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from tests.integration.backend.conftest import small_scenario
+from topokeeper.adapters.aws import client
+from topokeeper.events import WORK_QUEUE_MAX_RECEIVES
 from topokeeper.sim.commands import SCENARIOS
-from topokeeper.sim.scenario import Scenario, load_scenario
-from topokeeper.sim.simulator import SimulationResult, simulate
+from topokeeper.sim.scenario import Scenario, Step, load_scenario
+from topokeeper.sim.simulator import SimulationResult, Story, simulate
+from topokeeper.sim.world import World
 
 DELAY = 20.0  # seconds EC2 answers a new instance without network nodes
 
@@ -83,3 +89,39 @@ def test_a_thousand_node_rolling_scale_up_places_every_node_within_the_goals(tho
     assert (scale.converged, scale.drift, scale.alarm_raised) == (True, 0, False)
     totals = thousand.totals["node_latency_seconds"]
     assert (totals["nodes"], totals["unplaced"], totals["max"]) == (1008, 0, latency.max)
+
+
+def test_a_short_debounce_under_a_long_max_wait_is_deferred_through_the_queue_never_dead_lettered(
+    world_factory: Callable[..., World],
+) -> None:
+    """The receive budget, played through the emulator's SQS rather than counted in a model: a 1 s debounce under
+    a 200 s max wait while a node joins every 0.8 s. Each deferral returns the same message to the work queue
+    and its next delivery is another receive; the stack's redrive policy (which moto's SQS applies on receive)
+    dead-letters a message received WORK_QUEUE_MAX_RECEIVES times, and with it the change it stands for."""
+    scenario = small_scenario().model_copy(update={"debounce_seconds": 1, "max_wait_seconds": 200})
+    world = world_factory(scenario, head_node="file")
+    world.settle()
+    receives: list[int] = []
+    reconcile = world.functions.handlers["reconcile"]
+
+    def counting(event: dict[str, Any], context: Any) -> Any:
+        receives.extend(int(record["attributes"]["ApproximateReceiveCount"]) for record in event["Records"])
+        return reconcile(event, context)
+
+    world.functions.handlers["reconcile"] = counting
+    started = world.clock.monotonic()
+    step = Step.model_validate({"scale": {"group": "p5", "to": 308, "over_seconds": 240}})
+    scale = Story(world, lambda _: None).play(1, step)
+
+    assert scale is not None and scale.node_latency_seconds is not None
+    assert (scale.converged, scale.node_latency_seconds.nodes, scale.node_latency_seconds.unplaced) == (True, 300, 0)
+    # Deferred again and again while the nodes kept coming (about 20 times a max wait), never to the budget.
+    assert 10 <= max(receives) < WORK_QUEUE_MAX_RECEIVES, receives
+    parked = client("sqs").get_queue_attributes(
+        QueueUrl=world.stack.dead_letter_url, AttributeNames=["ApproximateNumberOfMessages"]
+    )["Attributes"]
+    assert parked["ApproximateNumberOfMessages"] == "0"
+    # Never quiet for 1 s, so the first write waited the whole max wait.
+    applies = [entry["t"] for entry in scale.timeline if entry["kind"] == "apply"]
+    assert applies and applies[0] - started >= 200, applies
+    assert scale.head_node_writes <= 3
