@@ -1,6 +1,6 @@
 """Lambda: each handler's cold import in Python 3.14, the layer assets zipped, and the applier's cost on the head node.
 
-Run: .venv/bin/python -m bench.lambda_cold_start [--runs 7] [--nodes 20000] [--no-slurm]
+Run: .venv/bin/python -m bench.lambda_cold_start [--runs 15] [--nodes 20000] [--no-slurm]
 Writes docs/performance/lambda.md (generated, never edited by hand: `make bench`).
 
 - Cold import: a fresh python3.14 (the interpreter the layer build compiles with, infra.layers.find_layer_python)
@@ -26,12 +26,13 @@ import tempfile
 import time
 import zipfile
 from collections import Counter
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
 from bench.child_usage import wait_measured
 from bench.performance_doc import ROOT, machine, write_section
-from infra.constants import CORE_LAYER_SOURCE, FUNCTION_NAMES, FUNCTIONS_DIR
+from infra.constants import CORE_LAYER_SOURCE, FUNCTION_ASSET_EXCLUDE, FUNCTION_NAMES, FUNCTIONS_DIR
 from infra.layers import LayerPython, build_core_layer, find_layer_python
 from tests.infra.lambda_layout import copy_as_unzipped, powertools_standin
 from topokeeper.sim.slurm_chroot import ensure_chroot
@@ -41,12 +42,15 @@ GOAL_CORE_ZIP_BYTES = 5 * 1024 * 1024
 CDK_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
-def zipped_size(directory: Path) -> int:
-    """The asset's zip as CDK writes it (yazl: deflate, zlib's default level, a fixed date)."""
+def zipped_size(directory: Path, exclude: tuple[str, ...] = ()) -> int:
+    """The asset's zip as CDK writes it (yazl: deflate, zlib's default level, a fixed date), without the files
+    and folders the asset excludes (glob patterns, as the construct gives them)."""
     with tempfile.TemporaryDirectory() as scratch:
         archive = Path(scratch) / "asset.zip"
         with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
-            for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+            files = (p for p in directory.rglob("*") if p.is_file())
+            kept = (p for p in files if not any(fnmatch(part, pattern) for part in p.parts for pattern in exclude))
+            for path in sorted(kept):
                 entry = zipfile.ZipInfo(path.relative_to(directory).as_posix(), CDK_ZIP_DATE)
                 zipped.writestr(entry, path.read_bytes(), compress_type=zipfile.ZIP_DEFLATED)
         return archive.stat().st_size
@@ -161,7 +165,7 @@ def cold_imports(python: LayerPython, runs: int, scratch: Path) -> dict[str, Any
     results["sizes"] = {
         "core layer with bytecode": zipped_size(core.parent),
         "core layer without bytecode": zipped_size(layers["core without"].parent),
-        **{f"function {name}": zipped_size(FUNCTIONS_DIR / name) for name in FUNCTION_NAMES},
+        **{f"function {name}": zipped_size(FUNCTIONS_DIR / name, FUNCTION_ASSET_EXCLUDE) for name in FUNCTION_NAMES},
     }
     return results
 
@@ -335,7 +339,7 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--nodes", type=int, default=20_000)
     parser.add_argument("--no-slurm", action="store_true", help="skip the applier on the real slurmctld (root only)")
     args = parser.parse_args()

@@ -3,7 +3,7 @@
 Goal (issue 13): 100,000 nodes under 2 s of wall time and 500 MB peak RSS on this machine, and no boto3,
 botocore or operator command imported by ``topokeeper plan``.
 
-Run: .venv/bin/python bench/plan_scaling.py [--sizes 1000,10000,100000] [--repeat 3] [--no-doc]
+Run: .venv/bin/python bench/plan_scaling.py [--sizes 1000,10000,100000] [--repeat 5] [--no-doc]
 For each size it writes a synthetic snapshot file (the AWS responses ``topokeeper plan`` reads, as boto3 returns
 them), runs ``.venv/bin/topokeeper plan`` on it as a child process (wall time; peak RSS from the child's own
 rusage), times the same steps in process (read and validate, join, plan, render, serialize), and lists the
@@ -270,7 +270,7 @@ def section(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,10000,100000")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-doc", action="store_true", help="print only; do not write docs/performance")
     parser.add_argument("--steps-of", type=Path, help=argparse.SUPPRESS)  # the child of steps_in_process
     parser.add_argument("--write-snapshot", nargs=2, help=argparse.SUPPRESS)  # the child of write_snapshot

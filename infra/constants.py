@@ -10,6 +10,8 @@ from topokeeper.stack_spec import DRIFT, FUNCTION_NAMES, INGEST, RECONCILE, RESU
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS_DIR = REPO_ROOT / "functions"
+# What a function's code asset leaves out of functions/<name>/: bytecode the working tree compiled for itself.
+FUNCTION_ASSET_EXCLUDE = ("__pycache__", "*.pyc")
 CORE_LAYER_SOURCE = REPO_ROOT / "layers" / "core"
 # Local build output (git-ignored): the core layer and the test stand-in for the Powertools layer.
 BUILD_DIR = REPO_ROOT / ".build"

@@ -206,7 +206,7 @@ class Functions(Construct):
             runtime=c.RUNTIME,
             architecture=c.ARCHITECTURE,
             handler=c.HANDLER,
-            code=lambda_.Code.from_asset(str(code_dir), exclude=["__pycache__", "*.pyc"]),
+            code=lambda_.Code.from_asset(str(code_dir), exclude=list(c.FUNCTION_ASSET_EXCLUDE)),
             layers=layers.all,
             environment=environment,
             timeout=timeout,
