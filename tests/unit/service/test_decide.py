@@ -7,7 +7,7 @@ import pytest
 from topokeeper.config import ClusterConfig, Settings
 from topokeeper.events import WORK_QUEUE_MAX_RECEIVES
 from topokeeper.ports import Channel, ClusterState, DeliveryHandle, PendingDelivery, ReconcileRequest, Trigger
-from topokeeper.service.reconcile import DELIVERY_TIMEOUT, Decision, decide
+from topokeeper.service.reconcile import DELIVERY_TIMEOUT, TOPOLOGY_RETRY, TOPOLOGY_RETRY_SECONDS, Decision, decide
 from topokeeper.service.state import OWN_TRIGGER_SOURCE
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -111,7 +111,7 @@ def test_only_a_newer_message_in_the_same_batch_supersedes() -> None:
 # ------------------------------------------------------------------ pacing: writes against latency, any event spacing
 
 CHANGE = Trigger(source="aws.sagemaker", detail_type="Cluster Node Change", event_id="e", time=NOW)
-RETRY = Trigger(source=OWN_TRIGGER_SOURCE, detail_type="Topology Retry", event_id="retry", time=NOW)
+RETRY = Trigger(source=OWN_TRIGGER_SOURCE, detail_type=TOPOLOGY_RETRY, event_id="retry", time=NOW)
 PACED = SETTINGS.model_copy(update={"max_wait_seconds": 30})  # the defaults: debounce 10, max wait 30, interval 60
 
 
@@ -192,6 +192,7 @@ def _paced(events: list[float], settings: Settings, *, report_delay: float = 0, 
             record(pending.pop(0), CHANGE)
             continue
         assert message is not None and message <= horizon, "a change was never written"
+        assert len(writes) <= horizon, "writes back to back"
         t, receives = message, receives + 1
         verdict = decide(state, _request(state.generation), datetime.fromtimestamp(at + t, UTC), settings)
         without_topology = any(t - report_delay < launch <= t for launch in launched)
@@ -287,3 +288,30 @@ def test_a_short_debounce_under_a_long_max_wait_stays_within_the_receive_budget(
     if spacing < settings.debounce_seconds:  # never quiet: the oldest change waited max_wait, no more
         assert run.writes[0] == pytest.approx(600, abs=1)
     assert run.most_receives < WORK_QUEUE_MAX_RECEIVES
+
+
+UNPACED = PACED.model_copy(update={"debounce_seconds": 0, "min_write_interval_seconds": 0, "max_wait_seconds": 0})
+
+
+def test_a_topology_retry_waits_a_moment_even_when_nothing_paces_the_writes() -> None:
+    """No debounce and no write interval: a cycle that holds only a topology retry still waits
+    TOPOLOGY_RETRY_SECONDS after the reconcile that asked for it; a change of the cluster in the cycle does not."""
+    asked = NOW - timedelta(seconds=3)
+    state = _state(last_event_at=asked, first_pending_at=asked, last_write_at=asked, triggers=[RETRY], trigger_count=1)
+    verdict = decide(state, _request(), NOW, UNPACED)
+    assert (verdict.decision, verdict.defer_seconds) == (Decision.DEFERRED, pytest.approx(TOPOLOGY_RETRY_SECONDS - 3))
+    later = NOW + timedelta(seconds=TOPOLOGY_RETRY_SECONDS - 3)
+    assert decide(state, _request(), later, UNPACED).decision is Decision.PROCEED
+    with_a_change = state.model_copy(update={"triggers": [RETRY, CHANGE], "trigger_count": 2})
+    assert decide(with_a_change, _request(), NOW, UNPACED).decision is Decision.PROCEED
+    beyond_the_kept_triggers = state.model_copy(update={"trigger_count": 2})  # the second, uncounted, was a change
+    assert decide(beyond_the_kept_triggers, _request(), NOW, UNPACED).decision is Decision.PROCEED
+
+
+def test_nodes_not_reported_yet_are_asked_again_a_moment_apart_without_pacing() -> None:
+    """EC2 reports a node's topology 45 s after launch: with nothing pacing the writes, the retries come
+    TOPOLOGY_RETRY_SECONDS apart (the fifth one places the node), not back to back (30 retries in a few seconds,
+    all spent before EC2 answers)."""
+    run = _paced([0.0], UNPACED, report_delay=45)
+    spacing = TOPOLOGY_RETRY_SECONDS
+    assert run.writes == pytest.approx([0, spacing, 2 * spacing, 3 * spacing, 4 * spacing, 5 * spacing], abs=0.01)

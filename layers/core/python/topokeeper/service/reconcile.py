@@ -59,6 +59,10 @@ from topokeeper.service.state import (
 )
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
+# ...and no sooner than this after the reconcile that found it missing, whatever the pacing settings: without a
+# debounce and a write interval the retries would run back to back, all 30 spent in as many seconds.
+TOPOLOGY_RETRY_SECONDS = 10
+TOPOLOGY_RETRY = "Topology Retry"  # the detail type of the change a retry records
 # A delivery with no result by then no longer blocks writes: SSM may wait up to its 600 s delivery
 # timeout before running the applier, which may then run up to 600 s.
 DELIVERY_TIMEOUT = timedelta(minutes=25)
@@ -93,6 +97,15 @@ def _wait(seconds: float, reason: str, *, behind_delivery: bool = False) -> Verd
     return Verdict(Decision.DEFERRED, max(1.0, seconds), reason, behind_delivery)
 
 
+def _only_topology_retries(state: ClusterState) -> bool:
+    """The open cycle holds a topology retry and no change of the cluster (whose pacing is the settings' alone)."""
+    return (
+        bool(state.triggers)
+        and state.trigger_count == len(state.triggers)
+        and all(t.source == OWN_TRIGGER_SOURCE and t.detail_type == TOPOLOGY_RETRY for t in state.triggers)
+    )
+
+
 def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settings: Settings) -> Verdict:
     """Whether to reconcile now, or how long to wait."""
     # A message stands for every change of its cycle (later ones are deduplicated into it by SQS), so it
@@ -102,6 +115,10 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
     if state.pending is not None and now - state.pending.handle.sent_at < DELIVERY_TIMEOUT:
         remaining = DELIVERY_TIMEOUT - (now - state.pending.handle.sent_at)
         return _wait(remaining.total_seconds(), "a delivery is in flight", behind_delivery=True)
+    if state.first_pending_at is not None and _only_topology_retries(state):
+        asked = (now - state.first_pending_at).total_seconds()
+        if asked < TOPOLOGY_RETRY_SECONDS:
+            return _wait(TOPOLOGY_RETRY_SECONDS - asked, "topology retry: EC2 is asked again in a moment")
     quiet = float("inf") if state.last_event_at is None else (now - state.last_event_at).total_seconds()
     if state.first_pending_at is not None:
         waited = (now - state.first_pending_at).total_seconds()
@@ -394,7 +411,7 @@ def close_cycle(
             f"{undescribed} instance(s) not described yet: the next reconcile continues from the cache",
         )
     elif missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
-        again = ("Topology Retry", f"{missing} node(s) without topology data yet")
+        again = (TOPOLOGY_RETRY, f"{missing} node(s) without topology data yet")
     if again is not None:
         request_reconcile(deps.state, deps.queue, cluster, now, reason="retry", detail_type=again[0], summary=again[1])
     deps.metrics.emit(cluster, Metric.RECONCILE_SECONDS, time.monotonic() - started)
