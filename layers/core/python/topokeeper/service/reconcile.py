@@ -118,7 +118,11 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
     if state.first_pending_at is not None and _only_topology_retries(state):
         asked = (now - state.first_pending_at).total_seconds()
         if asked < TOPOLOGY_RETRY_SECONDS:
-            return _wait(TOPOLOGY_RETRY_SECONDS - asked, "topology retry: EC2 is asked again in a moment")
+            # The cycle's message also carries a change that arrives meanwhile (deduplicated into it, its FIFO
+            # group behind it): it looks again as often as the debounce would, so that change waits no longer
+            # than the settings say (at most TOPOLOGY_RETRY_SECONDS receives).
+            wait = min(TOPOLOGY_RETRY_SECONDS - asked, max(1.0, settings.debounce_seconds))
+            return _wait(wait, "topology retry: EC2 is asked again in a moment")
     quiet = float("inf") if state.last_event_at is None else (now - state.last_event_at).total_seconds()
     if state.first_pending_at is not None:
         waited = (now - state.first_pending_at).total_seconds()
