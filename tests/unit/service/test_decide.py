@@ -327,3 +327,25 @@ def test_a_change_of_the_cluster_while_a_topology_retry_waits_is_not_held_by_the
     run = _paced([0.0, 15.0], UNPACED, report_delay=12)
     assert any(15 <= t <= 16 for t in run.writes), run.writes
     assert run.most_receives <= TOPOLOGY_RETRY_SECONDS + 1
+
+
+@pytest.mark.parametrize("ahead", [5.0, 60.0, 3600.0])
+def test_a_topology_retry_stamped_by_a_clock_ahead_is_not_looked_at_each_second_until_dead_lettered(
+    ahead: float,
+) -> None:
+    """``topokeeper apply`` reconciles on the operator's machine, whose clock stamps the retry it records: a clock
+    ahead of the Lambda's puts the cycle's first change in the future. The debounce holds such a change once for
+    the skew (as any change stamped ahead); the retry's wait, which looks again each second, must not keep
+    looking until the skew has passed: the queue dead-letters a message at its 50th receive."""
+    stamped = NOW + timedelta(seconds=ahead)
+    state = _state(
+        last_event_at=stamped, first_pending_at=stamped, last_write_at=NOW, triggers=[RETRY], trigger_count=1
+    )
+    waited, receives = 0.0, 0
+    while (
+        verdict := decide(state, _request(), NOW + timedelta(seconds=waited), UNPACED)
+    ).decision is not Decision.PROCEED:
+        assert verdict.decision is Decision.DEFERRED and receives < WORK_QUEUE_MAX_RECEIVES, (waited, receives)
+        waited, receives = waited + (verdict.defer_seconds or 0), receives + 1
+    assert receives <= TOPOLOGY_RETRY_SECONDS + 1, (waited, receives)
+    assert waited <= ahead + TOPOLOGY_RETRY_SECONDS, (waited, receives)
