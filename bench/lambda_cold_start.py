@@ -42,15 +42,25 @@ GOAL_CORE_ZIP_BYTES = 5 * 1024 * 1024
 CDK_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
+def asset_files(directory: Path, exclude: tuple[str, ...] = ()) -> list[Path]:
+    """The files of ``directory`` an asset keeps, as CDK's glob exclusion picks them (minimatch, matchBase): a
+    pattern without a slash matches any name of the path below ``directory`` (not above it), and a wildcard
+    matches no leading dot."""
+
+    def excluded(name: str) -> bool:
+        return any(fnmatch(name, p) and (p.startswith(".") or not name.startswith(".")) for p in exclude)
+
+    files = (p for p in directory.rglob("*") if p.is_file())
+    return sorted(p for p in files if not any(excluded(name) for name in p.relative_to(directory).parts))
+
+
 def zipped_size(directory: Path, exclude: tuple[str, ...] = ()) -> int:
     """The asset's zip as CDK writes it (yazl: deflate, zlib's default level, a fixed date), without the files
     and folders the asset excludes (glob patterns, as the construct gives them)."""
     with tempfile.TemporaryDirectory() as scratch:
         archive = Path(scratch) / "asset.zip"
         with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
-            files = (p for p in directory.rglob("*") if p.is_file())
-            kept = (p for p in files if not any(fnmatch(part, pattern) for part in p.parts for pattern in exclude))
-            for path in sorted(kept):
+            for path in asset_files(directory, exclude):
                 entry = zipfile.ZipInfo(path.relative_to(directory).as_posix(), CDK_ZIP_DATE)
                 zipped.writestr(entry, path.read_bytes(), compress_type=zipfile.ZIP_DEFLATED)
         return archive.stat().st_size

@@ -299,7 +299,9 @@ def test_a_topology_retry_waits_a_moment_even_when_nothing_paces_the_writes() ->
     asked = NOW - timedelta(seconds=3)
     state = _state(last_event_at=asked, first_pending_at=asked, last_write_at=asked, triggers=[RETRY], trigger_count=1)
     verdict = decide(state, _request(), NOW, UNPACED)
-    assert (verdict.decision, verdict.defer_seconds) == (Decision.DEFERRED, pytest.approx(TOPOLOGY_RETRY_SECONDS - 3))
+    assert (verdict.decision, verdict.defer_seconds) == (Decision.DEFERRED, 1)  # looks again each second
+    debounced = decide(state, _request(), NOW, UNPACED.model_copy(update={"debounce_seconds": 10}))
+    assert (debounced.decision, debounced.defer_seconds) == (Decision.DEFERRED, pytest.approx(7))  # one look
     later = NOW + timedelta(seconds=TOPOLOGY_RETRY_SECONDS - 3)
     assert decide(state, _request(), later, UNPACED).decision is Decision.PROCEED
     with_a_change = state.model_copy(update={"triggers": [RETRY, CHANGE], "trigger_count": 2})
@@ -315,3 +317,35 @@ def test_nodes_not_reported_yet_are_asked_again_a_moment_apart_without_pacing() 
     run = _paced([0.0], UNPACED, report_delay=45)
     spacing = TOPOLOGY_RETRY_SECONDS
     assert run.writes == pytest.approx([0, spacing, 2 * spacing, 3 * spacing, 4 * spacing, 5 * spacing], abs=0.01)
+
+
+def test_a_change_of_the_cluster_while_a_topology_retry_waits_is_not_held_by_the_retry() -> None:
+    """No debounce and no write interval: a node joins 15 s after the first, while the first one's topology retry
+    waits (EC2 reports 12 s after a launch). The retry's message is the cycle's (the change is deduplicated into
+    it, and its FIFO group waits behind it), so a deferral for the whole retry wait would hold the change too: it
+    is written within a second of arriving, as the settings say, not when the retry's wait ends (20 s)."""
+    run = _paced([0.0, 15.0], UNPACED, report_delay=12)
+    assert any(15 <= t <= 16 for t in run.writes), run.writes
+    assert run.most_receives <= TOPOLOGY_RETRY_SECONDS + 1
+
+
+@pytest.mark.parametrize("ahead", [5.0, 60.0, 3600.0])
+def test_a_topology_retry_stamped_by_a_clock_ahead_is_not_looked_at_each_second_until_dead_lettered(
+    ahead: float,
+) -> None:
+    """``topokeeper apply`` reconciles on the operator's machine, whose clock stamps the retry it records: a clock
+    ahead of the Lambda's puts the cycle's first change in the future. The debounce holds such a change once for
+    the skew (as any change stamped ahead); the retry's wait, which looks again each second, must not keep
+    looking until the skew has passed: the queue dead-letters a message at its 50th receive."""
+    stamped = NOW + timedelta(seconds=ahead)
+    state = _state(
+        last_event_at=stamped, first_pending_at=stamped, last_write_at=NOW, triggers=[RETRY], trigger_count=1
+    )
+    waited, receives = 0.0, 0
+    while (
+        verdict := decide(state, _request(), NOW + timedelta(seconds=waited), UNPACED)
+    ).decision is not Decision.PROCEED:
+        assert verdict.decision is Decision.DEFERRED and receives < WORK_QUEUE_MAX_RECEIVES, (waited, receives)
+        waited, receives = waited + (verdict.defer_seconds or 0), receives + 1
+    assert receives <= TOPOLOGY_RETRY_SECONDS + 1, (waited, receives)
+    assert waited <= ahead + TOPOLOGY_RETRY_SECONDS, (waited, receives)

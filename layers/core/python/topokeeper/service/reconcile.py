@@ -72,7 +72,9 @@ CLAIM_RACE_SECONDS = 5  # another writer saved the state while this one planned:
 # waiting for that looks again at most EARLY_WRITE_CHECKS times an interval.
 EARLY_WRITE = 0.5
 EARLY_WRITE_CHECKS = 10
-DEBOUNCE_CHECKS = 20  # with EARLY_WRITE_CHECKS and a delivery's two: well under the queue's 50 receives
+# With EARLY_WRITE_CHECKS, a delivery's two and a topology retry's TOPOLOGY_RETRY_SECONDS (1 s apart at most):
+# under the queue's 50 receives.
+DEBOUNCE_CHECKS = 20
 
 
 class Decision(StrEnum):
@@ -117,8 +119,14 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
         return _wait(remaining.total_seconds(), "a delivery is in flight", behind_delivery=True)
     if state.first_pending_at is not None and _only_topology_retries(state):
         asked = (now - state.first_pending_at).total_seconds()
-        if asked < TOPOLOGY_RETRY_SECONDS:
-            return _wait(TOPOLOGY_RETRY_SECONDS - asked, "topology retry: EC2 is asked again in a moment")
+        # A stamp from a clock ahead of this one (``topokeeper apply`` on an operator's machine) tells nothing
+        # of how long ago EC2 was asked: no wait, rather than one for the skew or receives until it passed.
+        if 0 <= asked < TOPOLOGY_RETRY_SECONDS:
+            # The cycle's message also carries a change that arrives meanwhile (deduplicated into it, its FIFO
+            # group behind it): it looks again as often as the debounce would, so that change waits no longer
+            # than the settings say (at most TOPOLOGY_RETRY_SECONDS receives).
+            wait = min(TOPOLOGY_RETRY_SECONDS - asked, max(1.0, settings.debounce_seconds))
+            return _wait(wait, "topology retry: EC2 is asked again in a moment")
     quiet = float("inf") if state.last_event_at is None else (now - state.last_event_at).total_seconds()
     if state.first_pending_at is not None:
         waited = (now - state.first_pending_at).total_seconds()
