@@ -33,9 +33,10 @@ SPEED_LOOP = 10**7
 
 
 def cpu_loop_seconds() -> float:
-    """The least of three timings of one fixed pure-Python loop: how fast this machine ran when a section was
-    measured. The shared machine's speed swings by half or more from hour to hour with the same load average,
-    so figures of different sections (or runs) compare only beside this one."""
+    """The least of three timings of one fixed pure-Python loop: how fast this machine's CPU ran when a section
+    was measured (the shared machine's speed swings by half or more from hour to hour at the same load). A proxy
+    for pure computation only: the simulator and the planner, which move much memory, have run a quarter slower
+    with the loop as fast as ever."""
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
