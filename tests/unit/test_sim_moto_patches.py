@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 from typing import Any
 
@@ -59,14 +60,21 @@ def unpatched() -> Iterator[None]:
         moto_patches.apply()
 
 
+@contextmanager
+def _patched() -> Iterator[None]:
+    """moto with the emulator's patches, as a running emulator has it; moto's own again after."""
+    moto_patches.apply()
+    try:
+        yield
+    finally:
+        moto_patches.restore()
+
+
 def _both(operation: str, result: dict[str, Any]) -> tuple[str, str]:
     moto_patches.restore()
     original = _serialize(operation, result)
-    moto_patches.apply()
-    try:
+    with _patched():
         return original, _serialize(operation, result)
-    finally:
-        moto_patches.restore()
 
 
 def test_attribute_values_are_written_byte_for_byte_as_moto_writes_them(unpatched: None) -> None:
@@ -94,16 +102,13 @@ def test_values_the_direct_writer_does_not_cover_fall_back_to_moto(unpatched: No
 def test_boto3_sessions_do_not_grow_the_shared_loaders_search_paths(unpatched: None) -> None:
     """boto3 appends its data directory to its session's loader: shared, that loader would take one more path for
     every boto3 session made while the emulator runs (and keep them after it stops)."""
-    moto_patches.apply()
-    try:
+    with _patched():
         loader = boto3.session.Session()._loader
         paths = list(loader.search_paths)
         for _ in range(3):
             assert boto3.session.Session()._loader is loader
         assert loader.search_paths == paths
         assert sum(path.endswith("boto3/data") for path in paths) == 1  # boto3's resources still load
-    finally:
-        moto_patches.restore()
 
 
 def _create_table(db: Any, name: str, kind: str = "S", *, sort_key: bool = True) -> None:
@@ -180,11 +185,8 @@ def _play_transactions() -> list[Any]:
 
 def test_transactions_commit_and_roll_back_as_moto_does(unpatched: None) -> None:
     original = _play_transactions()
-    moto_patches.apply()
-    try:
+    with _patched():
         patched = _play_transactions()
-    finally:
-        moto_patches.restore()
     assert patched == original
     codes = [answer.get("Error", {}).get("Code") for answer in original[::2]]
     assert codes == [None, "TransactionCanceledException", "ValidationException", "ResourceNotFoundException"]
@@ -196,25 +198,21 @@ def test_a_transaction_copies_only_the_items_it_writes(unpatched: None) -> None:
     from moto import mock_aws
     from moto.dynamodb.models import dynamodb_backends
 
-    moto_patches.apply()
-    try:
-        with mock_aws():
-            db = boto3.client("dynamodb", region_name="us-east-1")
-            _create_table(db, "t")
-            for sk in ("STATE", "NODE#1", "NODE#2"):
-                db.put_item(TableName="t", Item={"pk": {"S": "c"}, "sk": {"S": sk}, "n": {"N": "1"}})
-            backend = dynamodb_backends["123456789012"]["us-east-1"]
-            before = {item.range_key.value: item for item in backend.tables["t"].all_items()}
-            with pytest.raises(db.exceptions.TransactionCanceledException):
-                db.transact_write_items(TransactItems=[
-                    {"Update": {"TableName": "t", "Key": {"pk": {"S": "c"}, "sk": {"S": "STATE"}},
-                                "UpdateExpression": "ADD n :one", "ExpressionAttributeValues": {":one": {"N": "1"}}}},
-                    {"ConditionCheck": {"TableName": "t", "Key": {"pk": {"S": "c"}, "sk": {"S": "NODE#1"}},
-                                        "ConditionExpression": "attribute_not_exists(pk)"}},
-                ])  # fmt: skip
-            after = {item.range_key.value: item for item in backend.tables["t"].all_items()}
-    finally:
-        moto_patches.restore()
+    with _patched(), mock_aws():
+        db = boto3.client("dynamodb", region_name="us-east-1")
+        _create_table(db, "t")
+        for sk in ("STATE", "NODE#1", "NODE#2"):
+            db.put_item(TableName="t", Item={"pk": {"S": "c"}, "sk": {"S": sk}, "n": {"N": "1"}})
+        backend = dynamodb_backends["123456789012"]["us-east-1"]
+        before = {item.range_key.value: item for item in backend.tables["t"].all_items()}
+        with pytest.raises(db.exceptions.TransactionCanceledException):
+            db.transact_write_items(TransactItems=[
+                {"Update": {"TableName": "t", "Key": {"pk": {"S": "c"}, "sk": {"S": "STATE"}},
+                            "UpdateExpression": "ADD n :one", "ExpressionAttributeValues": {":one": {"N": "1"}}}},
+                {"ConditionCheck": {"TableName": "t", "Key": {"pk": {"S": "c"}, "sk": {"S": "NODE#1"}},
+                                    "ConditionExpression": "attribute_not_exists(pk)"}},
+            ])  # fmt: skip
+        after = {item.range_key.value: item for item in backend.tables["t"].all_items()}
     assert after["STATE"] is not before["STATE"] and after["STATE"].attrs["n"].value == "1"  # written: put back
     assert after["NODE#2"] is before["NODE#2"]  # not named by the transaction: shared, not copied
 
@@ -274,11 +272,8 @@ def _play_reads() -> list[Any]:
 
 def test_reads_answer_as_moto_does(unpatched: None) -> None:
     original = _play_reads()
-    moto_patches.apply()
-    try:
+    with _patched():
         patched = _play_reads()
-    finally:
-        moto_patches.restore()
     assert patched == original
     assert original[0]["s"] == [{"facts": {"S": json.dumps({"InstanceId": "i-1"})}}]
     assert original[2]["s"] == [{"generation": {"N": "1.50"}}]  # a number moto normalizes
@@ -293,11 +288,8 @@ def test_a_string_projection_is_taken_as_it_is(unpatched: None, monkeypatch: pyt
     monkeypatch.setattr(
         moto_patches, "_ORIGINAL_PROJECT", lambda item, paths: calls.append(paths) or original(item, paths)
     )
-    moto_patches.apply()
-    try:
+    with _patched():
         _play_reads()
-    finally:
-        moto_patches.restore()
     assert calls == [[["generation"]], [["nested", "deep"], ["triggers[1]"]], [["bits"], ["flag"]]]
 
 
@@ -372,11 +364,8 @@ def _play_updates() -> list[Any]:
 
 def test_updates_answer_and_store_as_moto_does(unpatched: None) -> None:
     original = _play_updates()
-    moto_patches.apply()
-    try:
+    with _patched():
         patched = _play_updates()
-    finally:
-        moto_patches.restore()
     assert patched == original
     assert original[0]["Attributes"]["generation"] == {"N": "8"}
     assert original[2]["Attributes"]["generation"] == {"N": "10"}  # the second values, not the first ones again
@@ -437,8 +426,7 @@ def test_an_update_expression_is_parsed_once_and_a_bad_one_every_time(
         return original(cls, text)
 
     moto_patches._parsed_update_expression.cache_clear()
-    moto_patches.apply()
-    try:
+    with _patched():
         monkeypatch.setattr(
             moto_patches,
             "_ORIGINAL_MAKE_UPDATE_EXPRESSION",
@@ -449,8 +437,6 @@ def test_an_update_expression_is_parsed_once_and_a_bad_one_every_time(
         for _ in range(2):
             with pytest.raises(MockValidationException):
                 UpdateExpressionParser.make("SET = :a")
-    finally:
-        moto_patches.restore()
         moto_patches._parsed_update_expression.cache_clear()
     assert parsed == ["SET a = :a ADD n :one", "SET = :a", "SET = :a"]
 
@@ -480,8 +466,7 @@ def test_moto_ids_keep_their_alphabet_and_length_and_follow_the_seed(unpatched: 
     from moto.moto_api._internal import mock_random
 
     original = _draw_ids(13)
-    moto_patches.apply()
-    try:
+    with _patched():
         patched = _draw_ids(13)
         assert _draw_ids(13) == patched
         mock_random.seed(13)
@@ -490,8 +475,6 @@ def test_moto_ids_keep_their_alphabet_and_length_and_follow_the_seed(unpatched: 
         assert mock_random.get_random_string(52) == first
         mock_random.seed(14)
         assert mock_random.get_random_string(52) != first
-    finally:
-        moto_patches.restore()
     assert patched == original
     assert original[-1] == "abcdefghijklmnopqrstuvwxyz/185"
 
@@ -515,11 +498,8 @@ def _enrich_each() -> list[Any]:
 
 def test_answers_are_enriched_as_moto_enriches_them(unpatched: None) -> None:
     original = _enrich_each()
-    moto_patches.apply()
-    try:
+    with _patched():
         patched = _enrich_each()
-    finally:
-        moto_patches.restore()
     assert patched == original
     assert original[0] == (
         {"status": "200", "k": "v"},
