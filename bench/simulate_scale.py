@@ -49,12 +49,12 @@ def main() -> None:
     args = parser.parse_args()
     load = os.getloadavg()
     runs = [run_once(SCENARIO) for _ in range(args.runs)]
-    walls, cpus = sorted(r[0] for r in runs), sorted(r[1] for r in runs)
     by_wall = sorted(runs, key=lambda run: run[0])
+    least_wall, least_cpu = by_wall[0][0], min(run[1] for run in runs)
     totals = runs[0][2]
     calls = totals["aws_calls"]
     assert isinstance(calls, dict)
-    verdict = "met" if walls[0] < GOAL_SECONDS else f"NOT met ({walls[0] - GOAL_SECONDS:.1f} s over)"
+    verdict = "met" if least_wall < GOAL_SECONDS else f"NOT met ({least_wall - GOAL_SECONDS:.1f} s over)"
     lines = [
         "## The simulator's own speed",
         "",
@@ -69,8 +69,8 @@ def main() -> None:
         "",
         "| runs | wall s (least) | wall s (all; the CPU loop's s just before each) | CPU s (least) | goal |",
         "|---|---|---|---|---|",
-        f"| {len(runs)} | {walls[0]:.1f} | {', '.join(f'{r[0]:.1f} ({r[3]:.2f})' for r in by_wall)} | {cpus[0]:.1f} "
-        f"| under {GOAL_SECONDS:.0f} s: {verdict} |",
+        f"| {len(runs)} | {least_wall:.1f} | {', '.join(f'{r[0]:.1f} ({r[3]:.2f})' for r in by_wall)} "
+        f"| {least_cpu:.1f} | under {GOAL_SECONDS:.0f} s: {verdict} |",
         "",
         f"Each run: {totals['simulated_seconds']} s simulated, {totals['events_sent']} events, "
         f"{sum(int(n) for n in calls.values())} counted AWS requests "
