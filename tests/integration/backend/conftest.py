@@ -60,6 +60,19 @@ def world_factory() -> Iterator[Callable[..., World]]:
         stack.pop().__exit__(None, None, None)
 
 
+def reconcile_batches(world: World) -> list[dict[str, Any]]:
+    """Every SQS batch the reconcile function is invoked with from now on (each an event of ``Records``)."""
+    batches: list[dict[str, Any]] = []
+    reconcile = world.functions.handlers["reconcile"]
+
+    def recorded(event: dict[str, Any], context: Any) -> Any:
+        batches.append(event)
+        return reconcile(event, context)
+
+    world.functions.handlers["reconcile"] = recorded
+    return batches
+
+
 class AuditCapture:
     """UpdatePartitionTopology events as an EventBridge consumer receives them."""
 

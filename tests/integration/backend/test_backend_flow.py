@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.integration.backend.conftest import AuditCapture, small_scenario
+from tests.integration.backend.conftest import AuditCapture, reconcile_batches, small_scenario
 from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.aws import client
 from topokeeper.applier.applier import BACKUP_DIR, GENERATION_FILE, sha256_text
@@ -74,14 +74,7 @@ def test_the_inbox_that_stands_in_for_eventbridge_invoking_a_function_is_not_a_c
     # Lambda's event source polls in the account, is received from by request (once per reconcile batch).
     world = world_factory(head_node="file")
     world.settle()
-    reconcile = world.functions.handlers["reconcile"]
-    batches: list[object] = []
-
-    def counted(event: object, context: object) -> object:
-        batches.append(event)
-        return reconcile(event, context)
-
-    world.functions.handlers["reconcile"] = counted
+    batches = reconcile_batches(world)
     world.emulator.calls.reset()
     for _ in range(3):
         world.put_event(
