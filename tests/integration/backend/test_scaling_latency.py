@@ -12,6 +12,7 @@ import pytest
 from tests.integration.backend.conftest import reconcile_batches, small_scenario
 from topokeeper.adapters.aws import client
 from topokeeper.events import WORK_QUEUE_MAX_RECEIVES
+from topokeeper.service.reconcile import TOPOLOGY_RETRY_SECONDS
 from topokeeper.sim.commands import SCENARIOS
 from topokeeper.sim.scenario import Scenario, Step, load_scenario
 from topokeeper.sim.simulator import SimulationResult, Story, simulate
@@ -120,3 +121,24 @@ def test_a_short_debounce_under_a_long_max_wait_is_deferred_through_the_queue_ne
     applies = [entry["t"] for entry in scale.timeline if entry["kind"] == "apply"]
     assert applies and applies[0] - started >= 200, applies
     assert scale.head_node_writes <= 3
+
+
+def test_without_pacing_nodes_ec2_reports_late_are_still_placed_by_their_retries() -> None:
+    """No debounce, no write interval, no max wait, and EC2 reports a new node's topology 45 s after its launch:
+    the reconcile asks again for the nodes without it (up to 30 times a change). Asked back to back, the retries
+    were all spent within the first half minute and the nodes stayed out of the topology; 10 s apart, they are
+    placed once EC2 reports them."""
+    scenario = Scenario.model_validate(
+        {
+            **small_scenario().model_dump(mode="json"),
+            "debounce_seconds": 0,
+            "min_write_interval_seconds": 0,
+            "max_wait_seconds": 0,
+            "steps": [{"scale": {"group": "p5", "to": 12}}],
+            "timing": {"topology_report_delay_seconds": 45},
+        }
+    )
+    _, scale = simulate(scenario, head_node="file").steps
+    latency = scale.node_latency_seconds
+    assert latency is not None and (latency.nodes, latency.unplaced) == (4, 0), latency
+    assert latency.max is not None and 45 <= latency.max <= 45 + 2 * TOPOLOGY_RETRY_SECONDS, latency
