@@ -240,7 +240,8 @@ def section(
         " nodes and instance topology of a snapshot are read without the pydantic models and a cluster's nodes"
         " checked a field at a time (one regex over all names), falling back to the models, and their errors,"
         " for anything else; names already checked are not checked again in switches, blocks and partition"
-        " plans; no cycle collection while planning; a leaf's shared network path is walked once.",
+        " plans; no cycle collection while planning; a leaf's shared network path is walked once; the process ends"
+        " without freeing what it built (`os._exit` after flushing its output: ~0.15 s at 100,000 nodes).",
     ]
     lines += [
         "",

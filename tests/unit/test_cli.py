@@ -1,10 +1,14 @@
 import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 
 from topokeeper.adapters.aws import client
-from topokeeper.cli import main
+from topokeeper.cli import EXIT_BAD_INPUT, EXIT_OK, main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -360,3 +364,26 @@ def test_a_folded_block_partition_reports_its_largest_leaf_in_the_tree_slurm_rea
     assert rows["gb"][1:5] == ["block,", "folded", "into", "tree"]
     assert rows["gb"][8] == "9"  # LARGEST LEAF/BLOCK: a leaf of the written tree, not an 18-node block
     assert rows["p5"][5] == "4"
+
+
+def _console_script(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The installed ``topokeeper`` command through pipes, as a script runs it (its output block-buffered)."""
+    command = Path(sys.executable).with_name("topokeeper")
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    return subprocess.run([str(command), *argv], capture_output=True, text=True, check=False, env=environment)
+
+
+def test_the_topokeeper_command_is_run_which_ends_a_plan_without_teardown() -> None:
+    (script,) = entry_points(group="console_scripts", name="topokeeper")
+    assert script.value == "topokeeper.cli:run"
+
+
+def test_a_plan_ended_without_teardown_has_printed_and_written_everything(tmp_path: Path) -> None:
+    ran = _console_script("plan", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--out", str(tmp_path))
+    assert ran.returncode == EXIT_OK, ran.stderr
+    files = sorted(path for path in tmp_path.iterdir() if path.stat().st_size > 0)
+    # Its last lines, left in the stream's buffer until the exit flushed them.
+    assert files and ran.stdout.endswith("".join(f"wrote {path}\n" for path in files))
+    bad = _console_script("show", "--snapshot", str(tmp_path / "missing.json"))
+    assert bad.returncode == EXIT_BAD_INPUT
+    assert bad.stderr.startswith("topokeeper: error: ") and bad.stdout == ""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -218,5 +219,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def run() -> NoReturn:
+    """The ``topokeeper`` command: ``main``; after a planning command, the process ends without freeing what it
+    built (a plan of 100,000 nodes is some two million objects: ~0.1 s of freeing memory the exit returns anyway).
+    Its files are closed already; only the standard streams are left to flush."""
+    code = main()
+    if sys.argv[1:2] and sys.argv[1] in PLANNING_COMMANDS:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except OSError:  # a closed pipe: the interpreter's own exit reports it, as before
+            sys.exit(code)
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
