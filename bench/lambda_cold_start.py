@@ -66,9 +66,16 @@ def zipped_size(directory: Path, exclude: tuple[str, ...] = ()) -> int:
         return archive.stat().st_size
 
 
-def _import_program(path: list[Path], statement: str = "import handler") -> str:
+# What Lambda's Python runtime has imported when it imports the handler (awslambdaric: bootstrap.py's imports, and
+# the ThreadPoolExecutor of lambda_runtime_client.py); the figures start after them, as a cold start's import does.
+RUNTIME_PRELOAD = "import importlib, json, logging, os, sys, time, traceback\nimport concurrent.futures\n"
+PRELOADED = "-- the runtime's modules imported --"
+
+
+def _import_program(path: list[Path], statement: str = "import handler", preload: str = RUNTIME_PRELOAD) -> str:
     return (
         f"import sys, time; sys.path[:0] = {[str(p) for p in path]!r}\n"
+        f"{preload}sys.stderr.write({PRELOADED!r} + '\\n')\n"
         "cpu, wall = time.process_time(), time.perf_counter()\n"
         f"{statement}\n"
         "sys.stdout.write(f'{time.process_time() - cpu} {time.perf_counter() - wall}')\n"
@@ -78,7 +85,7 @@ def _import_program(path: list[Path], statement: str = "import handler") -> str:
 # The libraries alone: every module of another distribution that ``import handler`` loads, in the order it loaded
 # them, with the standard library they import (what is left of a handler's figure is the package's own).
 _LOADED_LIBRARIES = (
-    "before = set(sys.modules)\n"
+    RUNTIME_PRELOAD + "before = set(sys.modules)\n"
     "import handler\n"
     "import json\n"
     "skip = {'handler', 'topokeeper', *sys.stdlib_module_names}\n"
@@ -97,13 +104,14 @@ def libraries_statement(python: LayerPython, path: list[Path]) -> str:
 
 
 def import_seconds(
-    python: LayerPython, path: list[Path], runs: int, statement: str = "import handler"
+    python: LayerPython, path: list[Path], runs: int, statement: str = "import handler", preload: str = RUNTIME_PRELOAD
 ) -> tuple[float, float]:
     """The least CPU and wall seconds of ``statement`` (``import handler``) over ``runs`` fresh interpreters: other
     work on a shared machine only ever adds to a run (a median of 5 moved +-30 ms with the machine's load)."""
     cpu, wall = [], []
     for _ in range(runs):
-        ran = python.run("-c", _import_program(path, statement), environment={"PYTHONDONTWRITEBYTECODE": "1"})
+        program = _import_program(path, statement, preload)
+        ran = python.run("-c", program, environment={"PYTHONDONTWRITEBYTECODE": "1"})
         if ran.returncode != 0:
             raise RuntimeError(ran.stderr[-2000:])
         cpu_seconds, wall_seconds = map(float, ran.stdout.split())
@@ -120,7 +128,8 @@ def import_instructions(python: LayerPython, path: list[Path]) -> int | None:
         return None
     counts = []
     for statement in ("pass", "import handler"):
-        program = f"import os, sys; sys.path[:0] = {[str(p) for p in path]!r}\n{statement}\nos._exit(0)\n"
+        head = f"import os, sys; sys.path[:0] = {[str(p) for p in path]!r}\n{RUNTIME_PRELOAD}"
+        program = f"{head}{statement}\nos._exit(0)\n"
         ran = subprocess.run(
             [valgrind, "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
              *python.command, "-S", "-c", program],
@@ -136,7 +145,7 @@ def import_breakdown(python: LayerPython, path: list[Path]) -> Counter[str]:
     """Self time (us) by top-level package, from one ``-X importtime`` run."""
     ran = python.run("-X", "importtime", "-c", _import_program(path), environment={"PYTHONDONTWRITEBYTECODE": "1"})
     by_package: Counter[str] = Counter()
-    for line in ran.stderr.splitlines():
+    for line in ran.stderr.split(PRELOADED, 1)[1].splitlines():
         if not line.startswith("import time:") or "self [us]" in line:
             continue
         self_us, _, name = (part.strip() for part in line.removeprefix("import time:").split("|"))
@@ -158,14 +167,16 @@ def cold_imports(python: LayerPython, runs: int, scratch: Path) -> dict[str, Any
         ("core only", "core with bytecode", "without"),
         ("both", "core with bytecode", "with"),
     ]
+    fresh = "both, nothing preloaded"
     load = os.getloadavg()[0]
-    results: dict[str, Any] = {"configurations": [c[0] for c in configurations], "handlers": {}}
+    results: dict[str, Any] = {"configurations": [*(c[0] for c in configurations), fresh], "handlers": {}}
     for name in FUNCTION_NAMES:
         row = {}
         for label, core_key, powertools_key in configurations:
             path = [FUNCTIONS_DIR / name, layers[core_key], powertools[powertools_key]]
             row[label] = import_seconds(python, path, runs)
         both = [FUNCTIONS_DIR / name, layers["core with bytecode"], powertools["with"]]
+        row[fresh] = import_seconds(python, both, runs, preload="")
         row["libraries"] = import_seconds(python, both, runs, libraries_statement(python, both))
         row["breakdown"] = import_breakdown(python, both).most_common(4)
         row["instructions"] = import_instructions(python, both)
@@ -260,6 +271,11 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
         "",
         f"### Cold import of each handler (`import handler`, least of {runs} fresh interpreters: CPU ms (wall ms))",
         "",
+        "As Lambda's Python runtime imports a handler: after its own modules (awslambdaric's bootstrap imports "
+        "importlib, json, logging, os, sys, time and traceback, and its runtime client concurrent.futures, before "
+        "it imports the handler), which every figure but the last column has imported before its clock starts; "
+        "the last column is the same import in an interpreter with nothing imported, as this section measured "
+        "before (logging and traceback alone are ~20 ms of it under 3.14). "
         "Layers as Lambda unpacks them: files dated as CDK zips them, no bytecode written. Powertools: the pinned "
         "requirements-powertools.txt for this machine, standing in for the AWS-managed layer, measured with and "
         f"without bytecode. Goal: under {GOAL_IMPORT_MS} ms. CPU time is the figure to read: this machine is shared "
@@ -290,16 +306,17 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
         f"same in every run whatever else the machine runs; the CPU figures move with the machine's load (its "
         f"1-minute load average was {imports['load'][0]:.1f} to {imports['load'][1]:.1f} while they were taken).",
         "",
-        "| handler | no bytecode | core layer bytecode | core + Powertools bytecode | of which libraries (both) "
-        "| instructions (both), millions | most self time ms (both) |",
-        "|---|---|---|---|---|---|---|",
+        "| handler | no bytecode | core layer bytecode | core + Powertools bytecode (both) | of which libraries "
+        "(both) | instructions (both), millions | most self time ms (both) | both, nothing imported before |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, row in imports["handlers"].items():
-        cells = [f"{_ms(row[label][0])} ({_ms(row[label][1])})" for label in imports["configurations"]]
+        *preloaded, fresh = imports["configurations"]
+        cells = [f"{_ms(row[label][0])} ({_ms(row[label][1])})" for label in preloaded]
         cells.append(f"{_ms(row['libraries'][0])} ({_ms(row['libraries'][1])})")
         cells.append("n/a" if row["instructions"] is None else f"{row['instructions'] / 1e6:,.0f}")
         breakdown = ", ".join(f"{package} {us / 1000:.0f}" for package, us in row["breakdown"])
-        lines.append(f"| {name} | {' | '.join(cells)} | {breakdown} |")
+        lines.append(f"| {name} | {' | '.join(cells)} | {breakdown} | {_ms(row[fresh][0])} ({_ms(row[fresh][1])}) |")
     lines += [
         "",
         "### Assets, zipped as CDK zips them",
