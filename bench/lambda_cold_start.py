@@ -144,6 +144,8 @@ def import_instructions(python: LayerPython, path: list[Path]) -> int | None:
 def import_breakdown(python: LayerPython, path: list[Path]) -> Counter[str]:
     """Self time (us) by top-level package, from one ``-X importtime`` run."""
     ran = python.run("-X", "importtime", "-c", _import_program(path), environment={"PYTHONDONTWRITEBYTECODE": "1"})
+    if ran.returncode != 0:
+        raise RuntimeError(ran.stderr[-2000:])
     by_package: Counter[str] = Counter()
     for line in ran.stderr.split(PRELOADED, 1)[1].splitlines():
         if not line.startswith("import time:") or "self [us]" in line:
@@ -275,7 +277,8 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
         "importlib, json, logging, os, sys, time and traceback, and its runtime client concurrent.futures, before "
         "it imports the handler), which every figure but the last column has imported before its clock starts; "
         "the last column is the same import in an interpreter with nothing imported, as this section measured "
-        "before (logging and traceback alone are ~20 ms of it under 3.14). "
+        "before (logging and traceback alone are ~20 ms of it under 3.14). The runtime imports a few more modules "
+        "than these (decimal and datetime among them): the figures run a little high, never low. "
         "Layers as Lambda unpacks them: files dated as CDK zips them, no bytecode written. Powertools: the pinned "
         "requirements-powertools.txt for this machine, standing in for the AWS-managed layer, measured with and "
         f"without bytecode. Goal: under {GOAL_IMPORT_MS} ms. CPU time is the figure to read: this machine is shared "
@@ -298,11 +301,12 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
         "execution environment, which no later collection scans either). Built on first use instead (pydantic's "
         "`defer_build`): the event detail models (an event validates one of them, ~1 ms), the Kueue audit record "
         "(EKS clusters) and the login models (login endpoints). "
-        '"Of which libraries" imports, in a fresh interpreter, every module of '
+        '"Of which libraries" imports, after the runtime\'s modules, every module of '
         "another distribution the handler loads (Powertools, pydantic, botocore and what they import): the rest is "
         "the package's own (its pydantic models, built at import, are most of it).",
         "",
-        "Instructions (both): what valgrind counts for `import handler` (interpreter start and exit taken out), the "
+        "Instructions (both): what valgrind counts for `import handler` (interpreter start, the runtime's modules "
+        "and exit taken out), the "
         f"same in every run whatever else the machine runs; the CPU figures move with the machine's load (its "
         f"1-minute load average was {imports['load'][0]:.1f} to {imports['load'][1]:.1f} while they were taken).",
         "",

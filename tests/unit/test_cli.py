@@ -4,11 +4,12 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from topokeeper.adapters.aws import client
-from topokeeper.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from topokeeper.cli import EXIT_BAD_INPUT, EXIT_FLUSH_FAILED, EXIT_OK, main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -366,11 +367,16 @@ def test_a_folded_block_partition_reports_its_largest_leaf_in_the_tree_slurm_rea
     assert rows["p5"][5] == "4"
 
 
-def _console_script(*argv: str) -> subprocess.CompletedProcess[str]:
-    """The installed ``topokeeper`` command through pipes, as a script runs it (its output block-buffered)."""
-    command = Path(sys.executable).with_name("topokeeper")
+TOPOKEEPER = str(Path(sys.executable).with_name("topokeeper"))
+
+
+def _console_script(*argv: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    """The installed ``topokeeper`` command as a script runs it: its output block-buffered (``PYTHONUNBUFFERED``
+    unset), into a pipe unless ``stdout`` says otherwise."""
     environment = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
-    return subprocess.run([str(command), *argv], capture_output=True, text=True, check=False, env=environment)
+    return subprocess.run(
+        [TOPOKEEPER, *argv], stdout=stdout, stderr=subprocess.PIPE, text=True, check=False, env=environment
+    )
 
 
 def test_the_topokeeper_command_is_run_which_ends_a_plan_without_teardown() -> None:
@@ -387,3 +393,33 @@ def test_a_plan_ended_without_teardown_has_printed_and_written_everything(tmp_pa
     bad = _console_script("show", "--snapshot", str(tmp_path / "missing.json"))
     assert bad.returncode == EXIT_BAD_INPUT
     assert bad.stderr.startswith("topokeeper: error: ") and bad.stdout == ""
+
+
+@pytest.mark.parametrize("output", ["table", "json"])
+def test_output_that_cannot_be_written_is_an_error_never_a_success(output: str, tmp_path: Path) -> None:
+    """A full disk: a flush that fails drops what it could not write, so a second flush (the interpreter's own, at
+    exit) finds nothing to report. The JSON document (6 kB) is past the stream's buffer, the table within it."""
+    argv = ["show", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), *(["--json"] if output == "json" else [])]
+    with open("/dev/full", "w") as full:
+        ran = _console_script(*argv, stdout=full)
+    assert ran.returncode == EXIT_FLUSH_FAILED
+    assert ran.stderr == "topokeeper: error: cannot write the output: No space left on device\n"
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader is gone before the command writes (head -1 done, a consumer died)
+    with os.fdopen(writer, "w") as gone:
+        ran = _console_script(*argv, stdout=gone)
+    assert ran.returncode == EXIT_FLUSH_FAILED and ran.stderr.endswith("cannot write the output: Broken pipe\n")
+
+
+def test_a_closed_standard_stream_is_no_error() -> None:
+    """Started with its output or error descriptor closed (``>&-``), as before: nothing is printed there."""
+    snapshot = str(EXAMPLES / "mixed-cluster.json")
+    closed_out = subprocess.run(
+        ["sh", "-c", 'exec "$0" "$@" >&-', TOPOKEEPER, "show", "--snapshot", snapshot], check=False
+    )
+    assert closed_out.returncode == EXIT_OK
+    missing = str(EXAMPLES / "no-such-snapshot.json")
+    closed_error = subprocess.run(
+        ["sh", "-c", 'exec "$0" "$@" 2>&-', TOPOKEEPER, "show", "--snapshot", missing], capture_output=True, check=False
+    )
+    assert closed_error.returncode == EXIT_BAD_INPUT

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import sys
@@ -30,6 +31,7 @@ from topokeeper.render.bundle import RenderedPlan, json_text, render
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
+EXIT_FLUSH_FAILED = 120  # as Python exits when flushing its output fails
 # Commands that plan from a file: with one of these first, the others (which import botocore, ~0.5 s) stay unloaded.
 PLANNING_COMMANDS = frozenset({"plan", "show", "applier-path"})
 
@@ -226,10 +228,16 @@ def run() -> NoReturn:
     code = main()
     if sys.argv[1:2] and sys.argv[1] in PLANNING_COMMANDS:
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except OSError:  # a closed pipe: the interpreter's own exit reports it, as before
-            sys.exit(code)
+            for stream in (sys.stdout, sys.stderr):
+                if stream is not None:  # None: started with the descriptor closed (print writes nothing)
+                    stream.flush()
+        except OSError as error:
+            # The output the flush could not write is dropped with it (a full disk, a reader gone), so no later
+            # flush reports it: say so here, with the status the interpreter's own exit gives a failed flush.
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"topokeeper: error: cannot write the output: {error.strerror or error}\n")
+                sys.stderr.flush()
+            os._exit(EXIT_FLUSH_FAILED)
         os._exit(code)
     sys.exit(code)
 
