@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,3 +72,27 @@ def _field_paths(value: object, path: str = "") -> set[str]:
         if key not in DATA_KEYED:
             paths |= _field_paths(item, f"{path}.{key}")
     return paths
+
+
+def test_simulate_through_the_command_ends_with_everything_written_and_nothing_left(tmp_path: Path) -> None:
+    """The installed command ends a simulation without the interpreter's teardown (topokeeper.cli.run): its output
+    is whole through a pipe (block-buffered), its files written, its temporary directories gone."""
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(SCENARIO)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    environment |= {HEAD_NODE_VARIABLE: "file", "TMPDIR": str(scratch)}
+    command = [str(Path(sys.executable).with_name("topokeeper")), "simulate", "--scenario", str(scenario)]
+    ran = subprocess.run(
+        [*command, "--out", str(tmp_path / "out"), "--json"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    written = json.loads(ran.stdout)["written"]
+    assert [Path(path).name for path in written] == ["result.json", "report.html"]
+    assert all(Path(path).stat().st_size > 0 for path in written)
+    assert list(scratch.iterdir()) == []

@@ -384,6 +384,21 @@ def test_the_topokeeper_command_is_run_which_ends_a_plan_without_teardown() -> N
     assert script.value == "topokeeper.cli:run"
 
 
+def test_ending_without_teardown_runs_the_exit_functions_and_keeps_the_status(tmp_path: Path) -> None:
+    ran_marker = tmp_path / "exit-function-ran"
+    program = (
+        "import atexit, pathlib\n"
+        f"atexit.register(pathlib.Path({str(ran_marker)!r}).write_text, 'ran')\n"
+        "from topokeeper.cli import end_without_teardown\n"
+        "print('printed', end='')\n"
+        "end_without_teardown(3)\n"
+    )
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=environment, check=False)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (3, "printed", "")
+    assert ran_marker.read_text() == "ran"  # as sys.exit runs them (temporary directories' finalizers, logging)
+
+
 def test_a_plan_ended_without_teardown_has_printed_and_written_everything(tmp_path: Path) -> None:
     ran = _console_script("plan", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--out", str(tmp_path))
     assert ran.returncode == EXIT_OK, ran.stderr
