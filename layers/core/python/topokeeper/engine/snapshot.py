@@ -401,7 +401,7 @@ def _nodes(
         if partition is None and group not in group_partition:
             warnings.append(f"node {name}: instance group {group!r} is not in DescribeCluster")
         indexes.append(index)
-        rows.append(_node_fields(instance, name, partition, topology_by_id.get(instance.instance_id, _NO_TOPOLOGY)))
+        rows.append(_node_fields(instance, name, partition, topology_by_id.get(instance.instance_id)))
     built = Node.from_plain_rows(rows)
     if built is None:
         built = [_checked_node(index, fields) for index, fields in zip(indexes, rows, strict=True)]
