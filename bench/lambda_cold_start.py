@@ -314,8 +314,8 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
         "(both) | instructions (both), millions | most self time ms (both) | both, nothing imported before |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    *preloaded, fresh = imports["configurations"]
     for name, row in imports["handlers"].items():
-        *preloaded, fresh = imports["configurations"]
         cells = [f"{_ms(row[label][0])} ({_ms(row[label][1])})" for label in preloaded]
         cells.append(f"{_ms(row['libraries'][0])} ({_ms(row['libraries'][1])})")
         cells.append("n/a" if row["instructions"] is None else f"{row['instructions'] / 1e6:,.0f}")

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.installed_command import block_buffered_environment, run_installed
 from topokeeper.cli import main
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 from topokeeper.sim.simulator import SimulationResult
@@ -81,15 +79,9 @@ def test_simulate_through_the_command_ends_with_everything_written_and_nothing_l
     scenario.write_text(SCENARIO)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    environment = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
-    environment |= {HEAD_NODE_VARIABLE: "file", "TMPDIR": str(scratch)}
-    command = [str(Path(sys.executable).with_name("topokeeper")), "simulate", "--scenario", str(scenario)]
-    ran = subprocess.run(
-        [*command, "--out", str(tmp_path / "out"), "--json"],
-        capture_output=True,
-        text=True,
-        env=environment,
-        check=False,
+    environment = block_buffered_environment(**{HEAD_NODE_VARIABLE: "file", "TMPDIR": str(scratch)})
+    ran = run_installed(
+        "simulate", "--scenario", str(scenario), "--out", str(tmp_path / "out"), "--json", environment=environment
     )
     assert ran.returncode == 0, ran.stderr[-2000:]
     written = json.loads(ran.stdout)["written"]

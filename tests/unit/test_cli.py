@@ -4,10 +4,10 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.installed_command import TOPOKEEPER, block_buffered_environment, run_installed
 from topokeeper.adapters.aws import client
 from topokeeper.cli import EXIT_BAD_INPUT, EXIT_FLUSH_FAILED, EXIT_OK, main
 
@@ -367,18 +367,6 @@ def test_a_folded_block_partition_reports_its_largest_leaf_in_the_tree_slurm_rea
     assert rows["p5"][5] == "4"
 
 
-TOPOKEEPER = str(Path(sys.executable).with_name("topokeeper"))
-
-
-def _console_script(*argv: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
-    """The installed ``topokeeper`` command as a script runs it: its output block-buffered (``PYTHONUNBUFFERED``
-    unset), into a pipe unless ``stdout`` says otherwise."""
-    environment = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
-    return subprocess.run(
-        [TOPOKEEPER, *argv], stdout=stdout, stderr=subprocess.PIPE, text=True, check=False, env=environment
-    )
-
-
 def test_the_topokeeper_command_is_run_which_ends_a_plan_without_teardown() -> None:
     (script,) = entry_points(group="console_scripts", name="topokeeper")
     assert script.value == "topokeeper.cli:run"
@@ -393,19 +381,19 @@ def test_ending_without_teardown_runs_the_exit_functions_and_keeps_the_status(tm
         "print('printed', end='')\n"
         "end_without_teardown(3)\n"
     )
-    environment = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    environment = block_buffered_environment()
     ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=environment, check=False)
     assert (ran.returncode, ran.stdout, ran.stderr) == (3, "printed", "")
     assert ran_marker.read_text() == "ran"  # as sys.exit runs them (temporary directories' finalizers, logging)
 
 
 def test_a_plan_ended_without_teardown_has_printed_and_written_everything(tmp_path: Path) -> None:
-    ran = _console_script("plan", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--out", str(tmp_path))
+    ran = run_installed("plan", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--out", str(tmp_path))
     assert ran.returncode == EXIT_OK, ran.stderr
     files = sorted(path for path in tmp_path.iterdir() if path.stat().st_size > 0)
     # Its last lines, left in the stream's buffer until the exit flushed them.
     assert files and ran.stdout.endswith("".join(f"wrote {path}\n" for path in files))
-    bad = _console_script("show", "--snapshot", str(tmp_path / "missing.json"))
+    bad = run_installed("show", "--snapshot", str(tmp_path / "missing.json"))
     assert bad.returncode == EXIT_BAD_INPUT
     assert bad.stderr.startswith("topokeeper: error: ") and bad.stdout == ""
 
@@ -416,13 +404,13 @@ def test_output_that_cannot_be_written_is_an_error_never_a_success(output: str, 
     exit) finds nothing to report. The JSON document (6 kB) is past the stream's buffer, the table within it."""
     argv = ["show", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), *(["--json"] if output == "json" else [])]
     with open("/dev/full", "w") as full:
-        ran = _console_script(*argv, stdout=full)
+        ran = run_installed(*argv, stdout=full)
     assert ran.returncode == EXIT_FLUSH_FAILED
     assert ran.stderr == "topokeeper: error: cannot write the output: No space left on device\n"
     reader, writer = os.pipe()
     os.close(reader)  # the reader is gone before the command writes (head -1 done, a consumer died)
     with os.fdopen(writer, "w") as gone:
-        ran = _console_script(*argv, stdout=gone)
+        ran = run_installed(*argv, stdout=gone)
     assert ran.returncode == EXIT_FLUSH_FAILED and ran.stderr.endswith("cannot write the output: Broken pipe\n")
 
 
