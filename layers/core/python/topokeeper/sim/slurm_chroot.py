@@ -38,7 +38,8 @@ from pathlib import Path
 from topokeeper.applier.applier import partition_topologies
 from topokeeper.domain.hostlist import compress, expand
 
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
+# A Debian mirror for debootstrap (a local mirror or proxy) when set; unset, debootstrap uses its own default.
+DEBIAN_MIRROR_ENV = "TOPOKEEPER_DEBIAN_MIRROR"
 SUITE_FOR_FORMAT = {"topology.yaml": "sid", "topology.conf": "trixie"}
 # Full python3, as head nodes have it (the agent needs urllib and hmac; the applier needs only the
 # python3-minimal subset, which its own tests check).
@@ -134,7 +135,7 @@ def ensure_chroot(suite: str, cache: Path | None = None) -> Path:
         building = cache / f"{suite}.building"
         remove_chroot(building)
         remove_chroot(root)
-        _run(["debootstrap", "--variant=minbase", suite, str(building), DEBIAN_MIRROR], timeout=1800)
+        _run(debootstrap_argv(suite, building, os.environ), timeout=1800)
         # The mirror's Release files can read as expired against this machine's clock.
         (building / "etc/apt/apt.conf.d/99novaliduntil").write_text('Acquire::Check-Valid-Until "false";\n')
         policy = building / "usr/sbin/policy-rc.d"
@@ -144,6 +145,13 @@ def ensure_chroot(suite: str, cache: Path | None = None) -> Path:
         (building / READY_MARKER).write_text(_marker_text(building))
         building.rename(root)
     return root
+
+
+def debootstrap_argv(suite: str, target: Path, environ: Mapping[str, str]) -> list[str]:
+    """The debootstrap command for ``suite`` into ``target``: the mirror only when ``environ`` names one."""
+    argv = ["debootstrap", "--variant=minbase", suite, str(target)]
+    mirror = environ.get(DEBIAN_MIRROR_ENV, "").strip()
+    return [*argv, mirror] if mirror else argv
 
 
 def _install_packages(root: Path) -> None:
