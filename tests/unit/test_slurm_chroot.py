@@ -1,10 +1,10 @@
-"""The slurmctld harness's pure parts: the debootstrap command it builds."""
+"""The slurmctld harness's pure parts: the debootstrap command it builds and what it counts as a log problem."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from topokeeper.sim.slurm_chroot import DEBIAN_MIRROR_ENV, debootstrap_argv
+from topokeeper.sim.slurm_chroot import DEBIAN_MIRROR_ENV, debootstrap_argv, unexpected_log_lines
 
 TARGET = Path("/var/cache/topokeeper/chroots/sid.building")
 
@@ -15,3 +15,31 @@ def test_debootstrap_uses_its_own_default_mirror_unless_one_is_named() -> None:
     assert debootstrap_argv("sid", TARGET, {DEBIAN_MIRROR_ENV: "  "}) == default
     named = debootstrap_argv("trixie", TARGET, {DEBIAN_MIRROR_ENV: "http://mirror.internal/debian"})
     assert named == ["debootstrap", "--variant=minbase", "trixie", str(TARGET), "http://mirror.internal/debian"]
+
+
+# As slurmctld 26.05 and 24.11 write them (SlurmctldLogFile, default timestamps).
+BUSY_MACHINE_LOG = """\
+[2025-12-04T09:41:02.118] slurmctld version 26.05.5 started on cluster topokeeper
+[2025-12-04T09:41:02.121] error: High latency for 1000 calls to gettimeofday(): 2213 microseconds
+[2025-12-04T09:41:03.402] Warning: Note very large processing time from _slurm_rpc_reconfigure_controller: \
+usec=3184412 began=09:41:00.217
+[2025-12-04T09:41:03.403] Note large processing time from read_slurm_conf: usec=1203311 began=09:41:02.200
+[2025-12-04T09:41:03.500] Running as primary controller
+"""
+REAL_PROBLEMS = [
+    "[2025-12-04T09:41:04.001] error: Node p5-009 appears to have a different slurm.conf than the slurmctld.",
+    "[2025-12-04T09:41:04.002] fatal: Invalid BlockSizes value in topology block-gb",
+    "[2025-12-04T09:41:04.003] warning: Waiting for heartbeat file to exist...",
+    "[2025-12-04T09:41:04.004] warning: TOPOLOGY: no switch can reach all nodes through its descendants.",
+]
+
+
+def test_a_busy_machines_timing_messages_are_not_problems() -> None:
+    assert unexpected_log_lines(BUSY_MACHINE_LOG) == []
+
+
+def test_real_errors_stay_problems_beside_timing_messages() -> None:
+    log = BUSY_MACHINE_LOG + "\n".join(REAL_PROBLEMS) + "\n"
+    assert unexpected_log_lines(log) == REAL_PROBLEMS
+    # What a test expects is left out only where it appears.
+    assert unexpected_log_lines(log, ("TOPOLOGY: no switch can reach all nodes",)) == REAL_PROBLEMS[:3]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from topokeeper.cli import plan_from_files
 from topokeeper.domain.models import BlockTopology, PartitionSettings, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import RenderedPlan, render
-from topokeeper.sim.slurm_chroot import SlurmController
+from topokeeper.sim.slurm_chroot import SlurmController, unexpected_log_lines
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 pytestmark = pytest.mark.slurm
@@ -40,8 +39,7 @@ def _load(controller: SlurmController, rendered: RenderedPlan, assign: bool = Tr
 
 
 def _unexpected_log_lines(controller: SlurmController) -> list[str]:
-    lines = [line for line in controller.log_text().splitlines() if re.search(r"\b(error|warning|fatal)\b", line)]
-    return [line for line in lines if not any(noise in line for noise in EXPECTED_NOISE)]
+    return unexpected_log_lines(controller.log_text(), EXPECTED_NOISE)
 
 
 def _assert_live_matches(controller: SlurmController, topology: TreeTopology | BlockTopology, name: str | None) -> None:
