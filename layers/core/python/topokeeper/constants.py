@@ -80,6 +80,17 @@ def ssm_result_key(cluster: str, token: str) -> str:
     return f"{RESULT_KEY_PREFIX}/{cluster}/{token}.json"
 
 
+# How long a URL the SSM channel presigns for the head node lives (the staged applier and bundle it GETs, the
+# result it PUTs). At least the command's whole window: SSM may start the command as late as its delivery timeout
+# (SendCommand TimeoutSeconds) after it was sent, then let it run for its executionTimeout (both are the
+# channel's EXECUTION_TIMEOUT_SECONDS, the head-node program's CHANNEL_TIMEOUT_SECONDS). At most what SigV4 allows,
+# 7 days (S3 refuses a longer X-Amz-Expires); and a URL signed with the Lambda role's temporary credentials ends
+# when they do, whatever it says, so nothing may count on more than the window. The bucket keeps payloads/ and
+# results/ for a day (infra/storage.py), longer than this. tests/unit/test_presigned_url_lifetime.py checks both bounds.
+PRESIGNED_URL_SECONDS = 3600
+SIGV4_MAX_EXPIRES_SECONDS = 7 * 24 * 3600
+
+
 # The Lambdas' environment: the stack sets these (``infra/functions.py``), ``runtime.LambdaEnvironment``
 # reads them, and ``deployment.Deployment`` rebuilds them for the operator CLI.
 ENV_CONFIG = "TOPOKEEPER_CONFIG"

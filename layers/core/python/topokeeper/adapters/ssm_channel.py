@@ -35,6 +35,7 @@ from topokeeper.adapters.aws import THROTTLING_CODES, aws_errors, error_code, tr
 from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, MAX_FULL_RESULT_BYTES, sha256_text
 from topokeeper.config import SSM_TARGET
 from topokeeper.constants import (
+    PRESIGNED_URL_SECONDS,
     RESULT_KEY_PREFIX,
     RUN_SHELL_DOCUMENT,
     ssm_applier_key,
@@ -49,7 +50,6 @@ if TYPE_CHECKING:  # in signatures only: the functions that deliver load it at i
 
 APPLIER_PATH = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
 INLINE_LIMIT_BYTES = 48_000  # of the JSON-encoded commands; SSM rejects documents over 64 KB
-PRESIGNED_URL_SECONDS = 3600
 EXECUTION_TIMEOUT_SECONDS = CHANNEL_TIMEOUT_SECONDS  # the applier's budget plus margin (applier.py)
 STDOUT_LIMIT = 24_000  # GetCommandInvocation StandardOutputContent
 SEND_ATTEMPTS = 6  # SendCommand answered with throttling: sent again up to this many times in all
