@@ -1,7 +1,8 @@
 """The Lambda layers: Powertools from the AWS-managed public layer, and our core layer built locally.
 
-The core layer is built without Docker: ``python/topokeeper/`` copied from layers/core, plus the pinned
-pure-Python wheels of layers/core/requirements.txt installed for the Lambda platform. The build is
+The core layer is built without Docker: of ``python/topokeeper/`` in layers/core, what the four handlers import
+(read from the sources, lazy imports included: ``infra.import_closure``) and the data files they read, plus the
+pinned pure-Python wheels of layers/core/requirements.txt installed for the Lambda platform. The build is
 content-stamped, so a synth with unchanged inputs reuses ``.build/layers/core`` and needs no network.
 
 botocore's data keeps only the services the functions call (``LAMBDA_SERVICES``), not its 400-odd others, and of
@@ -40,29 +41,21 @@ from infra.constants import (
     ARCHITECTURE,
     BUILD_DIR,
     CORE_LAYER_SOURCE,
+    FUNCTIONS_DIR,
+    HANDLER,
     POWERTOOLS_LAYER_PARAMETER,
     PYTHON_VERSION,
     RUNTIME,
 )
+from infra.import_closure import import_closure
 from topokeeper.errors import InputError
 
 PACKAGE = "topokeeper"
+# Each function's entry point, functions/<name>/handler.py: the layer ships what these import.
+HANDLER_FILE = HANDLER.rpartition(".")[0] + ".py"
 BUNDLE_POWERTOOLS_CONTEXT = "topokeeper:bundle-powertools"
 POWERTOOLS_REQUIREMENTS = "requirements-powertools.txt"
 _PLATFORM = "manylinux2014_aarch64"
-# What only an operator's machine runs (the CLI, its file handling, the install-script generator, the
-# simulator, the Kueue commands and label checks (the EKS reconcile runs the rest of topokeeper.kueue), the
-# deployment view and stack spec the CLI, the stack and the simulator share),
-# relative to the package; the layer ships the rest. The applier and the agent stay: the SSM channel sends the
-# applier and the agent is its peer.
-OPERATOR_ONLY = frozenset(
-    {
-        "cli.py", "operator_commands.py", "operator_files.py", "kueue_commands.py", "sim", "narrate.py",
-        "kueue/annotations.py", "kueue/drift.py",
-        "deployment.py", "stack_spec.py", "agent/install.py", "py.typed", "adapters/secrets.py",
-        "login/commands.py", "readonly_commands.py",
-    }
-)  # fmt: skip
 
 
 # The AWS services the functions call (topokeeper.runtime and the adapters); botocore's and boto3's data for
@@ -73,21 +66,23 @@ LAMBDA_SERVICES = frozenset(
 )
 
 
-def _ships(relative: Path) -> bool:
-    return not {relative.as_posix(), relative.parts[0]} & OPERATOR_ONLY
+def layer_data_files() -> list[Path]:
+    """What the functions read as data, relative to the package directory: the head-node program the SSM channel
+    sends and the script it installs on login nodes. (Once the program is a zipapp built at run time, its sources:
+    topokeeper's head_node_program.source_paths().)"""
+    return [Path("applier/applier.py"), Path("login/install_host_identity.sh")]
 
 
-def layer_package_files(source: Path = CORE_LAYER_SOURCE) -> list[Path]:
-    """The package files the layer ships, relative to the package directory."""
-    package = source / "python" / PACKAGE
-    return sorted(
-        path.relative_to(package)
-        for path in package.rglob("*")
-        if path.is_file()
-        and "__pycache__" not in path.parts
-        and path.suffix != ".pyc"
-        and _ships(path.relative_to(package))
-    )
+def layer_package_files(source: Path = CORE_LAYER_SOURCE, functions: Path = FUNCTIONS_DIR) -> list[Path]:
+    """The package files the layer ships, relative to the package directory: what the handlers import (an
+    allow-list, so an operator-only module never rides along) and the data files they read."""
+    handlers = sorted(functions.glob(f"*/{HANDLER_FILE}"))
+    modules = import_closure(handlers, source / "python", PACKAGE)
+    data = layer_data_files()
+    missing = [path.as_posix() for path in data if not (source / "python" / PACKAGE / path).is_file()]
+    if missing:
+        raise FileNotFoundError(f"the layer's data files are missing from {source}: {', '.join(missing)}")
+    return sorted({*modules, *data})
 
 
 def _requirements(source: Path, powertools: bool) -> list[Path]:

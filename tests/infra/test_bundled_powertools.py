@@ -16,7 +16,7 @@ from infra.constants import CONTEXT_KEY
 from infra.layers import BUNDLE_POWERTOOLS_CONTEXT, POWERTOOLS_REQUIREMENTS
 from tests.infra.conftest import Synthesized
 from tests.infra.test_handler_assets import asset_dir
-from tests.infra.test_layer_contents import LAMBDA_MODULES, files_under
+from tests.infra.test_layer_contents import files_under, lambda_modules
 
 pytestmark = pytest.mark.infra
 
@@ -43,7 +43,7 @@ def test_the_core_layer_carries_powertools_and_pydantic_for_the_lambda_platform(
     (layer,) = [r for r in bundled.resources.values() if r["Type"] == "AWS::Lambda::LayerVersion"]
     python = asset_dir(bundled, layer["Properties"]["Content"]) / "python"
 
-    assert files_under(python / "topokeeper") == LAMBDA_MODULES
+    assert files_under(python / "topokeeper") == lambda_modules()
     for distribution in ("aws_lambda_powertools", "pydantic", "pydantic_core", "typing_extensions"):
         # the very versions the tests run with
         assert (python / f"{distribution}-{version(distribution)}.dist-info").is_dir(), distribution

@@ -19,7 +19,7 @@ import pytest
 
 from infra.constants import BUILD_DIR, FUNCTION_NAMES
 from tests.infra.conftest import Synthesized
-from tests.infra.test_layer_contents import LAMBDA_MODULES, bytecode_problems, files_under
+from tests.infra.test_layer_contents import bytecode_problems, files_under, lambda_modules
 
 pytestmark = pytest.mark.infra
 
@@ -68,7 +68,7 @@ def test_the_core_layer_holds_the_package_and_a_current_boto3_but_no_yaml(exampl
     (layer,) = [r for r in example.resources.values() if r["Type"] == "AWS::Lambda::LayerVersion"]
     python = asset_dir(example, layer["Properties"]["Content"]) / "python"
 
-    assert files_under(python / "topokeeper") == LAMBDA_MODULES  # no simulator, CLI or operator commands
+    assert files_under(python / "topokeeper") == lambda_modules()  # no simulator, CLI or operator commands
     assert (python / "boto3-1.44.8.dist-info").is_dir()
     assert not (python / "yaml").exists()
     assert not list(python.rglob("*.pyc")) or not bytecode_problems(python)  # bytecode for every module, or none
@@ -84,12 +84,19 @@ def test_the_handler_imports_in_a_clean_interpreter(example: Synthesized, powert
         powertools_layer,
     ]
     environment = function_environment(example, name)
+    # Then every module of the layer, as the handler's lazy imports would load it: each finds what it imports.
+    modules = [
+        f"topokeeper.{file.removesuffix('.py').replace('/', '.')}".removesuffix(".__init__")
+        for file in lambda_modules()
+        if file.endswith(".py")
+    ]
     program = (
         f"import sys; sys.path[:0] = {json.dumps([str(p) for p in path])}\n"
         "import handler\n"
         "assert callable(handler.lambda_handler)\n"
         "from topokeeper.runtime import lambda_runtime\n"
         f"lambda_runtime().{name}_deps()\n"
+        f"import importlib; [importlib.import_module(module) for module in {modules!r}]\n"
         "import botocore; print(botocore.__file__)\n"
     )
 

@@ -1,21 +1,24 @@
 """The core layer carries only what runs in Lambda: no simulator, CLI or operator commands.
 
-The list is written out in full on purpose: a new module lands in the layer only when someone adds it here,
-so an operator-only module (or a new package) cannot slip into every function unnoticed. Whether the layer
-ships bytecode depends on the Python 3.14 this machine has: tests/infra/test_layer_bytecode.py builds the sid
-chroot first and checks the bytecode; here, a build that finds none ships none.
+infra/layers.py computes the layer from the handlers' imports (infra.import_closure reads the sources); here
+the standard library's modulefinder, which reads the compiled bytecode, must find the same modules, and the
+modules the functions load by a computed name must be among them. Whether the layer ships bytecode depends on
+the Python 3.14 this machine has: tests/infra/test_layer_bytecode.py builds the sid chroot first and checks the
+bytecode; here, a build that finds none ships none.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import modulefinder
 import warnings
 from pathlib import Path
 
 import pytest
 
-from infra.constants import CORE_LAYER_SOURCE, PYTHON_VERSION
+from infra.constants import CORE_LAYER_SOURCE, FUNCTIONS_DIR, PYTHON_VERSION
+from infra.import_closure import module_file
 from infra.layers import (
     CHROOT_CACHE_ENV,
     LAMBDA_SERVICES,
@@ -24,77 +27,16 @@ from infra.layers import (
     LayerWithoutBytecode,
     build_core_layer,
     find_layer_python,
+    layer_data_files,
     layer_package_files,
 )
+from topokeeper.login.lambda_sync import LOGIN_MODULES
+from topokeeper.runtime import FUNCTION_ADAPTERS
 
 pytestmark = pytest.mark.infra
 
-LAMBDA_MODULES = [
-    "__init__.py",
-    "adapters/__init__.py",
-    "adapters/agent_channel.py",
-    "adapters/audit_trail.py",
-    "adapters/aws.py",
-    "adapters/dynamodb.py",
-    "adapters/ec2.py",
-    "adapters/elbv2.py",
-    "adapters/hyperpod.py",
-    "adapters/kms.py",
-    "adapters/login_nodes.py",
-    "adapters/login_run_command.py",
-    "adapters/metrics.py",
-    "adapters/plans.py",
-    "adapters/queue.py",
-    "adapters/ssm_channel.py",
-    "agent/__init__.py",
-    "agent/agent.py",
-    "applier/__init__.py",
-    "applier/applier.py",
-    "config.py",
-    "constants.py",
-    "domain/__init__.py",
-    "domain/catalog.py",
-    "domain/hostlist.py",
-    "domain/models.py",
-    "domain/names.py",
-    "engine/__init__.py",
-    "engine/block.py",
-    "engine/planner.py",
-    "engine/snapshot.py",
-    "engine/tree.py",
-    "errors.py",
-    "events.py",
-    "fifo_batch.py",
-    "kueue/__init__.py",
-    "kueue/fleet.py",
-    "kueue/node_list.py",
-    "kueue/objects.py",
-    "kueue/publication.py",
-    "lambda_init.py",
-    "login/__init__.py",
-    "login/host_keys.py",
-    "login/install.py",
-    "login/install_host_identity.sh",
-    "login/lambda_sync.py",
-    "ports.py",
-    "render/__init__.py",
-    "render/bundle.py",
-    "render/mermaid.py",
-    "render/slurm_conf.py",
-    "render/slurm_yaml.py",
-    "runtime.py",
-    "service/__init__.py",
-    "service/audit.py",
-    "service/drift.py",
-    "service/eks.py",
-    "service/ingest.py",
-    "service/live.py",
-    "service/login.py",
-    "service/reconcile.py",
-    "service/result.py",
-    "service/signing.py",
-    "service/state.py",
-]
+# What only an operator's machine runs: if a handler's imports ever reach one of these, the layer grows by it.
+OPERATOR_ONLY = ("sim/", "cli", "operator_commands.py", "narrate.py", "agent/install.py", "py.typed")
 # The pinned wheels of layers/core/requirements.txt, each with its metadata.
 THIRD_PARTY = {
     "boto3", "boto3-1.44.8.dist-info", "botocore", "botocore-1.44.8.dist-info", "dateutil",
@@ -132,14 +74,44 @@ def bytecode_problems(python: Path) -> list[str]:
     return problems
 
 
-def test_the_layer_selects_exactly_the_modules_lambda_runs() -> None:
-    assert [path.as_posix() for path in layer_package_files()] == LAMBDA_MODULES
+def lambda_modules() -> list[str]:
+    """The package files the layer ships, as paths under topokeeper/."""
+    return [path.as_posix() for path in layer_package_files()]
+
+
+def modulefinder_modules() -> set[str]:
+    """The package's modules the handlers import, as the standard library's modulefinder finds them (from the
+    bytecode, imports inside functions included)."""
+    python = (CORE_LAYER_SOURCE / "python").resolve()
+    found = set()
+    for handler in sorted(FUNCTIONS_DIR.glob("*/handler.py")):
+        finder = modulefinder.ModuleFinder(path=[str(python)])
+        finder.run_script(str(handler))
+        found |= {
+            Path(module.__file__).relative_to(python / PACKAGE).as_posix()
+            for name, module in finder.modules.items()
+            if name.split(".")[0] == PACKAGE and module.__file__
+        }
+    return found
+
+
+def test_the_layer_is_what_the_handlers_import_and_the_files_they_read() -> None:
+    shipped = lambda_modules()
+    data = {path.as_posix() for path in layer_data_files()}
+    assert shipped == sorted(set(shipped))  # one order: the build and its content stamp read it
+    assert set(shipped) == modulefinder_modules() | data
+    assert [path for path in shipped if path.startswith(OPERATOR_ONLY)] == []
+    # Loaded by importlib.import_module at init: each must also be imported by name where it is used.
+    computed = {f"topokeeper.adapters.{name}" for names in FUNCTION_ADAPTERS.values() for name in names}
+    for module in sorted(computed | set(LOGIN_MODULES)):
+        assert module_file(CORE_LAYER_SOURCE / "python", module, PACKAGE) is not None, module
+        assert module.removeprefix("topokeeper.").replace(".", "/") + ".py" in shipped, module
 
 
 def test_the_built_layer_holds_those_modules_and_the_pinned_wheels_only() -> None:
     python = build_core_layer() / "python"
 
-    assert files_under(python / PACKAGE) == LAMBDA_MODULES
+    assert files_under(python / PACKAGE) == lambda_modules()
     assert {entry.name for entry in python.iterdir()} - {"__pycache__"} == {PACKAGE, *THIRD_PARTY}
     data = python / "botocore" / "data"
     assert {service.name for service in data.iterdir() if service.is_dir()} == LAMBDA_SERVICES
@@ -161,7 +133,7 @@ def test_without_python_3_14_the_layer_ships_no_bytecode_and_the_build_warns_onc
 
     assert len(warned) == 1
     assert "without bytecode" in str(warned[0].message)
-    assert files_under(python / PACKAGE) == LAMBDA_MODULES
+    assert files_under(python / PACKAGE) == lambda_modules()
     assert not list(python.rglob("__pycache__"))
     assert not list(python.rglob("*.pyc"))
 
