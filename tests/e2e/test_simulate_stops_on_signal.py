@@ -62,9 +62,9 @@ def _mounts_under(root: Path) -> list[str]:
     return sorted(p for p in points if p == str(root) or p.startswith(f"{root}/"))
 
 
-def _proc_users(root: Path) -> str:
+def _proc_users(root: Path) -> int:
     counter = root.parent / f"{root.name}.proc-users"
-    return counter.read_text() if counter.exists() else "0"
+    return int(counter.read_text() or 0) if counter.exists() else 0
 
 
 def _wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
