@@ -14,20 +14,13 @@ from pydantic import ValidationError
 
 from infra.constants import CONTEXT_KEY
 from topokeeper.config import MAX_CONFIG_BYTES, Settings
-from topokeeper.errors import InputError, Permanent, unknown_key_hint
+from topokeeper.errors import InputError, Permanent, field_path, one_line, unknown_key_hint
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV, login_environment_bytes
 from topokeeper.stack_spec import drift_alarm_period_seconds
 
 
 class ConfigError(Permanent, ValueError):
     """The deployment settings are missing or invalid; the message names the offending key."""
-
-
-def _key(location: tuple[int | str, ...]) -> str:
-    key = CONTEXT_KEY
-    for part in location:
-        key += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return key
 
 
 def load_settings(raw: Any) -> Settings:
@@ -43,7 +36,7 @@ def load_settings(raw: Any) -> Settings:
         settings = Settings.model_validate(raw)
     except ValidationError as error:
         problems = [
-            f"{_key(item['loc'])}: {item['msg']}{unknown_key_hint(item, Settings)}"
+            f"{field_path(item['loc'], CONTEXT_KEY)}: {one_line(item['msg'])}{unknown_key_hint(item, Settings)}"
             for item in error.errors(include_url=False)
         ]
         raise ConfigError("\n".join(problems)) from None

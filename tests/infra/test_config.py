@@ -145,3 +145,31 @@ def test_the_app_exits_2_naming_the_key_when_a_cli_override_is_invalid(tmp_path)
     assert run.returncode == 2, run.stderr
     assert run.stderr.startswith("topokeeper: error: topokeeper.clusters[1].head_node: Value error")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda c: c["clusters"][0]["partitions"].update({"ml-p5\nkind: Secret": {"kind": "tree"}}),
+            "topokeeper.clusters[0].partitions.ml-p5\\nkind: Secret.[key]: ",
+        ),
+        (
+            lambda c: c.update(alarm_email="hpc-oncall@example.com\nBcc: someone@example.com"),
+            "topokeeper.alarm_email: Value error, not one email address",
+        ),
+        (
+            lambda c: c["clusters"][0]["partitions"]["ml-p6e"].update(block_sizes=[10**30]),
+            "topokeeper.clusters[0].partitions.ml-p6e.block_sizes: Value error, block_sizes base 10",
+        ),
+    ],
+)
+def test_a_context_that_would_fail_later_is_refused_at_synth_in_one_line(change, message: str) -> None:
+    config = example_config()
+    change(config)
+
+    with pytest.raises(ConfigError) as raised:
+        load_settings(config)
+
+    assert str(raised.value).startswith(message), str(raised.value)
+    assert str(raised.value).isprintable(), repr(str(raised.value))

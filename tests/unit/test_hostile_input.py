@@ -173,6 +173,7 @@ def mutated(draw: st.DrawFn, document: dict[str, Any]) -> dict[str, Any]:
 
 def _refused_naming_a_field(error: InputError, *fields: str) -> None:
     assert error.field, error
+    assert str(error).isprintable(), repr(str(error))  # one line, whatever the input's names hold
     assert error.field.split(".")[0].split("[")[0] in fields, error.field
 
 

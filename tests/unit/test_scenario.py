@@ -1,7 +1,8 @@
 from pathlib import Path
+from typing import get_args
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from topokeeper.errors import InputError
 from topokeeper.sim.scenario import Scenario, load_scenario
@@ -181,3 +182,105 @@ def test_a_parallelcluster_world_runs_its_own_head_node_style_and_nothing_only_h
         path.write_text(PARALLELCLUSTER.replace(*change))
         with pytest.raises(InputError, match=message):
             load_scenario(path)
+
+
+_SIX_THOUSAND = "\n".join(
+    f"    - {{name: g{n}, type: ml.p5.48xlarge, count: 6000, partition: ml-p5}}" for n in range(4)
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "says"),
+    [
+        # Each ran until killed, hung, or ended in a MemoryError traceback before it was bounded.
+        (("scale: {group: p5, to: 8}", "wait: {seconds: .inf}"), "scenario.steps[0].wait.seconds", "finite"),
+        (("scale: {group: p5, to: 8}", "wait: {seconds: .nan}"), "scenario.steps[0].wait.seconds", "finite"),
+        (("scale: {group: p5, to: 8}", "wait: {seconds: 86401}"), "scenario.steps[0].wait.seconds", "86400"),
+        (("to: 8}", "to: 8, over_seconds: .inf}"), "scenario.steps[0].scale.over_seconds", "finite"),
+        (("to: 8}", "to: 8, over_seconds: 1e9}"), "scenario.steps[0].scale.over_seconds", "86400"),
+        (("to: 8}", "to: 100000000}"), "scenario.steps[0].scale.to", "6758"),
+        (
+            ("scale: {group: p5, to: 8}", "replace: {group: p5, count: 10000000}"),
+            "scenario.steps[0].replace.count",
+            "6758",
+        ),
+        (
+            ("partition: ml-p5}", "partition: ml-p5, network: {nodes_per_leaf: 1000000000}}"),
+            "scenario.cluster.instance_groups[1].network.nodes_per_leaf",
+            "6758",
+        ),
+        (
+            ("partition: ml-p5}", "partition: ml-p5, network: {ultraserver_size: 1000000000}}"),
+            "scenario.cluster.instance_groups[1].network.ultraserver_size",
+            "6758",
+        ),
+        (("  name: demo", "  name: demo\n  seed: 1000000000000000000000000000000"), "scenario.cluster.seed", ""),
+        (("steps:", "timing: {step_timeout_seconds: .inf}\nsteps:"), "scenario.timing.step_timeout_seconds", "finite"),
+        (("steps:", "timing: {api_call_seconds: 1e300}\nsteps:"), "scenario.timing.api_call_seconds", "3600"),
+        (
+            ("steps:", "timing: {drift_interval_seconds: 6000000000}\nsteps:"),
+            "scenario.timing.drift_interval_seconds",
+            "86400",
+        ),
+        (("steps:", "debounce_seconds: 1000000000\nsteps:"), "scenario.debounce_seconds", "900"),
+        (("steps:", "drift_alarm_periods: 1000000000\nsteps:"), "scenario.drift_alarm_periods", "100"),
+        (("steps:", "steps:" + "\n  - wait: {seconds: 1}" * 1001), "scenario.steps", "1000"),
+        # Together: 4 x 6,000 nodes and then a scale-up past 25,000; eight simulated days of waiting.
+        (
+            (
+                "\nsteps:\n  - scale: {group: p5, to: 8}",
+                f"\n{_SIX_THOUSAND}\nsteps:\n  - scale: {{group: p5, to: 1000}}",
+            ),
+            "scenario",
+            "steps[0].scale.to: the cluster would reach 25001 nodes; the simulator runs at most 25000",
+        ),
+        (
+            ("  - scale: {group: p5, to: 8}", "  - wait: {seconds: 86400}\n" * 8),
+            "scenario",
+            "steps[7].wait.seconds: the story's waits and spreads add up to 691200 s; at most 604800",
+        ),
+    ],
+)
+def test_every_scenario_number_is_finite_and_bounded_in_one_line_naming_it(
+    tmp_path: Path, change: tuple[str, str], field: str, says: str
+) -> None:
+    path = tmp_path / "s.yaml"
+    assert change[0] in GOOD
+    path.write_text(GOOD.replace(*change))
+    with pytest.raises(InputError) as error:
+        load_scenario(path)
+    assert error.value.field == field, error.value
+    assert says in error.value.message and "\n" not in str(error.value), error.value
+
+
+def test_a_cluster_over_the_node_limit_is_refused_naming_its_groups(tmp_path: Path) -> None:
+    groups = _SIX_THOUSAND + "\n    - {name: g4, type: ml.p5.48xlarge, count: 1001, partition: ml-p5}"
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        GOOD.replace(
+            "    - {name: p5, type: ml.p5.48xlarge, count: 4, partition: ml-p5}",
+            groups + "\n    - {name: p5, type: ml.p5.48xlarge, count: 4, partition: ml-p5}",
+        )
+    )
+    with pytest.raises(InputError) as error:
+        load_scenario(path)
+    assert str(error.value) == "scenario.cluster: instance_groups: 25006 nodes; the simulator runs at most 25000"
+
+
+def _numbers_without_a_maximum(model: type[BaseModel], path: str) -> list[str]:
+    """Every int or float field under ``model`` (nested models, their lists and optionals) without ``le``/``lt``."""
+    found = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        members = [m for m in get_args(annotation) if m is not type(None)] or [annotation]
+        inner = [a for m in members for a in (get_args(m) or [m])]
+        for member in inner:
+            if isinstance(member, type) and issubclass(member, BaseModel):
+                found += _numbers_without_a_maximum(member, f"{path}.{name}")
+            elif member in (int, float) and not any(hasattr(m, "le") or hasattr(m, "lt") for m in info.metadata):
+                found.append(f"{path}.{name}")
+    return found
+
+
+def test_no_scenario_number_is_without_a_maximum() -> None:
+    assert _numbers_without_a_maximum(Scenario, "scenario") == []

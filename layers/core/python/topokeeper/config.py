@@ -30,6 +30,10 @@ SSM_TARGET = re.compile(rf"{INSTANCE_ID_PATTERN}|mi-[0-9a-f]{{17}}")
 _CLUSTER_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:cluster/[a-z0-9]{12}")
 _TAG_KEY = re.compile(r"[\w.:/=+@ -]{1,128}")
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::[0-9]{12}:role/[A-Za-z0-9_+=,.@/-]{1,512}")
+# One address for SNS's email subscription: no space, control character, comma or second @; 254 characters at most
+# (RFC 5321's path limit).
+_EMAIL = re.compile(r"[^\s\x00-\x1f\x7f,;<>@]{1,64}@[^\s\x00-\x1f\x7f,;<>@]+\.[^\s\x00-\x1f\x7f,;<>@]+")
+_EMAIL_MAX = 254
 # Lambda allows 4 KB of environment variables in all; leave room for the others.
 MAX_CONFIG_BYTES = 3072
 
@@ -66,6 +70,12 @@ def _cluster_arn(value: str) -> str:
 def _role_arn(value: str) -> str:
     if not _ROLE_ARN.fullmatch(value):
         raise ValueError(f"not an IAM role ARN: {value!r}")
+    return value
+
+
+def _email(value: str) -> str:
+    if len(value) > _EMAIL_MAX or not _EMAIL.fullmatch(value):
+        raise ValueError(f"not one email address (SNS mails one per subscription): {value!r}")
     return value
 
 
@@ -254,7 +264,7 @@ class Settings(BaseModel):
     max_wait_seconds: int = Field(30, ge=0, le=3600)
     drift_schedule: str = "rate(15 minutes)"
     drift_alarm_periods: int = Field(2, ge=1, le=100)
-    alarm_email: str | None = None
+    alarm_email: Annotated[str, AfterValidator(_email)] | None = None
     alarm_topic_arn: str | None = None
     cloudtrail_lake_channel_arn: str | None = None
     log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653] = 30

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 from collections import abc
+from collections.abc import Iterable
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, Union, get_args, get_origin
 
@@ -50,10 +51,32 @@ class Permanent(TopokeeperError):
         self.code = code
 
 
+def one_line(text: str) -> str:
+    """``text`` with each character ``str.isprintable`` refuses (a newline, a carriage return, an escape, a line
+    separator) written as Python writes it in a string's repr (``\\n``, ``\\x1b``, ``\\u2028``), every other as
+    it is: a name from the input can neither break an error's line nor pass for more lines of it."""
+    if text.isprintable():
+        return text
+    return "".join(character if character.isprintable() else repr(character)[1:-1] for character in text)
+
+
+def field_path(location: Iterable[int | str], prefix: str = "") -> str:
+    """A pydantic location joined as ``prefix.a.b[2].c``, each name in it on one line (``one_line``)."""
+    path = prefix
+    for part in location:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{one_line(part)}" if path else one_line(part)
+    return path
+
+
 class InputError(Permanent, ValueError):
-    """Bad input: ``field`` is a dotted path into the file or event it came from."""
+    """Bad input: ``field`` is a dotted path into the file or event it came from. Both parts are kept on one
+    line (``one_line``), whatever names from the input they hold."""
 
     def __init__(self, field: str, message: str) -> None:
+        field, message = one_line(field), one_line(message)
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
@@ -62,17 +85,11 @@ class InputError(Permanent, ValueError):
     def from_validation(
         cls, error: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
     ) -> InputError:
-        """The first pydantic error, with its location joined as ``a.b[2].c``; with the ``model`` that was
-        validated, an unknown key names the nearest one it accepts there."""
+        """The first pydantic error, with its location joined as ``a.b[2].c`` (``field_path``); with the ``model``
+        that was validated, an unknown key names the nearest one it accepts there."""
         first = error.errors()[0]
-        path = prefix
-        for part in first["loc"]:
-            if isinstance(part, int):
-                path += f"[{part}]"
-            else:
-                path += f".{part}" if path else str(part)
         message = first["msg"].removeprefix("Value error, ") + unknown_key_hint(first, model)
-        return cls(path or "input", message)
+        return cls(field_path(first["loc"], prefix) or "input", message)
 
 
 def unknown_key_hint(item: ErrorDetails, model: type[BaseModel] | None) -> str:

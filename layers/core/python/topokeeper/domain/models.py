@@ -24,6 +24,9 @@ NO_TOPOLOGY_SWITCH = "no-topology"
 NO_ULTRASERVER_BLOCK = "no-ultraserver"
 MAX_NETWORK_LAYERS = 4
 MAX_BLOCK_LEVELS = 16  # Slurm rejects block_level > 15
+# Slurm's block plugin keeps the base block size in 16 bits (bblock_node_cnt) and parses each size with atoi: a
+# base up to 65,535 with levels up to base x 2^15 stays below 2^31.
+MAX_BLOCK_BASE = 65_535
 
 _INSTANCE_TYPE = re.compile(r"[a-z0-9-]+\.[a-z0-9-]+")
 _SLURM_VERSION = re.compile(r"(\d{2})\.(\d{2})(?:\.\d+)?")
@@ -295,13 +298,18 @@ def check_block_sizes(sizes: tuple[int, ...]) -> None:
     if len(sizes) > MAX_BLOCK_LEVELS:
         raise ValueError(f"block_sizes has {len(sizes)} levels; Slurm allows {MAX_BLOCK_LEVELS}")
     base = sizes[0]
-    if base < 1:
-        raise ValueError(f"block_sizes base must be positive, got {base}")
+    if not 1 <= base <= MAX_BLOCK_BASE:
+        raise ValueError(
+            f"block_sizes base {base}: must be positive and at most {MAX_BLOCK_BASE} (Slurm keeps it in 16 bits)"
+        )
     previous = 0
     for size in sizes:
         ratio, remainder = divmod(size, base)
         if remainder or ratio & (ratio - 1) or size <= previous:
             raise ValueError(f"block_sizes {list(sizes)}: {size} is not base x 2^k larger than {previous or 'nothing'}")
+        if ratio > 2 ** (MAX_BLOCK_LEVELS - 1):
+            top = MAX_BLOCK_LEVELS - 1
+            raise ValueError(f"block_sizes {list(sizes)}: {size} is past base x 2^{top}, the top level Slurm takes")
         previous = size
 
 

@@ -20,5 +20,5 @@ def install_script(secret_arn: str, region: str) -> str:
     if not _SECRET_ARN.fullmatch(secret_arn):
         raise InputError("--secret-arn", f"not a Secrets Manager secret ARN: {secret_arn!r}")
     if not _REGION.fullmatch(region):
-        raise InputError("--region", f"not an AWS region: {region!r}")
+        raise InputError("--secret-region", f"not an AWS region: {region!r}")
     return SCRIPT.read_text().replace("@SECRET_ID@", secret_arn).replace("@REGION@", region)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import difflib
 import functools
+from copy import copy
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import botocore.session
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -19,16 +20,32 @@ from topokeeper.ports import Channel
 
 SIMULATED_SLURM_VERSIONS = ("24.11", "26.05")
 
+# Every number a scenario holds is finite and has a maximum: what the simulator can play on a small machine, not
+# what a file can say (an unbounded wait ran until killed, a scale to 10^8 nodes ended in a MemoryError at 3.8 GB).
+# HyperPod's InstanceCount limit per instance group.
+MAX_GROUP_NODES = 6758
+# The most nodes a cluster may hold at any point of its story: the benches' 20,000-node cluster (about 2.5 minutes
+# here) and a quarter more.
+MAX_CLUSTER_NODES = 25_000
+# The longest any one duration may be (a wait, a spread, a step's timeout); a simulated day is about 80 s of a run
+# here (with the drift schedule every 300 s).
+MAX_STEP_SECONDS = 86_400
+# What a story's waits and spreads may add up to: a simulated week (about 10 minutes here).
+MAX_STORY_SECONDS = 7 * MAX_STEP_SECONDS
+MAX_STEPS = 1000
+# A latency the emulated services add (an API call, an SSM delivery, an agent's poll, HyperPod's rewrite).
+MAX_LATENCY_SECONDS = 3600
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class NetworkLayout(_Strict):
     layers: Literal[3, 4] = 3
-    nodes_per_leaf: int = Field(4, ge=1)
-    leaves_per_spine: int = Field(4, ge=1)
-    ultraserver_size: int | None = Field(None, ge=1)
+    nodes_per_leaf: int = Field(4, ge=1, le=MAX_GROUP_NODES)
+    leaves_per_spine: int = Field(4, ge=1, le=MAX_GROUP_NODES)
+    ultraserver_size: int | None = Field(None, ge=1, le=MAX_GROUP_NODES)
 
 
 @functools.cache
@@ -44,13 +61,13 @@ def _instance_types(hyperpod: bool) -> tuple[str, tuple[str, ...]]:
 class InstanceGroup(_Strict):
     name: SlurmName
     type: str
-    count: int = Field(ge=0, le=6758)
+    count: int = Field(ge=0, le=MAX_GROUP_NODES)
     role: Literal["controller", "login", "compute"] = "compute"
     partition: SlurmName | None = None
     network: NetworkLayout = NetworkLayout()
     # ParallelCluster: the compute resource's dynamic nodes (MaxCount - MinCount), powered down until scaled
     # up; ``count`` is its static nodes.
-    dynamic: int = Field(0, ge=0, le=6758)
+    dynamic: int = Field(0, ge=0, le=MAX_GROUP_NODES)
 
     @field_validator("type")
     @classmethod
@@ -86,8 +103,8 @@ class ClusterSpec(_Strict):
     # HyperPod writes the topology itself after node changes (emulated, see sim/aws/hyperpod/managed_topology)
     # and records each change in CloudTrail: what verify mode watches.
     managed_topology: bool = False
-    instance_groups: list[InstanceGroup] = Field(min_length=1)
-    seed: int = 7
+    instance_groups: list[InstanceGroup] = Field(min_length=1, max_length=100)
+    seed: int = Field(7, ge=0, le=2**64 - 1)
     # An NLB's IP target group the functions keep equal to the running login nodes (the login group's).
     login_endpoint: bool = False
 
@@ -139,18 +156,21 @@ class ClusterSpec(_Strict):
         names = [g.name for g in self.instance_groups]
         if len(set(names)) != len(names):
             raise ValueError("instance group names must be unique")
+        nodes = sum(g.count + g.dynamic for g in self.instance_groups)
+        if nodes > MAX_CLUSTER_NODES:
+            raise ValueError(f"instance_groups: {nodes} nodes; the simulator runs at most {MAX_CLUSTER_NODES}")
         return self
 
 
 class ScaleStep(_Strict):
     group: SlurmName
-    to: int = Field(ge=0)
-    over_seconds: float = Field(0, ge=0)
+    to: int = Field(ge=0, le=MAX_GROUP_NODES)
+    over_seconds: float = Field(0, ge=0, le=MAX_STEP_SECONDS)
 
 
 class GroupCountStep(_Strict):
     group: SlurmName
-    count: int = Field(1, ge=1)
+    count: int = Field(1, ge=1, le=MAX_GROUP_NODES)
 
 
 class ReplaceStep(GroupCountStep):
@@ -170,7 +190,7 @@ class TamperStep(_Strict):
 
 
 class WaitStep(_Strict):
-    seconds: float = Field(gt=0)
+    seconds: float = Field(gt=0, le=MAX_STEP_SECONDS)
 
 
 class Step(_Strict):
@@ -203,28 +223,33 @@ class Step(_Strict):
 class Timing(_Strict):
     """Simulated latencies and schedules (seconds of simulated time)."""
 
-    api_call_seconds: float = Field(0.02, ge=0)
-    ssm_delivery_seconds: float = Field(2.0, ge=0)
-    agent_poll_seconds: float = Field(30.0, gt=0)
+    api_call_seconds: float = Field(0.02, ge=0, le=MAX_LATENCY_SECONDS)
+    ssm_delivery_seconds: float = Field(2.0, ge=0, le=MAX_LATENCY_SECONDS)
+    agent_poll_seconds: float = Field(30.0, gt=0, le=MAX_LATENCY_SECONDS)
     # The stack's drift schedule runs at this rate, so it is whole minutes (EventBridge Scheduler's finest unit).
-    drift_interval_seconds: float = Field(300.0, ge=60, multiple_of=60)
-    step_timeout_seconds: float = Field(1800.0, gt=0)
+    drift_interval_seconds: float = Field(300.0, ge=60, le=MAX_STEP_SECONDS, multiple_of=60)
+    step_timeout_seconds: float = Field(1800.0, gt=0, le=MAX_STEP_SECONDS)
     # How long after a node change the emulated HyperPod rewrites a managed topology (an assumption).
-    hyperpod_topology_seconds: float = Field(90.0, ge=0)
+    hyperpod_topology_seconds: float = Field(90.0, ge=0, le=MAX_LATENCY_SECONDS)
     # EC2's DescribeInstanceTopology answers a new instance without network nodes for this long after launch
     # ("not yet available"); it shapes every node-to-topology latency, so reports state it beside them.
-    topology_report_delay_seconds: float = Field(0.0, ge=0)
+    topology_report_delay_seconds: float = Field(0.0, ge=0, le=MAX_LATENCY_SECONDS)
+
+
+def _as_in_settings(name: str) -> Any:
+    """The deployment setting's field (its default and bounds) for a scenario's field of the same name."""
+    return copy(Settings.model_fields[name])
 
 
 class Scenario(_Strict):
     cluster: ClusterSpec
-    steps: list[Annotated[Step, Field()]] = Field(default_factory=list)
+    steps: list[Annotated[Step, Field()]] = Field(default_factory=list, max_length=MAX_STEPS)
     timing: Timing = Timing()
-    # The deployment's settings unless the scenario says otherwise.
-    debounce_seconds: int = Field(Settings.model_fields["debounce_seconds"].default, ge=0)
-    min_write_interval_seconds: int = Field(Settings.model_fields["min_write_interval_seconds"].default, ge=0)
-    max_wait_seconds: int = Field(Settings.model_fields["max_wait_seconds"].default, ge=0)
-    drift_alarm_periods: int = Field(2, ge=1)
+    # The deployment's settings (and their bounds) unless the scenario says otherwise.
+    debounce_seconds: int = _as_in_settings("debounce_seconds")
+    min_write_interval_seconds: int = _as_in_settings("min_write_interval_seconds")
+    max_wait_seconds: int = _as_in_settings("max_wait_seconds")
+    drift_alarm_periods: int = _as_in_settings("drift_alarm_periods")
     # false: HyperPod nodes live in SageMaker's service account, DescribeInstanceTopology does not know them
     expose_hyperpod_nodes: bool = True
 
@@ -240,7 +265,34 @@ class Scenario(_Strict):
                 raise ValueError(f"steps[{index}].hyperpod_misplace needs cluster.managed_topology: true")
         if self.cluster.orchestrator == "parallelcluster":
             self._parallelcluster_steps()
+        self._within_what_the_simulator_runs()
         return self
+
+    def _within_what_the_simulator_runs(self) -> None:
+        """The story's peak node count (each group at the largest size a step scales it to) and its waits and
+        spreads together stay within MAX_CLUSTER_NODES and MAX_STORY_SECONDS; the error names the step that
+        goes over."""
+        largest = {g.name: g.count + g.dynamic for g in self.cluster.instance_groups}
+        seconds = 0.0
+        for index, step in enumerate(self.steps):
+            if step.scale is not None:
+                largest[step.scale.group] = max(largest[step.scale.group], step.scale.to)
+                nodes = sum(largest.values())
+                if nodes > MAX_CLUSTER_NODES:
+                    raise ValueError(
+                        f"steps[{index}].scale.to: the cluster would reach {nodes} nodes; the simulator runs at most"
+                        f" {MAX_CLUSTER_NODES}"
+                    )
+            duration = ("scale.over_seconds", step.scale.over_seconds) if step.scale is not None else None
+            if step.wait is not None:
+                duration = ("wait.seconds", step.wait.seconds)
+            if duration is not None:
+                seconds += duration[1]
+                if seconds > MAX_STORY_SECONDS:
+                    raise ValueError(
+                        f"steps[{index}].{duration[0]}: the story's waits and spreads add up to {seconds:g} s; at"
+                        f" most {MAX_STORY_SECONDS} (a simulated week)"
+                    )
 
     def _parallelcluster_steps(self) -> None:
         """ParallelCluster scales a compute resource by powering its dynamic nodes up or down; its static nodes

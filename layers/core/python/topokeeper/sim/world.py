@@ -58,6 +58,7 @@ from topokeeper.sim.parallelcluster import DISCOVERY, NEEDS_SLURMCTLD, ParallelC
 from topokeeper.sim.scenario import Scenario
 from topokeeper.sim.slurm_chroot import HarnessError
 from topokeeper.sim.stack import BUCKET, SimStack, create_stack
+from topokeeper.sim.stop_signals import ending_signals_raise, signals_held
 
 log = logging.getLogger("topokeeper.sim")
 Baseline = Literal["full-rescan"]  # what the simulator can model besides topokeeper itself
@@ -599,10 +600,13 @@ def running(scenario: Scenario, **options: Any) -> Iterator[World]:
     gc.set_threshold(50_000, 20, 20)
     world = World(scenario, **options)
     try:
-        try:
-            world.start()
-            yield world
-        finally:
-            world.stop()  # also what a start that failed part way had started (stop copes with a partial start)
+        # SIGTERM and SIGHUP end the run through the finally below, as an error does, and the stop runs whole.
+        with ending_signals_raise():
+            try:
+                world.start()
+                yield world
+            finally:
+                with signals_held():
+                    world.stop()  # also what a start that failed part way started (stop copes with a partial start)
     finally:
         gc.set_threshold(*thresholds)
