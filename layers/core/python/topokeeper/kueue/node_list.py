@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from topokeeper.domain.catalog import HYPERPOD_PREFIX
 from topokeeper.domain.models import MAX_NETWORK_LAYERS, Node
 from topokeeper.domain.names import check_slurm_name
 from topokeeper.errors import InputError
@@ -41,7 +42,7 @@ def topology_labels(node: Node) -> dict[str, str]:
 
 def instance_type_label(node: Node) -> str:
     """HyperPod labels its EKS nodes with the SageMaker type (``ml.p5.48xlarge``)."""
-    return f"ml.{node.instance_type}"
+    return f"{HYPERPOD_PREFIX}{node.instance_type}"
 
 
 @dataclass(frozen=True)

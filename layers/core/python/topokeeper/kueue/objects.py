@@ -34,16 +34,6 @@ REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 EXAMPLE_IMAGE = "public.ecr.aws/docker/library/busybox:1.37"
-# Accelerators per instance (EC2 accelerated-computing instance specs), so one example pod takes one whole node.
-_ACCELERATORS: dict[str, tuple[str, int]] = {
-    **{t: ("nvidia.com/gpu", 8) for t in ("p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge")},
-    **{t: ("nvidia.com/gpu", 8) for t in ("p5en.48xlarge", "p6-b200.48xlarge", "p6-b300.48xlarge")},
-    "p6e-gb200.36xlarge": ("nvidia.com/gpu", 4),
-    "trn1.2xlarge": ("aws.amazon.com/neuron", 1),
-    **{
-        t: ("aws.amazon.com/neuron", 16) for t in ("trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge", "trn2u.48xlarge")
-    },
-}
 
 
 def network_topology_name(depth: int) -> str:
@@ -191,9 +181,9 @@ def _largest_domain(flavor: FlavorPlan, level: str) -> int:
 
 def _pod_template(flavor: FlavorPlan, annotation: str, level: str, container: str) -> dict[str, Any]:
     resources: dict[str, Any] = {}
-    if flavor.instance_type in _ACCELERATORS:
-        resource, count = _ACCELERATORS[flavor.instance_type]
-        resources = {"limits": {resource: count}}
+    accelerator = lookup(flavor.instance_type).accelerator
+    if accelerator is not None:  # all of them, so one example pod takes one whole node
+        resources = {"limits": {accelerator.resource: accelerator.per_instance}}
     return {
         "metadata": {"annotations": {annotation: level}},
         "spec": {

@@ -12,6 +12,7 @@ import botocore.session
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from topokeeper.config import Mode, Settings
+from topokeeper.domain.catalog import CATALOG, HYPERPOD_PREFIX, hyperpod_offers
 from topokeeper.domain.models import ClusterName, SlurmVersion
 from topokeeper.domain.names import SlurmName
 from topokeeper.errors import InputError
@@ -72,8 +73,10 @@ class InstanceGroup(_Strict):
     @field_validator("type")
     @classmethod
     def _type_aws_accepts(cls, text: str) -> str:
-        service, known = _instance_types(text.startswith("ml."))
-        if text not in known:
+        hyperpod = text.startswith(HYPERPOD_PREFIX)
+        service, known = _instance_types(hyperpod)
+        # The catalog may know a type the installed botocore does not yet list.
+        if text not in known and not (hyperpod_offers(text) if hyperpod else text in CATALOG):
             nearest = difflib.get_close_matches(text, known, n=1, cutoff=0.8)
             hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
             raise ValueError(f"{text!r} is not an instance type {service} accepts{hint}")

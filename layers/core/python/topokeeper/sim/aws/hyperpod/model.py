@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from topokeeper.domain.catalog import hyperpod_offers
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.events import EventEmitter
 from topokeeper.sim.aws.hyperpod.events import HyperPodEvents
@@ -392,7 +393,12 @@ class HyperPodModel:
         return self._clusters[cluster].nodes[node_id]
 
     def _allowed(self, instance_type: str) -> bool:
-        return instance_type in self._allowed_types or bool(self.extra_instance_types.fullmatch(instance_type))
+        """botocore's enum, or a type the catalog knows HyperPod offers (one newer than the installed botocore)."""
+        return (
+            instance_type in self._allowed_types
+            or hyperpod_offers(instance_type)
+            or bool(self.extra_instance_types.fullmatch(instance_type))
+        )
 
     def _check_groups(
         self, groups: list[dict[str, Any]], orchestrator: Mapping[str, Any] | None, changed: set[str] | None = None

@@ -11,15 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.model import Shape
 
-from topokeeper.domain.catalog import ec2_instance_type
+from topokeeper.domain.catalog import lookup
 from topokeeper.sim.aws.network import NetworkModel, zone_id
 from topokeeper.sim.aws.protocol import service_model
 
 if TYPE_CHECKING:
     from topokeeper.sim.aws.hyperpod.model import Cluster, ClusterNode, InstanceGroup
-
-# UltraServerInfo.Type. The p6e value is the model's documented example; the trn2u one is an assumption.
-ULTRASERVER_TYPES = {"p6e-gb200.36xlarge": "ml.u-p6e-gb200x72", "trn2u.48xlarge": "ml.u-trn2x64"}
 
 
 def sagemaker_shape(shape: str) -> Shape:
@@ -64,10 +61,10 @@ class Shapes:
 
     def ultraserver(self, node: ClusterNode) -> dict[str, str] | None:
         placement = self._network.placement(node.instance_id)
-        if placement is None or placement.ultraserver_id is None:
+        ultraserver = lookup(node.instance_type).ultraserver
+        if placement is None or placement.ultraserver_id is None or ultraserver is None:
             return None
-        ec2_type = ec2_instance_type(node.instance_type)
-        return {"Id": placement.ultraserver_id, "Type": ULTRASERVER_TYPES.get(ec2_type, f"ml.u-{ec2_type}")}
+        return {"Id": placement.ultraserver_id, "Type": ultraserver.type}
 
     def summary(self, node: ClusterNode, *, logical_ids: bool = False) -> dict[str, Any]:
         summary: dict[str, Any] = {
