@@ -59,7 +59,7 @@ OPERATOR_ONLY = frozenset(
     {
         "cli.py", "operator_commands.py", "operator_files.py", "kueue_commands.py", "sim", "narrate.py",
         "kueue/annotations.py", "kueue/drift.py",
-        "deployment.py", "stack_spec.py", "agent/install.py", "py.typed", "adapters/secrets.py",
+        "deployment.py", "stack_spec.py", "agent_install.py", "py.typed", "adapters/secrets.py",
         "login/commands.py", "readonly_commands.py",
     }
 )  # fmt: skip

@@ -17,8 +17,8 @@ from tests.signing_support import sign, signing_key
 from topokeeper.adapters.aws import client
 from topokeeper.agent import agent
 from topokeeper.agent.install import SHIPPED_FILES
-from topokeeper.applier import applier
 from topokeeper.cli import main
+from topokeeper.headnode.signature import read_trusted_key, rsa_public_key
 from topokeeper.sim.aws_emulator import AwsEmulator
 
 
@@ -186,9 +186,9 @@ def test_with_the_signing_key_the_snippet_installs_its_public_key_and_the_agent_
 
     installed = root / "etc" / "topokeeper" / "bundle-key.json"
     assert stat.S_IMODE(installed.stat().st_mode) == 0o600
-    trusted = applier.read_trusted_key(str(installed))
+    trusted = read_trusted_key(str(installed))
     assert (trusted.cluster, trusted.key_id) == ("llm-train-slurm", key_arn)
-    assert (trusted.modulus, trusted.exponent) == applier.rsa_public_key(public_key)
+    assert (trusted.modulus, trusted.exponent) == rsa_public_key(public_key)
     config = agent.load_config(str(root / "etc" / "topokeeper" / "agent.json"))
     assert config.trusted_key == str(installed)
 

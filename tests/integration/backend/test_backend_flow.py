@@ -9,7 +9,6 @@ import pytest
 from tests.integration.backend.conftest import AuditCapture, reconcile_batches, small_scenario
 from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.aws import client
-from topokeeper.applier.applier import BACKUP_DIR, GENERATION_FILE, sha256_text
 from topokeeper.errors import InputError
 from topokeeper.events import (
     CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
@@ -17,10 +16,13 @@ from topokeeper.events import (
     MANAGED_TOPOLOGY_EVENT,
     WORK_QUEUE_MAX_RECEIVES,
 )
+from topokeeper.headnode.config_dir import BACKUP_DIR
+from topokeeper.headnode.signature import GENERATION_FILE
 from topokeeper.ports import Metric
 from topokeeper.sim.lambda_host import LambdaContext
 from topokeeper.sim.simulator import Story
 from topokeeper.sim.world import World
+from topokeeper.wire import sha256_text
 
 pytestmark = pytest.mark.slurm
 

@@ -19,7 +19,6 @@ import pytest
 
 from tests.helpers import gb200_nodes, snapshot
 from tests.refused_edits import REFUSED_EDITS, load_plan, mixed_cluster
-from topokeeper.applier.applier import content_sha256, parse_show_topology, partition_nodes, sha256_text
 from topokeeper.domain.models import BlockTopology, SlurmVersion, Topology, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import RenderedPlan, render
@@ -27,6 +26,7 @@ from topokeeper.sim import standin_reads, standin_scontrol
 from topokeeper.sim.file_head_node import FileHeadNode, _machine_python3
 from topokeeper.sim.head_node import APPLIER_SOURCE, HEAD_NODE_VARIABLE, choose_head_node
 from topokeeper.sim.slurm_chroot import HarnessError
+from topokeeper.wire import content_sha256, parse_show_topology, partition_nodes, sha256_text
 
 HeadNodes = Callable[[RenderedPlan], FileHeadNode]
 

@@ -35,8 +35,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from topokeeper.applier.applier import partition_topologies
-from topokeeper.domain.hostlist import compress, expand
+from topokeeper.wire import compress, expand, partition_topologies
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 SUITE_FOR_FORMAT = {"topology.yaml": "sid", "topology.conf": "trixie"}
