@@ -24,8 +24,7 @@ class _UsageError(Exception):
 
 
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
-    # Here, not at the top: the Lambda functions import this module for its constants, never to run it.
-    import argparse  # noqa: PLC0415
+    import argparse  # noqa: PLC0415 - only when the program runs, not when tests import the modules
 
     class _Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:

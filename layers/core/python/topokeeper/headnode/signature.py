@@ -18,9 +18,6 @@ from topokeeper.headnode.config_dir import BACKUP_DIR, O_DIRECTORY, O_NOFOLLOW, 
 from topokeeper.headnode.failures import BadSignature, Failed, Refused, Replayed
 from topokeeper.wire import TRUSTED_KEY_SCHEMA
 
-# --------------------------------------------------------------------------------------------------
-# Authentic and fresh: the KMS signature and the generation
-#
 # The reconcile signs sha256(signed_bytes(document)) with an asymmetric KMS key (RSASSA_PKCS1_V1_5_SHA_256,
 # MessageType DIGEST). The head node holds the public key in a root-owned file (--trusted-key): the SSM
 # command carries it, the agent's install script writes it. PKCS#1 v1.5 verification (RFC 8017 8.2.2) is
