@@ -1211,7 +1211,7 @@ def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
     only to SigV4."""
     aws.client("s3").put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration=KMS_DEFAULT_ENCRYPTION)
     # Small enough that neither rides inline: both travel through the bucket.
-    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", 3_000)
+    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", 3_500)
     for key, value in aws.env().items():
         monkeypatch.setenv(key, value)
     client.cache_clear()
