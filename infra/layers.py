@@ -53,8 +53,8 @@ _PLATFORM = "manylinux2014_aarch64"
 # What only an operator's machine runs (the CLI, its file handling, the install-script generator, the
 # simulator, the Kueue commands and label checks (the EKS reconcile runs the rest of topokeeper.kueue), the
 # deployment view and stack spec the CLI, the stack and the simulator share),
-# relative to the package; the layer ships the rest. The applier and the agent stay: the SSM channel sends the
-# applier and the agent is its peer.
+# relative to the package; the layer ships the rest. wire.py, headnode/ and agent/ stay: the SSM channel builds
+# the head-node program from them (head_node_program.source_paths()) and sends it.
 OPERATOR_ONLY = frozenset(
     {
         "cli.py", "operator_commands.py", "operator_files.py", "kueue_commands.py", "sim", "narrate.py",

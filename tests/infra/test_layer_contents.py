@@ -26,6 +26,7 @@ from infra.layers import (
     find_layer_python,
     layer_package_files,
 )
+from topokeeper.head_node_program import source_paths
 
 pytestmark = pytest.mark.infra
 
@@ -209,3 +210,8 @@ def test_the_trimmed_botocore_knows_every_service_the_layer_calls() -> None:
         *(_clients_created((package / path).read_text()) for path in layer_package_files() if path.suffix == ".py")
     )
     assert called == LAMBDA_SERVICES  # none missing, none kept for nothing
+
+
+def test_the_layer_ships_every_source_of_the_head_node_program() -> None:
+    """The SSM channel builds the program in the Lambda from these files: each must be in the layer."""
+    assert set(source_paths()) <= set(LAMBDA_MODULES)
