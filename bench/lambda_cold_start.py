@@ -227,8 +227,9 @@ def agent_cycles(bundle: bytes, cluster: str) -> dict[str, Any]:
 def applier_on_head_node(nodes: int) -> dict[str, Any]:
     from bench.scale import mixed_cluster  # noqa: PLC0415 - only with the chroot
     from topokeeper.engine.planner import plan  # noqa: PLC0415
+    from topokeeper.head_node_program import PROGRAM_NAME, write_program  # noqa: PLC0415
     from topokeeper.render.bundle import render  # noqa: PLC0415
-    from topokeeper.sim.head_node import APPLIER_SOURCE, ChrootHeadNode  # noqa: PLC0415
+    from topokeeper.sim.head_node import ChrootHeadNode  # noqa: PLC0415
 
     cluster = mixed_cluster(nodes)
     rendered = render(plan(cluster))
@@ -243,9 +244,9 @@ def applier_on_head_node(nodes: int) -> dict[str, Any]:
         bundle = json.dumps(rendered.bundle.document())
         measured["bundle_bytes"] = len(bundle)
         (head.root / inner.lstrip("/") / "bundle.json").write_text(bundle)
-        (head.root / inner.lstrip("/") / "applier.py").write_text(APPLIER_SOURCE.read_text())
+        write_program(head.root / inner.lstrip("/") / PROGRAM_NAME)
         for mode in ("apply", "verify"):
-            argv = controller.command("python3", f"{inner}/applier.py", mode, f"{inner}/bundle.json")
+            argv = controller.command("python3", f"{inner}/{PROGRAM_NAME}", mode, f"{inner}/bundle.json")
             usage, stdout = wait_measured(argv)
             measured[mode] = usage | {"outcome": json.loads(stdout.strip().splitlines()[-1]).get("outcome")}
         # The reconfigure alone (the apply above ran one): slurmctld's own work is in its wall time only.

@@ -11,6 +11,7 @@ emulator, whose DynamoDB refuses items over 400 KB and whose EventBridge refuses
 from __future__ import annotations
 
 import argparse
+import base64
 import gzip
 import json
 import logging
@@ -25,14 +26,15 @@ from topokeeper import stack_spec
 from topokeeper.adapters.audit_trail import PUT_EVENTS_MAX_BYTES, fitted_detail, put_events_entry_size
 from topokeeper.adapters.ec2 import ASKED_KEY, PAGE_WITH_IDS, SWEEP_PAGE
 from topokeeper.adapters.ssm_channel import INLINE_LIMIT_BYTES, build_commands, command_size
-from topokeeper.applier.applier import sha256_text
 from topokeeper.constants import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
 from topokeeper.domain.models import ClusterSnapshot, Node, Partition, SlurmVersion
 from topokeeper.engine.planner import plan
+from topokeeper.head_node_program import program_bytes, program_sha256
 from topokeeper.ports import Channel, DeliveryHandle, Outcome, PendingDelivery
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.runtime import AFTER_DISCOVERY_SECONDS
 from topokeeper.service.audit import build_records
+from topokeeper.wire import sha256_text
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "performance" / "scale.md"
@@ -83,10 +85,10 @@ def mixed_cluster(size: int) -> ClusterSnapshot:
 
 
 def inline_command_bytes(rendered: RenderedPlan) -> int:
-    """SsmChannel's command with the bundle inline (the applier rides along)."""
-    applier = (ROOT / "layers/core/python/topokeeper/applier/applier.py").read_text()
+    """SsmChannel's command with the bundle inline (the head-node program rides along)."""
+    program = base64.b64encode(program_bytes()).decode("ascii")
     document = json.dumps(rendered.bundle.document(), sort_keys=True)
-    payload = {"mode": "apply", "applier": applier, "applier_sha256": sha256_text(applier), "bundle": document,
+    payload = {"mode": "apply", "program": program, "program_sha256": program_sha256(), "bundle": document,
                "bundle_sha256": sha256_text(document)}  # fmt: skip
     return command_size(build_commands(payload))
 

@@ -24,8 +24,8 @@ from topokeeper.constants import (
     AUDIT_SOURCE,
     RUN_SHELL_DOCUMENT,
     agent_verify_key,
-    ssm_applier_key,
     ssm_payload_key,
+    ssm_program_key,
     ssm_result_key,
 )
 from topokeeper.ports import METRICS_NAMESPACE, Channel
@@ -67,7 +67,7 @@ def drift_writes(settings: Settings) -> list[str]:
             if cluster.effective_mode is Mode.VERIFY:
                 keys.append(agent_verify_key(cluster.name))
         elif cluster.head_node is not None:
-            keys.extend(key(cluster.name, "*") for key in (ssm_payload_key, ssm_applier_key, ssm_result_key))
+            keys.extend(key(cluster.name, "*") for key in (ssm_payload_key, ssm_program_key, ssm_result_key))
     return keys
 
 

@@ -49,6 +49,7 @@ from infra.constants import (
 )
 from infra.import_closure import import_closure
 from topokeeper.errors import InputError
+from topokeeper.head_node_program import source_paths
 
 PACKAGE = "topokeeper"
 # Each function's entry point, functions/<name>/handler.py: the layer ships what these import.
@@ -67,10 +68,9 @@ LAMBDA_SERVICES = frozenset(
 
 
 def layer_data_files() -> list[Path]:
-    """What the functions read as data, relative to the package directory: the head-node program the SSM channel
-    sends and the script it installs on login nodes. (Once the program is a zipapp built at run time, its sources:
-    topokeeper's head_node_program.source_paths().)"""
-    return [Path("applier/applier.py"), Path("login/install_host_identity.sh")]
+    """What the functions read as data, relative to the package directory: the sources of the head-node program
+    the SSM channel builds and sends, and the script it installs on login nodes."""
+    return [*(Path(path) for path in source_paths()), Path("login/install_host_identity.sh")]
 
 
 def layer_package_files(source: Path = CORE_LAYER_SOURCE, functions: Path = FUNCTIONS_DIR) -> list[Path]:

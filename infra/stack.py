@@ -31,6 +31,7 @@ from topokeeper.deployment import (
     OUTPUT_RECONCILE_FUNCTION,
     OUTPUT_TABLE,
 )
+from topokeeper.head_node_program import PROGRAM_NAME, program_sha256
 
 
 class TopokeeperStack(Stack):
@@ -72,6 +73,8 @@ class TopokeeperStack(Stack):
             "EventDeadLetterQueueUrl": (self.queues.event_dlq.queue_url, "Events the functions could not take"),
             "AlarmTopicArn": (self.monitoring.topic.topic_arn, "Alarms are published here"),
             "SigningKeyArn": (self.signing_key.key.key_arn, "Signs bundles; head nodes trust its public key"),
+            # What the SSM channel sends and the agent install ships: check a copy with sha256sum before running it.
+            "HeadNodeProgramSha256": (program_sha256(), f"sha256 of {PROGRAM_NAME}, the program head nodes run"),
         }
         self.agent = AgentPolicies(self, "Agent", clusters=agent_clusters(settings), plans=self.plans, key=self.key)
         for cluster, policy in self.agent.policies.items():

@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
+import shutil
+import tempfile
+from pathlib import Path
 
 from topokeeper.domain.models import ClusterSnapshot, Node, Partition, PartitionSettings, SlurmVersion
 from topokeeper.events import TopokeeperEvent
+from topokeeper.head_node_program import PROGRAM_NAME, write_program
 from topokeeper.ports import Metric
+
+
+@functools.cache
+def head_node_program() -> Path:
+    """The built head-node program (topokeeper-head-node.pyz), written once per test run: the file every channel
+    ships, so the tests that run the applier as a process run it."""
+    directory = Path(tempfile.mkdtemp(prefix="topokeeper-program-"))
+    atexit.register(shutil.rmtree, directory, True)
+    return write_program(directory / PROGRAM_NAME)
+
 
 # The applier's result document contract (README "The applier"): every document carries every key.
 APPLIER_RESULT_KEYS = frozenset(

@@ -8,12 +8,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tests.helpers import node, snapshot
-from topokeeper.domain.hostlist import compress
 from topokeeper.engine.planner import plan
 from topokeeper.ports import Channel, DeliveryHandle, Outcome, PendingDelivery, Trigger
 from topokeeper.render.bundle import render
 from topokeeper.service.audit import build_records
 from topokeeper.sim.simulator import SimulationResult, StepResult
+from topokeeper.wire import compress
 
 START = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 ULTRASERVER = 18

@@ -14,7 +14,7 @@ from typing import Any
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa, utils
 
-from topokeeper.applier.applier import SIGNATURE_ALGORITHM, TRUSTED_KEY_SCHEMA, signed_bytes
+from topokeeper.wire import SIGNATURE_ALGORITHM, TRUSTED_KEY_SCHEMA, signed_bytes
 
 KEY_ID = "arn:aws:kms:us-east-1:123456789012:key/11111111-2222-3333-4444-555555555555"
 

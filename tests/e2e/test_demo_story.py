@@ -12,9 +12,9 @@ import pytest
 
 from tests.readme_examples import blocks, matches_shown
 from topokeeper.cli import main
-from topokeeper.domain.hostlist import expand
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 from topokeeper.sim.simulator import SimulationResult, StepResult
+from topokeeper.wire import expand
 
 
 def _play(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, head_node: str) -> SimulationResult:

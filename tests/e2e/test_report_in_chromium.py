@@ -17,9 +17,9 @@ import pytest
 
 from tests.html_tree import parse
 from tests.report_at_scale import synthetic_result
-from topokeeper.domain.hostlist import compress
 from topokeeper.sim.report import MAX_BOXES, write_report
 from topokeeper.sim.simulator import SimulationResult
+from topokeeper.wire import compress
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sim-result-demo.json"
 # As root chromium needs --no-sandbox; the rest keeps it from reaching for Google's hosts.

@@ -30,13 +30,14 @@ from infra.layers import (
     layer_data_files,
     layer_package_files,
 )
+from topokeeper.head_node_program import source_paths
 from topokeeper.login.lambda_sync import LOGIN_MODULES
 from topokeeper.runtime import FUNCTION_ADAPTERS
 
 pytestmark = pytest.mark.infra
 
 # What only an operator's machine runs: if a handler's imports ever reach one of these, the layer grows by it.
-OPERATOR_ONLY = ("sim/", "cli", "operator_commands.py", "narrate.py", "agent/install.py", "py.typed")
+OPERATOR_ONLY = ("sim/", "cli", "operator_commands.py", "narrate.py", "agent_install.py", "py.typed")
 # The pinned wheels of layers/core/requirements.txt, each with its metadata.
 THIRD_PARTY = {
     "boto3", "boto3-1.44.8.dist-info", "botocore", "botocore-1.44.8.dist-info", "dateutil",
@@ -166,3 +167,9 @@ def test_the_trimmed_botocore_knows_every_service_the_layer_calls() -> None:
         *(_clients_created((package / path).read_text()) for path in layer_package_files() if path.suffix == ".py")
     )
     assert called == LAMBDA_SERVICES  # none missing, none kept for nothing
+
+
+def test_the_layer_ships_every_source_of_the_head_node_program() -> None:
+    """The SSM channel builds the program in the Lambda from these files: each must be in the layer."""
+    shipped = {str(path) for path in layer_package_files()}
+    assert set(source_paths()) <= shipped

@@ -21,6 +21,7 @@ from topokeeper.deployment import (
     OUTPUT_TABLE,
 )
 from topokeeper.events import change_patterns, result_patterns
+from topokeeper.head_node_program import program_sha256
 from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
 from topokeeper.runtime import LambdaEnvironment
 
@@ -457,3 +458,5 @@ def test_outputs_for_operators_and_the_cli(example: Synthesized) -> None:
     assert outputs[OUTPUT_DEAD_LETTER_QUEUE]["Value"] == ref(example, stack.queues.work_dlq)
     assert outputs[OUTPUT_RECONCILE_FUNCTION]["Value"] == ref(example, stack.functions.reconcile)
     assert outputs[agent_policy_output("llm-train")]["Value"] == ref(example, stack.agent.policies["llm-train"])
+    # What an operator checks a copy of the head-node program against (sha256sum), computed at synth.
+    assert outputs["HeadNodeProgramSha256"]["Value"] == program_sha256()

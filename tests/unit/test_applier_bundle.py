@@ -14,23 +14,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from topokeeper.applier import applier
-from topokeeper.applier.applier import (
-    Failed,
-    Refused,
-    content_sha256,
-    format_for_version,
-    line_diff,
-    parse_bundle,
-    parse_slurm_version,
-    sha256_text,
-    unified_diff,
-)
 from topokeeper.cli import plan_from_files
+from topokeeper.head_node_program import PACKAGE_DIR, source_paths
+from topokeeper.headnode.bundle import parse_bundle
+from topokeeper.headnode.diff import line_diff, unified_diff
+from topokeeper.headnode.failures import Failed, Refused
+from topokeeper.headnode.scontrol import slurm_version
 from topokeeper.ports import Outcome
+from topokeeper.wire import EXIT_CODES, content_sha256, format_for_version, parse_slurm_version, sha256_text
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-APPLIER = Path(applier.__file__)
+# The head-node program's sources (the agent's, which needs urllib throughout, are checked with the agent).
+PROGRAM_SOURCES = [PACKAGE_DIR / path for path in source_paths() if not path.startswith("agent/")]
 
 
 def _document(version: str | None = None) -> dict[str, Any]:
@@ -161,12 +156,12 @@ def test_the_version_chooses_the_format(output: str, version: tuple[int, int, in
 
 def test_an_unreadable_version_fails() -> None:
     with pytest.raises(Failed, match="cannot read a Slurm version"):
-        parse_slurm_version("slurm-wlm\n")
+        slurm_version("slurm-wlm\n")
 
 
 def test_the_outcomes_are_the_ports_outcomes() -> None:
     channel = {Outcome.PENDING, Outcome.TIMED_OUT, Outcome.CANCELLED, Outcome.UNDELIVERABLE, Outcome.AGENT_OUTDATED}
-    assert set(applier.EXIT_CODES) == {outcome.value for outcome in Outcome if outcome not in channel}
+    assert set(EXIT_CODES) == {outcome.value for outcome in Outcome if outcome not in channel}
 
 
 _lines = st.lists(st.sampled_from(["a", "b", "c", "- switch: s1", "  nodes: n[1-2]", ""]), max_size=25)
@@ -209,11 +204,11 @@ def _imported(tree: ast.AST) -> set[str]:
 def test_the_applier_uses_only_modules_python3_minimal_ships_and_no_newer_methods() -> None:
     """Only ``put_object`` (the optional upload of a document too large for stdout) imports urllib, inside the
     function: ``publish`` records an ImportError there as the upload's error (test_applier_full_result.py)."""
-    tree = ast.parse(APPLIER.read_text())
+    tree = ast.Module(body=[node for path in PROGRAM_SOURCES for node in ast.parse(path.read_text()).body])
     functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)]
     put = next(node for node in functions if node.name == "put_object")
     imported = _imported(tree)
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__", "topokeeper"}
     assert imported & _NOT_IN_PYTHON3_MINIMAL == {"urllib"} == _imported(put) & _NOT_IN_PYTHON3_MINIMAL
     others = [node for node in functions if node is not put]
     assert not set().union(*(_imported(node) for node in others)) & _NOT_IN_PYTHON3_MINIMAL

@@ -16,9 +16,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.ssm_channel import read_full_result
-from topokeeper.applier import applier
-from topokeeper.applier.applier import MAX_STDOUT_CHARS, UploadTarget, new_result, publish
+from topokeeper.headnode import output
+from topokeeper.headnode.output import UploadTarget, new_result, publish
 from topokeeper.ports import ApplyResult, Outcome
+from topokeeper.wire import MAX_STDOUT_CHARS
 
 HEAD_NODE = "i-0123456789abcdef0"
 KEY = f"results/c1/{HEAD_NODE}-" + "ab" * 16 + ".json"
@@ -117,7 +118,7 @@ def test_when_the_whole_document_cannot_go_stdout_says_why_and_keeps_the_cut_one
     elif setup == "no urllib":  # python3-minimal: no urllib.request
         monkeypatch.setitem(sys.modules, "urllib.request", None)
     elif setup == "too large":
-        monkeypatch.setattr(applier, "MAX_FULL_RESULT_BYTES", 1000)
+        monkeypatch.setattr(output, "MAX_FULL_RESULT_BYTES", 1000)
     else:
         target, target_error = None, error
 

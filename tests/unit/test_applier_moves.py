@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
-from topokeeper.applier.applier import ExpectedUnit, moved_nodes, new_result, parse_show_topology, render_result
+from topokeeper.headnode.bundle import ExpectedUnit
+from topokeeper.headnode.grouping import moved_nodes
+from topokeeper.headnode.output import new_result, render_result
+from topokeeper.wire import parse_show_topology
 
 PLANNED = {
     "spine": ExpectedUnit("switch", ["a1", "a2", "b1", "b2"], ["leaf1", "leaf2"]),

@@ -14,20 +14,18 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.signing_support import public_der, sign, signing_key, write_trusted_key
-from topokeeper.applier import applier
-from topokeeper.applier.applier import (
-    BadSignature,
-    Bundle,
-    Refused,
-    Replayed,
+from topokeeper.cli import plan_from_files
+from topokeeper.headnode.bundle import Bundle, parse_bundle
+from topokeeper.headnode.failures import BadSignature, Refused, Replayed
+from topokeeper.headnode.main import main
+from topokeeper.headnode.signature import (
     TrustedKey,
     check_generation,
     check_signature,
-    parse_bundle,
     pkcs1_sha256_valid,
+    read_trusted_key,
     rsa_public_key,
 )
-from topokeeper.cli import plan_from_files
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CLUSTER = "llm-train-slurm"
@@ -198,16 +196,16 @@ def test_a_malformed_signing_field_is_bad_signature_naming_it(edit: Any, message
 
 def test_the_trusted_key_file_must_be_present_and_writable_by_root_only(tmp_path: Path) -> None:
     path = write_trusted_key(tmp_path / "key.json", CLUSTER)
-    assert applier.read_trusted_key(str(path)).modulus == _trusted().modulus
+    assert read_trusted_key(str(path)).modulus == _trusted().modulus
     os.chmod(path, 0o664)
     with pytest.raises(BadSignature, match="writable by no one else"):
-        applier.read_trusted_key(str(path))
+        read_trusted_key(str(path))
     with pytest.raises(BadSignature, match="cannot check the signature"):
-        applier.read_trusted_key(str(tmp_path / "missing.json"))
+        read_trusted_key(str(tmp_path / "missing.json"))
     (tmp_path / "bad.json").write_text(json.dumps({"schema": "x"}))
     os.chmod(tmp_path / "bad.json", 0o600)
     with pytest.raises(BadSignature, match="expected schema"):
-        applier.read_trusted_key(str(tmp_path / "bad.json"))
+        read_trusted_key(str(tmp_path / "bad.json"))
 
 
 def test_a_trusted_key_that_is_no_regular_file_is_refused_at_once(tmp_path: Path) -> None:
@@ -215,7 +213,7 @@ def test_a_trusted_key_that_is_no_regular_file_is_refused_at_once(tmp_path: Path
     fifo = tmp_path / "key.json"
     os.mkfifo(fifo, 0o600)
     with pytest.raises(BadSignature, match="not a regular file"):
-        applier.read_trusted_key(str(fifo))
+        read_trusted_key(str(fifo))
 
 
 def test_a_forged_bundle_is_bad_signature_with_exit_2_before_anything_runs(
@@ -225,9 +223,7 @@ def test_a_forged_bundle_is_bad_signature_with_exit_2_before_anything_runs(
     bundle_file = tmp_path / "bundle.json"
     bundle_file.write_text(json.dumps(sign(_document(), 7, key=signing_key("attacker"))))
     # No scontrol exists here: refusing first is the only way this ends in bad_signature.
-    code = applier.main(
-        ["apply", str(bundle_file), "--trusted-key", str(key_file), "--scontrol", "/nonexistent"], environ={}
-    )
+    code = main(["apply", str(bundle_file), "--trusted-key", str(key_file), "--scontrol", "/nonexistent"], environ={})
     document = json.loads(capsys.readouterr().out)
     assert (code, document["outcome"], document["signature"]) == (2, "bad_signature", "unchecked")
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from topokeeper.applier.applier import Refused, SlurmConf, set_key
+from topokeeper.headnode.failures import Refused
+from topokeeper.headnode.slurm_conf import SlurmConf, set_key
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,8 @@ INGEST_NEVER_LOADS = (
     "topokeeper.service.drift",
     "topokeeper.service.signing",
     "topokeeper.adapters.ssm_channel",
-    "topokeeper.applier",
+    "topokeeper.head_node_program",
+    "topokeeper.headnode",
 )
 # Result records what a delivery did: it neither plans nor discovers.
 RESULT_NEVER_LOADS = (

@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from tests.unit.service.usecase_support import CLUSTER, HEAD_NODE, Controller
-from topokeeper.applier import applier
 from topokeeper.cli import load_config
 from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, ENV_BUCKET, ENV_CONFIG, ENV_QUEUE, ENV_TABLE, agent_source
 from topokeeper.domain.models import PlannerConfig
@@ -40,6 +39,8 @@ from topokeeper.events import (
     SSM_INVOCATION_DETAIL_TYPE,
     TopokeeperEvent,
 )
+from topokeeper.headnode.bundle import parse_bundle
+from topokeeper.headnode.failures import Refused
 from topokeeper.ports import Channel
 from topokeeper.render.bundle import render
 from topokeeper.runtime import load_environment
@@ -198,7 +199,7 @@ def _accepted_bundle_is_safe(raw_document: dict[str, Any], config: PlannerConfig
         _refused_naming_a_field(error, *SNAPSHOT_FIELDS)
         return "refused"
     rendered = render(planned)
-    checked = applier.parse_bundle(json.dumps(rendered.bundle.document()))
+    checked = parse_bundle(json.dumps(rendered.bundle.document()))
     names = [*checked.nodes, *checked.partitions, *(value for value in checked.partitions.values() if value)]
     for units in checked.topologies.values():
         for unit_name, unit in units.items():
@@ -359,8 +360,8 @@ BUNDLE = RENDERED.bundle.document()
 @given(mutated(BUNDLE))
 def test_the_applier_parses_a_mutated_bundle_or_refuses_it_naming_the_field(document: dict[str, Any]) -> None:
     try:
-        checked = applier.parse_bundle(_dumps(document))
-    except applier.Refused as error:
+        checked = parse_bundle(_dumps(document))
+    except Refused as error:
         assert str(error).startswith("bundle"), error
         _tally("applier bundle", "refused")
         return
@@ -374,8 +375,8 @@ def test_the_applier_parses_a_mutated_bundle_or_refuses_it_naming_the_field(docu
     ["[" * DEEP, '{"a":' * DEEP, "{" + '"schema": 1,' * 2 + "}", "\ud800", "", "null", json.dumps(BUNDLE)[:-1]],
 )
 def test_the_applier_refuses_a_hostile_bundle_text(text: str) -> None:
-    with pytest.raises(applier.Refused) as refused:
-        applier.parse_bundle(text)
+    with pytest.raises(Refused) as refused:
+        parse_bundle(text)
     assert str(refused.value).startswith("bundle")
 
 
@@ -392,8 +393,8 @@ def test_the_applier_refuses_a_hostile_name_in_a_bundle(where: str, name: str) -
     else:
         topology = next(iter(document["topologies"].values()))
         topology[name] = {"kind": "switch", "nodes": [], "switches": []}
-    with pytest.raises(applier.Refused) as refused:
-        applier.parse_bundle(_dumps(document))
+    with pytest.raises(Refused) as refused:
+        parse_bundle(_dumps(document))
     assert str(refused.value).startswith(f"bundle.{where}"), refused.value
 
 

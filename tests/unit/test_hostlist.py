@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from topokeeper.domain.hostlist import HostlistError, compress, expand
+from topokeeper.wire import HostlistError, compress, expand
 
 
 @pytest.mark.parametrize(

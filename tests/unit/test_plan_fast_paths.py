@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from topokeeper.domain import hostlist
+from topokeeper import wire
 from topokeeper.domain.models import Block, Node, PlannerConfig, Switch, assemble
 from topokeeper.domain.names import check_slurm_name, is_plain_slurm_name
 from topokeeper.engine.planner import plan
@@ -242,6 +242,6 @@ def test_json_text_is_json_dumps_indented(document: Any, sort_keys: bool) -> Non
 @PROPERTY
 @given(st.text(st.sampled_from("ab-.0129\u0661\n"), max_size=30))
 def test_the_hostlist_suffix_without_a_regex_is_the_regex_one(name: str) -> None:
-    match = hostlist._TRAILING_DIGITS.fullmatch(name)
+    match = wire._TRAILING_DIGITS.fullmatch(name)
     expected = None if not match or len(match.group(2)) > 18 else (match.group(1), match.group(2))
-    assert hostlist._suffix(name) == expected
+    assert wire._suffix(name) == expected

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import node, snapshot
-from topokeeper.domain.hostlist import expand
 from topokeeper.domain.models import BlockTopology, FlatTopology, Node, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import render
+from topokeeper.wire import expand
 
 TYPES = ["p5.48xlarge", "p6-b200.48xlarge", "p6e-gb200.36xlarge", "c7i.4xlarge"]
 

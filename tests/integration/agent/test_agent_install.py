@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.agent_support import AGENT_FILE, INSTALL_SCRIPT_ARGS, INSTALL_SCRIPT_BASE_ARGS, bundle_document
+from tests.helpers import head_node_program
 from tests.signing_support import sign, signing_key
 from topokeeper.adapters.aws import client
 from topokeeper.agent import agent
-from topokeeper.agent.install import SHIPPED_FILES
-from topokeeper.applier import applier
 from topokeeper.cli import main
+from topokeeper.head_node_program import PROGRAM_NAME, program_bytes
+from topokeeper.headnode.signature import read_trusted_key, rsa_public_key
 from topokeeper.sim.aws_emulator import AwsEmulator
 
 
@@ -55,10 +56,10 @@ def test_snippet_installs_the_package_files_config_and_valid_units(
         assert completed.returncode == 0, completed.stderr
     assert completed.stdout == f"topokeeper: agent installed in {root}/opt/topokeeper\n"
 
-    for name, source in SHIPPED_FILES.items():
-        installed = root / "opt" / "topokeeper" / name
-        assert installed.read_bytes() == source.read_bytes(), name
-        assert stat.S_IMODE(installed.stat().st_mode) == 0o755
+    installed = root / "opt" / "topokeeper" / PROGRAM_NAME
+    assert installed.read_bytes() == program_bytes()  # the one file, byte for byte (it is binary)
+    assert stat.S_IMODE(installed.stat().st_mode) == 0o755
+    assert sorted(path.name for path in installed.parent.iterdir()) == [PROGRAM_NAME]
     assert stat.S_IMODE((root / "var" / "lib" / "topokeeper").stat().st_mode) == 0o700
 
     config = agent.load_config(str(root / "etc" / "topokeeper" / "agent.json"))
@@ -68,7 +69,7 @@ def test_snippet_installs_the_package_files_config_and_valid_units(
         region="us-west-2",
         poll_interval_seconds=30,
         verify_interval_seconds=600,
-        applier=f"{root}/opt/topokeeper/applier.py",
+        applier=f"{root}/opt/topokeeper/{PROGRAM_NAME}",
         state_dir=f"{root}/var/lib/topokeeper",
     )
 
@@ -79,7 +80,7 @@ def test_snippet_installs_the_package_files_config_and_valid_units(
     )
     assert (verified.returncode, verified.stderr) == (0, "")  # warnings such as unknown keys also fail
     assert _unit(service)["Service"]["ExecStart"] == (
-        f"/usr/bin/python3 {root}/opt/topokeeper/agent.py --config {root}/etc/topokeeper/agent.json --once"
+        f"/usr/bin/python3 {root}/opt/topokeeper/{PROGRAM_NAME} agent --config {root}/etc/topokeeper/agent.json --once"
     )
     assert _unit(service)["Service"]["Environment"] == (
         "PATH=/opt/slurm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -91,12 +92,12 @@ def test_snippet_refuses_an_embedded_file_that_does_not_match_its_sha256(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lines = _snippet(capsys).splitlines()
-    first_data_line = lines.index("base64 -d > \"$dir/agent.py.new\" <<'TOPOKEEPER_EOF'") + 1
+    first_data_line = lines.index(f"base64 -d > \"$dir/{PROGRAM_NAME}.new\" <<'TOPOKEEPER_EOF'") + 1
     lines[first_data_line] = lines[first_data_line][::-1]  # still base64, other bytes
     completed = _run("\n".join(lines) + "\n", tmp_path / "root")
     assert completed.returncode != 0
     assert "checksum did NOT match" in completed.stderr
-    assert not (tmp_path / "root" / "opt" / "topokeeper" / "agent.py").exists()
+    assert not (tmp_path / "root" / "opt" / "topokeeper" / PROGRAM_NAME).exists()
 
 
 def test_agent_runs_on_python_3_8() -> None:
@@ -112,9 +113,13 @@ def test_agent_runs_on_python_3_8() -> None:
 
 
 def test_agent_needs_only_the_standard_library() -> None:
-    # -S: no site-packages at all, so any import outside the standard library fails.
+    # -S: no site-packages at all, so any import outside the standard library (and the program) fails.
     completed = subprocess.run(
-        [sys.executable, "-I", "-S", str(AGENT_FILE), "--help"], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-I", "-S", str(head_node_program()), "agent", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert completed.returncode == 0, completed.stderr
     assert "--once" in completed.stdout
@@ -186,9 +191,9 @@ def test_with_the_signing_key_the_snippet_installs_its_public_key_and_the_agent_
 
     installed = root / "etc" / "topokeeper" / "bundle-key.json"
     assert stat.S_IMODE(installed.stat().st_mode) == 0o600
-    trusted = applier.read_trusted_key(str(installed))
+    trusted = read_trusted_key(str(installed))
     assert (trusted.cluster, trusted.key_id) == ("llm-train-slurm", key_arn)
-    assert (trusted.modulus, trusted.exponent) == applier.rsa_public_key(public_key)
+    assert (trusted.modulus, trusted.exponent) == rsa_public_key(public_key)
     config = agent.load_config(str(root / "etc" / "topokeeper" / "agent.json"))
     assert config.trusted_key == str(installed)
 

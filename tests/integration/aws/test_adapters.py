@@ -51,6 +51,7 @@ from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot
 from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, Retryable
 from topokeeper.events import RUN_SHELL_DOCUMENT
+from topokeeper.head_node_program import program_bytes
 from topokeeper.ports import (
     MAX_TRIGGERS,
     ApplyResult,
@@ -1206,11 +1207,11 @@ def test_ssm_channel_delivers_to_the_head_node_and_reads_the_applier_document(
 def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
     aws: AwsEmulator, clock: ManualClock, bucket: str, monkeypatch: pytest.MonkeyPatch, sigv4: bool
 ) -> None:
-    """An applier and a bundle too large to ride inline are fetched by presigned URL; S3 serves a KMS object
+    """The program and a bundle too large to ride inline are fetched by presigned URL; S3 serves a KMS object
     only to SigV4."""
     aws.client("s3").put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration=KMS_DEFAULT_ENCRYPTION)
     # Small enough that neither rides inline: both travel through the bucket.
-    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", 3_000)
+    monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", 3_500)
     for key, value in aws.env().items():
         monkeypatch.setenv(key, value)
     client.cache_clear()
@@ -1225,13 +1226,13 @@ def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
         payloads = [_decode_commands(channel.payload(bundle, mode)) for mode in ("apply", "verify")]
     finally:
         client.cache_clear()
-    expected = {"bundle": json.dumps(bundle.document(), sort_keys=True), "applier": ssm_channel._applier_source()}
+    expected = {"bundle": json.dumps(bundle.document(), sort_keys=True).encode(), "program": program_bytes()}
     for payload in payloads:
-        for field, text in expected.items():
+        for field, data in expected.items():
             url = payload[f"{field}_url"]
             assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in urllib.parse.urlsplit(url).query
             with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - the emulator's http URL
-                assert response.read().decode() == text
+                assert response.read() == data
 
 
 def test_ssm_channel_maps_failures_and_statuses_without_a_document(

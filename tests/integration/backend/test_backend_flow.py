@@ -7,9 +7,7 @@ import json
 import pytest
 
 from tests.integration.backend.conftest import AuditCapture, reconcile_batches, small_scenario
-from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.aws import client
-from topokeeper.applier.applier import BACKUP_DIR, GENERATION_FILE, sha256_text
 from topokeeper.errors import InputError
 from topokeeper.events import (
     CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
@@ -17,6 +15,9 @@ from topokeeper.events import (
     MANAGED_TOPOLOGY_EVENT,
     WORK_QUEUE_MAX_RECEIVES,
 )
+from topokeeper.head_node_program import program_sha256
+from topokeeper.headnode.config_dir import BACKUP_DIR
+from topokeeper.headnode.signature import GENERATION_FILE
 from topokeeper.ports import Metric
 from topokeeper.sim.lambda_host import LambdaContext
 from topokeeper.sim.simulator import Story
@@ -346,17 +347,16 @@ def test_the_head_nodes_own_slurm_version_wins(world_factory) -> None:
     assert _in_sync(world)
 
 
-def test_the_applier_travels_through_s3_and_the_signed_bundle_is_checked_on_the_head_node(world_factory) -> None:
-    """The applier (with its signature checks) no longer fits in the command: it goes to S3, is fetched by a
-    presigned URL and checked against the sha256 the command pins; the command carries the stack's public key,
-    and the applier on the real slurmctld verifies the KMS signature and records the generation."""
+def test_the_program_travels_through_s3_and_the_signed_bundle_is_checked_on_the_head_node(world_factory) -> None:
+    """The head-node program does not fit in the command: it goes to S3, is fetched by a presigned URL and
+    checked against the sha256 the command pins; the command carries the stack's public key, and the program
+    on the real slurmctld verifies the KMS signature and records the generation."""
     world = world_factory()
     world.settle()
     state = world.runtime.state.get(world.cluster.name)
     stored = world.emulator.client("s3").list_objects_v2(Bucket=world.stack.deployment.bucket, Prefix="payloads/")
     keys = sorted(o["Key"] for o in stored.get("Contents", []))
-    applier_sha256 = sha256_text(ssm_channel._applier_source())
-    assert keys == [f"payloads/{world.cluster.name}/applier-{applier_sha256}.py"]  # the bundle rides inline
+    assert keys == [f"payloads/{world.cluster.name}/program-{program_sha256()}.pyz"]  # the bundle rides inline
     generation = json.loads((world.head.controller.etc / BACKUP_DIR / GENERATION_FILE).read_text())
     assert generation == {"generation": state.bundle_generation, "plan_sha256": state.applied_sha256}
     assert world.head.verify(world.desired().bundle)["outcome"] == "in_sync"

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from topokeeper.applier.applier import parse_show_topology
 from topokeeper.ports import Metric
 from topokeeper.sim.aws.alarms import AlarmState
 from topokeeper.sim.head_node import ChrootHeadNode
@@ -17,6 +16,7 @@ from topokeeper.sim.parallelcluster import CLUSTER_TAG, HEAD_NODE_TAG, QUEUE_TAG
 from topokeeper.sim.scenario import load_scenario
 from topokeeper.sim.simulator import play
 from topokeeper.sim.world import World, running
+from topokeeper.wire import parse_show_topology
 
 pytestmark = pytest.mark.slurm
 

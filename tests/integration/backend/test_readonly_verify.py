@@ -13,6 +13,7 @@ import pytest
 from tests.integration.backend.conftest import small_scenario
 from topokeeper.adapters.ec2 import LocalRateLimiter
 from topokeeper.cli import main
+from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
 from topokeeper.sim.stack import BUCKET
 from topokeeper.sim.world import World
 
@@ -64,15 +65,23 @@ def test_verify_shows_the_diff_and_the_live_state_and_writes_nothing(
         document["verify"]["grouping_drift"] is False and document["dry-run"]["plan_sha256"] == document["plan_sha256"]
     )
 
-    # Without Run Command (HyperPod): the bundle and applier in a directory, and the commands to run there.
+    # Without Run Command (HyperPod): the bundle and the program in a directory, and the commands to run there.
     inner = f"{world.head.controller.inner_dir}/readonly"
     out = world.head.root / inner.lstrip("/")
     assert main(["verify", "--snapshot", str(snapshot), "--bundle-out", str(out), "--json"]) == 0
-    commands = json.loads(capsys.readouterr().out)["commands"]
+    shown = json.loads(capsys.readouterr().out)
+    commands = shown["commands"]
     assert [c.split("#")[0].split() for c in commands] == [
-        ["sudo", "python3", "applier.py", "dry-run", "bundle.json"],
-        ["sudo", "python3", "applier.py", "verify", "bundle.json"],
+        ["sudo", "python3", PROGRAM_NAME, "dry-run", "bundle.json"],
+        ["sudo", "python3", PROGRAM_NAME, "verify", "bundle.json"],
     ]
+    # How to check the program before running it as root: its sha256 (the stack's output), its sources.
+    assert (out / PROGRAM_NAME).read_bytes() == program_bytes()
+    assert shown["inspect"][0].startswith(f"sha256sum {PROGRAM_NAME}   # {program_sha256()}")
+    for command in shown["inspect"][:2]:
+        argv = command.split("#")[0].split()
+        listed = subprocess.run(argv, cwd=out, capture_output=True, text=True, timeout=60, check=False)
+        assert listed.returncode == 0 and (program_sha256() in listed.stdout or "topokeeper/wire.py" in listed.stdout)
     results = {}
     for command in commands:  # as printed, on the head node (as root already: without sudo), no login shell
         argv = command.split("#")[0].split()[1:]

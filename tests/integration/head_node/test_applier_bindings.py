@@ -11,9 +11,9 @@ import pytest
 
 from tests.helpers import p5_nodes, snapshot
 from tests.integration.head_node.test_applier_run import FakeHeadNode
-from topokeeper.applier import applier
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import render
+from topokeeper.wire import MAX_STDOUT_CHARS, bindings_sha256
 
 ADDRESSES = {f"p5-{i:03d}": f"10.0.1.{10 + i}" for i in range(1, 9)}
 
@@ -60,7 +60,7 @@ def test_bindings_are_hashed_apart_from_the_plan(head_node: FakeHeadNode) -> Non
     bundle = _bound_bundle(ADDRESSES)
     unbound = render(plan(snapshot({"gpu": p5_nodes(8)}))).bundle.document()
     assert bundle["plan_sha256"] == unbound["plan_sha256"] and "bindings" not in unbound
-    assert bundle["bindings_sha256"] == applier.bindings_sha256(ADDRESSES)
+    assert bundle["bindings_sha256"] == bindings_sha256(ADDRESSES)
     head_node.serve(bundle, addresses=ADDRESSES)
 
     tampered = {**bundle, "bindings": {**ADDRESSES, "p5-003": "10.0.1.99"}}
@@ -78,6 +78,6 @@ def test_a_node_table_too_long_for_the_cap_is_cut_and_counted(head_node: FakeHea
 
     _, document, text = head_node.run("verify", bundle)
 
-    assert len(text) <= applier.MAX_STDOUT_CHARS
+    assert len(text) <= MAX_STDOUT_CHARS
     assert len(document["slurm_nodes"]) + document["dropped"]["slurm_nodes"] == 1000
     assert json.loads(text)["slurm_nodes"][0] == ["p5-001", "10.1.0.0", "p5-001", ""]

@@ -15,9 +15,10 @@ import pytest
 
 from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
 from tests.integration.head_node.test_applier_run import FakeHeadNode
-from topokeeper.applier import applier
 from topokeeper.domain.models import Node, PartitionSettings
 from topokeeper.engine.planner import plan
+from topokeeper.headnode.bundle import parse_bundle
+from topokeeper.headnode.grouping import planned_base_block_sizes
 from topokeeper.render.bundle import render
 
 # The plan for p5_nodes(8): three leaves, under nn-agg0/nn-agg1, nn-spine0 and root.
@@ -292,5 +293,5 @@ def test_the_planned_base_block_size_comes_from_the_bundles_own_file() -> None:
     yaml_bundle = _bundle(gb=PartitionSettings(block_sizes=(9, 18)))
     conf_bundle = render(plan(snapshot({"gb": gb200_nodes(2)}, version="24.11"))).bundle.document()
     assert conf_bundle["topology_plugin"] == "topology/block"
-    assert applier.planned_base_block_sizes(applier.parse_bundle(json.dumps(yaml_bundle))) == {"block-gb": 9}
-    assert applier.planned_base_block_sizes(applier.parse_bundle(json.dumps(conf_bundle))) == {"cluster": 18}
+    assert planned_base_block_sizes(parse_bundle(json.dumps(yaml_bundle))) == {"block-gb": 9}
+    assert planned_base_block_sizes(parse_bundle(json.dumps(conf_bundle))) == {"cluster": 18}

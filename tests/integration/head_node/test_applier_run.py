@@ -20,12 +20,16 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, node, p5_nodes, snapshot
-from topokeeper.applier import applier
+from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, head_node_program, node, p5_nodes, snapshot
 from topokeeper.cli import main as topokeeper_main
 from topokeeper.domain.models import Node
 from topokeeper.engine.planner import plan
+from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
+from topokeeper.headnode import scontrol
+from topokeeper.headnode.config_dir import BACKUPS_KEPT, LOCK_FILE
+from topokeeper.headnode.main import main
 from topokeeper.render.bundle import render
+from topokeeper.wire import MAX_STDOUT_CHARS
 
 FAKE_SCONTROL = """\
 import json, os, sys
@@ -144,11 +148,11 @@ class FakeHeadNode:
         path.write_text(bundle if isinstance(bundle, str) else json.dumps(bundle))
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            code = applier.main([mode, str(path), *args], environ=self.environ)
+            code = main([mode, str(path), *args], environ=self.environ)
         text = out.getvalue()
         assert text.count("\n") == 1  # one JSON document, one line
         document: dict[str, Any] = json.loads(text)
-        assert len(text) <= applier.MAX_STDOUT_CHARS
+        assert len(text) <= MAX_STDOUT_CHARS
         return code, document, text
 
     def files(self) -> dict[str, bytes | None]:
@@ -186,7 +190,7 @@ def test_backups_keep_the_newest_five(head_node: FakeHeadNode) -> None:
         outcomes.append(head_node.run("apply", bundle)[1]["outcome"])
     assert outcomes == ["applied"] * 8
     backups = sorted((head_node.etc / ".topokeeper-backup").iterdir())
-    assert len(backups) == applier.BACKUPS_KEPT
+    assert len(backups) == BACKUPS_KEPT
     assert json.loads((backups[-1] / "manifest.json").read_text())["files"][0]["existed"] is True
 
 
@@ -244,7 +248,7 @@ def test_a_busy_lock_fails_cleanly_after_the_timeout(head_node: FakeHeadNode) ->
     bundle = _bundle(_cluster())
     head_node.serve(bundle)
     files = head_node.files()
-    with open(head_node.etc / applier.LOCK_FILE, "a") as held:
+    with open(head_node.etc / LOCK_FILE, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         started = time.monotonic()
         code, document, _ = head_node.run("apply", bundle, "--lock-timeout", "0.3")
@@ -252,7 +256,7 @@ def test_a_busy_lock_fails_cleanly_after_the_timeout(head_node: FakeHeadNode) ->
     assert (code, document["outcome"]) == (1, "failed")
     assert document["error"].startswith("lock busy: another apply holds")
     assert 0.3 <= waited < 5
-    assert {k: v for k, v in head_node.files().items() if k != applier.LOCK_FILE} == files
+    assert {k: v for k, v in head_node.files().items() if k != LOCK_FILE} == files
 
 
 def test_output_stays_under_the_ssm_cap_for_20000_nodes_with_drift(head_node: FakeHeadNode) -> None:
@@ -265,7 +269,7 @@ def test_output_stays_under_the_ssm_cap_for_20000_nodes_with_drift(head_node: Fa
     code, document, text = head_node.run("verify", bundle)
 
     assert (code, document["outcome"], document["grouping_drift"]) == (3, "drift", True)
-    assert len(text) <= applier.MAX_STDOUT_CHARS
+    assert len(text) <= MAX_STDOUT_CHARS
     # Per partition a grouping entry (first), then the missing file, and per partition a disk, a live
     # partition and a topology entry: capped, the rest counted.
     assert document["drift"][0] == {
@@ -285,14 +289,14 @@ def test_output_stays_under_the_ssm_cap_for_20000_nodes_with_drift(head_node: Fa
     first = document["readback"]["tree-p00"]
     # every switch but root is missing, and root has the wrong child
     assert first["mismatches_dropped"] + len(first["mismatches"]) == len(bundle["topologies"]["tree-p00"])
-    assert len(text) <= applier.MAX_STDOUT_CHARS
+    assert len(text) <= MAX_STDOUT_CHARS
 
     code, document, text = head_node.run("dry-run", bundle)
     assert (code, document["outcome"]) == (0, "would_apply")
     assert document["diff"].startswith("--- /dev/null\n+++ ")
     assert document["dropped"]["diff_chars"] > 100000
     assert len(document["partitions_changed"]) + document["dropped"].get("partitions_changed", 0) == 40
-    assert len(text) <= applier.MAX_STDOUT_CHARS
+    assert len(text) <= MAX_STDOUT_CHARS
 
 
 def test_every_result_carries_every_key(head_node: FakeHeadNode) -> None:
@@ -322,7 +326,7 @@ def test_every_result_carries_every_key(head_node: FakeHeadNode) -> None:
 def test_bad_arguments_still_print_one_json_document(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert applier.main(argv, environ={}) == 2
+    assert main(argv, environ={}) == 2
     document = json.loads(capsys.readouterr().out)
     assert document["outcome"] == "refused"
     assert document["error"].startswith(message)
@@ -341,7 +345,7 @@ def test_scontrol_is_found_without_path_next_to_the_config_directory(head_node: 
 def test_scontrol_from_path_and_from_the_command_line(head_node: FakeHeadNode, monkeypatch: pytest.MonkeyPatch) -> None:
     bundle = _bundle(_cluster())
     head_node.serve(bundle)
-    monkeypatch.setattr(applier, "OPT_SLURM_SCONTROL", str(head_node.root / "opt" / "scontrol"))
+    monkeypatch.setattr(scontrol, "OPT_SLURM_SCONTROL", str(head_node.root / "opt" / "scontrol"))
     elsewhere = head_node.root / "elsewhere"
     elsewhere.mkdir()
     (head_node.root / "bin" / "scontrol").rename(elsewhere / "scontrol")
@@ -363,7 +367,7 @@ def test_without_scontrol_the_outcome_is_failed_and_names_where_it_looked(
 ) -> None:
     bundle = _bundle(_cluster())
     head_node.serve(bundle)
-    monkeypatch.setattr(applier, "OPT_SLURM_SCONTROL", str(head_node.root / "opt" / "scontrol"))
+    monkeypatch.setattr(scontrol, "OPT_SLURM_SCONTROL", str(head_node.root / "opt" / "scontrol"))
     (head_node.root / "bin" / "scontrol").chmod(0o644)  # there, but not executable: as good as absent
     head_node.environ["PATH"] = "/nonexistent"
     code, document, _ = head_node.run("apply", bundle)
@@ -380,7 +384,7 @@ def test_slurm_conf_is_found_through_scontrol_without_slurm_conf(
     bundle = _bundle(_cluster())
     head_node.serve(bundle)
     del head_node.environ["SLURM_CONF"]
-    monkeypatch.setattr(applier, "DEFAULT_SLURM_CONF", str(head_node.root / "no" / "slurm.conf"))
+    monkeypatch.setattr(scontrol, "DEFAULT_SLURM_CONF", str(head_node.root / "no" / "slurm.conf"))
     code, document, _ = head_node.run("verify", bundle)
     assert (document["config_dir"], document["outcome"]) == (str(head_node.etc), "drift")
     assert code == 3
@@ -392,7 +396,7 @@ def test_the_script_runs_in_a_clean_interpreter(head_node: FakeHeadNode) -> None
     head_node.serve(bundle)
     (head_node.root / "bundle.json").write_text(json.dumps(bundle))
     result = subprocess.run(
-        [sys.executable, "-I", "-S", applier.__file__, "dry-run", "-"],
+        [sys.executable, "-I", "-S", str(head_node_program()), "dry-run", "-"],
         input=json.dumps(bundle),
         env=head_node.environ,
         capture_output=True,
@@ -403,9 +407,29 @@ def test_the_script_runs_in_a_clean_interpreter(head_node: FakeHeadNode) -> None
     assert json.loads(result.stdout)["outcome"] == "would_apply"
 
 
-def test_topokeeper_applier_path_prints_the_applier(capsys: pytest.CaptureFixture[str]) -> None:
-    assert topokeeper_main(["applier-path"]) == 0
-    path = Path(capsys.readouterr().out.strip())
-    assert path.is_absolute() and path == Path(applier.__file__).resolve()
-    assert path.read_text().startswith("#!/usr/bin/env python3\n")
-    assert os.access(path, os.R_OK)
+def test_topokeeper_head_node_program_writes_the_program_and_prints_its_sha256(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / PROGRAM_NAME
+    assert topokeeper_main(["head-node-program", "--out", str(out)]) == 0
+    assert capsys.readouterr().out == f"{program_sha256()}  {out}\n"  # as sha256sum prints it: --check reads it
+    assert out.read_bytes() == program_bytes()
+    assert out.read_bytes().startswith(b"#!/usr/bin/env python3\n")
+    assert os.access(out, os.R_OK)  # run as python3 FILE: no execute bit needed
+
+
+def test_the_program_runs_with_this_python_and_dispatches_its_modes(head_node: FakeHeadNode) -> None:
+    """The built file, as the channels run it: apply, dry-run and verify go to the head-node program."""
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    path = head_node.root / "bundle.json"
+    path.write_text(json.dumps(bundle))
+    for mode, outcome, code in (("dry-run", "would_apply", 0), ("apply", "applied", 0), ("verify", "in_sync", 0)):
+        result = subprocess.run(
+            [sys.executable, str(head_node_program()), mode, str(path)],
+            env=head_node.environ,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert (result.returncode, result.stderr, json.loads(result.stdout)["outcome"]) == (code, "", outcome)

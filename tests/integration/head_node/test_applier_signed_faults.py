@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import p5_nodes
+from tests.helpers import head_node_program, p5_nodes
 from tests.integration.head_node.test_applier_run import FakeHeadNode, _bundle, _cluster
 from tests.integration.head_node.test_applier_transaction import _config_files, _serve_loading
 from tests.signing_support import sign, write_trusted_key
-from topokeeper.applier import applier
+from topokeeper.headnode.config_dir import BACKUP_DIR
+from topokeeper.headnode.signature import GENERATION_FILE
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def _apply(head_node: FakeHeadNode, bundle: dict[str, Any], **env: str) -> subpr
     path.write_text(json.dumps(bundle))
     key = write_trusted_key(head_node.root / "trusted-key.json", bundle["cluster_name"])
     return subprocess.run(
-        [sys.executable, "-I", "-S", applier.__file__, "apply", str(path), "--trusted-key", str(key)],
+        [sys.executable, "-I", "-S", str(head_node_program()), "apply", str(path), "--trusted-key", str(key)],
         env={**head_node.environ, **env},
         capture_output=True,
         text=True,
@@ -43,11 +44,11 @@ def _apply(head_node: FakeHeadNode, bundle: dict[str, Any], **env: str) -> subpr
 
 
 def _recorded(head_node: FakeHeadNode) -> Path:
-    return head_node.etc / applier.BACKUP_DIR / applier.GENERATION_FILE
+    return head_node.etc / BACKUP_DIR / GENERATION_FILE
 
 
 def _backup_root_names(head_node: FakeHeadNode) -> list[str]:
-    return sorted(p.name for p in (head_node.etc / applier.BACKUP_DIR).iterdir())
+    return sorted(p.name for p in (head_node.etc / BACKUP_DIR).iterdir())
 
 
 def test_a_full_disk_while_recording_the_generation_writes_nothing(head_node: FakeHeadNode) -> None:

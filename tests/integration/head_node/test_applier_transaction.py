@@ -20,12 +20,25 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import snapshot
+from tests.helpers import head_node_program, snapshot
 from tests.integration.head_node.test_applier_run import FakeHeadNode, _bundle, _cluster, live_topologies
-from topokeeper.applier import applier
 from topokeeper.domain.models import Node, PartitionSettings
 from topokeeper.engine.planner import plan
+from topokeeper.headnode import modes
+from topokeeper.headnode.config_dir import (
+    BACKUP_DIR,
+    BACKUPS_KEPT,
+    CRASH_ENV,
+    FAULT_ENV,
+    JOURNAL,
+    LOCK_FILE,
+    prune_backups,
+)
+from topokeeper.headnode.steps import yaml_topology_names
 from topokeeper.render.bundle import render
+from topokeeper.wire import (
+    RECONFIGURE_TIMEOUT,
+)
 
 
 @pytest.fixture
@@ -58,14 +71,14 @@ def _config_files(head_node: FakeHeadNode) -> dict[str, bytes | None]:
 
 
 def _journal(head_node: FakeHeadNode) -> Path:
-    return head_node.etc / applier.BACKUP_DIR / applier.JOURNAL
+    return head_node.etc / BACKUP_DIR / JOURNAL
 
 
 def _subprocess_apply(head_node: FakeHeadNode, bundle: dict[str, Any], **env: str) -> subprocess.CompletedProcess[str]:
     path = head_node.root / "bundle.json"
     path.write_text(json.dumps(bundle))
     return subprocess.run(
-        [sys.executable, "-I", "-S", applier.__file__, "apply", str(path)],
+        [sys.executable, "-I", "-S", str(head_node_program()), "apply", str(path)],
         env={**head_node.environ, **env},
         capture_output=True,
         text=True,
@@ -126,7 +139,7 @@ def test_a_kill_after_the_renames_is_rolled_forward_by_the_next_run(head_node: F
     head_node.serve(bundle)
     _serve_loading(head_node, None, bundle)
 
-    killed = _subprocess_apply(head_node, bundle, **{applier.CRASH_ENV: "after-rename:slurm.conf"})
+    killed = _subprocess_apply(head_node, bundle, **{CRASH_ENV: "after-rename:slurm.conf"})
     assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, "")
     assert json.loads(_journal(head_node).read_text())["phase"] == "renaming"
     assert "reconfigure" not in head_node.calls()
@@ -146,7 +159,7 @@ def test_a_kill_before_every_file_is_written_is_undone_by_a_verify(head_node: Fa
     _serve_loading(head_node, None, bundle)
     files = _config_files(head_node)
 
-    killed = _subprocess_apply(head_node, bundle, **{applier.CRASH_ENV: step})
+    killed = _subprocess_apply(head_node, bundle, **{CRASH_ENV: step})
     assert killed.returncode == -signal.SIGKILL
 
     code, document, _ = head_node.run("verify", bundle)
@@ -165,11 +178,11 @@ def _fail_creating(monkeypatch: pytest.MonkeyPatch, fragment: str, code: int) ->
     real_open = os.open
 
     def failing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if flags & os.O_CREAT and fragment in os.fspath(path) and not os.fspath(path).endswith(applier.LOCK_FILE):
+        if flags & os.O_CREAT and fragment in os.fspath(path) and not os.fspath(path).endswith(LOCK_FILE):
             raise OSError(code, os.strerror(code), os.fspath(path))
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(applier.os, "open", failing_open)
+    monkeypatch.setattr(os, "open", failing_open)
 
 
 def test_a_full_disk_at_the_second_file_replaces_nothing(head_node: FakeHeadNode, monkeypatch) -> None:
@@ -206,8 +219,8 @@ def test_the_rollback_continues_past_an_error_and_the_next_run_finishes_it(
 
         return rename
 
-    monkeypatch.setattr(applier.os, "rename", failing_second(real_rename))
-    monkeypatch.setattr(applier.os, "replace", failing_second(real_replace))
+    monkeypatch.setattr(os, "rename", failing_second(real_rename))
+    monkeypatch.setattr(os, "replace", failing_second(real_replace))
 
     code, document, _ = head_node.run("apply", bundle)
 
@@ -248,7 +261,7 @@ def test_a_write_error_at_each_write_keeps_the_last_good_config(
     assert head_node.run("apply", first)[1]["outcome"] == "applied"
     files = _config_files(head_node)
     head_node.serve(nodes=second["nodes"])
-    head_node.environ[applier.FAULT_ENV] = f"{point}={error}"
+    head_node.environ[FAULT_ENV] = f"{point}={error}"
     reconfigures = _reconfigures(head_node)
 
     code, document, _ = head_node.run("apply", second)
@@ -260,7 +273,7 @@ def test_a_write_error_at_each_write_keeps_the_last_good_config(
     assert _config_files(head_node) == files
     assert not _journal(head_node).exists()
 
-    del head_node.environ[applier.FAULT_ENV]
+    del head_node.environ[FAULT_ENV]
     _serve_loading(head_node, first, second)
     code, document, _ = head_node.run("apply", second)
     assert (code, document["outcome"]) == (0, "applied")
@@ -318,7 +331,7 @@ def test_a_planted_backup_root_link_is_refused(head_node: FakeHeadNode, tmp_path
     head_node.serve(bundle)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
-    (head_node.etc / applier.BACKUP_DIR).symlink_to(elsewhere)
+    (head_node.etc / BACKUP_DIR).symlink_to(elsewhere)
     files = head_node.files()
 
     code, document, _ = head_node.run("apply", bundle)
@@ -326,16 +339,16 @@ def test_a_planted_backup_root_link_is_refused(head_node: FakeHeadNode, tmp_path
     assert (code, document["outcome"]) == (2, "refused")
     assert "must be a directory owned by uid" in document["error"] and "a symbolic link" in document["error"]
     assert list(elsewhere.iterdir()) == []
-    assert {k: v for k, v in head_node.files().items() if k != applier.LOCK_FILE} == {
-        k: v for k, v in files.items() if k != applier.LOCK_FILE
+    assert {k: v for k, v in head_node.files().items() if k != LOCK_FILE} == {
+        k: v for k, v in files.items() if k != LOCK_FILE
     }
 
 
 def test_a_backup_root_open_to_others_is_refused(head_node: FakeHeadNode) -> None:
     bundle = _bundle(_cluster())
     head_node.serve(bundle)
-    (head_node.etc / applier.BACKUP_DIR).mkdir(mode=0o755)
-    (head_node.etc / applier.BACKUP_DIR).chmod(0o755)
+    (head_node.etc / BACKUP_DIR).mkdir(mode=0o755)
+    (head_node.etc / BACKUP_DIR).chmod(0o755)
     code, document, _ = head_node.run("apply", bundle)
     assert (code, document["outcome"]) == (2, "refused")
     assert "mode 0755" in document["error"]
@@ -349,13 +362,13 @@ def test_pruning_never_follows_a_planted_link(head_node: FakeHeadNode, tmp_path:
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("mine\n")
-    root = head_node.etc / applier.BACKUP_DIR
+    root = head_node.etc / BACKUP_DIR
     (root / "19990101T000000Z-00000000").symlink_to(victim)  # sorts oldest: first to prune
     for bundle in [second, first] * 3:
         head_node.serve(topologies=live_topologies(bundle), nodes=bundle["nodes"], partitions=bundle["partitions"])
         assert head_node.run("apply", bundle)[1]["outcome"] == "applied"
     assert (victim / "keep.txt").read_text() == "mine\n"
-    assert len([p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]) == applier.BACKUPS_KEPT
+    assert len([p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]) == BACKUPS_KEPT
 
 
 def test_pruning_keeps_the_newest_backups_when_several_share_a_second(tmp_path: Path) -> None:
@@ -370,10 +383,10 @@ def test_pruning_keeps_the_newest_backups_when_several_share_a_second(tmp_path: 
     in_use = "20261202T120000Z-00000000"
     fd = os.open(root, os.O_RDONLY)
     try:
-        applier.prune_backups(fd, [in_use])
+        prune_backups(fd, [in_use])
     finally:
         os.close(fd)
-    assert sorted(p.name.split("-")[1] for p in root.iterdir()) == sorted(suffixes[-applier.BACKUPS_KEPT :])
+    assert sorted(p.name.split("-")[1] for p in root.iterdir()) == sorted(suffixes[-BACKUPS_KEPT:])
 
 
 # -- the time budget and the renames' order --------------------------------------------------------
@@ -385,31 +398,25 @@ def test_a_run_without_budget_left_for_reconfigure_and_rollback_writes_nothing(
     bundle = _bundle(_cluster())
     head_node.serve(bundle)
     files = head_node.files()
-    monkeypatch.setattr(applier, "APPLIER_BUDGET_SECONDS", applier.RECONFIGURE_TIMEOUT + 5)
+    monkeypatch.setattr(modes, "APPLIER_BUDGET_SECONDS", RECONFIGURE_TIMEOUT + 5)
     code, document, _ = head_node.run("apply", bundle)
     assert (code, document["outcome"]) == (1, "failed")
     assert "too little to reconfigure and roll back; nothing written" in document["error"]
-    assert {k: v for k, v in head_node.files().items() if k != applier.LOCK_FILE} == {
-        k: v for k, v in files.items() if k != applier.LOCK_FILE
-    } | ({applier.BACKUP_DIR: None})
+    assert {k: v for k, v in head_node.files().items() if k != LOCK_FILE} == {
+        k: v for k, v in files.items() if k != LOCK_FILE
+    } | ({BACKUP_DIR: None})
 
 
 def test_the_budget_fits_inside_every_channel_timeout_with_margin() -> None:
-    from topokeeper.adapters import ssm_channel
-    from topokeeper.agent import agent, install
+    from topokeeper import agent_install, wire
 
-    waits = applier.LOCK_WAIT_SECONDS + applier.READ_SECONDS + 2 * applier.RECONFIGURE_TIMEOUT
-    assert waits <= applier.APPLIER_BUDGET_SECONDS
-    assert applier.SCONTROL_TIMEOUT <= applier.READ_SECONDS
-    channel = applier.APPLIER_BUDGET_SECONDS + applier.TERMINATE_GRACE_SECONDS + applier.CHANNEL_MARGIN_SECONDS
-    assert channel == applier.CHANNEL_TIMEOUT_SECONDS
-    assert applier.CHANNEL_MARGIN_SECONDS >= 60  # the bootstrap's bundle fetch (urlopen timeout) and start-up
-    assert ssm_channel.EXECUTION_TIMEOUT_SECONDS == applier.CHANNEL_TIMEOUT_SECONDS
-    assert agent.APPLIER_TIMEOUT_SECONDS == applier.CHANNEL_TIMEOUT_SECONDS  # mirrored: agent.py imports nothing
-    assert agent.TERMINATE_GRACE_SECONDS == applier.TERMINATE_GRACE_SECONDS
-    assert agent.Config(cluster="c", bucket="b", region="r").applier_timeout_seconds == agent.APPLIER_TIMEOUT_SECONDS
-    assert install.APPLIER_TIMEOUT_SECONDS == applier.CHANNEL_TIMEOUT_SECONDS
-    assert install.CYCLE_TIMEOUT_SECONDS > install.APPLIER_TIMEOUT_SECONDS + agent.TERMINATE_GRACE_SECONDS
+    waits = wire.LOCK_WAIT_SECONDS + wire.READ_SECONDS + 2 * wire.RECONFIGURE_TIMEOUT
+    assert waits <= wire.APPLIER_BUDGET_SECONDS
+    assert wire.SCONTROL_TIMEOUT <= wire.READ_SECONDS
+    channel = wire.APPLIER_BUDGET_SECONDS + wire.TERMINATE_GRACE_SECONDS + wire.CHANNEL_MARGIN_SECONDS
+    assert channel == wire.CHANNEL_TIMEOUT_SECONDS
+    assert wire.CHANNEL_MARGIN_SECONDS >= 60  # the bootstrap's bundle fetch (urlopen timeout) and start-up
+    assert agent_install.CYCLE_TIMEOUT_SECONDS > agent_install.APPLIER_TIMEOUT_SECONDS + wire.TERMINATE_GRACE_SECONDS
 
 
 def test_the_agent_sends_sigterm_then_sigkill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -442,10 +449,10 @@ def test_renames_put_a_union_of_old_and_new_topologies_first_when_slurm_conf_nam
     assert head_node.run("apply", first)[1]["outcome"] == "applied"
     head_node.serve(nodes=second["nodes"])
 
-    killed = _subprocess_apply(head_node, second, **{applier.CRASH_ENV: "after-rename:topology.yaml+union"})
+    killed = _subprocess_apply(head_node, second, **{CRASH_ENV: "after-rename:topology.yaml+union"})
     assert killed.returncode == -signal.SIGKILL
     union = (head_node.etc / "topology.yaml").read_text()
-    assert applier.yaml_topology_names(union) == {"flat-default", "tree-gpu", "tree-gb", "block-gb"}
+    assert yaml_topology_names(union) == {"flat-default", "tree-gpu", "tree-gb", "block-gb"}
     assert union.startswith(second["files"]["topology.yaml"]["content"])
     assert "Topology=block-gb" in head_node.conf.read_text()  # slurm.conf not renamed yet
 
@@ -459,7 +466,7 @@ def test_renames_put_a_union_of_old_and_new_topologies_first_when_slurm_conf_nam
 
 
 def _plant_journal(head_node: FakeHeadNode, journal: dict[str, Any] | str) -> None:
-    root = head_node.etc / applier.BACKUP_DIR
+    root = head_node.etc / BACKUP_DIR
     root.mkdir(mode=0o700)
     _journal(head_node).write_text(journal if isinstance(journal, str) else json.dumps(journal))
 

@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import gb200_nodes, snapshot
+from tests.helpers import gb200_nodes, head_node_program, snapshot
 from tests.refused_edits import REFUSED_EDITS, load_plan, mixed_cluster
-from topokeeper.applier.applier import content_sha256, parse_show_topology, partition_nodes, sha256_text
 from topokeeper.domain.models import BlockTopology, SlurmVersion, Topology, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim import standin_reads, standin_scontrol
 from topokeeper.sim.file_head_node import FileHeadNode, _machine_python3
-from topokeeper.sim.head_node import APPLIER_SOURCE, HEAD_NODE_VARIABLE, choose_head_node
+from topokeeper.sim.head_node import HEAD_NODE_VARIABLE, choose_head_node
 from topokeeper.sim.slurm_chroot import HarnessError
+from topokeeper.wire import content_sha256, parse_show_topology, partition_nodes, sha256_text
 
 HeadNodes = Callable[[RenderedPlan], FileHeadNode]
 
@@ -48,10 +48,10 @@ def head_nodes() -> Iterator[HeadNodes]:
 
 
 def _applier(head: FileHeadNode, mode: str, bundle: dict[str, Any]) -> dict[str, Any]:
-    """The real applier on the head node, as the SSM script and the agent run it."""
+    """The real program (the built file) on the head node, as the SSM script and the agent run it."""
     path = head.controller.root / "bundle.json"
     path.write_text(json.dumps(bundle))
-    result = head.controller.run("python3", str(APPLIER_SOURCE), mode, str(path))
+    result = head.controller.run("python3", str(head_node_program()), mode, str(path))
     document: dict[str, Any] = json.loads(result.stdout)
     return document
 

@@ -41,10 +41,14 @@ from tests.integration.slurm.test_applier_on_slurmctld import (
     _start,
     _with_content,
 )
-from topokeeper.applier import applier
 from topokeeper.domain.models import PartitionSettings
+from topokeeper.headnode.bundle import parse_bundle
+from topokeeper.headnode.config_dir import BACKUP_DIR, CRASH_ENV, FAULT_ENV, JOURNAL
+from topokeeper.headnode.grouping import read_back
+from topokeeper.headnode.scontrol import LiveTopologies
 from topokeeper.render.bundle import RenderedPlan
 from topokeeper.sim.slurm_chroot import HarnessError, SlurmController, installed_slurm_version
+from topokeeper.wire import partition_topologies
 
 pytestmark = pytest.mark.slurm
 
@@ -172,11 +176,11 @@ def _serves(controller: SlurmController, bundle: dict[str, Any]) -> bool:
     """Whether slurmctld serves exactly this bundle's topologies and Topology= for its partitions."""
     scontrol = _ChrootScontrol(controller, _client_config(controller, bundle))
     listing = scontrol.run("-a", "-o", "show", "partition").stdout
-    parsed = applier.parse_bundle(json.dumps(bundle))
-    _, drift = applier.read_back(
+    parsed = parse_bundle(json.dumps(bundle))
+    _, drift = read_back(
         parsed,
-        applier.LiveTopologies(scontrol),  # type: ignore[arg-type]
-        applier.partition_topologies(listing),
+        LiveTopologies(scontrol),  # type: ignore[arg-type]
+        partition_topologies(listing),
     )
     return not drift
 
@@ -191,13 +195,13 @@ def _served(controller: SlurmController, old: dict[str, Any], new: dict[str, Any
 def _leftovers(controller: SlurmController) -> list[str]:
     """Temp files of a transaction, and the journal: none may outlive the next run."""
     names = [p.name for p in controller.etc.iterdir() if p.name.endswith((".topokeeper-new", ".topokeeper-old"))]
-    journal = controller.etc / applier.BACKUP_DIR / applier.JOURNAL
-    return names + ([applier.JOURNAL] if journal.exists() else [])
+    journal = controller.etc / BACKUP_DIR / JOURNAL
+    return names + ([JOURNAL] if journal.exists() else [])
 
 
 def _crash(controller: SlurmController, bundle: dict[str, Any], step: str) -> subprocess.CompletedProcess[str]:
     command = _applier_command(controller, "apply", bundle)
-    environment = {**os.environ, applier.CRASH_ENV: step}
+    environment = {**os.environ, CRASH_ENV: step}
     return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -300,7 +304,7 @@ def test_a_write_error_at_each_write_keeps_the_last_good_config_live(
     files = _config_files(controller)
 
     command = _applier_command(controller, "apply", new)
-    environment = {**os.environ, applier.FAULT_ENV: f"{point}={error}"}
+    environment = {**os.environ, FAULT_ENV: f"{point}={error}"}
     result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, check=False)
     document = _document(result.stdout)
 

@@ -9,6 +9,7 @@ instances by NodeAddr. The applier runs here as the SSM channel runs it: its fix
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 from collections.abc import Callable
@@ -19,14 +20,14 @@ import pytest
 
 from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, p5_nodes, snapshot
 from topokeeper.adapters.ssm_channel import build_commands
-from topokeeper.applier import applier
-from topokeeper.applier.applier import parse_show_topology, sha256_text
 from topokeeper.domain.models import PlannerConfig
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
+from topokeeper.head_node_program import program_bytes, program_sha256
 from topokeeper.ports import ApplyResult
 from topokeeper.render.bundle import render
 from topokeeper.sim.slurm_chroot import SlurmController
+from topokeeper.wire import parse_show_topology, sha256_text
 
 pytestmark = pytest.mark.slurm
 
@@ -35,12 +36,11 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 def _over_ssm(controller: SlurmController, mode: str, bundle: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """The SSM channel's script, run by sh as root without a login shell, as the SSM agent runs it."""
-    source = Path(applier.__file__).read_text()
     document = json.dumps(bundle, sort_keys=True)
     payload = {
         "mode": mode,
-        "applier": source,
-        "applier_sha256": sha256_text(source),
+        "program": base64.b64encode(program_bytes()).decode("ascii"),  # inline: python3-minimal has no urllib
+        "program_sha256": program_sha256(),
         "bundle": document,
         "bundle_sha256": sha256_text(document),
     }

@@ -18,17 +18,16 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, node, p5_nodes, snapshot
-from topokeeper.applier import applier
-from topokeeper.applier.applier import content_sha256, parse_show_topology, sha256_text
+from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, head_node_program, node, p5_nodes, snapshot
 from topokeeper.domain.models import Node, PartitionSettings
 from topokeeper.engine.planner import plan
+from topokeeper.head_node_program import PROGRAM_NAME
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim.slurm_chroot import SlurmController
+from topokeeper.wire import MAX_STDOUT_CHARS, content_sha256, parse_show_topology, sha256_text
 
 pytestmark = pytest.mark.slurm
 
-APPLIER = Path(applier.__file__)
 REQUIRED_KEYS = APPLIER_RESULT_KEYS
 _bundle_numbers = itertools.count()
 
@@ -79,21 +78,22 @@ def _with_content(bundle: dict[str, Any], content: str) -> dict[str, Any]:
 
 
 def _applier_command(controller: SlurmController, mode: str, bundle: dict[str, Any] | None, *args: str) -> list[str]:
-    """Copy the applier (and the bundle, unless it comes on stdin) into the chroot; the command to run it."""
+    """Copy the head-node program (and the bundle, unless it comes on stdin) into the chroot; the command to run
+    it with the chroot's python3."""
     base = controller.root / controller.inner_dir.lstrip("/")
-    shutil.copy(APPLIER, base / "applier.py")
+    shutil.copy(head_node_program(), base / PROGRAM_NAME)
     source = "-"
     if bundle is not None:
         name = f"bundle-{next(_bundle_numbers)}.json"
         (base / name).write_text(json.dumps(bundle))
         source = f"{controller.inner_dir}/{name}"
-    return controller.command("python3", f"{controller.inner_dir}/applier.py", mode, source, *args)
+    return controller.command("python3", f"{controller.inner_dir}/{PROGRAM_NAME}", mode, source, *args)
 
 
 def _document(stdout: str) -> dict[str, Any]:
     document: dict[str, Any] = json.loads(stdout)  # exactly one JSON document, nothing else
     assert set(document) >= REQUIRED_KEYS, REQUIRED_KEYS - set(document)
-    assert len(stdout) < applier.MAX_STDOUT_CHARS
+    assert len(stdout) < MAX_STDOUT_CHARS
     return document
 
 

@@ -21,8 +21,9 @@ from tests.integration.slurm.test_applier_on_slurmctld import (
     _with_content,
 )
 from tests.signing_support import sign, signing_key, write_trusted_key
-from topokeeper.applier.applier import BACKUP_DIR, GENERATION_FILE
 from topokeeper.domain.models import PartitionSettings
+from topokeeper.headnode.config_dir import BACKUP_DIR
+from topokeeper.headnode.signature import GENERATION_FILE
 from topokeeper.sim.slurm_chroot import SlurmController
 
 pytestmark = pytest.mark.slurm

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import gb200_nodes, node, snapshot
-from topokeeper.applier.applier import parse_show_topology
 from topokeeper.cli import plan_from_files
 from topokeeper.domain.models import BlockTopology, PartitionSettings, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim.slurm_chroot import SlurmController, unexpected_log_lines
+from topokeeper.wire import parse_show_topology
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 pytestmark = pytest.mark.slurm
@@ -109,7 +109,7 @@ def test_flat_partition_spans_any_nodes(sid_root: Path, controllers) -> None:
 
 
 def _expand(hostlist: str) -> list[str]:
-    from topokeeper.domain.hostlist import expand
+    from topokeeper.wire import expand
 
     return expand(hostlist)
 

@@ -20,7 +20,6 @@ from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.adapters.aws import PRESIGN_CONFIG, SEND_COMMAND_CONFIG
 from topokeeper.adapters.ssm_channel import SsmChannel
-from topokeeper.applier.applier import MAX_STDOUT_CHARS, node_rows, parse_show_topology
 from topokeeper.ports import ApplyResult, Outcome
 from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
@@ -29,6 +28,7 @@ from topokeeper.sim.aws.s3 import KMS_DEFAULT_ENCRYPTION
 from topokeeper.sim.aws.ssm import CommandInvocationRequest, CommandOutcome
 from topokeeper.sim.aws_emulator import AwsEmulator
 from topokeeper.sim.slurm_chroot import SlurmController
+from topokeeper.wire import MAX_STDOUT_CHARS, node_rows, parse_show_topology
 
 pytestmark = pytest.mark.slurm
 

@@ -13,9 +13,11 @@ import pytest
 from tests.fakes import MemoryStateStore
 from tests.signing_support import LocalSigner, signing_key
 from tests.unit.service.usecase_support import CLUSTER, Controller
-from topokeeper.applier import applier
-from topokeeper.applier.applier import Refused, TrustedKey, check_signature, parse_bundle, rsa_public_key
 from topokeeper.errors import Retryable
+from topokeeper.headnode import bundle as head_node_bundle
+from topokeeper.headnode.bundle import parse_bundle
+from topokeeper.headnode.failures import Refused
+from topokeeper.headnode.signature import TrustedKey, check_signature, rsa_public_key
 from topokeeper.ports import ApplyResult
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.drift import check_drift
@@ -33,7 +35,7 @@ def _trusted(signer: LocalSigner) -> TrustedKey:
     return TrustedKey(document["cluster"], document["key_id"], modulus, exponent)
 
 
-def _as_applier_reads_it(bundle: Bundle) -> applier.Bundle:
+def _as_applier_reads_it(bundle: Bundle) -> head_node_bundle.Bundle:
     return parse_bundle(json.dumps(bundle.document(), sort_keys=True))
 
 

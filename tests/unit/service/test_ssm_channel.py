@@ -1,9 +1,11 @@
 import base64
 import gzip
 import hashlib
+import io
 import json
 import subprocess
 import sys
+import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,7 +14,6 @@ import pytest
 from tests.helpers import gb200_nodes, p5_nodes, snapshot
 from tests.signing_support import LocalSigner
 from topokeeper.adapters.ssm_channel import (
-    APPLIER_PATH,
     BOOTSTRAP,
     INLINE_LIMIT_BYTES,
     SsmChannel,
@@ -22,6 +23,7 @@ from topokeeper.adapters.ssm_channel import (
     parse_invocation,
 )
 from topokeeper.engine.planner import plan
+from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
 from topokeeper.ports import Outcome
 from topokeeper.render.bundle import render
 from topokeeper.service.signing import sign_bundle, trusted_key_document
@@ -30,9 +32,11 @@ from topokeeper.service.signing import sign_bundle, trusted_key_document
 class RecordingS3:
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
+        self.content_types: dict[str, str] = {}
 
-    def put_object(self, Bucket: str, Key: str, Body: bytes, **_: object) -> dict:
+    def put_object(self, Bucket: str, Key: str, Body: bytes, ContentType: str = "", **_: object) -> dict:
         self.objects[Key] = Body
+        self.content_types[Key] = ContentType
         return {"ETag": '"x"'}
 
     def generate_presigned_url(self, operation: str, Params: dict, ExpiresIn: int) -> str:
@@ -53,9 +57,24 @@ def _decode(commands: list[str]) -> dict:
     return json.loads(gzip.decompress(base64.b64decode("".join(commands[start:end]))))
 
 
+def _stand_in_program(main: str) -> bytes:
+    """A zipapp whose ``__main__.py`` is ``main``: binary like the real program (its headers are not UTF-8)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("__main__.py", main)
+    data = buffer.getvalue()
+    with pytest.raises(UnicodeDecodeError):
+        data.decode()
+    return data
+
+
+def _inline(program: bytes) -> dict[str, str]:
+    return {"program": base64.b64encode(program).decode(), "program_sha256": hashlib.sha256(program).hexdigest()}
+
+
 def test_shell_text_is_fixed_and_data_is_only_base64() -> None:
-    a = build_commands({"mode": "apply", "bundle": "x; rm -rf / $(reboot) `id`", "applier": "a"})
-    b = build_commands({"mode": "apply", "bundle": "something else entirely", "applier": "b"})
+    a = build_commands({"mode": "apply", "bundle": "x; rm -rf / $(reboot) `id`", "program": "a"})
+    b = build_commands({"mode": "apply", "bundle": "something else entirely", "program": "b"})
     start = a.index("cat > \"$work/payload\" <<'TOPOKEEPER_PAYLOAD_END'") + 1
     fixed_a = a[:start] + a[a.index("TOPOKEEPER_PAYLOAD_END") :]
     fixed_b = b[:start] + b[b.index("TOPOKEEPER_PAYLOAD_END") :]
@@ -64,9 +83,9 @@ def test_shell_text_is_fixed_and_data_is_only_base64() -> None:
     assert all(set(line) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") for line in data)
 
 
-def test_small_bundle_travels_inline_and_the_applier_through_s3() -> None:
-    """The applier with its signature checks no longer fits in the command (the tripwire): it goes to S3, pinned
-    by its sha256; a small bundle still rides inline."""
+def test_small_bundle_travels_inline_and_the_program_through_s3() -> None:
+    """The program does not fit in the command (the tripwire): it goes to S3 as application/zip under its sha256,
+    pinned by it; a small bundle still rides inline."""
     s3 = RecordingS3()
     bundle = _bundle(16)
     commands = _channel(s3).payload(bundle, "apply")
@@ -74,12 +93,13 @@ def test_small_bundle_travels_inline_and_the_applier_through_s3() -> None:
     assert json.loads(payload["bundle"])["plan_sha256"] == bundle.plan_sha256
     assert payload["mode"] == "apply" and "bundle_url" not in payload
     assert command_size(commands) <= INLINE_LIMIT_BYTES
-    applier = APPLIER_PATH.read_text()
-    assert command_size(build_commands({**payload, "applier": applier, "applier_url": None})) > INLINE_LIMIT_BYTES
-    key = f"payloads/test-cluster/applier-{hashlib.sha256(applier.encode()).hexdigest()}.py"
-    assert payload["applier"] is None and payload["applier_url"].startswith(f"https://example.invalid/{key}?")
-    assert s3.objects == {key: applier.encode()}
-    assert payload["applier_sha256"] == hashlib.sha256(applier.encode()).hexdigest()
+    program = program_bytes()
+    assert command_size(build_commands({**payload, **_inline(program), "program_url": None})) > INLINE_LIMIT_BYTES
+    key = f"payloads/test-cluster/program-{program_sha256()}.pyz"
+    assert payload["program"] is None and payload["program_url"].startswith(f"https://example.invalid/{key}?")
+    assert s3.objects == {key: program}
+    assert s3.content_types[key] == "application/zip"
+    assert payload["program_sha256"] == hashlib.sha256(program).hexdigest()
 
 
 def test_large_bundle_goes_to_s3_with_its_hash() -> None:
@@ -110,6 +130,29 @@ def test_inline_limit_boundary() -> None:
     assert _decode(channel.payload(_bundle(high), "apply"))["bundle"] is None
 
 
+def test_the_real_program_travels_inline_byte_for_byte_and_answers(tmp_path: Path) -> None:
+    """The built program through the whole command under /bin/sh: decoded, checked, written and run as bytes."""
+    bundle = "{}"
+    commands = build_commands(
+        {
+            "mode": "verify",
+            **_inline(program_bytes()),
+            "bundle": bundle,
+            "bundle_sha256": hashlib.sha256(bundle.encode()).hexdigest(),
+        }
+    )
+    result = subprocess.run(
+        ["sh", "-c", "\n".join(commands)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent), "TMPDIR": str(tmp_path)},
+    )
+    document = json.loads(result.stdout)
+    assert (result.returncode, result.stderr, document["outcome"]) == (2, "", "refused")
+    assert document["error"].startswith("bundle.schema: expected topokeeper.bundle/2")
+
+
 @pytest.mark.parametrize(
     "target", ["sagemaker-cluster:abc_controller-i-0123456789abcdef0", "i-123", "mi-12", "i-0123456789abcdef0 "]
 )
@@ -123,8 +166,8 @@ def test_bootstrap_refuses_a_tampered_payload(tmp_path: Path) -> None:
     """The on-node bootstrap checks hashes before anything runs."""
     payload = {
         "mode": "apply",
-        "applier": "print('never')",
-        "applier_sha256": "0" * 64,
+        "program": base64.b64encode(_stand_in_program("print('never')")).decode(),
+        "program_sha256": "0" * 64,
         "bundle": "{}",
         "bundle_sha256": "0" * 64,
     }
@@ -136,7 +179,7 @@ def test_bootstrap_refuses_a_tampered_payload(tmp_path: Path) -> None:
     assert json.loads(result.stdout) == {
         "outcome": "refused",
         "applier_version": None,
-        "error": "applier sha256 mismatch",
+        "error": "program sha256 mismatch",
     }
 
 
@@ -147,14 +190,14 @@ def _bootstrap(tmp_path: Path, payload: dict) -> subprocess.CompletedProcess[str
     )
 
 
-def test_bootstrap_fetches_the_applier_checks_its_pinned_hash_and_passes_the_trusted_key(tmp_path: Path) -> None:
-    applier = "import json, sys; print(json.dumps({'outcome': 'unchanged', 'argv': sys.argv[1:]}))"
-    (tmp_path / "staged.py").write_text(applier)
+def test_bootstrap_fetches_the_program_checks_its_pinned_hash_and_passes_the_trusted_key(tmp_path: Path) -> None:
+    program = _stand_in_program("import json, sys; print(json.dumps({'outcome': 'unchanged', 'argv': sys.argv}))")
+    (tmp_path / "staged.pyz").write_bytes(program)
     payload = {
         "mode": "apply",
-        "applier": None,
-        "applier_url": (tmp_path / "staged.py").as_uri(),  # urllib reads file: URLs as it reads presigned ones
-        "applier_sha256": hashlib.sha256(applier.encode()).hexdigest(),
+        "program": None,
+        "program_url": (tmp_path / "staged.pyz").as_uri(),  # urllib reads file: URLs as it reads presigned ones
+        "program_sha256": hashlib.sha256(program).hexdigest(),
         "bundle": "{}",
         "bundle_sha256": hashlib.sha256(b"{}").hexdigest(),
         "trusted_key": '{"schema": "topokeeper.signing-key/1"}',
@@ -164,23 +207,24 @@ def test_bootstrap_fetches_the_applier_checks_its_pinned_hash_and_passes_the_tru
     result = _bootstrap(work, payload)
     assert result.returncode == 0, result.stderr
     argv = json.loads(result.stdout)["argv"]
-    assert argv == ["apply", str(work / "bundle.json"), "--trusted-key", str(work / "trusted-key.json")]
+    expected = [str(work / PROGRAM_NAME), "apply", str(work / "bundle.json")]
+    assert argv == [*expected, "--trusted-key", str(work / "trusted-key.json")]
     assert (work / "trusted-key.json").read_text() == payload["trusted_key"]
+    assert (work / PROGRAM_NAME).read_bytes() == program  # written as the bytes it is
 
-    (tmp_path / "staged.py").write_text(applier + "\nimport os; os.system('id')")  # swapped in the bucket
+    (tmp_path / "staged.pyz").write_bytes(program + b"\nimport os; os.system('id')")  # swapped in the bucket
     result = _bootstrap(work, payload)
-    assert (result.returncode, json.loads(result.stdout)["error"]) == (2, "applier sha256 mismatch")
+    assert (result.returncode, json.loads(result.stdout)["error"]) == (2, "program sha256 mismatch")
 
 
-def test_script_runs_under_sh_and_execs_the_applier(tmp_path: Path) -> None:
-    """The whole command text runs under /bin/sh; here the 'applier' is a stand-in that echoes its argv."""
-    applier = "import json, sys; print(json.dumps({'outcome': 'unchanged', 'argv': sys.argv[1:2]}))"
+def test_script_runs_under_sh_and_execs_the_program(tmp_path: Path) -> None:
+    """The whole command text runs under /bin/sh; here the program is a stand-in zipapp that echoes its argv."""
+    program = _stand_in_program("import json, sys; print(json.dumps({'outcome': 'unchanged', 'argv': sys.argv[1:2]}))")
     bundle = "{}"
     commands = build_commands(
         {
             "mode": "verify",
-            "applier": applier,
-            "applier_sha256": hashlib.sha256(applier.encode()).hexdigest(),
+            **_inline(program),
             "bundle": bundle,
             "bundle_sha256": hashlib.sha256(bundle.encode()).hexdigest(),
         }
@@ -256,7 +300,7 @@ def test_every_ssm_status_maps_to_a_clear_outcome(invocation: dict, outcome: Out
 
 
 def test_the_s3_fallback_fits_with_a_real_presigned_url_of_the_longest_names() -> None:
-    """The fallback (the applier and the bundle both fetched from S3, the trusted key inline, the URL the whole
+    """The fallback (the program and the bundle both fetched from S3, the trusted key inline, the URL the whole
     result document is PUT to) must fit with what Lambda really presigns (a session token in each URL, a
     63-character bucket and cluster name), not a short test URL: measured 5,299 of 48,000 bytes."""
     import random
@@ -289,7 +333,7 @@ def test_the_s3_fallback_fits_with_a_real_presigned_url_of_the_longest_names() -
     )
     commands = channel.payload(bundle, "apply")
     payload = _decode(commands)
-    assert "X-Amz-Security-Token" in payload["bundle_url"] and "X-Amz-Security-Token" in payload["applier_url"]
+    assert "X-Amz-Security-Token" in payload["bundle_url"] and "X-Amz-Security-Token" in payload["program_url"]
     assert (
         "X-Amz-Security-Token" in payload["result_url"] and "X-Amz-Algorithm=AWS4-HMAC-SHA256" in payload["result_url"]
     )

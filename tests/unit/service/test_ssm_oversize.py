@@ -80,7 +80,7 @@ def test_a_20000_node_bundle_travels_through_s3_and_the_head_node_checks_and_run
     s3: ServedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     """The command stays under the limit with the bundle in S3; on the head node the bootstrap fetches it, checks
-    its sha256 and execs the applier on it (a stand-in that reports what it was given)."""
+    its sha256 and execs the program on it (a stand-in that reports what it was given)."""
     applier = (
         "import hashlib, json, sys\n"
         "text = open(sys.argv[2]).read()\n"
@@ -88,7 +88,9 @@ def test_a_20000_node_bundle_travels_through_s3_and_the_head_node_checks_and_run
         " 'plan_sha256': json.loads(text)['plan_sha256'], 'nodes': len(json.loads(text)['nodes']),"
         " 'sha256': hashlib.sha256(text.encode()).hexdigest()}))\n"
     )
-    monkeypatch.setattr(ssm_channel, "_applier_source", lambda: applier)
+    program = applier.encode()  # a script in the program's place: python3 runs a file that is no zip as one
+    monkeypatch.setattr(ssm_channel, "program_bytes", lambda: program)
+    monkeypatch.setattr(ssm_channel, "program_sha256", lambda: hashlib.sha256(program).hexdigest())
     bundle = bundle_of_20000_nodes()
     commands = _channel(s3).payload(bundle, mode)
     assert command_size(commands) <= INLINE_LIMIT_BYTES

@@ -14,7 +14,6 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from topokeeper.applier import applier
 from topokeeper.domain.models import (
     NO_TOPOLOGY_SWITCH,
     BlockTopology,
@@ -26,15 +25,23 @@ from topokeeper.domain.models import (
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import join_snapshot, read_snapshot
 from topokeeper.errors import InputError
+from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
 from topokeeper.narrate import columns, leaf_table
-from topokeeper.operator_files import add_endpoint_option, apply_endpoint_option, read_mapping, write_files
+from topokeeper.operator_files import (
+    add_endpoint_option,
+    apply_endpoint_option,
+    check_out_file,
+    read_mapping,
+    write_files,
+    write_text_file,
+)
 from topokeeper.render.bundle import RenderedPlan, json_text, render
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FLUSH_FAILED = 120  # as Python exits when flushing its output fails
 # Commands that plan from a file: with one of these first, the others (which import botocore, ~0.5 s) stay unloaded.
-PLANNING_COMMANDS = frozenset({"plan", "show", "applier-path"})
+PLANNING_COMMANDS = frozenset({"plan", "show", "head-node-program"})
 
 
 def load_config(path: Path | None) -> PlannerConfig:
@@ -142,8 +149,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_applier_path(args: argparse.Namespace) -> int:
-    print(Path(applier.__file__).resolve())
+def _cmd_head_node_program(args: argparse.Namespace) -> int:
+    """Write the head-node program; print its sha256 as sha256sum does (compare it with HeadNodeProgramSha256)."""
+    check_out_file(args.out)
+    write_text_file(args.out, program_bytes())
+    print(f"{program_sha256()}  {args.out}")
     return EXIT_OK
 
 
@@ -170,8 +180,11 @@ def build_parser(operator_commands: bool = True) -> argparse.ArgumentParser:
     )
     show_parser.set_defaults(run=_cmd_show)
 
-    path_parser = commands.add_parser("applier-path", help="print the path of the head-node applier, to copy it")
-    path_parser.set_defaults(run=_cmd_applier_path)
+    program_parser = commands.add_parser(
+        "head-node-program", help=f"write the head-node program ({PROGRAM_NAME}) and print its sha256"
+    )
+    program_parser.add_argument("--out", type=Path, required=True, help=f"the file to write, e.g. {PROGRAM_NAME}")
+    program_parser.set_defaults(run=_cmd_head_node_program)
     if operator_commands:
         _register_operator_commands(parser, commands)
     return parser
@@ -180,7 +193,7 @@ def build_parser(operator_commands: bool = True) -> argparse.ArgumentParser:
 def _register_operator_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     # Imported here, only for the commands that use them (see PLANNING_COMMANDS).
     from topokeeper import kueue_commands, operator_commands, readonly_commands  # noqa: PLC0415
-    from topokeeper.agent.install import add_agent_commands  # noqa: PLC0415
+    from topokeeper.agent_install import add_agent_commands  # noqa: PLC0415
     from topokeeper.login import commands as login_commands  # noqa: PLC0415
     from topokeeper.sim import commands as sim_commands  # noqa: PLC0415
 

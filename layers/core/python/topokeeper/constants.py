@@ -1,8 +1,7 @@
-"""Contract values shared by the package, the stack (``infra/``) and the head-node files.
+"""Contract values shared by the package and the stack (``infra/``).
 
-Each value is written once here. The stdlib-only files that run on the head node (``applier/applier.py``,
-``agent/agent.py``) cannot import the package and keep literal copies; ``tests/unit/test_constants.py``
-asserts that they carry the same values.
+Each value is written once: here, or, when the head node reads it too (the bundle schema, the signature
+algorithm), in ``topokeeper.wire``.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ import re
 INSTANCE_ID_PATTERN = r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?"
 INSTANCE_ID = re.compile(INSTANCE_ID_PATTERN)
 
-# The bundle document the applier and the agent accept (``render/bundle.py`` writes it).
-BUNDLE_SCHEMA = "topokeeper.bundle/2"
 
 # The head-node agent's result events (EventBridge source and detail types). Each agent cluster reports
 # with its own source, AGENT_SOURCE.<cluster>, which its IAM policy enforces (events:source): the source,
@@ -23,10 +20,6 @@ BUNDLE_SCHEMA = "topokeeper.bundle/2"
 AGENT_SOURCE = "topokeeper.agent"
 AGENT_APPLY_DETAIL_TYPE = "Topology Apply Result"
 AGENT_VERIFY_DETAIL_TYPE = "Topology Verify Result"
-
-
-# How bundles are signed (KMS SigningAlgorithm); the applier checks exactly this.
-SIGNATURE_ALGORITHM = "RSASSA_PKCS1_V1_5_SHA_256"
 
 
 def agent_source(cluster: str) -> str:
@@ -66,9 +59,10 @@ def ssm_payload_key(cluster: str, sha256: str) -> str:
     return f"payloads/{cluster}/{sha256}.json"
 
 
-def ssm_applier_key(cluster: str, sha256: str) -> str:
-    """Where the SSM channel puts the applier when the command cannot carry it, for the head node to fetch."""
-    return f"payloads/{cluster}/applier-{sha256}.py"
+def ssm_program_key(cluster: str, sha256: str) -> str:
+    """Where the SSM channel puts the head-node program when the command cannot carry it, for the head node to
+    fetch: named by its sha256, so one build is one object."""
+    return f"payloads/{cluster}/program-{sha256}.pyz"
 
 
 RESULT_KEY_PREFIX = "results"

@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from topokeeper.domain.hostlist import compress
 from topokeeper.render.bundle import leaf_units
+from topokeeper.wire import compress
 
 LISTED_NODES = 8  # node names spelled out in one line; the count is always exact
 

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +82,14 @@ def check_out_file(path: Path, flag: str = "--out") -> None:
         raise InputError(flag, f"{path}: cannot create the file: {path.parent} is not a directory")
 
 
-def write_text_file(path: Path, text: str, flag: str = "--out") -> None:
-    """Write ``path`` whole or not at all (a temporary file next to it, then a rename)."""
+def write_text_file(path: Path, text: str | bytes, flag: str = "--out") -> None:
+    """Write ``path`` whole or not at all (a temporary file next to it, then a rename); bytes as they are."""
     temporary = path.with_name(f".{path.name}.tmp")
     try:
-        temporary.write_text(text)
+        if isinstance(text, bytes):
+            temporary.write_bytes(text)
+        else:
+            temporary.write_text(text)
         temporary.replace(path)
     except OSError as error:
         with contextlib.suppress(OSError):
@@ -93,7 +97,7 @@ def write_text_file(path: Path, text: str, flag: str = "--out") -> None:
         raise InputError(flag, f"{path}: cannot write: {error.strerror}") from error
 
 
-def write_files(out: Path, files: dict[str, str], flag: str = "--out") -> list[Path]:
+def write_files(out: Path, files: Mapping[str, str | bytes], flag: str = "--out") -> list[Path]:
     """Write each named file into ``out``, creating it first; the paths written, sorted."""
     prepare_out_dir(out, flag)
     for name, content in files.items():

@@ -55,7 +55,7 @@ class Channel(StrEnum):
 class ApplyResult(BaseModel):
     """The applier's JSON document (printed on stdout), or the channel's account of why there is none.
 
-    Every field the applier (``applier/applier.py``, ``new_result``) and the agent (``agent_result``,
+    Every field the applier (``headnode/output.py``, ``new_result``) and the agent (``agent_result``,
     ``bounded_result``) write is declared here. A field this version does not know (from a newer or
     older applier) is ignored and logged, never refused. ``applier_version`` must be present: it is
     null only in a document the channel or the agent wrote because the applier's own never came.

@@ -18,8 +18,8 @@ from typing import Any
 
 from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, aws_setup_errors, client, presigning_s3
 from topokeeper.adapters.ssm_channel import SsmChannel
-from topokeeper.applier import applier
 from topokeeper.errors import InputError
+from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
 from topokeeper.operator_files import add_endpoint_option, write_files
 from topokeeper.ports import ApplyResult, Outcome
 from topokeeper.render.bundle import RenderedPlan
@@ -73,22 +73,29 @@ def _on_head_node(rendered: RenderedPlan, head_node: str, bucket: str | None) ->
 
 
 def _commands_for(rendered: RenderedPlan, out: Path) -> tuple[dict[str, Any], list[str]]:
-    source = Path(applier.__file__).resolve().read_text()
-    written = write_files(out, {"bundle.json": rendered.files()["bundle.json"], "applier.py": source}, "--bundle-out")
+    files: dict[str, str | bytes] = {"bundle.json": rendered.files()["bundle.json"], PROGRAM_NAME: program_bytes()}
+    written = write_files(out, files, "--bundle-out")
     commands = [
-        f"sudo python3 applier.py {mode} bundle.json   # {what}"
+        f"sudo python3 {PROGRAM_NAME} {mode} bundle.json   # {what}"
         for mode, what in (
             ("dry-run", "what topokeeper would change: a unified diff of every file, slurm.conf included"),
             ("verify", "what is live, compared with the plan (grouping and naming drift)"),
         )
     ]
+    inspect = [
+        f"sha256sum {PROGRAM_NAME}   # {program_sha256()}: the stack's output HeadNodeProgramSha256",
+        f"python3 -m zipfile -l {PROGRAM_NAME}   # its sources (standard library only, stored uncompressed)",
+        f"unzip -p {PROGRAM_NAME} topokeeper/headnode/modes.py   # read one (or python3 -m zipfile -e it DIR)",
+    ]
     lines = [f"wrote {path}" for path in written]
     lines += [
-        f"copy {shlex.quote(str(out))}/bundle.json and applier.py to the head node (Slurm controller) and run there,"
-        " in that directory (both only read; Python 3.8+, nothing else):",
+        "before running it as root, check the program and read it if you like:",
+        *(f"  {command}" for command in inspect),
+        f"copy {shlex.quote(str(out))}/bundle.json and {PROGRAM_NAME} to the head node (Slurm controller) and run"
+        " there, in that directory (both only read; Python 3.8+, nothing else):",
         *(f"  {command}" for command in commands),
     ]
-    return {"written": [str(path) for path in written], "commands": commands}, lines
+    return {"written": [str(path) for path in written], "commands": commands, "inspect": inspect}, lines
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -122,7 +129,9 @@ def register(commands: Any) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--head-node", help="an EC2 (i-) or SSM managed (mi-) head node: dry-run and verify over SSM")
     where.add_argument(
-        "--bundle-out", type=Path, help="no Run Command (HyperPod): write bundle.json and applier.py here, print how"
+        "--bundle-out",
+        type=Path,
+        help=f"no Run Command (HyperPod): write bundle.json and {PROGRAM_NAME} here, print how",
     )
     parser.add_argument(
         "--bucket",

@@ -12,8 +12,8 @@ from functools import cached_property
 from typing import Any
 
 from topokeeper.adapters.aws import aws_errors
-from topokeeper.constants import SIGNATURE_ALGORITHM
 from topokeeper.errors import Permanent
+from topokeeper.wire import SIGNATURE_ALGORITHM
 
 SHA256_DIGEST_BYTES = 32
 

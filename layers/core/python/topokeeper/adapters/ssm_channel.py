@@ -1,12 +1,13 @@
 """Channel 1: SSM Run Command (``AWS-RunShellScript``) to the head node's ``i-``/``mi-`` id.
 
-The shell text is fixed. Everything that varies (the applier, the bundle, the mode, the trusted key)
-travels as one base64 block in a quoted heredoc, so nothing from AWS or config is ever parsed by the
-shell. The applier, then the bundle, ride inline while the command fits well under SSM's 64 KB document
-limit; what does not is put in S3 and fetched by a presigned URL on the node (SigV4: S3 refuses SigV2 for
-the KMS-encrypted bucket), then checked against the sha256 the command pins. The command also carries the
-public key the bundle must be signed with: whoever can send this command runs root on the head node anyway,
-so the key is exactly as trusted as the applier it travels with.
+The shell text is fixed. Everything that varies (the head-node program, the bundle, the mode, the trusted
+key) travels as one base64 block in a quoted heredoc, so nothing from AWS or config is ever parsed by the
+shell. The program (``topokeeper-head-node.pyz``, base64 in the payload), then the bundle, ride inline while
+the command fits well under SSM's 64 KB document limit; what does not is put in S3 (the program under its
+sha256, as application/zip) and fetched by a presigned URL on the node (SigV4: S3 refuses SigV2 for the
+KMS-encrypted bucket), then checked, as bytes, against the sha256 the command pins, and written as bytes. The
+command also carries the public key the bundle must be signed with: whoever can send this command runs root
+on the head node anyway, so the key is exactly as trusted as the program it travels with.
 
 GetCommandInvocation keeps 24,000 characters of stdout, and the applier cuts its document to fit (a node
 table over 200 rows). So every command also carries a presigned PUT URL for one object under ``results/``:
@@ -25,32 +26,31 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import THROTTLING_CODES, aws_errors, error_code, translate
-from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, MAX_FULL_RESULT_BYTES, sha256_text
 from topokeeper.config import SSM_TARGET
 from topokeeper.constants import (
     PRESIGNED_URL_SECONDS,
     RESULT_KEY_PREFIX,
     RUN_SHELL_DOCUMENT,
-    ssm_applier_key,
     ssm_payload_key,
+    ssm_program_key,
     ssm_result_key,
 )
 from topokeeper.errors import InputError, Permanent
+from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, log
+from topokeeper.wire import CHANNEL_TIMEOUT_SECONDS, MAX_FULL_RESULT_BYTES, sha256_text
 
 if TYPE_CHECKING:  # in signatures only: the functions that deliver load it at init (service.reconcile)
     from topokeeper.render.bundle import Bundle
 
-APPLIER_PATH = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
 INLINE_LIMIT_BYTES = 48_000  # of the JSON-encoded commands; SSM rejects documents over 64 KB
-EXECUTION_TIMEOUT_SECONDS = CHANNEL_TIMEOUT_SECONDS  # the applier's budget plus margin (applier.py)
+EXECUTION_TIMEOUT_SECONDS = CHANNEL_TIMEOUT_SECONDS  # the program's budget plus margin (topokeeper.wire)
 STDOUT_LIMIT = 24_000  # GetCommandInvocation StandardOutputContent
 SEND_ATTEMPTS = 6  # SendCommand answered with throttling: sent again up to this many times in all
 SEND_BACKOFF_SECONDS = 1.0  # doubled after each throttled attempt
@@ -58,12 +58,13 @@ _PAYLOAD_END = "TOPOKEEPER_PAYLOAD_END"
 _BOOTSTRAP_END = "TOPOKEEPER_BOOTSTRAP_END"
 
 # Runs on the head node (Python 3.8+). Inline payloads need only what python3-minimal has (zlib reads
-# gzip); what is fetched from S3 (the applier, since it checks signatures) needs urllib, as every full python3.
-BOOTSTRAP = """\
+# gzip); what is fetched from S3 (the program, being larger than a command) needs urllib, as every full python3.
+# The program is bytes (a zip archive): decoded, checked and written as bytes, never as text.
+BOOTSTRAP = f"""\
 import base64, hashlib, json, os, sys, zlib
 work = sys.argv[1]
 def refuse(error):
-    print(json.dumps({"outcome": "refused", "applier_version": None, "error": error}))
+    print(json.dumps({{"outcome": "refused", "applier_version": None, "error": error}}))
     sys.exit(2)
 with open(os.path.join(work, "payload"), "rb") as handle:
     payload = json.loads(zlib.decompress(base64.b64decode(handle.read()), 16 + zlib.MAX_WBITS))
@@ -71,28 +72,32 @@ mode = payload["mode"]
 if mode not in ("apply", "dry-run", "verify"):
     refuse("unknown mode")
 def fetched(name):
-    text = payload.get(name)
-    if text is None:
+    inline = payload.get(name)
+    if inline is None:
         try:
             import urllib.request
         except ImportError:
             refuse("the " + name + " is too large to travel inline and this python3 lacks urllib.request")
         with urllib.request.urlopen(payload[name + "_url"], timeout=60) as response:
-            text = response.read().decode()
-    if hashlib.sha256(text.encode()).hexdigest() != payload[name + "_sha256"]:
+            data = response.read()
+    else:
+        data = base64.b64decode(inline) if name == "program" else inline.encode()
+    if hashlib.sha256(data).hexdigest() != payload[name + "_sha256"]:
         refuse(name + " sha256 mismatch")
-    return text
-files = [("applier.py", fetched("applier")), ("bundle.json", fetched("bundle"))]
-argv = [sys.executable, os.path.join(work, "applier.py"), mode, os.path.join(work, "bundle.json")]
+    return data
+program = os.path.join(work, "{PROGRAM_NAME}")
+files = [(program, fetched("program")), (os.path.join(work, "bundle.json"), fetched("bundle"))]
+argv = [sys.executable, program, mode, os.path.join(work, "bundle.json")]
 if payload.get("trusted_key"):
-    files.append(("trusted-key.json", payload["trusted_key"]))
+    files.append((os.path.join(work, "trusted-key.json"), payload["trusted_key"].encode()))
     argv += ["--trusted-key", os.path.join(work, "trusted-key.json")]
 if payload.get("result_url"):
-    files.append(("upload-result.json", json.dumps({"url": payload["result_url"], "key": payload["result_key"]})))
+    target = {{"url": payload["result_url"], "key": payload["result_key"]}}
+    files.append((os.path.join(work, "upload-result.json"), json.dumps(target).encode()))
     argv += ["--upload-result", os.path.join(work, "upload-result.json")]
-for name, text in files:
-    with open(os.path.join(work, name), "w") as handle:
-        handle.write(text)
+for path, data in files:
+    with open(path, "wb") as handle:
+        handle.write(data)
 os.execv(sys.executable, argv)
 """
 
@@ -109,10 +114,6 @@ _TAIL = [
     *BOOTSTRAP.splitlines(),
     _BOOTSTRAP_END,
 ]
-
-
-def _applier_source() -> str:
-    return APPLIER_PATH.read_text()
 
 
 def build_commands(payload: dict[str, Any]) -> list[str]:
@@ -178,12 +179,11 @@ class SsmChannel:
         self._sleep = sleep
 
     def payload(self, bundle: Bundle, mode: str) -> list[str]:
-        applier = _applier_source()
         document = json.dumps(bundle.document(), sort_keys=True)
         payload: dict[str, Any] = {
             "mode": mode,
-            "applier": applier,
-            "applier_sha256": sha256_text(applier),
+            "program": base64.b64encode(program_bytes()).decode("ascii"),
+            "program_sha256": program_sha256(),
             "bundle": document,
             "bundle_sha256": sha256_text(document),
             "trusted_key": None if self._trusted_key is None else json.dumps(self._trusted_key(), sort_keys=True),
@@ -193,13 +193,14 @@ class SsmChannel:
         payload["result_url"] = self._presign("put_object", payload["result_key"])
         commands = build_commands(payload)
         staged = (
-            ("applier", ssm_applier_key(bundle.cluster_name, payload["applier_sha256"]), "text/x-python"),
+            ("program", ssm_program_key(bundle.cluster_name, payload["program_sha256"]), "application/zip"),
             ("bundle", ssm_payload_key(bundle.cluster_name, payload["bundle_sha256"]), "application/json"),
         )
-        for field, key, content_type in staged:  # the applier (the larger) to S3 first, then the bundle too
+        bodies = {"program": program_bytes(), "bundle": document.encode()}
+        for field, key, content_type in staged:  # the program (the larger) to S3 first, then the bundle too
             if command_size(commands) <= INLINE_LIMIT_BYTES:
                 return commands
-            self._s3.put_object(Bucket=self._bucket, Key=key, Body=payload[field].encode(), ContentType=content_type)
+            self._s3.put_object(Bucket=self._bucket, Key=key, Body=bodies[field], ContentType=content_type)
             payload[field] = None
             payload[f"{field}_url"] = self._presign("get_object", key)
             commands = build_commands(payload)

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from topokeeper.constants import INSTANCE_ID, INSTANCE_ID_PATTERN
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.domain.names import SlurmName, all_plain_slurm_names, each_line_matches, is_plain_slurm_name
+from topokeeper.wire import format_for_version
 
 PLAN_SCHEMA = "topokeeper.plan/1"
 FLAT_DEFAULT = "flat-default"
@@ -132,7 +133,7 @@ class SlurmVersion(_Frozen):
 
     @property
     def format(self) -> SlurmFormat:
-        return SlurmFormat.YAML if (self.major, self.minor) >= (25, 5) else SlurmFormat.CONF
+        return SlurmFormat(format_for_version((self.major, self.minor)))
 
     def __str__(self) -> str:
         return f"{self.major:02d}.{self.minor:02d}"

@@ -10,7 +10,6 @@ block, any tree -> tree, else flat), selected by ``TopologyPlugin``.
 from __future__ import annotations
 
 from topokeeper.domain.catalog import CATALOG, Capability, lookup
-from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import (
     FLAT_DEFAULT,
     NO_TOPOLOGY_SWITCH,
@@ -31,6 +30,7 @@ from topokeeper.domain.names import check_slurm_name
 from topokeeper.engine.block import build_blocks
 from topokeeper.engine.tree import build_tree
 from topokeeper.errors import InputError
+from topokeeper.wire import compress
 
 CLUSTER_TOPOLOGY = "cluster"
 PLUGIN_NAMES = {TopologyKind.TREE: "topology/tree", TopologyKind.BLOCK: "topology/block"}

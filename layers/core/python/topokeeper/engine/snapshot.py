@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topokeeper.domain.catalog import ec2_instance_type
-from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import (
     PRESENT_STATUSES,
     ClusterSnapshot,
@@ -37,6 +36,7 @@ from topokeeper.domain.models import (
     empty_list,
 )
 from topokeeper.errors import InputError
+from topokeeper.wire import compress
 
 DEFAULT_SLURM_VERSION = "25.11"
 _NO_PARTITION_NODE_TYPES = frozenset({"Controller", "Login"})

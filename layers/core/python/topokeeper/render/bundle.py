@@ -14,8 +14,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticSerializationError, to_json
 
-from topokeeper.applier.applier import bindings_sha256, content_sha256, sha256_text
-from topokeeper.constants import BUNDLE_SCHEMA
 from topokeeper.domain.models import (
     PLAN_SCHEMA,
     BlockTopology,
@@ -29,6 +27,7 @@ from topokeeper.domain.models import (
 from topokeeper.render.mermaid import render_mermaid
 from topokeeper.render.slurm_conf import render_conf
 from topokeeper.render.slurm_yaml import render_entry, render_yaml
+from topokeeper.wire import BUNDLE_SCHEMA, bindings_sha256, content_sha256, sha256_text
 
 
 def json_text(document: Any, *, sort_keys: bool = False) -> str:

@@ -6,8 +6,8 @@ partition stays a picture of its switches. Mermaid ids are generated (p0s3); lab
 
 from __future__ import annotations
 
-from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import BlockTopology, PartitionPlan, Plan, TreeTopology
+from topokeeper.wire import compress
 
 _MAX_LABEL_HOSTS = 48
 

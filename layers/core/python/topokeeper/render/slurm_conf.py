@@ -6,9 +6,9 @@ chosen by ``TopologyPlugin=`` in slurm.conf, which the applier sets from the bun
 
 from __future__ import annotations
 
-from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import BlockTopology, Plan, TreeTopology
 from topokeeper.render.slurm_yaml import HEADER
+from topokeeper.wire import compress
 
 
 def render_conf(plan: Plan) -> str:

@@ -7,7 +7,6 @@ Switch and block names are comma lists: Slurm brackets take numeric ranges only.
 
 from __future__ import annotations
 
-from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import (
     FLAT_DEFAULT,
     BlockTopology,
@@ -16,6 +15,7 @@ from topokeeper.domain.models import (
     Topology,
     TreeTopology,
 )
+from topokeeper.wire import compress
 
 HEADER = "# Managed by topokeeper: edits here are replaced on the next reconcile and reported as drift.\n"
 

@@ -12,10 +12,9 @@ import hashlib
 from datetime import datetime
 from typing import Literal
 
-from topokeeper.applier.applier import TRUSTED_KEY_SCHEMA, signed_bytes
-from topokeeper.constants import SIGNATURE_ALGORITHM
 from topokeeper.ports import BundleSigner
 from topokeeper.render.bundle import Bundle, BundleSignature
+from topokeeper.wire import SIGNATURE_ALGORITHM, TRUSTED_KEY_SCHEMA, signed_bytes
 
 
 def next_generation(previous: int, now: datetime) -> int:

@@ -32,12 +32,12 @@ from pathlib import Path
 import yaml
 
 import topokeeper
-from topokeeper.applier.applier import partition_topologies
-from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import SlurmVersion
+from topokeeper.head_node_program import PROGRAM_NAME, write_program
 from topokeeper.render.bundle import Bundle
 from topokeeper.sim import standin_reads, standin_scontrol
-from topokeeper.sim.head_node import AGENT_SOURCE, APPLIER_SOURCE, HeadNode
+from topokeeper.sim.head_node import HeadNode
+from topokeeper.wire import compress, partition_topologies
 
 
 @dataclass
@@ -160,19 +160,18 @@ class FileHeadNode(HeadNode):
     def install_agent(self, config: Mapping[str, object]) -> str:
         opt = self.controller.root / "opt" / "topokeeper"
         opt.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(AGENT_SOURCE, opt / "agent.py")
-        shutil.copyfile(APPLIER_SOURCE, opt / "applier.py")
+        program = write_program(opt / PROGRAM_NAME)
         state = self.controller.root / "var" / "lib" / "topokeeper"
-        document = {**config, "applier": str(opt / "applier.py"), "state_dir": str(state)}
+        document = {**config, "applier": str(program), "state_dir": str(state)}
         path = opt / "agent.json"
         path.write_text(json.dumps(document, indent=2))
         return str(path)
 
     def run_agent_once(self, config_path: str, environment: Mapping[str, str]) -> tuple[int, str]:
-        agent = str(Path(config_path).with_name("agent.py"))
+        program = str(Path(config_path).with_name(PROGRAM_NAME))
         variables = [f"{key}={value}" for key, value in sorted(environment.items())]
         result = subprocess.run(
-            self.controller.command(*variables, "python3", agent, "--config", config_path, "--once"),
+            self.controller.command(*variables, "python3", program, "agent", "--config", config_path, "--once"),
             capture_output=True,
             text=True,
             timeout=900,
@@ -183,7 +182,8 @@ class FileHeadNode(HeadNode):
     def verify(self, bundle: Bundle) -> dict[str, object]:
         probe = self.controller.root / "probe-bundle.json"
         probe.write_text(json.dumps(bundle.document()))
-        result = self.controller.run("python3", str(APPLIER_SOURCE), "verify", str(probe), timeout=300)
+        program = write_program(self.controller.root / PROGRAM_NAME)
+        result = self.controller.run("python3", str(program), "verify", str(probe), timeout=300)
         document: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
         return document
 

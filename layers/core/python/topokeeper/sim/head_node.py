@@ -23,9 +23,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
-from topokeeper.applier.applier import node_rows, partition_topologies
-from topokeeper.domain.hostlist import compress, expand
 from topokeeper.domain.models import SlurmFormat, SlurmNodeRecord
+from topokeeper.head_node_program import PROGRAM_NAME, write_program
 from topokeeper.render.bundle import Bundle
 from topokeeper.sim.aws.hyperpod.managed_topology import ManagedFiles
 from topokeeper.sim.slurm_chroot import (
@@ -38,9 +37,9 @@ from topokeeper.sim.slurm_chroot import (
     installed_slurm_version,
     proc_mounted,
 )
+from topokeeper.wire import compress, expand, node_rows, partition_topologies
 
-APPLIER_SOURCE = Path(__file__).resolve().parents[1] / "applier" / "applier.py"
-AGENT_SOURCE = Path(__file__).resolve().parents[1] / "agent" / "agent.py"
+PROGRAM = f"/opt/topokeeper/{PROGRAM_NAME}"  # where the agent's install puts it on a head node
 # "chroot" or "file": which head node to run, whatever this machine could run (tests force "file").
 HEAD_NODE_VARIABLE = "TOPOKEEPER_HEAD_NODE"
 _PLUGIN_LINE = re.compile(r"^TopologyPlugin=\S+$", re.MULTILINE)
@@ -85,7 +84,7 @@ class HeadNode(ABC):
 
     @abstractmethod
     def install_agent(self, config: Mapping[str, object]) -> str:
-        """Put agent.py and applier.py on the head node with the agent's config; returns the config's path."""
+        """Put the head-node program on the head node with the agent's config; returns the config's path."""
 
     @abstractmethod
     def run_agent_once(self, config_path: str, environment: Mapping[str, str]) -> tuple[int, str]:
@@ -217,16 +216,15 @@ class ChrootHeadNode(HeadNode):
             self._mounts.close()
 
     def install_agent(self, config: Mapping[str, object]) -> str:
-        """Copy agent.py and applier.py to /opt/topokeeper and write the agent's config; returns its path."""
+        """Write the head-node program to /opt/topokeeper and the agent's config; returns the config's path."""
         opt = self.root / "opt" / "topokeeper"
         opt.mkdir(parents=True, exist_ok=True)
         state_dir = self.root / "var" / "lib" / "topokeeper" / self.controller.name
         if state_dir.exists():
             shutil.rmtree(state_dir)  # a new head node: no ETag or bundle from an earlier run
-        (opt / "agent.py").write_text(AGENT_SOURCE.read_text())
-        (opt / "applier.py").write_text(APPLIER_SOURCE.read_text())
+        write_program(opt / PROGRAM_NAME)
         state = f"/var/lib/topokeeper/{self.controller.name}"
-        document = {**config, "applier": "/opt/topokeeper/applier.py", "state_dir": state}
+        document = {**config, "applier": PROGRAM, "state_dir": state}
         path = opt / f"agent-{self.controller.name}.json"
         path.write_text(json.dumps(document, indent=2))
         return f"/opt/topokeeper/{path.name}"
@@ -236,7 +234,7 @@ class ChrootHeadNode(HeadNode):
         variables = [f"{key}={value}" for key, value in sorted(environment.items())]
         result = subprocess.run(
             self.controller.command(
-                *variables, "python3", "/opt/topokeeper/agent.py", "--config", config_path, "--once", login=False
+                *variables, "python3", PROGRAM, "agent", "--config", config_path, "--once", login=False
             ),
             capture_output=True,
             text=True,
@@ -249,9 +247,9 @@ class ChrootHeadNode(HeadNode):
         """The applier's verify against ``bundle``: how the simulator checks convergence (changes nothing)."""
         inner = f"{self.controller.inner_dir}/probe-bundle.json"
         (self.root / inner.lstrip("/")).write_text(json.dumps(bundle.document()))
-        applier = f"{self.controller.inner_dir}/applier.py"
-        (self.root / applier.lstrip("/")).write_text(APPLIER_SOURCE.read_text())
-        result = self.controller.run("python3", applier, "verify", inner, timeout=300)
+        program = f"{self.controller.inner_dir}/{PROGRAM_NAME}"
+        write_program(self.root / program.lstrip("/"))
+        result = self.controller.run("python3", program, "verify", inner, timeout=300)
         document: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
         return document
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from topokeeper.domain.hostlist import expand
 from topokeeper.domain.models import NO_TOPOLOGY_SWITCH, NO_ULTRASERVER_BLOCK
+from topokeeper.wire import expand
 
 _NODES = re.compile(r"\bNodes=(\S+)")
 _UNIT = re.compile(r"\s*(?:SwitchName|BlockName)=(\S+)")

@@ -19,10 +19,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from topokeeper.domain.hostlist import compress
 from topokeeper.narrate import largest_job, moves_text, nodes_text, triggers_text, unit_noun
 from topokeeper.render.bundle import leaf_units
 from topokeeper.sim.simulator import SimulationResult, StepResult
+from topokeeper.wire import compress
 
 # The IIFE build defines the global ``mermaid``; package.json pins the package, ``npm ci`` installs it.
 MERMAID_JS = Path(__file__).resolve().parents[5] / "node_modules" / "mermaid" / "dist" / "mermaid.min.js"

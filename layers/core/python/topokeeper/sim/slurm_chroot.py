@@ -36,8 +36,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from topokeeper.applier.applier import partition_topologies
-from topokeeper.domain.hostlist import compress, expand
+from topokeeper.wire import compress, expand, partition_topologies
 
 # A Debian mirror for debootstrap (a local mirror or proxy) when set; unset, debootstrap uses its own default.
 DEBIAN_MIRROR_ENV = "TOPOKEEPER_DEBIAN_MIRROR"

@@ -45,12 +45,11 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TextIO
 
-from topokeeper.domain.hostlist import HostlistError, compress, expand
 from topokeeper.sim import standin_reads
 from topokeeper.sim.standin_reads import read_text
+from topokeeper.wire import CONF_FORMAT, FIRST_YAML_VERSION, YAML_FORMAT, HostlistError, compress, expand
 
-YAML_FILE, CONF_FILE = "topology.yaml", "topology.conf"
-FIRST_YAML_VERSION = (25, 5)
+YAML_FILE, CONF_FILE = YAML_FORMAT, CONF_FORMAT
 PLUGIN_FATAL = "fatal: Failed to initialize topology plugin"
 _CONF_KEYS = {
     "topology/tree": {"switchname", "switches", "nodes", "linkspeed"},

@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from topokeeper.domain.catalog import Capability, lookup
-from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import SlurmFormat
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.events import CLOUDTRAIL, EventEmitter, iso_z
 from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.network import NetworkModel
+from topokeeper.wire import compress
 
 if TYPE_CHECKING:
     from topokeeper.sim.aws.hyperpod.model import Cluster, HyperPodModel

@@ -3,15 +3,15 @@ HyperPod controller node.
 
 Two choices, and why:
 
-- The snippet embeds agent.py and applier.py (base64, each checked against its sha256 on the node) rather
-  than fetching them from S3. It is built from this package's own files when printed, so it cannot drift
-  from the CLI that printed it; the node needs no read access to code and no aws CLI; the whole install is
-  one reviewable file.
-- A systemd timer starts ``agent.py --once`` as a oneshot service, rather than a service with its own
-  loop. Every cycle starts from the state file, so a restart is the normal path and not a special one;
-  systemd never starts a cycle while the last one runs and stops one that outlives TimeoutStartSec; nothing
-  long-lived can leak or wedge. The price is one interpreter start and one IMDS credential fetch per poll,
-  both local and cheap.
+- The snippet embeds the head-node program, topokeeper-head-node.pyz (the agent and the applier in one
+  file, base64, checked against its sha256 on the node), rather than fetching it from S3. It is built from
+  this package's own files when printed, so it cannot drift from the CLI that printed it; the node needs no
+  read access to code and no aws CLI; the whole install is one reviewable file.
+- A systemd timer starts ``topokeeper-head-node.pyz agent --once`` as a oneshot service, rather than a
+  service with its own loop. Every cycle starts from the state file, so a restart is the normal path and not
+  a special one; systemd never starts a cycle while the last one runs and stops one that outlives
+  TimeoutStartSec; nothing long-lived can leak or wedge. The price is one interpreter start and one IMDS
+  credential fetch per poll, both local and cheap.
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ from pathlib import Path
 from topokeeper.adapters.aws import aws_setup_errors, client
 from topokeeper.adapters.kms import KmsBundleSigner
 from topokeeper.agent.agent import DEFAULT_PREFIX, MODES, object_key
-from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
 from topokeeper.deployment import read_deployment
 from topokeeper.errors import InputError
+from topokeeper.head_node_program import PROGRAM_NAME, program_bytes
 from topokeeper.service.signing import trusted_key_document
+from topokeeper.wire import CHANNEL_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
 
-PACKAGE = Path(__file__).resolve().parents[1]
-SHIPPED_FILES = {"agent.py": PACKAGE / "agent" / "agent.py", "applier.py": PACKAGE / "applier" / "applier.py"}
 UNIT = "topokeeper-agent"
 APPLIER_TIMEOUT_SECONDS = CHANNEL_TIMEOUT_SECONDS
 # systemd stops a cycle that outlives the applier's bound, its SIGTERM grace and the requests around it.
@@ -88,7 +87,7 @@ def _agent_config(settings: AgentSettings) -> str:
             "poll_interval_seconds": settings.poll_seconds,
             "verify_interval_seconds": settings.verify_seconds,
             "applier_timeout_seconds": APPLIER_TIMEOUT_SECONDS,
-            "applier": "${root}/opt/topokeeper/applier.py",
+            "applier": "${root}/opt/topokeeper/" + PROGRAM_NAME,
             "state_dir": "${root}/var/lib/topokeeper",
             **({"trusted_key": "${root}/etc/topokeeper/" + TRUSTED_KEY_FILE} if settings.trusted_key else {}),
         },
@@ -97,6 +96,7 @@ def _agent_config(settings: AgentSettings) -> str:
 
 
 def _service_unit() -> str:
+    program = f"${{root}}/opt/topokeeper/{PROGRAM_NAME}"
     return f"""[Unit]
 Description=topokeeper pull agent: one cycle (poll the desired topology bundle, apply, verify, report)
 Wants=network-online.target
@@ -106,7 +106,7 @@ After=network-online.target
 Type=oneshot
 # HyperPod and ParallelCluster install Slurm in /opt/slurm; only login shells put it on PATH.
 Environment=PATH=/opt/slurm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-ExecStart=/usr/bin/python3 ${{root}}/opt/topokeeper/agent.py --config ${{root}}/etc/topokeeper/agent.json --once
+ExecStart=/usr/bin/python3 {program} agent --config ${{root}}/etc/topokeeper/agent.json --once
 TimeoutStartSec={CYCLE_TIMEOUT_SECONDS}"""
 
 
@@ -123,8 +123,7 @@ AccuracySec=1s
 WantedBy=timers.target"""
 
 
-def _embedded_file(name: str, source: Path) -> str:
-    content = source.read_bytes()
+def _embedded_file(name: str, content: bytes) -> str:
     encoded = base64.encodebytes(content).decode("ascii").rstrip("\n")
     return f"""base64 -d > "$dir/{name}.new" <<'{HEREDOC_END}'
 {encoded}
@@ -148,14 +147,15 @@ mv -f {target}.new" {target}\""""
 
 
 def render_install_script(settings: AgentSettings) -> str:
-    files = "\n".join(_embedded_file(name, source) for name, source in SHIPPED_FILES.items())
+    files = _embedded_file(PROGRAM_NAME, program_bytes())
     if settings.trusted_key is not None:
         files += "\n" + _embedded_trusted_key(settings.trusted_key)
     key = object_key(settings.prefix, settings.cluster, settings.mode)
     return f"""# --- topokeeper head-node agent: generated by `topokeeper agent install-script`, do not edit ---
 # Run on the Slurm controller node only, e.g. from the controller branch of HyperPod's lifecycle scripts.
-# Installs agent.py and applier.py in /opt/topokeeper, the config in /etc/topokeeper/agent.json, and
-# enables {UNIT}.timer, which polls s3://{settings.bucket}/{key} every {settings.poll_seconds} s.
+# Installs {PROGRAM_NAME} (the agent and the applier) in /opt/topokeeper, the config in
+# /etc/topokeeper/agent.json, and enables {UNIT}.timer,
+# which polls s3://{settings.bucket}/{key} every {settings.poll_seconds} s.
 # The instance role needs s3:GetObject on that object and events:PutEvents on the event bus {settings.event_bus}.
 # TOPOKEEPER_ROOT=DIR installs under DIR instead of /; TOPOKEEPER_SKIP_SYSTEMCTL=1 leaves systemd alone.
 (

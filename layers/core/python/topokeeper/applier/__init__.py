@@ -1,1 +1,0 @@
-"""The head-node applier: one stdlib-only file, shipped as is."""

@@ -1,0 +1,55 @@
+"""The head-node program's refusals and failures, and the small text helpers its messages use."""
+
+from __future__ import annotations
+
+from typing import (
+    Optional,
+    Sequence,
+)
+
+
+class Refused(Exception):
+    """The bundle, or this cluster, rules the plan out. Nothing is written."""
+
+    outcome = "refused"
+
+
+class StaleBindings(Refused):
+    """A node the plan named has another NodeAddr now (re-bound): plan again."""
+
+    outcome = "stale_bindings"
+
+
+class Failed(Exception):
+    """The applier could not finish (scontrol missing or failing, lock busy, I/O error)."""
+
+
+def sample(names: Sequence[str], limit: int = 5) -> str:
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+
+
+def shown_value(value: Optional[str]) -> str:
+    return "(none)" if value is None else value
+
+
+def read_text(path: str) -> str:
+    """A file's text with every byte kept: undecodable bytes survive a read-edit-write round trip."""
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as handle:
+        return handle.read()
+
+
+def hashable(text: str) -> str:
+    """Disk text fit to hash or print: undecodable bytes become U+FFFD (such a file never equals a bundle's)."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+class BadSignature(Refused):
+    """The bundle's signature is missing, malformed or not made by the trusted key."""
+
+    outcome = "bad_signature"
+
+
+class Replayed(Refused):
+    """A validly signed bundle older than the last one this head node applied."""
+
+    outcome = "replayed"

@@ -1,0 +1,310 @@
+"""The three modes: apply, dry-run and verify."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import (
+    Any,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+)
+
+from topokeeper.headnode.bundle import Bundle, parse_bundle
+from topokeeper.headnode.config_dir import (
+    BACKUP_DIR,
+    BACKUP_NAME,
+    JOURNAL,
+    MANIFEST,
+    O_DIRECTORY,
+    O_NOFOLLOW,
+    Budget,
+    ConfigDir,
+    Faults,
+    exclusive_lock,
+    open_backup_root,
+    read_json,
+    refuse_links,
+)
+from topokeeper.headnode.diff import unified_diff
+from topokeeper.headnode.disk import (
+    disk_drift,
+    disk_sha256,
+    managed_by,
+    planned_changes,
+    read_disk_state,
+    topology_path,
+)
+from topokeeper.headnode.failures import Failed, Refused
+from topokeeper.headnode.grouping import grouping_drift, read_back, with_kinds
+from topokeeper.headnode.output import new_result
+from topokeeper.headnode.scontrol import (
+    LiveTopologies,
+    Scontrol,
+    check_bindings,
+    check_cluster_knows,
+    configured_slurm_conf,
+    find_scontrol,
+    find_slurm_conf,
+    live_partitions,
+    reconfigure,
+    show_partitions,
+    slurm_version,
+)
+from topokeeper.headnode.signature import (
+    _backup_root_read_only,
+    accept_generation,
+    check_generation,
+    check_signature,
+    last_generation,
+    read_trusted_key,
+)
+from topokeeper.headnode.slurm_conf import SlurmConf
+from topokeeper.headnode.steps import ordered_steps
+from topokeeper.headnode.transaction import Context, Transaction, files_problem, restored_message
+from topokeeper.wire import (
+    APPLIER_BUDGET_SECONDS,
+    CONF_FORMAT,
+    RECONFIGURE_TIMEOUT,
+    format_for_version,
+    node_rows,
+    one_line,
+    partition_nodes,
+    partition_topologies,
+)
+
+
+def _record_drift(
+    result: Dict[str, Any], scontrol: Scontrol, bundle: Bundle, disk_entries: Sequence[Dict[str, str]] = ()
+) -> None:
+    """Compare what is live with the bundle, by name and by grouping, into readback, drift and grouping_drift.
+
+    Grouping entries come first: they are what matters on a cluster whose topology HyperPod writes, and
+    what a cut list keeps.
+    """
+    topologies = LiveTopologies(scontrol)
+    listing = show_partitions(scontrol)
+    partitions = partition_topologies(listing)
+    result["readback"], named = read_back(bundle, topologies, partitions)
+    grouping, differing = grouping_drift(bundle, topologies, partitions, partition_nodes(listing))
+    result["partition_topologies"] = partitions
+    result["drift"] = grouping + with_kinds([*disk_entries, *named], bundle, differing)
+    result["grouping_drift"] = bool(grouping)
+
+
+def dry_run(result: Dict[str, Any], conf: SlurmConf, bundle: Bundle) -> None:
+    state = read_disk_state(conf, bundle)
+    if disk_sha256(bundle, state) == bundle.plan_sha256:
+        result["outcome"], result["diff"] = "unchanged", ""
+        return
+    changes, result["partitions_changed"] = planned_changes(conf, bundle, state)
+    result["outcome"] = "would_apply"
+    result["diff"] = "".join(unified_diff(change.old, change.new, change.path) for change in changes)
+
+
+def verify(result: Dict[str, Any], conf: SlurmConf, bundle: Bundle, scontrol: Scontrol) -> None:
+    _record_drift(result, scontrol, bundle, disk_drift(conf, bundle, read_disk_state(conf, bundle)))
+    result["outcome"] = "drift" if result["drift"] else "in_sync"
+
+
+@contextlib.contextmanager
+def transaction_for(conf: SlurmConf, context: Context) -> Iterator[Transaction]:
+    config = ConfigDir(conf.directory)
+    try:
+        backup_fd = open_backup_root(config)
+        try:
+            log_path = conf.last_value("SlurmctldLogFile")
+            yield Transaction(config, backup_fd, context, log_path)
+        finally:
+            os.close(backup_fd)
+    finally:
+        config.close()
+
+
+def recover_leftover(result: Dict[str, Any], conf_path: str, context: Context) -> None:
+    """Before a verify: finish or undo an apply a kill cut off (only when its journal is there)."""
+    conf = SlurmConf(conf_path)
+    if not os.path.lexists(os.path.join(os.path.realpath(conf.directory), BACKUP_DIR, JOURNAL)):
+        return
+    lock = exclusive_lock(conf.directory, min(context.lock_timeout, context.budget.left()))
+    with lock, transaction_for(conf, context) as transaction:
+        transaction.recover(result)
+
+
+def _judge_read_back(result: Dict[str, Any]) -> None:
+    result["outcome"] = "failed" if result["drift"] else "applied"
+    if result["drift"]:
+        result["error"] = (
+            "slurmctld loaded the new config but the read-back differs from the plan (%d differences, see"
+            " drift and readback); not rolled back, the previous files are in %s"
+            % (len(result["drift"]), result["backup_dir"])
+        )
+
+
+def _newest_backup_of(transaction: Transaction, plan_sha256: str) -> Optional[Dict[str, Any]]:
+    """A journal that undoes the apply that wrote this plan's files: its backup, newest first."""
+    names = sorted((n for n in os.listdir(transaction.backup_fd) if BACKUP_NAME.match(n)), reverse=True)
+    for name in names:
+        try:
+            fd = os.open(name, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW, dir_fd=transaction.backup_fd)
+        except OSError:
+            continue
+        try:
+            manifest = read_json(fd, MANIFEST)
+        except (OSError, ValueError, Failed):
+            manifest = None
+        finally:
+            os.close(fd)
+        if manifest and manifest.get("plan_sha256") == plan_sha256 and files_problem(manifest.get("files")) is None:
+            return {"plan_sha256": plan_sha256, "backup": name, "files": manifest["files"], "steps": []}
+    return None
+
+
+def _reload_disk(transaction: Transaction, result: Dict[str, Any], bundle: Bundle) -> None:
+    """The files equal the plan but slurmctld serves something else (a cut-off apply, an earlier failed
+    read-back): load them, and put back the files before them if slurmctld refuses."""
+    code, message = reconfigure(
+        transaction.scontrol, transaction.log_path, transaction.budget.left() - RECONFIGURE_TIMEOUT
+    )
+    result["reconfigured"], result["reconfigure_exit_code"] = True, code
+    if code == 0:
+        _record_drift(result, transaction.scontrol, bundle)
+        _judge_read_back(result)
+        return
+    journal = _newest_backup_of(transaction, bundle.plan_sha256)
+    if journal is None:
+        result["outcome"] = "failed"
+        result["error"] = (
+            "the files on disk equal the plan but slurmctld refuses them (%s) and no backup of the files before"
+            " them is left; slurmctld keeps its running config" % message
+        )
+        return
+    result["backup_dir"] = os.path.join(transaction.config.path, BACKUP_DIR, journal["backup"])
+    errors, again, again_message = transaction.roll_back(journal)
+    result["outcome"] = "failed" if errors or again else "rolled_back"
+    result["error"] = "the files on disk equal the plan but slurmctld refuses them (%s); %s%s" % (
+        message,
+        restored_message(errors),
+        " but %s" % again_message if again else " and live",
+    )
+
+
+def _write_targets(config: ConfigDir, conf_path: str, conf: SlurmConf, bundle: Bundle) -> List[str]:
+    """slurm.conf as named (not resolved) and the topology file: an apply refuses either as a link."""
+    return [os.path.join(config.path, os.path.basename(conf_path)), topology_path(conf, bundle.slurm_format)]
+
+
+def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Context) -> None:
+    conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
+    try:
+        with transaction_for(conf, context) as transaction:
+            if context.signed:
+                accept_generation(transaction.backup_fd, bundle, context.faults)
+            transaction.recover(result)  # before anything else the bundle asks for
+            conf = SlurmConf(conf_path)
+            refuse_links(transaction.config, _write_targets(transaction.config, conf_path, conf, bundle))
+            state = read_disk_state(conf, bundle)
+            result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, state)
+            if result["before_sha256"] == bundle.plan_sha256:
+                # Unchanged only when slurmctld serves the plan too; else load the files (with rollback).
+                _record_drift(result, context.scontrol, bundle)
+                if not result["drift"]:
+                    result["outcome"] = "applied" if result["reconfigured"] else "unchanged"
+                elif result["reconfigured"]:
+                    _judge_read_back(result)  # the recovery just loaded them
+                else:
+                    _reload_disk(transaction, result, bundle)
+                return
+            changes, result["partitions_changed"] = planned_changes(conf, bundle, state)
+            steps = ordered_steps(conf, bundle, changes, transaction.config)
+            if transaction.run(steps, bundle.plan_sha256, result):
+                _record_drift(result, context.scontrol, bundle)
+                _judge_read_back(result)
+    finally:  # measured, never assumed: also when the read-back itself fails
+        with contextlib.suppress(Failed, OSError):
+            result["after_sha256"] = disk_sha256(bundle, read_disk_state(SlurmConf(conf_path), bundle))
+
+
+def execute(
+    mode: str,
+    bundle_text: str,
+    lock_timeout: float,
+    environ: Mapping[str, str],
+    scontrol_path: Optional[str] = None,
+    *,
+    trusted_key: Optional[str] = None,
+) -> Dict[str, Any]:
+    result = new_result(mode)
+    started = time.monotonic()
+    budget = Budget(APPLIER_BUDGET_SECONDS)
+    try:
+        bundle = parse_bundle(bundle_text)
+        result["plan_sha256"] = bundle.plan_sha256
+        if trusted_key is not None:
+            check_signature(bundle, mode, read_trusted_key(trusted_key))
+            result["signature"], result["generation"] = "verified", bundle.generation
+        scontrol = Scontrol(environ, find_scontrol(scontrol_path, configured_slurm_conf(environ), environ))
+        result["scontrol"] = scontrol.path
+        scontrol.deadline = budget.deadline
+        context = Context(scontrol, budget, Faults(environ), lock_timeout, trusted_key is not None)
+        conf_path = find_slurm_conf(environ, scontrol)
+        scontrol.env["SLURM_CONF"] = conf_path  # scontrol reads the very file this edits
+        result["config_dir"] = os.path.dirname(os.path.abspath(conf_path))
+        if context.signed and mode != "apply":  # apply checks it again under the lock, and records it
+            backup_fd = _backup_root_read_only(result["config_dir"])
+            if backup_fd is not None:
+                try:
+                    check_generation(bundle, mode, last_generation(backup_fd))
+                finally:
+                    os.close(backup_fd)
+        version = slurm_version(scontrol.output("version"))
+        result["slurm_version"] = "%d.%02d.%d" % version
+        result["slurm_format"] = format_for_version(version)
+        if bundle.slurm_format != result["slurm_format"]:
+            raise Refused(
+                "the bundle is rendered as %s, but Slurm %s reads %s"
+                % (bundle.slurm_format, result["slurm_version"], result["slurm_format"])
+            )
+        if mode == "verify":
+            recover_leftover(result, conf_path, context)  # an apply cut off by a kill: finished or undone first
+        conf = SlurmConf(conf_path)
+        result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, read_disk_state(conf, bundle))
+        result["partition_topologies"] = live_partitions(scontrol)
+        # --future also lists FUTURE nodes, which slurmctld knows too.
+        rows = result["slurm_nodes"] = node_rows(scontrol.output("-o", "--future", "show", "nodes"))
+        result["managed_by"] = managed_by(conf)
+        if mode == "apply" and result["managed_by"] and result["managed_by"] != bundle.replace_managed:
+            raise Refused(
+                "%s is generated by ParallelCluster, which rewrites it on update-cluster; topokeeper replaces it"
+                " only when the cluster is configured to (replace_parallelcluster_topology); verify or dry-run"
+                " only" % topology_path(conf, CONF_FORMAT)
+            )
+        if mode == "verify":
+            verify(result, conf, bundle, scontrol)
+        else:
+            result["powered_down"] = check_bindings(bundle, rows)
+            check_cluster_knows(conf, bundle, {row[0] for row in rows})
+            if mode == "dry-run":
+                config = ConfigDir(conf.directory)
+                try:  # what apply would refuse, dry-run refuses too
+                    refuse_links(config, _write_targets(config, conf_path, conf, bundle))
+                finally:
+                    config.close()
+                dry_run(result, conf, bundle)
+            else:
+                with exclusive_lock(conf.directory, min(lock_timeout, budget.left())):
+                    apply(result, conf_path, bundle, context)
+    except Refused as error:
+        result["outcome"], result["error"] = error.outcome, one_line(str(error))
+    except Failed as error:
+        result["outcome"], result["error"] = "failed", one_line(str(error))
+    except Exception as error:  # stdout must stay one JSON document, never a traceback
+        result["outcome"] = "failed"
+        result["error"] = one_line("internal error: %s: %s" % (type(error).__name__, error))
+    result["duration_seconds"] = round(time.monotonic() - started, 3)
+    return result
