@@ -224,10 +224,10 @@ def test_drift_writes_only_verify_requests_payloads_and_results(variant: Synthes
         for key in (
             "/clusters/llm-train/verify.json",
             "/payloads/cfd-pcluster/*.json",
-            "/payloads/cfd-pcluster/applier-*.py",
+            "/payloads/cfd-pcluster/program-*.pyz",
             "/results/cfd-pcluster/*.json",
             "/payloads/hp-hybrid/*.json",
-            "/payloads/hp-hybrid/applier-*.py",
+            "/payloads/hp-hybrid/program-*.pyz",
             "/results/hp-hybrid/*.json",
         )
     )
