@@ -47,7 +47,19 @@ LAMBDA_MODULES = [
     "adapters/queue.py",
     "adapters/ssm_channel.py",
     "agent/__init__.py",
-    "agent/agent.py",
+    "agent/applier_process.py",
+    "agent/aws.py",
+    "agent/bundle.py",
+    "agent/config.py",
+    "agent/credentials.py",
+    "agent/cycle.py",
+    "agent/errors.py",
+    "agent/json_text.py",
+    "agent/log.py",
+    "agent/main.py",
+    "agent/sigv4.py",
+    "agent/state.py",
+    "agent/transport.py",
     "applier/__init__.py",
     "applier/applier.py",
     "config.py",
@@ -94,6 +106,7 @@ LAMBDA_MODULES = [
     "service/result.py",
     "service/signing.py",
     "service/state.py",
+    "wire.py",
 ]
 # The pinned wheels of layers/core/requirements.txt, each with its metadata.
 THIRD_PARTY = {

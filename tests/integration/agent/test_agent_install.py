@@ -12,14 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_support import AGENT_FILE, INSTALL_SCRIPT_ARGS, INSTALL_SCRIPT_BASE_ARGS, bundle_document
+from tests.agent_support import (
+    AGENT_MODULE,
+    INSTALL_SCRIPT_ARGS,
+    INSTALL_SCRIPT_BASE_ARGS,
+    agent_command,
+    agent_program,
+    bundle_document,
+)
 from tests.signing_support import sign, signing_key
 from topokeeper.adapters.aws import client
-from topokeeper.agent import agent
-from topokeeper.agent.install import SHIPPED_FILES
+from topokeeper.agent.applier_process import run_applier
+from topokeeper.agent.config import load_config
+from topokeeper.agent.install import agent_program_files, shipped_files
 from topokeeper.applier import applier
 from topokeeper.cli import main
 from topokeeper.sim.aws_emulator import AwsEmulator
+from topokeeper.wire import AgentConfig
 
 
 def _snippet(capsys: pytest.CaptureFixture[str], *extra: str) -> str:
@@ -55,14 +64,16 @@ def test_snippet_installs_the_package_files_config_and_valid_units(
         assert completed.returncode == 0, completed.stderr
     assert completed.stdout == f"topokeeper: agent installed in {root}/opt/topokeeper\n"
 
-    for name, source in SHIPPED_FILES.items():
+    for name, source in shipped_files().items():
         installed = root / "opt" / "topokeeper" / name
         assert installed.read_bytes() == source.read_bytes(), name
         assert stat.S_IMODE(installed.stat().st_mode) == 0o755
+    installed_files = {path for path in (root / "opt" / "topokeeper").rglob("*") if path.is_file()}
+    assert installed_files == {root / "opt" / "topokeeper" / name for name in shipped_files()}
     assert stat.S_IMODE((root / "var" / "lib" / "topokeeper").stat().st_mode) == 0o700
 
-    config = agent.load_config(str(root / "etc" / "topokeeper" / "agent.json"))
-    assert config == agent.Config(
+    config = load_config(str(root / "etc" / "topokeeper" / "agent.json"))
+    assert config == AgentConfig(
         cluster="llm-train-slurm",
         bucket="topo-bundles",
         region="us-west-2",
@@ -78,8 +89,9 @@ def test_snippet_installs_the_package_files_config_and_valid_units(
         ["systemd-analyze", "verify", str(service), str(timer)], capture_output=True, text=True, timeout=60, check=False
     )
     assert (verified.returncode, verified.stderr) == (0, "")  # warnings such as unknown keys also fail
+    assert _unit(service)["Service"]["WorkingDirectory"] == f"{root}/opt/topokeeper"
     assert _unit(service)["Service"]["ExecStart"] == (
-        f"/usr/bin/python3 {root}/opt/topokeeper/agent.py --config {root}/etc/topokeeper/agent.json --once"
+        f"/usr/bin/python3 -m {AGENT_MODULE} --config {root}/etc/topokeeper/agent.json --once"
     )
     assert _unit(service)["Service"]["Environment"] == (
         "PATH=/opt/slurm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -91,18 +103,20 @@ def test_snippet_refuses_an_embedded_file_that_does_not_match_its_sha256(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lines = _snippet(capsys).splitlines()
-    first_data_line = lines.index("base64 -d > \"$dir/agent.py.new\" <<'TOPOKEEPER_EOF'") + 1
+    main_module = "topokeeper/agent/main.py"
+    first_data_line = lines.index(f"base64 -d > \"$dir/{main_module}.new\" <<'TOPOKEEPER_EOF'") + 1
     lines[first_data_line] = lines[first_data_line][::-1]  # still base64, other bytes
     completed = _run("\n".join(lines) + "\n", tmp_path / "root")
     assert completed.returncode != 0
     assert "checksum did NOT match" in completed.stderr
-    assert not (tmp_path / "root" / "opt" / "topokeeper" / "agent.py").exists()
+    assert not (tmp_path / "root" / "opt" / "topokeeper" / main_module).exists()
 
 
 def test_agent_runs_on_python_3_8() -> None:
     vermin = Path(sys.executable).with_name("vermin")
+    sources = [str(path) for path in agent_program_files().values()]
     completed = subprocess.run(
-        [str(vermin), "-t=3.8-", "--no-tips", "--violations", str(AGENT_FILE)],
+        [str(vermin), "-t=3.8-", "--no-tips", "--violations", *sources],
         capture_output=True,
         text=True,
         timeout=120,
@@ -111,10 +125,32 @@ def test_agent_runs_on_python_3_8() -> None:
     assert completed.returncode == 0, completed.stdout
 
 
-def test_agent_needs_only_the_standard_library() -> None:
-    # -S: no site-packages at all, so any import outside the standard library fails.
+def test_agent_needs_only_the_standard_library(tmp_path: Path) -> None:
+    # Its files alone on PYTHONPATH and -S (no site-packages): any import outside them and the standard library
+    # fails. Each module is imported, not only what --help reaches.
+    program = agent_program(tmp_path)
+    modules = sorted(
+        name.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for name in agent_program_files()
+    )
+    argv, environment = agent_command(program, "--help")
+    imported = subprocess.run(
+        [sys.executable, "-S", "-c", f"import {', '.join(modules)}"],
+        env={"PYTHONPATH": environment["PYTHONPATH"]},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert imported.returncode == 0, imported.stderr
     completed = subprocess.run(
-        [sys.executable, "-I", "-S", str(AGENT_FILE), "--help"], capture_output=True, text=True, timeout=60, check=False
+        [argv[0], "-S", *argv[1:]],
+        env={"PYTHONPATH": environment["PYTHONPATH"]},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert completed.returncode == 0, completed.stderr
     assert "--once" in completed.stdout
@@ -189,12 +225,12 @@ def test_with_the_signing_key_the_snippet_installs_its_public_key_and_the_agent_
     trusted = applier.read_trusted_key(str(installed))
     assert (trusted.cluster, trusted.key_id) == ("llm-train-slurm", key_arn)
     assert (trusted.modulus, trusted.exponent) == applier.rsa_public_key(public_key)
-    config = agent.load_config(str(root / "etc" / "topokeeper" / "agent.json"))
+    config = load_config(str(root / "etc" / "topokeeper" / "agent.json"))
     assert config.trusted_key == str(installed)
 
     # The agent's applier run: a bundle signed by any other key is refused before anything else.
     bundle = tmp_path / "bundle.json"
     bundle.write_text(json.dumps(sign(bundle_document(), 5, key=signing_key("attacker"))))
-    result = agent.run_applier(config, "apply", str(bundle), None)
+    result = run_applier(config, "apply", str(bundle), None)
     assert (result["outcome"], result["signature"]) == ("bad_signature", "unchecked")
     assert "does not verify with the trusted key " + key_arn in result["error"]

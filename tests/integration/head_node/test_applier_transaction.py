@@ -395,8 +395,9 @@ def test_a_run_without_budget_left_for_reconfigure_and_rollback_writes_nothing(
 
 
 def test_the_budget_fits_inside_every_channel_timeout_with_margin() -> None:
+    from topokeeper import wire
     from topokeeper.adapters import ssm_channel
-    from topokeeper.agent import agent, install
+    from topokeeper.agent import install
 
     waits = applier.LOCK_WAIT_SECONDS + applier.READ_SECONDS + 2 * applier.RECONFIGURE_TIMEOUT
     assert waits <= applier.APPLIER_BUDGET_SECONDS
@@ -405,15 +406,18 @@ def test_the_budget_fits_inside_every_channel_timeout_with_margin() -> None:
     assert channel == applier.CHANNEL_TIMEOUT_SECONDS
     assert applier.CHANNEL_MARGIN_SECONDS >= 60  # the bootstrap's bundle fetch (urlopen timeout) and start-up
     assert ssm_channel.EXECUTION_TIMEOUT_SECONDS == applier.CHANNEL_TIMEOUT_SECONDS
-    assert agent.APPLIER_TIMEOUT_SECONDS == applier.CHANNEL_TIMEOUT_SECONDS  # mirrored: agent.py imports nothing
-    assert agent.TERMINATE_GRACE_SECONDS == applier.TERMINATE_GRACE_SECONDS
-    assert agent.Config(cluster="c", bucket="b", region="r").applier_timeout_seconds == agent.APPLIER_TIMEOUT_SECONDS
-    assert install.APPLIER_TIMEOUT_SECONDS == applier.CHANNEL_TIMEOUT_SECONDS
-    assert install.CYCLE_TIMEOUT_SECONDS > install.APPLIER_TIMEOUT_SECONDS + agent.TERMINATE_GRACE_SECONDS
+    # The agent's side is in the wire contract, the applier's still in applier.py until they become one.
+    assert wire.APPLIER_TIMEOUT_SECONDS == applier.CHANNEL_TIMEOUT_SECONDS
+    assert wire.APPLIER_TERMINATE_GRACE_SECONDS == applier.TERMINATE_GRACE_SECONDS
+    assert (
+        wire.AgentConfig(cluster="c", bucket="b", region="r").applier_timeout_seconds == applier.CHANNEL_TIMEOUT_SECONDS
+    )
+    assert install.CYCLE_TIMEOUT_SECONDS > wire.APPLIER_TIMEOUT_SECONDS + wire.APPLIER_TERMINATE_GRACE_SECONDS
 
 
 def test_the_agent_sends_sigterm_then_sigkill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from topokeeper.agent import agent
+    from topokeeper.agent import applier_process
+    from topokeeper.wire import AgentConfig
 
     stubborn = tmp_path / "applier.py"
     marker = tmp_path / "signals"
@@ -424,9 +428,9 @@ def test_the_agent_sends_sigterm_then_sigkill(tmp_path: Path, monkeypatch: pytes
         "open(marker, 'a').write('started\\n')\n"
         "while True:\n    time.sleep(0.05)\n"
     )
-    monkeypatch.setattr(agent, "TERMINATE_GRACE_SECONDS", 0.5)
-    config = agent.Config(cluster="c", bucket="b", region="r", applier=str(stubborn), applier_timeout_seconds=2)
-    result = agent.run_applier(config, "apply", str(tmp_path / "bundle.json"), None)
+    monkeypatch.setattr(applier_process, "APPLIER_TERMINATE_GRACE_SECONDS", 0.5)
+    config = AgentConfig(cluster="c", bucket="b", region="r", applier=str(stubborn), applier_timeout_seconds=2)
+    result = applier_process.run_applier(config, "apply", str(tmp_path / "bundle.json"), None)
     assert result["outcome"] == "timed_out"
     assert marker.read_text().split() == ["started", "TERM"]  # asked first, then killed
 
