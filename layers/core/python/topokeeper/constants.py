@@ -1,7 +1,8 @@
 """Contract values shared by the package, the stack (``infra/``) and the head-node files.
 
-Each value is written once here. The stdlib-only files that run on the head node (``applier/applier.py``,
-``agent/agent.py``) cannot import the package and keep literal copies; ``tests/unit/test_constants.py``
+Each value is written once here. What the pull agent shares (its event names, the keys it polls, its config)
+is in ``topokeeper.wire``, which the agent imports on the head node. The stdlib-only applier
+(``applier/applier.py``) cannot import the package and keeps literal copies; ``tests/unit/test_constants.py``
 asserts that they carry the same values.
 """
 
@@ -16,48 +17,8 @@ INSTANCE_ID = re.compile(INSTANCE_ID_PATTERN)
 # The bundle document the applier and the agent accept (``render/bundle.py`` writes it).
 BUNDLE_SCHEMA = "topokeeper.bundle/2"
 
-# The head-node agent's result events (EventBridge source and detail types). Each agent cluster reports
-# with its own source, AGENT_SOURCE.<cluster>, which its IAM policy enforces (events:source): the source,
-# not the detail, says which cluster a report is about. The bare AGENT_SOURCE is what agents before
-# per-cluster sources sent; it only ever counts as an outdated agent.
-AGENT_SOURCE = "topokeeper.agent"
-AGENT_APPLY_DETAIL_TYPE = "Topology Apply Result"
-AGENT_VERIFY_DETAIL_TYPE = "Topology Verify Result"
-
-
 # How bundles are signed (KMS SigningAlgorithm); the applier checks exactly this.
 SIGNATURE_ALGORITHM = "RSASSA_PKCS1_V1_5_SHA_256"
-
-
-def agent_source(cluster: str) -> str:
-    """The event source only ``cluster``'s agent may send (its IAM policy's events:source condition)."""
-    return f"{AGENT_SOURCE}.{cluster}"
-
-
-def agent_source_cluster(source: str) -> str | None:
-    """The cluster an agent source belongs to; None for the legacy shared source and for other sources."""
-    prefix = AGENT_SOURCE + "."
-    if not source.startswith(prefix):
-        return None
-    return source[len(prefix) :] or None
-
-
-# Where the agent channel puts a cluster's desired bundle in the plans bucket (the agent's default
-# ``--prefix``): ``bundle.json`` to apply, ``verify.json`` to verify against only.
-AGENT_KEY_PREFIX = "clusters"
-
-
-def agent_bundle_key(cluster: str) -> str:
-    return f"{AGENT_KEY_PREFIX}/{cluster}/bundle.json"
-
-
-def agent_verify_key(cluster: str) -> str:
-    return f"{AGENT_KEY_PREFIX}/{cluster}/verify.json"
-
-
-def agent_verify_request_key(cluster: str) -> str:
-    """Where the backend asks the agent for a verify at once (HyperPod changed the topology itself)."""
-    return f"{AGENT_KEY_PREFIX}/{cluster}/verify-request.json"
 
 
 def ssm_payload_key(cluster: str, sha256: str) -> str:

@@ -31,7 +31,6 @@ from topokeeper.adapters.aws import client
 from topokeeper.adapters.dynamodb import DynamoRateLimiter
 from topokeeper.adapters.ec2 import InstanceTopologyReader
 from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
-from topokeeper.constants import AGENT_SOURCE
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
@@ -58,6 +57,7 @@ from topokeeper.sim.parallelcluster import DISCOVERY, NEEDS_SLURMCTLD, ParallelC
 from topokeeper.sim.scenario import Scenario
 from topokeeper.sim.slurm_chroot import HarnessError
 from topokeeper.sim.stack import BUCKET, SimStack, create_stack
+from topokeeper.wire import AGENT_SOURCE
 
 log = logging.getLogger("topokeeper.sim")
 Baseline = Literal["full-rescan"]  # what the simulator can model besides topokeeper itself
