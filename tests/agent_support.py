@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 
-from topokeeper.agent.install import agent_program_files
+from topokeeper.agent.install import AGENT_MODULE, agent_program_files
 from topokeeper.cli import plan_from_files
 
-AGENT_MODULE = "topokeeper.agent.main"
 FAKE_APPLIER = Path(__file__).parent / "fixtures" / "fake_applier.py"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CLUSTER = "llm-train-slurm"  # examples/mixed-cluster.json

@@ -42,6 +42,7 @@ from topokeeper.wire import (
 
 PACKAGE = Path(__file__).resolve().parents[1]
 UNIT = "topokeeper-agent"
+AGENT_MODULE = "topokeeper.agent.main"  # run with ``python3 -m`` from the directory the agent's files are in
 # systemd stops a cycle that outlives the applier's bound, its SIGTERM grace and the requests around it.
 CYCLE_TIMEOUT_SECONDS = int(APPLIER_TIMEOUT_SECONDS + APPLIER_TERMINATE_GRACE_SECONDS) + 120
 HEREDOC_END = "TOPOKEEPER_EOF"
@@ -112,7 +113,7 @@ Type=oneshot
 Environment=PATH=/opt/slurm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # -m puts the working directory first on sys.path: the agent imports the package files installed there.
 WorkingDirectory=${{root}}/opt/topokeeper
-ExecStart=/usr/bin/python3 -m topokeeper.agent.main --config ${{root}}/etc/topokeeper/agent.json --once
+ExecStart=/usr/bin/python3 -m {AGENT_MODULE} --config ${{root}}/etc/topokeeper/agent.json --once
 TimeoutStartSec={CYCLE_TIMEOUT_SECONDS}"""
 
 

@@ -32,12 +32,13 @@ from pathlib import Path
 import yaml
 
 import topokeeper
+from topokeeper.agent.install import AGENT_MODULE, agent_program_files
 from topokeeper.applier.applier import partition_topologies
 from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.render.bundle import Bundle
 from topokeeper.sim import standin_reads, standin_scontrol
-from topokeeper.sim.head_node import AGENT_SOURCE, APPLIER_SOURCE, HeadNode
+from topokeeper.sim.head_node import APPLIER_SOURCE, HeadNode
 
 
 @dataclass
@@ -160,7 +161,9 @@ class FileHeadNode(HeadNode):
     def install_agent(self, config: Mapping[str, object]) -> str:
         opt = self.controller.root / "opt" / "topokeeper"
         opt.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(AGENT_SOURCE, opt / "agent.py")
+        for name, source in agent_program_files().items():  # the agent's files, as the install script puts them
+            (opt / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, opt / name)
         shutil.copyfile(APPLIER_SOURCE, opt / "applier.py")
         state = self.controller.root / "var" / "lib" / "topokeeper"
         document = {**config, "applier": str(opt / "applier.py"), "state_dir": str(state)}
@@ -169,10 +172,12 @@ class FileHeadNode(HeadNode):
         return str(path)
 
     def run_agent_once(self, config_path: str, environment: Mapping[str, str]) -> tuple[int, str]:
-        agent = str(Path(config_path).with_name("agent.py"))
-        variables = [f"{key}={value}" for key, value in sorted(environment.items())]
+        opt = Path(config_path).parent
+        # Only the installed files importable, as on the head node (PYTHONPATH replaces the simulator's own).
+        variables = [f"{key}={value}" for key, value in sorted({**environment, "PYTHONPATH": str(opt)}.items())]
         result = subprocess.run(
-            self.controller.command(*variables, "python3", agent, "--config", config_path, "--once"),
+            self.controller.command(*variables, "python3", "-m", AGENT_MODULE, "--config", config_path, "--once"),
+            cwd=opt,
             capture_output=True,
             text=True,
             timeout=900,
