@@ -356,8 +356,8 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
             f"| `scontrol reconfigure` alone | {head['reconfigure']['seconds']:.2f} | "
             f"{head['reconfigure']['cpu']:.2f} | {head['reconfigure']['max_rss_mb']:.0f} | exit 0 |",
             "",
-            "The pull agent (`agent.py --once`, this machine's Python, S3 and EventBridge in moto): its own work, "
-            "with the tests' fake applier in place of the one above.",
+            "The pull agent (`python3 -m topokeeper.agent.main --once`, this machine's Python, S3 and EventBridge in "
+            "moto): its own work, with the tests' fake applier in place of the one above.",
             "",
             "| agent cycle | wall s | CPU s | peak RSS MB |",
             "|---|---|---|---|",

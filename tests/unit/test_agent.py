@@ -31,10 +31,17 @@ from topokeeper.agent.bundle import (
 )
 from topokeeper.agent.config import load_config
 from topokeeper.agent.cycle import Agent
+from topokeeper.agent.install import install_config
 from topokeeper.agent.main import EXIT_BAD_CONFIG, main
 from topokeeper.agent.state import State, exclusive, load_state
 from topokeeper.ports import Outcome
-from topokeeper.wire import AgentConfig, AgentConfigError, agent_source
+from topokeeper.wire import (
+    AgentConfig,
+    AgentConfigError,
+    agent_config_document,
+    agent_config_from_document,
+    agent_source,
+)
 
 
 def test_config_defaults_and_key(tmp_path: Path) -> None:
@@ -176,3 +183,25 @@ def test_an_unreadable_state_file_starts_over(tmp_path: Path, capsys: pytest.Cap
     path.write_text('{"etag": ')
     assert load_state(str(path)) == State()
     assert events_named(capsys.readouterr().err, "state.unreadable")
+
+
+def test_the_install_script_writes_its_config_through_the_agent_s_schema() -> None:
+    """One schema (topokeeper.wire.AgentConfig): what the install script writes is what the agent reads."""
+    values = {
+        "cluster": CLUSTER,
+        "bucket": "topo-bundles",
+        "region": "us-west-2",
+        "prefix": "clusters",
+        "mode": "verify",
+        "event_bus": "default",
+        "poll_interval_seconds": 30,
+        "verify_interval_seconds": 600,
+    }
+    config = install_config(values, trusted_key=True)
+    assert agent_config_from_document(json.loads(json.dumps(agent_config_document(config)))) == config
+    assert (config.key, config.trusted_key) == (
+        f"clusters/{CLUSTER}/verify.json",
+        "${root}/etc/topokeeper/bundle-key.json",
+    )
+    with pytest.raises(AgentConfigError, match="unknown key 'poll_seconds'"):
+        agent_config_from_document({**agent_config_document(config), "poll_seconds": 30})
