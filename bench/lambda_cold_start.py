@@ -199,8 +199,8 @@ def agent_cycles(bundle: bytes, cluster: str) -> dict[str, Any]:
     import boto3  # noqa: PLC0415 - only for this part
     from moto.server import ThreadedMotoServer  # noqa: PLC0415
 
-    from tests.agent_support import AGENT_FILE, FakeApplier, write_config  # noqa: PLC0415
-    from topokeeper.agent.agent import DEFAULT_PREFIX, object_key  # noqa: PLC0415
+    from tests.agent_support import FakeApplier, agent_command, agent_program, write_config  # noqa: PLC0415
+    from topokeeper.wire import agent_bundle_key  # noqa: PLC0415
 
     keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -210,14 +210,15 @@ def agent_cycles(bundle: bytes, cluster: str) -> dict[str, Any]:
         url = f"http://{host}:{port}"
         s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", **{k.lower(): v for k, v in keys.items()})
         s3.create_bucket(Bucket="topo-bundles")
-        s3.put_object(Bucket="topo-bundles", Key=object_key(DEFAULT_PREFIX, cluster, "enforce"), Body=bundle)
+        s3.put_object(Bucket="topo-bundles", Key=agent_bundle_key(cluster), Body=bundle)
         with tempfile.TemporaryDirectory() as scratch:
             config = write_config(
                 Path(scratch) / "agent.json", FakeApplier(Path(scratch) / "applier"), Path(scratch) / "state",
                 cluster=cluster, endpoint_url=url,
             )  # fmt: skip
-            argv = [sys.executable, str(AGENT_FILE), "--config", str(config), "--once"]
-            environment = {**os.environ, **keys}
+            program = agent_program(Path(scratch) / "program")
+            argv, environment = agent_command(program, "--config", str(config), "--once")
+            environment.update(keys)
             cycles = {name: wait_measured(argv, environment)[0] for name in ("fetch and apply", "unchanged (304)")}
     finally:
         server.stop()
@@ -356,8 +357,8 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
             f"| `scontrol reconfigure` alone | {head['reconfigure']['seconds']:.2f} | "
             f"{head['reconfigure']['cpu']:.2f} | {head['reconfigure']['max_rss_mb']:.0f} | exit 0 |",
             "",
-            "The pull agent (`agent.py --once`, this machine's Python, S3 and EventBridge in moto): its own work, "
-            "with the tests' fake applier in place of the one above.",
+            "The pull agent (`python3 topokeeper-head-node.pyz agent --once`, this machine's Python, S3 and "
+            "EventBridge in moto): its own work, with the tests' fake applier in place of the one above.",
             "",
             "| agent cycle | wall s | CPU s | peak RSS MB |",
             "|---|---|---|---|",

@@ -23,12 +23,12 @@ from topokeeper.config import Mode, Orchestrator, Settings
 from topokeeper.constants import (
     AUDIT_SOURCE,
     RUN_SHELL_DOCUMENT,
-    agent_verify_key,
     ssm_payload_key,
     ssm_program_key,
     ssm_result_key,
 )
 from topokeeper.ports import METRICS_NAMESPACE, Channel
+from topokeeper.wire import agent_verify_key
 
 # (timeout, memory MB) per function. Reconcile plans a whole cluster; drift plans every cluster and
 # waits up to two minutes for each SSM verify; ingest and result handle one event, but result may read an

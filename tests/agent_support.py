@@ -3,31 +3,47 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from topokeeper.agent import agent
 from topokeeper.cli import plan_from_files
+from topokeeper.head_node_program import PROGRAM_NAME, write_program
 
-AGENT_FILE = Path(agent.__file__)
 FAKE_APPLIER = Path(__file__).parent / "fixtures" / "fake_applier.py"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CLUSTER = "llm-train-slurm"  # examples/mixed-cluster.json
 # The last agent.py before per-cluster event sources and bundle schema versions: what head nodes that
 # installed it still run, since HyperPod agents never update themselves.
 RELEASED_AGENT_COMMIT = "e8c8e210eb2082d272175fdaaf138491b5a74a9a"
+RELEASED_AGENT_PATH = "layers/core/python/topokeeper/agent/agent.py"  # one file then, run as ``python3 agent.py``
+
+
+def agent_program(directory: Path) -> Path:
+    """The head-node program as it ships (the agent runs as ``python3 PROGRAM agent ...``), written into
+    ``directory``: nothing else of the package is importable from it, as on the head node."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return write_program(directory / PROGRAM_NAME)
+
+
+def agent_command(program: Path, *arguments: str) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that run the agent of ``program`` as its own process."""
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return [sys.executable, str(program), "agent", *arguments], environment
 
 
 def released_agent(directory: Path) -> Path:
     """That agent.py, from the repository's history, written to ``directory``."""
     repo = Path(__file__).resolve().parents[1]
-    source = AGENT_FILE.relative_to(repo).as_posix()
     shown = subprocess.run(
-        ["git", "-C", str(repo), "show", f"{RELEASED_AGENT_COMMIT}:{source}"], capture_output=True, check=False
+        ["git", "-C", str(repo), "show", f"{RELEASED_AGENT_COMMIT}:{RELEASED_AGENT_PATH}"],
+        capture_output=True,
+        check=False,
     )
     if shown.returncode != 0:
         pytest.fail(f"the released agent needs the git history (git fetch --unshallow): {shown.stderr.decode()}")

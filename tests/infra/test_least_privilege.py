@@ -17,7 +17,8 @@ import pytest
 
 from infra.agent import agent_policy_output
 from tests.infra.conftest import Synthesized, example_config, synthesize
-from topokeeper.constants import AGENT_SOURCE, ENV_SIGNING_KEY, agent_source
+from topokeeper.constants import ENV_SIGNING_KEY
+from topokeeper.wire import AGENT_SOURCE, agent_source
 
 pytestmark = pytest.mark.infra
 

@@ -12,7 +12,7 @@ from infra import constants as c
 from infra.agent import agent_clusters, agent_policy_output
 from infra.functions import head_nodes
 from tests.infra.conftest import Synthesized
-from topokeeper.constants import AGENT_SOURCE, AUDIT_SOURCE, agent_source
+from topokeeper.constants import AUDIT_SOURCE
 from topokeeper.deployment import (
     OUTPUT_BUCKET,
     OUTPUT_DEAD_LETTER_QUEUE,
@@ -24,6 +24,7 @@ from topokeeper.events import change_patterns, result_patterns
 from topokeeper.head_node_program import program_sha256
 from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
 from topokeeper.runtime import LambdaEnvironment
+from topokeeper.wire import AGENT_SOURCE, agent_source
 
 pytestmark = pytest.mark.infra
 

@@ -5,22 +5,68 @@ The applier subprocess: tests/integration/agent/test_agent_applier_process.py.""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.agent_support import CLUSTER, FakeApplier, bundle_body, bundle_document, events_named, write_config
-from topokeeper.agent import agent
+from tests.agent_support import (
+    CLUSTER,
+    FakeApplier,
+    agent_command,
+    agent_program,
+    bundle_body,
+    bundle_document,
+    events_named,
+    write_config,
+)
+from topokeeper.agent.applier_process import MAX_DETAIL_BYTES, agent_result, bounded_result
+from topokeeper.agent.bundle import (
+    AGENT_OUTDATED,
+    BUNDLE_SCHEMA_NAME,
+    BUNDLE_SCHEMA_VERSION,
+    AgentOutdated,
+    BundleRefused,
+    check_bundle,
+)
+from topokeeper.agent.config import load_config
+from topokeeper.agent.cycle import Agent
+from topokeeper.agent.main import EXIT_BAD_CONFIG, main
+from topokeeper.agent.state import State, exclusive, load_state
+from topokeeper.agent_install import install_config
 from topokeeper.ports import Outcome
+from topokeeper.wire import (
+    AgentConfig,
+    AgentConfigError,
+    agent_config_document,
+    agent_config_from_document,
+    agent_source,
+)
 
 
 def test_config_defaults_and_key(tmp_path: Path) -> None:
     path = tmp_path / "agent.json"
     path.write_text(json.dumps({"cluster": CLUSTER, "bucket": "topo-bundles", "region": "us-east-1"}))
-    config = agent.load_config(str(path))
+    config = load_config(str(path))
     assert config.key == "clusters/llm-train-slurm/bundle.json"
     assert (config.event_bus, config.poll_interval_seconds, config.verify_interval_seconds) == ("default", 60.0, 900.0)
-    assert Path(config.applier) == Path(agent.__file__).with_name("applier.py")  # shipped side by side
+    assert config.applier is None  # applier.py beside the agent program
+
+
+def test_the_default_applier_is_the_program_the_agent_runs_from(tmp_path: Path) -> None:
+    """Installed as the install script does: one .pyz, which is the agent and the applier."""
+    program = agent_program(tmp_path / "opt")
+    _, environment = agent_command(program)
+    printed = subprocess.run(
+        [sys.executable, "-c", "from topokeeper.agent.applier_process import DEFAULT_APPLIER; print(DEFAULT_APPLIER)"],
+        env={**environment, "PYTHONPATH": str(program)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert printed.stdout == f"{program}\n"
 
 
 @pytest.mark.parametrize(
@@ -36,20 +82,20 @@ def test_config_defaults_and_key(tmp_path: Path) -> None:
 def test_bad_config_names_the_key(tmp_path: Path, document: object, message: str) -> None:
     path = tmp_path / "agent.json"
     path.write_text(json.dumps(document))
-    with pytest.raises(agent.ConfigError, match=message):
-        agent.load_config(str(path))
+    with pytest.raises(AgentConfigError, match=message):
+        load_config(str(path))
 
 
 def test_bad_config_exits_2_with_one_log_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "agent.json"
     path.write_text("{")
-    assert agent.main(["--config", str(path), "--once"]) == agent.EXIT_BAD_CONFIG
+    assert main(["--config", str(path), "--once"]) == EXIT_BAD_CONFIG
     assert len(events_named(capsys.readouterr().err, "config.invalid")) == 1
 
 
 def test_a_planner_bundle_passes_the_check() -> None:
     document = bundle_document()
-    assert agent.check_bundle(bundle_body(document), CLUSTER)["plan_sha256"] == document["plan_sha256"]
+    assert check_bundle(bundle_body(document), CLUSTER)["plan_sha256"] == document["plan_sha256"]
 
 
 def _tampered(name: str) -> bytes:
@@ -80,55 +126,55 @@ def _tampered(name: str) -> bytes:
     ],
 )
 def test_a_bad_bundle_is_refused_with_the_reason(body: bytes, message: str) -> None:
-    with pytest.raises(agent.BundleRefused, match=message) as refused:
-        agent.check_bundle(body, CLUSTER)
+    with pytest.raises(BundleRefused, match=message) as refused:
+        check_bundle(body, CLUSTER)
     assert refused.value.outcome == "refused"
 
 
 def test_a_newer_bundle_schema_says_the_agent_is_outdated_and_how_to_upgrade() -> None:
     document = bundle_document()
-    document["schema"] = f"{agent.BUNDLE_SCHEMA_NAME}/{agent.BUNDLE_SCHEMA_VERSION + 1}"
+    document["schema"] = f"{BUNDLE_SCHEMA_NAME}/{BUNDLE_SCHEMA_VERSION + 1}"
 
-    with pytest.raises(agent.AgentOutdated) as outdated:
-        agent.check_bundle(bundle_body(document), CLUSTER)
+    with pytest.raises(AgentOutdated) as outdated:
+        check_bundle(bundle_body(document), CLUSTER)
 
-    assert outdated.value.outcome == agent.AGENT_OUTDATED == Outcome.AGENT_OUTDATED.value
+    assert outdated.value.outcome == AGENT_OUTDATED == Outcome.AGENT_OUTDATED.value
     assert str(outdated.value).startswith(f"agent outdated: the bundle is {document['schema']}")
     assert "re-run the `topokeeper agent install-script` output" in str(outdated.value)
 
 
 def test_each_cluster_reports_with_its_own_source() -> None:
-    assert agent.event_source(CLUSTER) == f"topokeeper.agent.{CLUSTER}"
-    assert agent.event_source(CLUSTER) != agent.event_source("another-cluster")
+    assert agent_source(CLUSTER) == f"topokeeper.agent.{CLUSTER}"
+    assert agent_source(CLUSTER) != agent_source("another-cluster")
 
 
-def _config(tmp_path: Path, applier: FakeApplier, **settings: object) -> agent.Config:
-    return agent.load_config(str(write_config(tmp_path / "agent.json", applier, tmp_path / "state", **settings)))
+def _config(tmp_path: Path, applier: FakeApplier, **settings: object) -> AgentConfig:
+    return load_config(str(write_config(tmp_path / "agent.json", applier, tmp_path / "state", **settings)))
 
 
 def test_a_result_too_large_for_one_event_keeps_its_summary() -> None:
     drift = [{"unit": f"nn-{i:05d}", "expected": ["ip-10-1-0-1"] * 20, "live": []} for i in range(5000)]
     result = {
-        **agent.agent_result("drift", "verify", "ab" * 32, "x" * 10_000),
+        **agent_result("drift", "verify", "ab" * 32, "x" * 10_000),
         "drift": drift,
         "grouping_drift": True,
     }
-    bounded = agent.bounded_result(result)
-    assert len(json.dumps(bounded)) < agent.MAX_DETAIL_BYTES
+    bounded = bounded_result(result)
+    assert len(json.dumps(bounded)) < MAX_DETAIL_BYTES
     assert (bounded["outcome"], bounded["plan_sha256"], bounded["truncated"]) == ("drift", "ab" * 32, True)
     assert bounded["grouping_drift"] is True
     assert bounded["drift"] == drift[:20] and len(bounded["error"]) == 2000
-    small = agent.agent_result("in_sync", "verify", "ab" * 32, "")
-    assert agent.bounded_result(small) is small
+    small = agent_result("in_sync", "verify", "ab" * 32, "")
+    assert bounded_result(small) is small
 
 
 def test_a_cycle_never_overlaps_another(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     applier = FakeApplier(tmp_path / "opt")
     config = _config(tmp_path, applier, endpoint_url="http://127.0.0.1:9")
     (tmp_path / "state").mkdir()
-    with agent.exclusive(str(tmp_path / "state" / "lock")) as locked:
+    with exclusive(str(tmp_path / "state" / "lock")) as locked:
         assert locked
-        agent.Agent(config).cycle()
+        Agent(config).cycle()
     assert len(events_named(capsys.readouterr().err, "cycle.skipped")) == 1
     assert applier.calls() == []
 
@@ -136,5 +182,27 @@ def test_a_cycle_never_overlaps_another(tmp_path: Path, capsys: pytest.CaptureFi
 def test_an_unreadable_state_file_starts_over(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "state.json"
     path.write_text('{"etag": ')
-    assert agent.load_state(str(path)) == agent.State()
+    assert load_state(str(path)) == State()
     assert events_named(capsys.readouterr().err, "state.unreadable")
+
+
+def test_the_install_script_writes_its_config_through_the_agent_s_schema() -> None:
+    """One schema (topokeeper.wire.AgentConfig): what the install script writes is what the agent reads."""
+    values = {
+        "cluster": CLUSTER,
+        "bucket": "topo-bundles",
+        "region": "us-west-2",
+        "prefix": "clusters",
+        "mode": "verify",
+        "event_bus": "default",
+        "poll_interval_seconds": 30,
+        "verify_interval_seconds": 600,
+    }
+    config = install_config(values, trusted_key=True)
+    assert agent_config_from_document(json.loads(json.dumps(agent_config_document(config)))) == config
+    assert (config.key, config.trusted_key) == (
+        f"clusters/{CLUSTER}/verify.json",
+        "${root}/etc/topokeeper/bundle-key.json",
+    )
+    with pytest.raises(AgentConfigError, match="unknown key 'poll_seconds'"):
+        agent_config_from_document({**agent_config_document(config), "poll_seconds": 30})

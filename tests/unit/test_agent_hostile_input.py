@@ -25,7 +25,18 @@ from hypothesis import strategies as st
 
 from tests.agent_support import CLUSTER, bundle_body, bundle_document
 from tests.unit.test_hostile_input import FUZZ, HOSTILE_TEXT, mutated, write_fuzz_records
-from topokeeper.agent import agent
+from topokeeper.agent import applier_process, cycle
+from topokeeper.agent import credentials as credentials_module
+from topokeeper.agent.applier_process import MAX_DETAIL_BYTES, agent_result, bounded_result, run_applier
+from topokeeper.agent.aws import Aws, S3Object
+from topokeeper.agent.bundle import BundleRefused, check_bundle
+from topokeeper.agent.config import load_config
+from topokeeper.agent.credentials import CredentialProvider, fetch_role_credentials
+from topokeeper.agent.cycle import Agent
+from topokeeper.agent.errors import AgentError
+from topokeeper.agent.state import State, load_state
+from topokeeper.agent.transport import HttpResponse
+from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, AgentConfig, AgentConfigError
 
 TALLY: collections.Counter[tuple[str, str]] = collections.Counter()
 
@@ -57,8 +68,8 @@ def _dumps(document: Any) -> bytes:
 
 def _checked(body: bytes) -> str:
     try:
-        document = agent.check_bundle(body, CLUSTER)
-    except agent.BundleRefused:
+        document = check_bundle(body, CLUSTER)
+    except BundleRefused:
         return "refused"
     # Accepted only as this cluster's, every file's content matching its sha256: a rendered file unchanged. (What
     # else the applier needs, it checks again itself: test_hostile_input.)
@@ -84,34 +95,34 @@ def test_bundle_bytes_that_are_not_a_bundle_are_refused(body: bytes) -> None:
 class FakeAws:
     """S3 answers with one hostile object; EventBridge takes every report."""
 
-    def __init__(self, fetched: agent.S3Object) -> None:
+    def __init__(self, fetched: S3Object) -> None:
         self.fetched = fetched
 
-    def get_bundle_if_changed(self, etag: str | None) -> agent.S3Object:
+    def get_bundle_if_changed(self, etag: str | None) -> S3Object:
         return self.fetched
 
-    def get_verify_request_if_changed(self, etag: str | None) -> agent.S3Object | None:
+    def get_verify_request_if_changed(self, etag: str | None) -> S3Object | None:
         return None  # no verify asked for
 
     def put_event(self, detail_type: str, detail: dict[str, Any]) -> None:
         # What Aws.put_event sends: the detail must be JSON EventBridge takes, within one entry.
         text = json.dumps(detail, sort_keys=True, allow_nan=False)
-        assert len(text.encode()) <= agent.MAX_DETAIL_BYTES
+        assert len(text.encode()) <= MAX_DETAIL_BYTES
 
 
-def _one_cycle(poller: agent.Agent, on_run: Callable[[str, str], object]) -> None:
+def _one_cycle(poller: Agent, on_run: Callable[[str, str], object]) -> None:
     """One poll cycle with the applier replaced by a recorder of (mode, bundle path) that answers "applied"."""
 
-    def run_applier(config: agent.Config, mode: str, path: str, plan_sha256: str | None) -> dict[str, Any]:
+    def run_applier(config: AgentConfig, mode: str, path: str, plan_sha256: str | None) -> dict[str, Any]:
         on_run(mode, path)
-        return agent.agent_result("applied", mode, plan_sha256, "")
+        return agent_result("applied", mode, plan_sha256, "")
 
-    original = agent.run_applier
-    agent.run_applier = run_applier  # type: ignore[assignment]
+    original = cycle.run_applier
+    cycle.run_applier = run_applier  # type: ignore[assignment]
     try:
         poller.cycle()
     finally:
-        agent.run_applier = original  # type: ignore[assignment]
+        cycle.run_applier = original  # type: ignore[assignment]
 
 
 @FUZZ
@@ -124,12 +135,12 @@ def test_a_poll_of_a_hostile_object_reports_it_and_never_runs_the_applier_on_it(
     tmp_path_factory: pytest.TempPathFactory, body: bytes, etag: str, version_id: str | None
 ) -> None:
     state_dir = tmp_path_factory.mktemp("state")
-    config = agent.Config(cluster=CLUSTER, bucket="b", region="us-east-1", state_dir=str(state_dir))
-    poller = agent.Agent(config)
-    poller._aws = FakeAws(agent.S3Object(body, etag, version_id))  # type: ignore[assignment]
+    config = AgentConfig(cluster=CLUSTER, bucket="b", region="us-east-1", state_dir=str(state_dir))
+    poller = Agent(config)
+    poller._aws = FakeAws(S3Object(body, etag, version_id))  # type: ignore[assignment]
     ran: list[str] = []
     _one_cycle(poller, lambda mode, path: ran.append(Path(path).read_bytes().decode()))
-    state = agent.load_state(str(state_dir / "state.json"))
+    state = load_state(str(state_dir / "state.json"))
     if ran:
         assert _checked(ran[0].encode()) == "accepted"  # only a bundle that passed the check
         _tally("poll", "accepted")
@@ -162,8 +173,8 @@ def test_a_mutated_config_loads_or_is_refused_naming_the_key(
     path = tmp_path_factory.mktemp("config") / "agent.json"
     path.write_bytes(_dumps(document))
     try:
-        config = agent.load_config(str(path))
-    except agent.ConfigError as error:
+        config = load_config(str(path))
+    except AgentConfigError as error:
         assert str(error).startswith(str(path)), error
         _tally("config", "refused")
         return
@@ -175,7 +186,7 @@ def test_a_mutated_config_loads_or_is_refused_naming_the_key(
         "request_timeout_seconds",
     ):
         assert math.isfinite(getattr(config, name)) and getattr(config, name) >= 0, name
-    agent.Agent(config)
+    Agent(config)
     _tally("config", "accepted")
 
 
@@ -184,22 +195,24 @@ def test_an_interval_that_is_not_a_finite_number_is_refused_naming_the_key(tmp_p
     """json reads NaN and Infinity; a NaN poll interval would make the agent spin, an infinite one stop."""
     path = tmp_path / "agent.json"
     path.write_text(json.dumps(CONFIG)[:-1] + f', "poll_interval_seconds": {number}}}')
-    with pytest.raises(agent.ConfigError, match="poll_interval_seconds must be a number >= 0, finite"):
-        agent.load_config(str(path))
+    with pytest.raises(AgentConfigError, match="poll_interval_seconds must be a number >= 0, finite"):
+        load_config(str(path))
 
 
 def test_a_config_string_that_is_not_utf8_text_is_refused_naming_the_key(tmp_path: Path) -> None:
     path = tmp_path / "agent.json"
     path.write_text(json.dumps({**CONFIG, "cluster": "a\ud800"}))  # a \ud800 escape: json reads a lone surrogate
-    with pytest.raises(agent.ConfigError, match="cluster must be UTF-8 text"):
-        agent.load_config(str(path))
+    with pytest.raises(AgentConfigError, match="cluster must be UTF-8 text"):
+        load_config(str(path))
 
 
 STATE = {
     "etag": '"etag-1"',
     "bundle": {"etag": '"etag-1"', "version_id": "v1", "plan_sha256": "a" * 64},
     "last_verify_at": 100.0,
-    "outbox": [{"detail_type": agent.APPLY_RESULT, "detail": {"cluster": CLUSTER, "etag": '"etag-1"', "result": {}}}],
+    "outbox": [
+        {"detail_type": AGENT_APPLY_DETAIL_TYPE, "detail": {"cluster": CLUSTER, "etag": '"etag-1"', "result": {}}}
+    ],
 }
 
 
@@ -221,18 +234,18 @@ def test_a_corrupted_state_file_never_wedges_the_agent(tmp_path_factory: pytest.
     """Whatever state.json holds, a cycle completes (a bad one is started over), so the next bundle is applied."""
     state_dir = tmp_path_factory.mktemp("state")
     (state_dir / "state.json").write_bytes(text)
-    kept = agent.load_state(str(state_dir / "state.json")) != agent.State()
-    config = agent.Config(cluster=CLUSTER, bucket="b", region="us-east-1", state_dir=str(state_dir))
-    poller = agent.Agent(config)
+    kept = load_state(str(state_dir / "state.json")) != State()
+    config = AgentConfig(cluster=CLUSTER, bucket="b", region="us-east-1", state_dir=str(state_dir))
+    poller = Agent(config)
     aws = NotModified()
     poller._aws = aws  # type: ignore[assignment]
-    original = agent.run_applier
-    agent.run_applier = lambda *args: agent.agent_result("in_sync", "verify", None, "")  # type: ignore[assignment]
+    original = cycle.run_applier
+    cycle.run_applier = lambda *args: agent_result("in_sync", "verify", None, "")  # type: ignore[assignment]
     try:
         poller.cycle()
     finally:
-        agent.run_applier = original  # type: ignore[assignment]
-    state = agent.load_state(str(state_dir / "state.json"))
+        cycle.run_applier = original  # type: ignore[assignment]
+    state = load_state(str(state_dir / "state.json"))
     assert state.outbox == [], "a report the agent could not send stays and blocks the rest"
     _tally("state", "accepted" if kept else "refused")
 
@@ -247,12 +260,12 @@ PUT_EVENTS_ANSWER = {"FailedEntryCount": 0, "Entries": [{"EventId": "e-1"}]}
 @FUZZ
 @given(st.sampled_from([200, 400, 500]), st.one_of(mutated(PUT_EVENTS_ANSWER).map(_dumps), RAW_BYTES))
 def test_a_hostile_put_events_answer_is_an_agent_error_or_success(status: int, body: bytes) -> None:
-    config = agent.Config(cluster=CLUSTER, bucket="b", region="us-east-1")
-    aws = agent.Aws(config, agent.CredentialProvider(1.0), lambda: 0.0)
-    aws._send = lambda *args: agent.HttpResponse(status, {}, body)  # type: ignore[method-assign]
+    config = AgentConfig(cluster=CLUSTER, bucket="b", region="us-east-1")
+    aws = Aws(config, CredentialProvider(1.0), lambda: 0.0)
+    aws._send = lambda *args: HttpResponse(status, {}, body)  # type: ignore[method-assign]
     try:
-        aws.put_event(agent.APPLY_RESULT, {"cluster": CLUSTER})
-    except agent.AgentError:
+        aws.put_event(AGENT_APPLY_DETAIL_TYPE, {"cluster": CLUSTER})
+    except AgentError:
         _tally("PutEvents answer", "refused")
         return
     _tally("PutEvents answer", "accepted")
@@ -271,38 +284,38 @@ CREDENTIALS = {
 @given(st.one_of(mutated(CREDENTIALS).map(_dumps), RAW_BYTES))
 def test_a_hostile_imds_credentials_document_is_an_agent_error_or_credentials(body: bytes) -> None:
     answers = iter(["token", "role-name", body.decode("utf-8", "replace")])
-    original = agent._imds_call
-    agent._imds_call = lambda *args: next(answers)  # type: ignore[assignment]
+    original = credentials_module._imds_call
+    credentials_module._imds_call = lambda *args: next(answers)  # type: ignore[assignment]
     try:
-        credentials = agent.fetch_role_credentials(1.0)
-    except agent.AgentError:
+        credentials = fetch_role_credentials(1.0)
+    except AgentError:
         _tally("IMDS credentials", "refused")
         return
     finally:
-        agent._imds_call = original  # type: ignore[assignment]
+        credentials_module._imds_call = original  # type: ignore[assignment]
     assert all(isinstance(value, str) for value in (credentials.access_key, credentials.secret_key))
     _tally("IMDS credentials", "accepted")
 
 
-APPLIER_DOCUMENT = agent.agent_result("applied", "apply", "a" * 64, "")
+APPLIER_DOCUMENT = agent_result("applied", "apply", "a" * 64, "")
 
 
 @FUZZ
 @given(st.one_of(mutated(APPLIER_DOCUMENT).map(_dumps), RAW_BYTES), st.sampled_from([0, 1, 2, -9]))
 def test_hostile_applier_output_becomes_a_result_that_fits_one_event(stdout: bytes, exit_code: int) -> None:
-    config = agent.Config(cluster=CLUSTER, bucket="b", region="us-east-1")
-    original = agent._run_bounded
-    agent._run_bounded = lambda argv, environment, timeout: subprocess.CompletedProcess(  # type: ignore[assignment]
+    config = AgentConfig(cluster=CLUSTER, bucket="b", region="us-east-1")
+    original = applier_process._run_bounded
+    applier_process._run_bounded = lambda argv, environment, timeout: subprocess.CompletedProcess(  # type: ignore[assignment]
         argv, exit_code, stdout, b"\xff" * 3000
     )
     try:
-        result = agent.run_applier(config, "apply", "/nonexistent", "a" * 64)
+        result = run_applier(config, "apply", "/nonexistent", "a" * 64)
     finally:
-        agent._run_bounded = original  # type: ignore[assignment]
+        applier_process._run_bounded = original  # type: ignore[assignment]
     assert isinstance(result["outcome"], str)
-    detail = {"cluster": CLUSTER, "result": agent.bounded_result(result)}
+    detail = {"cluster": CLUSTER, "result": bounded_result(result)}
     text = json.dumps(detail, sort_keys=True, allow_nan=False)
-    assert len(text.encode()) <= agent.MAX_DETAIL_BYTES
+    assert len(text.encode()) <= MAX_DETAIL_BYTES
     _tally("applier output", "refused" if result.get("applier_version") is None else "accepted")
 
 
@@ -323,15 +336,15 @@ def _surrogate_bundle() -> bytes:
     ids=["nested-past-the-stack", "lone-surrogate-content"],
 )
 def test_a_bundle_that_crashed_the_check_is_refused(body: bytes, reason: str) -> None:
-    with pytest.raises(agent.BundleRefused, match=reason):
-        agent.check_bundle(body, CLUSTER)
+    with pytest.raises(BundleRefused, match=reason):
+        check_bundle(body, CLUSTER)
 
 
 @pytest.mark.parametrize(
     "state",
     [
         {**STATE, "outbox": [None]},
-        {**STATE, "outbox": [{"detail_type": agent.APPLY_RESULT, "detail": "x"}]},
+        {**STATE, "outbox": [{"detail_type": AGENT_APPLY_DETAIL_TYPE, "detail": "x"}]},
         {**STATE, "last_verify_at": float("nan")},
         {**STATE, "etag": 5},
     ],
@@ -340,39 +353,37 @@ def test_a_bundle_that_crashed_the_check_is_refused(body: bytes, reason: str) ->
 def test_a_state_file_the_agent_did_not_write_is_started_over(tmp_path: Path, state: dict[str, Any]) -> None:
     path = tmp_path / "state.json"
     path.write_text(json.dumps(state))
-    assert agent.load_state(str(path)) == agent.State()
+    assert load_state(str(path)) == State()
 
 
 @pytest.mark.parametrize("body", [b"null", b"[]", b'{"FailedEntryCount": 1, "Entries": "x"}'])
 def test_a_put_events_answer_that_crashed_the_report_is_an_agent_error_or_success(body: bytes) -> None:
-    aws = agent.Aws(
-        agent.Config(cluster=CLUSTER, bucket="b", region="us-east-1"), agent.CredentialProvider(1.0), time.time
-    )
-    aws._send = lambda *args: agent.HttpResponse(200, {}, body)  # type: ignore[method-assign]
+    aws = Aws(AgentConfig(cluster=CLUSTER, bucket="b", region="us-east-1"), CredentialProvider(1.0), time.time)
+    aws._send = lambda *args: HttpResponse(200, {}, body)  # type: ignore[method-assign]
     if body.startswith(b"{"):
-        with pytest.raises(agent.AgentError, match="entry failed"):
-            aws.put_event(agent.APPLY_RESULT, {"cluster": CLUSTER})
+        with pytest.raises(AgentError, match="entry failed"):
+            aws.put_event(AGENT_APPLY_DETAIL_TYPE, {"cluster": CLUSTER})
     else:
-        aws.put_event(agent.APPLY_RESULT, {"cluster": CLUSTER})  # no FailedEntryCount to read: sent
+        aws.put_event(AGENT_APPLY_DETAIL_TYPE, {"cluster": CLUSTER})  # no FailedEntryCount to read: sent
 
 
 class HostileVerifyRequest(FakeAws):
     """The bundle is new; beside it lies a verify request of hostile bytes."""
 
-    def __init__(self, bundle: agent.S3Object, request: bytes) -> None:
+    def __init__(self, bundle: S3Object, request: bytes) -> None:
         super().__init__(bundle)
         self.request = request
 
-    def get_verify_request_if_changed(self, etag: str | None) -> agent.S3Object | None:
-        return agent.S3Object(self.request, '"request-1"', None)
+    def get_verify_request_if_changed(self, etag: str | None) -> S3Object | None:
+        return S3Object(self.request, '"request-1"', None)
 
 
 @pytest.mark.parametrize("request_body", [b"[" * 100_000, b'{"request_id":' * 30_000, b"\xff" * 10, b"[1]"])
 def test_a_hostile_verify_request_never_stops_the_bundle_being_applied(tmp_path: Path, request_body: bytes) -> None:
-    config = agent.Config(cluster=CLUSTER, bucket="b", region="us-east-1", state_dir=str(tmp_path))
-    poller = agent.Agent(config)
-    poller._aws = HostileVerifyRequest(agent.S3Object(bundle_body(BUNDLE), '"etag-1"', None), request_body)  # type: ignore[assignment]
+    config = AgentConfig(cluster=CLUSTER, bucket="b", region="us-east-1", state_dir=str(tmp_path))
+    poller = Agent(config)
+    poller._aws = HostileVerifyRequest(S3Object(bundle_body(BUNDLE), '"etag-1"', None), request_body)  # type: ignore[assignment]
     modes: list[str] = []
     _one_cycle(poller, lambda mode, path: modes.append(mode))
     assert modes == ["apply"]  # the request is skipped as unreadable; the bundle applied all the same
-    assert agent.load_state(str(tmp_path / "state.json")).request_id is None
+    assert load_state(str(tmp_path / "state.json")).request_id is None

@@ -17,10 +17,19 @@ from botocore.auth import S3SigV4Auth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 
-from topokeeper.agent import agent
+from topokeeper.agent.aws import Aws
+from topokeeper.agent.credentials import (
+    CREDENTIAL_REFRESH_SECONDS,
+    CredentialProvider,
+    Credentials,
+    fetch_role_credentials,
+)
+from topokeeper.agent.errors import AgentError
+from topokeeper.agent.sigv4 import sign
+from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, AgentConfig, agent_source
 
 NOW = datetime(2026, 3, 14, 15, 9, 26, tzinfo=UTC)
-CREDENTIALS = agent.Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "FwoGZXIvYXdzEJr//token=")
+CREDENTIALS = Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "FwoGZXIvYXdzEJr//token=")
 # Each character here needs URI encoding in a key: space, +, =, ü, &, and a colon.
 AWKWARD_PREFIX = "team a/tôpo+keeper=1&x:y"
 
@@ -41,17 +50,17 @@ def _frozen_botocore_clock(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("endpoint_url", [None, "http://127.0.0.1:5055"])
 def test_s3_conditional_get_is_signed_as_botocore_signs_it(endpoint_url: str | None) -> None:
-    config = agent.Config(
+    config = AgentConfig(
         cluster="llm-train-slurm",
         bucket="topo-bundles",
         region="us-west-2",
         prefix=AWKWARD_PREFIX,
         endpoint_url=endpoint_url,
     )
-    url = agent.Aws(config, agent.CredentialProvider(1.0), clock=NOW.timestamp).object_url
+    url = Aws(config, CredentialProvider(1.0), clock=NOW.timestamp).object_url
     headers = {"If-None-Match": '"9b2cf535f27731c974343645a3985328"'}
 
-    ours = agent.sign("GET", url, headers, b"", service="s3", region="us-west-2", credentials=CREDENTIALS, now=NOW)
+    ours = sign("GET", url, headers, b"", service="s3", region="us-west-2", credentials=CREDENTIALS, now=NOW)
     theirs = _botocore_headers(S3SigV4Auth, "s3", "GET", url, headers, b"")
 
     for name in ("Authorization", "X-Amz-Date", "X-Amz-Content-SHA256", "X-Amz-Security-Token"):
@@ -60,8 +69,8 @@ def test_s3_conditional_get_is_signed_as_botocore_signs_it(endpoint_url: str | N
 
 
 def test_s3_key_is_encoded_as_boto3_encodes_it() -> None:
-    config = agent.Config(cluster="llm-train-slurm", bucket="topo-bundles", region="us-west-2", prefix=AWKWARD_PREFIX)
-    url = agent.Aws(config, agent.CredentialProvider(1.0), clock=NOW.timestamp).object_url
+    config = AgentConfig(cluster="llm-train-slurm", bucket="topo-bundles", region="us-west-2", prefix=AWKWARD_PREFIX)
+    url = Aws(config, CredentialProvider(1.0), clock=NOW.timestamp).object_url
     s3 = boto3.client("s3", region_name="us-west-2", aws_access_key_id="a", aws_secret_access_key="b")  # noqa: S106
     presigned = s3.generate_presigned_url("get_object", Params={"Bucket": "topo-bundles", "Key": config.key})
     assert urllib.parse.urlsplit(url).path == urllib.parse.urlsplit(presigned).path
@@ -75,14 +84,12 @@ def test_eventbridge_put_events_is_signed_as_botocore_signs_it() -> None:
     body = json.dumps(
         {
             "Entries": [
-                {"Source": agent.event_source("llm-train-slurm"), "DetailType": agent.APPLY_RESULT, "Detail": "{}"}
+                {"Source": agent_source("llm-train-slurm"), "DetailType": AGENT_APPLY_DETAIL_TYPE, "Detail": "{}"}
             ]
         }
     ).encode()
 
-    ours = agent.sign(
-        "POST", url, headers, body, service="events", region="us-west-2", credentials=CREDENTIALS, now=NOW
-    )
+    ours = sign("POST", url, headers, body, service="events", region="us-west-2", credentials=CREDENTIALS, now=NOW)
     theirs = _botocore_headers(SigV4Auth, "events", "POST", url, headers, body)
 
     for name in ("Authorization", "X-Amz-Date", "X-Amz-Security-Token"):
@@ -91,9 +98,9 @@ def test_eventbridge_put_events_is_signed_as_botocore_signs_it() -> None:
 
 
 def test_without_a_session_token_none_is_sent() -> None:
-    keys_only = agent.Credentials(CREDENTIALS.access_key, CREDENTIALS.secret_key)
+    keys_only = Credentials(CREDENTIALS.access_key, CREDENTIALS.secret_key)
     url = "https://events.us-west-2.amazonaws.com/"
-    ours = agent.sign("POST", url, {}, b"{}", service="events", region="us-west-2", credentials=keys_only, now=NOW)
+    ours = sign("POST", url, {}, b"{}", service="events", region="us-west-2", credentials=keys_only, now=NOW)
     request = AWSRequest(method="POST", url=url, headers={}, data=b"{}")
     SigV4Auth(BotoCredentials(keys_only.access_key, keys_only.secret_key), "events", "us-west-2").add_auth(request)
     assert ours["Authorization"] == request.headers["Authorization"]
@@ -169,11 +176,11 @@ def imds(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Imds]]:
 
 def test_role_credentials_come_from_imdsv2_with_the_token_on_every_read(imds: type[_Imds]) -> None:
     now = [datetime(2026, 3, 14, 15, 9, 26, tzinfo=UTC).timestamp()]
-    provider = agent.CredentialProvider(timeout=2.0, clock=lambda: now[0])
+    provider = CredentialProvider(timeout=2.0, clock=lambda: now[0])
 
     credentials = provider.get()
 
-    assert credentials == agent.Credentials(
+    assert credentials == Credentials(
         "ASIAROLE", "role-secret", "role-session-token", datetime(2026, 3, 14, 21, 9, 26, tzinfo=UTC).timestamp()
     )
     assert [(method, path) for method, path, _ in imds.requests] == [
@@ -187,12 +194,12 @@ def test_role_credentials_come_from_imdsv2_with_the_token_on_every_read(imds: ty
 def test_role_credentials_are_cached_then_refreshed_before_they_expire(imds: type[_Imds]) -> None:
     expiration = datetime(2026, 3, 14, 21, 9, 26, tzinfo=UTC).timestamp()
     now = [expiration - 3600]
-    provider = agent.CredentialProvider(timeout=2.0, clock=lambda: now[0])
+    provider = CredentialProvider(timeout=2.0, clock=lambda: now[0])
     provider.get()
     provider.get()
     assert sum(method == "PUT" for method, _, _ in imds.requests) == 1  # cached
 
-    now[0] = expiration - agent.CREDENTIAL_REFRESH_SECONDS + 1
+    now[0] = expiration - CREDENTIAL_REFRESH_SECONDS + 1
     provider.get()
     assert sum(method == "PUT" for method, _, _ in imds.requests) == 2  # refreshed ahead of expiry
 
@@ -200,11 +207,11 @@ def test_role_credentials_are_cached_then_refreshed_before_they_expire(imds: typ
 def test_environment_credentials_win_over_the_role(imds: type[_Imds], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDENV")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
-    assert agent.CredentialProvider(timeout=2.0).get() == agent.Credentials("AKIDENV", "env-secret", None)
+    assert CredentialProvider(timeout=2.0).get() == Credentials("AKIDENV", "env-secret", None)
     assert imds.requests == []
 
 
 def test_imds_that_refuses_the_token_is_an_agent_error(imds: type[_Imds], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(imds, "accepted", "another-token")
-    with pytest.raises(agent.AgentError, match="401"):
-        agent.fetch_role_credentials(timeout=2.0)
+    with pytest.raises(AgentError, match="401"):
+        fetch_role_credentials(timeout=2.0)

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from tests.unit.service.usecase_support import CLUSTER, HEAD_NODE, Controller
 from topokeeper.cli import load_config
-from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, ENV_BUCKET, ENV_CONFIG, ENV_QUEUE, ENV_TABLE, agent_source
+from topokeeper.constants import ENV_BUCKET, ENV_CONFIG, ENV_QUEUE, ENV_TABLE
 from topokeeper.domain.models import PlannerConfig
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
@@ -48,6 +48,7 @@ from topokeeper.service.ingest import ingest
 from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
 from topokeeper.sim.scenario import load_scenario
+from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, agent_source
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

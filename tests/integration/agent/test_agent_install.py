@@ -12,15 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_support import AGENT_FILE, INSTALL_SCRIPT_ARGS, INSTALL_SCRIPT_BASE_ARGS, bundle_document
+import topokeeper
+from tests.agent_support import INSTALL_SCRIPT_ARGS, INSTALL_SCRIPT_BASE_ARGS, bundle_document
 from tests.helpers import head_node_program
 from tests.signing_support import sign, signing_key
 from topokeeper.adapters.aws import client
-from topokeeper.agent import agent
+from topokeeper.agent.applier_process import run_applier
+from topokeeper.agent.config import load_config
 from topokeeper.cli import main
-from topokeeper.head_node_program import PROGRAM_NAME, program_bytes
+from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, source_paths
 from topokeeper.headnode.signature import read_trusted_key, rsa_public_key
 from topokeeper.sim.aws_emulator import AwsEmulator
+from topokeeper.wire import AgentConfig
 
 
 def _snippet(capsys: pytest.CaptureFixture[str], *extra: str) -> str:
@@ -62,8 +65,8 @@ def test_snippet_installs_the_package_files_config_and_valid_units(
     assert sorted(path.name for path in installed.parent.iterdir()) == [PROGRAM_NAME]
     assert stat.S_IMODE((root / "var" / "lib" / "topokeeper").stat().st_mode) == 0o700
 
-    config = agent.load_config(str(root / "etc" / "topokeeper" / "agent.json"))
-    assert config == agent.Config(
+    config = load_config(str(root / "etc" / "topokeeper" / "agent.json"))
+    assert config == AgentConfig(
         cluster="llm-train-slurm",
         bucket="topo-bundles",
         region="us-west-2",
@@ -102,8 +105,10 @@ def test_snippet_refuses_an_embedded_file_that_does_not_match_its_sha256(
 
 def test_agent_runs_on_python_3_8() -> None:
     vermin = Path(sys.executable).with_name("vermin")
+    package = Path(topokeeper.__file__).parent
+    sources = [str(package / path) for path in source_paths()]  # the agent and everything it ships with
     completed = subprocess.run(
-        [str(vermin), "-t=3.8-", "--no-tips", "--violations", str(AGENT_FILE)],
+        [str(vermin), "-t=3.8-", "--no-tips", "--violations", *sources],
         capture_output=True,
         text=True,
         timeout=120,
@@ -194,12 +199,12 @@ def test_with_the_signing_key_the_snippet_installs_its_public_key_and_the_agent_
     trusted = read_trusted_key(str(installed))
     assert (trusted.cluster, trusted.key_id) == ("llm-train-slurm", key_arn)
     assert (trusted.modulus, trusted.exponent) == rsa_public_key(public_key)
-    config = agent.load_config(str(root / "etc" / "topokeeper" / "agent.json"))
+    config = load_config(str(root / "etc" / "topokeeper" / "agent.json"))
     assert config.trusted_key == str(installed)
 
     # The agent's applier run: a bundle signed by any other key is refused before anything else.
     bundle = tmp_path / "bundle.json"
     bundle.write_text(json.dumps(sign(bundle_document(), 5, key=signing_key("attacker"))))
-    result = agent.run_applier(config, "apply", str(bundle), None)
+    result = run_applier(config, "apply", str(bundle), None)
     assert (result["outcome"], result["signature"]) == ("bad_signature", "unchecked")
     assert "does not verify with the trusted key " + key_arn in result["error"]

@@ -27,9 +27,10 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from tests.agent_support import (
-    AGENT_FILE,
     CLUSTER,
     FakeApplier,
+    agent_command,
+    agent_program,
     bundle_body,
     bundle_document,
     events_named,
@@ -38,12 +39,15 @@ from tests.agent_support import (
     write_config,
 )
 from tests.helpers import RecordingMetrics
-from topokeeper.agent import agent
+from topokeeper.agent.bundle import BUNDLE_SCHEMA_NAME, BUNDLE_SCHEMA_VERSION
+from topokeeper.agent.config import load_config
+from topokeeper.agent.cycle import Agent
 from topokeeper.config import ClusterConfig, Settings
 from topokeeper.events import TopokeeperEvent, result_patterns
 from topokeeper.ports import ClusterState
 from topokeeper.service.result import ResultDeps, ResultReport, record_result
 from topokeeper.sim.aws import moto_patches
+from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE, agent_source, agent_verify_request_key
 
 REGION = "us-east-1"
 BUCKET = "topo-bundles"
@@ -121,6 +125,7 @@ class Node:
     """The head node: the fake applier, the agent's config and state, and a clock the test moves."""
 
     def __init__(self, directory: Path, endpoint_url: str) -> None:
+        self.directory = directory
         self.applier = FakeApplier(directory / "opt")
         self.state_dir = directory / "state"
         self.config_path = directory / "agent.json"
@@ -134,17 +139,28 @@ class Node:
 
     def cycle(self, after_seconds: float = 60) -> None:
         self.now += after_seconds
-        agent.Agent(agent.load_config(str(self.config_path)), clock=lambda: self.now).cycle()
+        Agent(load_config(str(self.config_path)), clock=lambda: self.now).cycle()
 
-    def run_agent_file(self, *arguments: str, agent_file: Path = AGENT_FILE, **options: Any) -> subprocess.Popen[str]:
-        """The shipped agent.py (or another release of it) as its own process, as systemd starts it."""
+    def run_agent(self, *arguments: str) -> subprocess.Popen[str]:
+        """The agent as it ships (the one .pyz) as its own process, as systemd starts it."""
+        program = agent_program(self.directory / "program")
+        argv, environment = agent_command(program, "--config", str(self.config_path), *arguments)
+        return self._popen(argv, environment, program.parent)
+
+    def run_released_agent(self, released: Path, *arguments: str) -> subprocess.Popen[str]:
+        """A released one-file agent.py as its own process."""
+        argv = [sys.executable, str(released), "--config", str(self.config_path), *arguments]
+        return self._popen(argv, dict(os.environ), released.parent)
+
+    @staticmethod
+    def _popen(argv: list[str], environment: dict[str, str], directory: Path) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, str(agent_file), "--config", str(self.config_path), *arguments],
-            env={**os.environ, **FAKE_KEYS},
+            argv,
+            env={**environment, **FAKE_KEYS},
+            cwd=directory,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            **options,
         )
 
 
@@ -185,7 +201,7 @@ def test_first_poll_applies_and_reports_then_an_unchanged_bundle_costs_one_304(
     [event] = cloud.delivered()
     assert (event["source"], event["detail-type"], event["region"]) == (
         f"topokeeper.agent.{CLUSTER}",
-        agent.APPLY_RESULT,
+        AGENT_APPLY_DETAIL_TYPE,
         REGION,
     )
     assert event["detail"] == {
@@ -234,7 +250,7 @@ def test_a_rolled_back_apply_is_reported_as_such_and_not_retried(cloud: Cloud, n
 
     assert len(node.applier.calls()) == 1
     [event] = cloud.delivered()
-    assert event["detail-type"] == agent.APPLY_RESULT
+    assert event["detail-type"] == AGENT_APPLY_DETAIL_TYPE
     assert event["detail"]["result"] == _applier_document(
         "rolled_back",
         "apply",
@@ -259,7 +275,7 @@ def test_verify_runs_on_its_own_cadence_and_reports_drift(cloud: Cloud, node: No
 
     assert [call["mode"] for call in node.applier.calls()] == ["apply", "verify"]
     [event] = cloud.delivered()
-    assert event["detail-type"] == agent.VERIFY_RESULT
+    assert event["detail-type"] == AGENT_VERIFY_DETAIL_TYPE
     assert (event["detail"]["etag"], event["detail"]["version_id"]) == (etag, version_id)
     assert event["detail"]["result"] == _applier_document(
         "drift", "verify", document["plan_sha256"], after_sha256="0" * 64, drift=drift
@@ -288,7 +304,7 @@ def test_a_corrupted_bundle_never_reaches_the_applier_and_is_reported_refused(
 
     assert [call["mode"] for call in node.applier.calls()] == ["apply"]
     [event] = cloud.delivered()
-    assert event["detail-type"] == agent.APPLY_RESULT
+    assert event["detail-type"] == AGENT_APPLY_DETAIL_TYPE
     assert (event["detail"]["etag"], event["detail"]["version_id"]) == (etag, version_id)
     assert event["detail"]["plan_sha256"] == corrupted["plan_sha256"]
     result = event["detail"]["result"]
@@ -373,7 +389,7 @@ def test_a_report_that_cannot_be_sent_waits_in_the_state_for_the_next_cycle(
 
     assert len(node.applier.calls()) == 1  # the report is sent again, the bundle is not applied again
     assert [(e["detail-type"], e["detail"]["result"]["outcome"]) for e in cloud.delivered()] == [
-        (agent.APPLY_RESULT, "applied")
+        (AGENT_APPLY_DETAIL_TYPE, "applied")
     ]
     assert json.loads((node.state_dir / "state.json").read_text())["outbox"] == []
 
@@ -383,7 +399,7 @@ def test_a_restarted_agent_keeps_its_etag_and_does_not_apply_again(cloud: Cloud,
 
     logs = []
     for _ in range(2):
-        process = node.run_agent_file("--once")
+        process = node.run_agent("--once")
         _, stderr = process.communicate(timeout=60)
         assert process.returncode == 0, stderr
         logs.append([record["event"] for record in log_records(stderr)])
@@ -398,7 +414,7 @@ def test_the_loop_polls_until_sigterm(cloud: Cloud, node: Node) -> None:
     cloud.put_bundle(bundle_body(bundle_document()))
     node.configure(poll_interval_seconds=0.2)
 
-    process = node.run_agent_file()
+    process = node.run_agent()
     deadline = time.monotonic() + 30
     while not cloud.delivered() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -427,7 +443,7 @@ def test_verify_mode_only_ever_verifies_against_verify_json(cloud: Cloud, node: 
 
     assert [call["mode"] for call in node.applier.calls()] == ["verify", "verify"]
     events = cloud.delivered()
-    assert [e["detail-type"] for e in events] == [agent.VERIFY_RESULT, agent.VERIFY_RESULT]
+    assert [e["detail-type"] for e in events] == [AGENT_VERIFY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE]
     assert events[0]["detail"]["result"]["outcome"] == "drift"
 
 
@@ -446,10 +462,10 @@ def test_a_verify_request_is_honoured_at_once_once(cloud: Cloud, node: Node) -> 
     assert [call["mode"] for call in node.applier.calls()] == ["verify", "verify"]
     events = cloud.delivered()
     assert [(e["detail-type"], e["detail"].get("verify_request")) for e in events] == [
-        (agent.VERIFY_RESULT, "r-1"),
-        (agent.VERIFY_RESULT, "r-2"),
+        (AGENT_VERIFY_DETAIL_TYPE, "r-1"),
+        (AGENT_VERIFY_DETAIL_TYPE, "r-2"),
     ]
-    assert agent.verify_request_key(agent.DEFAULT_PREFIX, CLUSTER) == request_key
+    assert agent_verify_request_key(CLUSTER) == request_key
 
 
 # --- old and new agents against a newer bundle schema --------------------------------------------
@@ -477,7 +493,7 @@ def _result_function(event: dict[str, Any], metrics: RecordingMetrics) -> Result
 
 def _newer_schema_bundle() -> dict[str, Any]:
     document = bundle_document()
-    document["schema"] = f"{agent.BUNDLE_SCHEMA_NAME}/{agent.BUNDLE_SCHEMA_VERSION + 1}"
+    document["schema"] = f"{BUNDLE_SCHEMA_NAME}/{BUNDLE_SCHEMA_VERSION + 1}"
     return document
 
 
@@ -490,7 +506,7 @@ def test_a_newer_bundle_schema_is_reported_agent_outdated_and_raises_the_metric(
 
     assert node.applier.calls() == []
     [event] = cloud.delivered()
-    assert (event["source"], event["detail-type"]) == (agent.event_source(CLUSTER), agent.APPLY_RESULT)
+    assert (event["source"], event["detail-type"]) == (agent_source(CLUSTER), AGENT_APPLY_DETAIL_TYPE)
     result = event["detail"]["result"]
     assert (result["outcome"], result["plan_sha256"]) == ("agent_outdated", document["plan_sha256"])
     assert "re-run the `topokeeper agent install-script` output" in result["error"]
@@ -503,7 +519,7 @@ def test_a_newer_bundle_schema_is_reported_agent_outdated_and_raises_the_metric(
 
 def _released_agent_cycle(node: Node, tmp_path: Path) -> list[str]:
     """One cycle of the released agent.py as its own process; the names of what it logged."""
-    process = node.run_agent_file("--once", agent_file=released_agent(tmp_path))
+    process = node.run_released_agent(released_agent(tmp_path), "--once")
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
     return [record["event"] for record in log_records(stderr)]

@@ -44,7 +44,6 @@ from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.adapters.ssm_channel import SsmChannel
-from topokeeper.constants import agent_bundle_key, agent_verify_key, agent_verify_request_key
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import BlockTopology, PlannerConfig, SlurmNodeRecord, TopologyKind
 from topokeeper.engine.planner import plan
@@ -69,6 +68,7 @@ from topokeeper.service.state import save_fields
 from topokeeper.sim.aws.s3 import KMS_DEFAULT_ENCRYPTION
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome, ManualClock
 from topokeeper.sim.stack import create_state_table
+from topokeeper.wire import agent_bundle_key, agent_verify_key, agent_verify_request_key
 
 TABLE = "topokeeper-state"
 BUCKET = "topokeeper-plans"

@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.aws.test_adapters import TABLE, _large, _records, _rendered, _trail
 from topokeeper.adapters.dynamodb import DynamoStateStore
-from topokeeper.agent.agent import MAX_DETAIL_BYTES
+from topokeeper.agent.applier_process import MAX_DETAIL_BYTES
 from topokeeper.domain.models import SlurmNodeRecord
 from topokeeper.ports import (
     MAX_TRIGGERS,

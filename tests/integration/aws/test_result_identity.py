@@ -17,7 +17,6 @@ from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Settings
-from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE, agent_source
 from topokeeper.engine.planner import plan
 from topokeeper.events import SSM_INVOCATION_DETAIL_TYPE
 from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, PendingDelivery
@@ -26,6 +25,7 @@ from topokeeper.service.result import ResultDeps, record_result
 from topokeeper.service.state import save_fields
 from topokeeper.sim.aws_emulator import AwsEmulator, ManualClock
 from topokeeper.sim.stack import create_state_table
+from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE, agent_source
 
 ALPHA, BETA = "alpha", "beta"  # two agent clusters
 SHARED_HEAD_NODE = "i-0123456789abcdef0"  # two SSM clusters managed from one head node

@@ -20,7 +20,6 @@ from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.config import ClusterConfig, Settings
-from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, agent_bundle_key, agent_source
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.errors import InputError, Retryable
@@ -42,6 +41,7 @@ from topokeeper.service.result import ResultDeps, finish_delivery, record_result
 from topokeeper.service.state import save_fields
 from topokeeper.sim.aws_emulator import AwsEmulator, ManualClock
 from topokeeper.sim.stack import create_state_table
+from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, agent_bundle_key, agent_source
 
 CLUSTER = "topo-test"
 HEAD_NODE = "mi-0123456789abcdef0"

@@ -416,11 +416,13 @@ def test_the_budget_fits_inside_every_channel_timeout_with_margin() -> None:
     channel = wire.APPLIER_BUDGET_SECONDS + wire.TERMINATE_GRACE_SECONDS + wire.CHANNEL_MARGIN_SECONDS
     assert channel == wire.CHANNEL_TIMEOUT_SECONDS
     assert wire.CHANNEL_MARGIN_SECONDS >= 60  # the bootstrap's bundle fetch (urlopen timeout) and start-up
-    assert agent_install.CYCLE_TIMEOUT_SECONDS > agent_install.APPLIER_TIMEOUT_SECONDS + wire.TERMINATE_GRACE_SECONDS
+    assert wire.AgentConfig(cluster="c", bucket="b", region="r").applier_timeout_seconds == channel
+    assert agent_install.CYCLE_TIMEOUT_SECONDS > wire.CHANNEL_TIMEOUT_SECONDS + wire.TERMINATE_GRACE_SECONDS
 
 
 def test_the_agent_sends_sigterm_then_sigkill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from topokeeper.agent import agent
+    from topokeeper.agent import applier_process
+    from topokeeper.wire import AgentConfig
 
     stubborn = tmp_path / "applier.py"
     marker = tmp_path / "signals"
@@ -431,9 +433,9 @@ def test_the_agent_sends_sigterm_then_sigkill(tmp_path: Path, monkeypatch: pytes
         "open(marker, 'a').write('started\\n')\n"
         "while True:\n    time.sleep(0.05)\n"
     )
-    monkeypatch.setattr(agent, "TERMINATE_GRACE_SECONDS", 0.5)
-    config = agent.Config(cluster="c", bucket="b", region="r", applier=str(stubborn), applier_timeout_seconds=2)
-    result = agent.run_applier(config, "apply", str(tmp_path / "bundle.json"), None)
+    monkeypatch.setattr(applier_process, "TERMINATE_GRACE_SECONDS", 0.5)
+    config = AgentConfig(cluster="c", bucket="b", region="r", applier=str(stubborn), applier_timeout_seconds=2)
+    result = applier_process.run_applier(config, "apply", str(tmp_path / "bundle.json"), None)
     assert result["outcome"] == "timed_out"
     assert marker.read_text().split() == ["started", "TERM"]  # asked first, then killed
 

@@ -8,7 +8,6 @@ from tests.fakes import FakeFacts
 from tests.helpers import event_envelope
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
-from topokeeper.constants import AGENT_VERIFY_DETAIL_TYPE, agent_source
 from topokeeper.domain.models import SlurmNodeRecord
 from topokeeper.ports import ApplyResult, Channel, Metric, Outcome
 from topokeeper.render.bundle import Bundle
@@ -16,6 +15,7 @@ from topokeeper.service.drift import check_drift, pending_window
 from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
 from topokeeper.service.state import save_fields
+from topokeeper.wire import AGENT_VERIFY_DETAIL_TYPE, agent_source
 
 # FakeFacts' eight instances have the private IPs 10.0.0.0-7, four to a leaf switch.
 STATIC = {f"q1-st-p5-{n}": f"10.0.0.{n - 1}" for n in range(1, 5)}

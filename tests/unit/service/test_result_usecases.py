@@ -6,12 +6,12 @@ import pytest
 
 from tests.helpers import event_envelope
 from tests.unit.service.usecase_support import CLUSTER, HEAD_NODE, Controller
-from topokeeper.constants import AGENT_APPLY_DETAIL_TYPE, agent_source
 from topokeeper.errors import InputError, Retryable
 from topokeeper.events import SSM_INVOCATION_DETAIL_TYPE, TopokeeperEvent
 from topokeeper.ports import ApplyResult, Channel, Metric, Outcome
 from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
+from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, agent_source
 
 
 def ssm_event(reference: str, instance_id: str = HEAD_NODE) -> TopokeeperEvent:

@@ -21,22 +21,29 @@ import base64
 import hashlib
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from topokeeper.adapters.aws import aws_setup_errors, client
 from topokeeper.adapters.kms import KmsBundleSigner
-from topokeeper.agent.agent import DEFAULT_PREFIX, MODES, object_key
 from topokeeper.deployment import read_deployment
 from topokeeper.errors import InputError
 from topokeeper.head_node_program import PROGRAM_NAME, program_bytes
 from topokeeper.service.signing import trusted_key_document
-from topokeeper.wire import CHANNEL_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
+from topokeeper.wire import (
+    AGENT_KEY_PREFIX,
+    AGENT_MODES,
+    CHANNEL_TIMEOUT_SECONDS,
+    TERMINATE_GRACE_SECONDS,
+    AgentConfig,
+    AgentConfigError,
+    agent_config_document,
+    agent_config_from_document,
+)
 
 UNIT = "topokeeper-agent"
-APPLIER_TIMEOUT_SECONDS = CHANNEL_TIMEOUT_SECONDS
 # systemd stops a cycle that outlives the applier's bound, its SIGTERM grace and the requests around it.
-CYCLE_TIMEOUT_SECONDS = int(APPLIER_TIMEOUT_SECONDS + TERMINATE_GRACE_SECONDS) + 120
+CYCLE_TIMEOUT_SECONDS = int(CHANNEL_TIMEOUT_SECONDS + TERMINATE_GRACE_SECONDS) + 120
 HEREDOC_END = "TOPOKEEPER_EOF"
 TRUSTED_KEY_FILE = "bundle-key.json"
 
@@ -52,47 +59,32 @@ _VALID = {
 }
 
 
-@dataclass(frozen=True)
-class AgentSettings:
-    cluster: str
-    bucket: str
-    region: str
-    prefix: str = DEFAULT_PREFIX
-    mode: str = "enforce"
-    event_bus: str = "default"
-    poll_seconds: int = 60
-    verify_seconds: int = 900
-    trusted_key: dict[str, str] | None = None  # the stack's public key (service.signing.trusted_key_document)
-
-    def __post_init__(self) -> None:
-        for name, (pattern, what) in _VALID.items():
-            value = getattr(self, name)
-            if not pattern.fullmatch(value):
-                raise InputError(f"--{name.replace('_', '-')}", f"not a valid {what}: {value!r}")
-        for name in ("poll_seconds", "verify_seconds"):
-            if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')}", "must be at least 1")
+# The timer's intervals, by config key and the flag that sets them: a timer needs at least a second.
+_INTERVAL_FLAGS = {"poll_interval_seconds": "--poll-seconds", "verify_interval_seconds": "--verify-seconds"}
 
 
-def _agent_config(settings: AgentSettings) -> str:
-    """The agent's config; ``${root}`` is expanded by the snippet's shell."""
-    return json.dumps(
-        {
-            "cluster": settings.cluster,
-            "bucket": settings.bucket,
-            "prefix": settings.prefix,
-            "mode": settings.mode,
-            "region": settings.region,
-            "event_bus": settings.event_bus,
-            "poll_interval_seconds": settings.poll_seconds,
-            "verify_interval_seconds": settings.verify_seconds,
-            "applier_timeout_seconds": APPLIER_TIMEOUT_SECONDS,
-            "applier": "${root}/opt/topokeeper/" + PROGRAM_NAME,
-            "state_dir": "${root}/var/lib/topokeeper",
-            **({"trusted_key": "${root}/etc/topokeeper/" + TRUSTED_KEY_FILE} if settings.trusted_key else {}),
-        },
-        indent=2,
-    )
+def install_config(values: dict[str, Any], *, trusted_key: bool) -> AgentConfig:
+    """The agent's config (``topokeeper.wire.AgentConfig``, the schema the agent reads) for the command's
+    ``values`` by config key, installed under ``${root}``, which the snippet's shell expands. Each value is
+    checked by the stricter rules for text written into a shell script first, naming its flag."""
+    for name, (pattern, what) in _VALID.items():
+        value = values[name]
+        if not pattern.fullmatch(value):
+            raise InputError(f"--{name.replace('_', '-')}", f"not a valid {what}: {value!r}")
+    for name, flag in _INTERVAL_FLAGS.items():
+        if values[name] < 1:
+            raise InputError(flag, "must be at least 1")
+    document = {
+        **values,
+        "applier_timeout_seconds": CHANNEL_TIMEOUT_SECONDS,
+        "applier": "${root}/opt/topokeeper/" + PROGRAM_NAME,
+        "state_dir": "${root}/var/lib/topokeeper",
+        **({"trusted_key": "${root}/etc/topokeeper/" + TRUSTED_KEY_FILE} if trusted_key else {}),
+    }
+    try:
+        return agent_config_from_document(document)
+    except AgentConfigError as error:
+        raise InputError("agent config", str(error)) from error
 
 
 def _service_unit() -> str:
@@ -110,13 +102,13 @@ ExecStart=/usr/bin/python3 {program} agent --config ${{root}}/etc/topokeeper/age
 TimeoutStartSec={CYCLE_TIMEOUT_SECONDS}"""
 
 
-def _timer_unit(settings: AgentSettings) -> str:
+def _timer_unit(config: AgentConfig) -> str:
     return f"""[Unit]
-Description=Run the topokeeper pull agent every {settings.poll_seconds} s
+Description=Run the topokeeper pull agent every {config.poll_interval_seconds:g} s
 
 [Timer]
 OnActiveSec=10s
-OnUnitActiveSec={settings.poll_seconds}s
+OnUnitActiveSec={config.poll_interval_seconds:g}s
 AccuracySec=1s
 
 [Install]
@@ -146,17 +138,18 @@ chmod 0600 {target}.new"
 mv -f {target}.new" {target}\""""
 
 
-def render_install_script(settings: AgentSettings) -> str:
+def render_install_script(config: AgentConfig, trusted_key: dict[str, str] | None) -> str:
+    """The snippet; with ``trusted_key`` (the stack's public key, service.signing.trusted_key_document) it
+    installs the key ``config.trusted_key`` names."""
     files = _embedded_file(PROGRAM_NAME, program_bytes())
-    if settings.trusted_key is not None:
-        files += "\n" + _embedded_trusted_key(settings.trusted_key)
-    key = object_key(settings.prefix, settings.cluster, settings.mode)
+    if trusted_key is not None:
+        files += "\n" + _embedded_trusted_key(trusted_key)
     return f"""# --- topokeeper head-node agent: generated by `topokeeper agent install-script`, do not edit ---
 # Run on the Slurm controller node only, e.g. from the controller branch of HyperPod's lifecycle scripts.
 # Installs {PROGRAM_NAME} (the agent and the applier) in /opt/topokeeper, the config in
-# /etc/topokeeper/agent.json, and enables {UNIT}.timer,
-# which polls s3://{settings.bucket}/{key} every {settings.poll_seconds} s.
-# The instance role needs s3:GetObject on that object and events:PutEvents on the event bus {settings.event_bus}.
+# /etc/topokeeper/agent.json, and enables {UNIT}.timer, which polls
+# s3://{config.bucket}/{config.key} every {config.poll_interval_seconds:g} s.
+# The instance role needs s3:GetObject on that object and events:PutEvents on the event bus {config.event_bus}.
 # TOPOKEEPER_ROOT=DIR installs under DIR instead of /; TOPOKEEPER_SKIP_SYSTEMCTL=1 leaves systemd alone.
 (
 set -euo pipefail
@@ -169,14 +162,15 @@ dir="$root/opt/topokeeper"
 install -d -m 0755 "$dir" "$root/etc/topokeeper" "$root/etc/systemd/system"
 install -d -m 0700 "$root/var/lib/topokeeper"
 {files}
+rm -f "$dir/agent.py" "$dir/applier.py"  # the files of earlier installs: the units no longer name them
 cat > "$root/etc/topokeeper/agent.json" <<{HEREDOC_END}
-{_agent_config(settings)}
+{json.dumps(agent_config_document(config), indent=2)}
 {HEREDOC_END}
 cat > "$root/etc/systemd/system/{UNIT}.service" <<{HEREDOC_END}
 {_service_unit()}
 {HEREDOC_END}
 cat > "$root/etc/systemd/system/{UNIT}.timer" <<{HEREDOC_END}
-{_timer_unit(settings)}
+{_timer_unit(config)}
 {HEREDOC_END}
 if [ "${{TOPOKEEPER_SKIP_SYSTEMCTL:-}}" != 1 ]; then
   systemctl daemon-reload
@@ -216,18 +210,19 @@ def _trusted_key(args: argparse.Namespace) -> dict[str, str] | None:
 
 
 def _cmd_install_script(args: argparse.Namespace) -> int:
-    settings = AgentSettings(
-        cluster=args.cluster,
-        bucket=args.bucket,
-        region=args.region,
-        prefix=args.prefix.strip("/"),
-        mode=_mode(args),
-        event_bus=args.event_bus,
-        poll_seconds=args.poll_seconds,
-        verify_seconds=args.verify_seconds,
-        trusted_key=_trusted_key(args),
-    )
-    print(render_install_script(settings), end="")
+    values = {
+        "cluster": args.cluster,
+        "bucket": args.bucket,
+        "region": args.region,
+        "prefix": args.prefix.strip("/"),
+        "mode": _mode(args),
+        "event_bus": args.event_bus,
+        "poll_interval_seconds": args.poll_seconds,
+        "verify_interval_seconds": args.verify_seconds,
+    }
+    trusted_key = _trusted_key(args)
+    config = install_config(values, trusted_key=trusted_key is not None)
+    print(render_install_script(config, trusted_key), end="")
     return 0
 
 
@@ -241,10 +236,10 @@ def add_agent_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     script.add_argument("--cluster", required=True, help="cluster name: the bundle is PREFIX/CLUSTER/bundle.json")
     script.add_argument("--bucket", required=True, help="bucket holding the desired bundles")
     script.add_argument("--region", required=True, help="region of the bucket and the event bus")
-    script.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"key prefix (default: {DEFAULT_PREFIX})")
+    script.add_argument("--prefix", default=AGENT_KEY_PREFIX, help=f"key prefix (default: {AGENT_KEY_PREFIX})")
     script.add_argument(
         "--mode",
-        choices=MODES,
+        choices=AGENT_MODES,
         help="enforce: apply bundle.json; verify: only verify against verify.json (default: the cluster's mode "
         "in --deployment; one of the two is required)",
     )

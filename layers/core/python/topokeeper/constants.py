@@ -1,7 +1,7 @@
 """Contract values shared by the package and the stack (``infra/``).
 
 Each value is written once: here, or, when the head node reads it too (the bundle schema, the signature
-algorithm), in ``topokeeper.wire``.
+algorithm, the pull agent's event names, bucket keys and config), in ``topokeeper.wire``.
 """
 
 from __future__ import annotations
@@ -11,46 +11,6 @@ import re
 # An EC2 instance id: the old 8-digit form or the current 17-digit one.
 INSTANCE_ID_PATTERN = r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?"
 INSTANCE_ID = re.compile(INSTANCE_ID_PATTERN)
-
-
-# The head-node agent's result events (EventBridge source and detail types). Each agent cluster reports
-# with its own source, AGENT_SOURCE.<cluster>, which its IAM policy enforces (events:source): the source,
-# not the detail, says which cluster a report is about. The bare AGENT_SOURCE is what agents before
-# per-cluster sources sent; it only ever counts as an outdated agent.
-AGENT_SOURCE = "topokeeper.agent"
-AGENT_APPLY_DETAIL_TYPE = "Topology Apply Result"
-AGENT_VERIFY_DETAIL_TYPE = "Topology Verify Result"
-
-
-def agent_source(cluster: str) -> str:
-    """The event source only ``cluster``'s agent may send (its IAM policy's events:source condition)."""
-    return f"{AGENT_SOURCE}.{cluster}"
-
-
-def agent_source_cluster(source: str) -> str | None:
-    """The cluster an agent source belongs to; None for the legacy shared source and for other sources."""
-    prefix = AGENT_SOURCE + "."
-    if not source.startswith(prefix):
-        return None
-    return source[len(prefix) :] or None
-
-
-# Where the agent channel puts a cluster's desired bundle in the plans bucket (the agent's default
-# ``--prefix``): ``bundle.json`` to apply, ``verify.json`` to verify against only.
-AGENT_KEY_PREFIX = "clusters"
-
-
-def agent_bundle_key(cluster: str) -> str:
-    return f"{AGENT_KEY_PREFIX}/{cluster}/bundle.json"
-
-
-def agent_verify_key(cluster: str) -> str:
-    return f"{AGENT_KEY_PREFIX}/{cluster}/verify.json"
-
-
-def agent_verify_request_key(cluster: str) -> str:
-    """Where the backend asks the agent for a verify at once (HyperPod changed the topology itself)."""
-    return f"{AGENT_KEY_PREFIX}/{cluster}/verify-request.json"
 
 
 def ssm_payload_key(cluster: str, sha256: str) -> str:

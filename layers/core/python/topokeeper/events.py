@@ -14,9 +14,6 @@ from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from topokeeper.constants import (
-    AGENT_APPLY_DETAIL_TYPE,
-    AGENT_SOURCE,
-    AGENT_VERIFY_DETAIL_TYPE,
     CLOUDTRAIL_DETAIL_TYPE,
     CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
     HYPERPOD_SOURCE,
@@ -25,6 +22,7 @@ from topokeeper.constants import (
     RUN_SHELL_DOCUMENT,
 )
 from topokeeper.ports import ApplyResult
+from topokeeper.wire import AGENT_DETAIL_TYPES, AGENT_SOURCE
 
 HYPERPOD_DETAIL_TYPES = (
     "SageMaker HyperPod Cluster State Change",
@@ -85,7 +83,7 @@ def result_patterns(head_nodes: list[str]) -> dict[str, dict[str, Any]]:
         # Every cluster's source and the legacy one; the result function sorts them out.
         "AgentResults": {
             "source": [{"prefix": AGENT_SOURCE}],
-            "detail-type": [AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE],
+            "detail-type": list(AGENT_DETAIL_TYPES),
         }
     }
     if head_nodes:

@@ -30,7 +30,7 @@ MAIN = '''"""topokeeper-head-node.pyz: MODE BUNDLE ... runs the head-node progra
 import sys
 
 if len(sys.argv) > 1 and sys.argv[1] == "agent":
-    from topokeeper.agent.agent import main as agent_main
+    from topokeeper.agent.main import main as agent_main
 
     sys.exit(agent_main(sys.argv[2:]))
 from topokeeper.headnode.main import main

@@ -15,13 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from topokeeper.config import ClusterConfig, Settings
-from topokeeper.constants import (
-    AGENT_APPLY_DETAIL_TYPE,
-    AGENT_SOURCE,
-    AGENT_VERIFY_DETAIL_TYPE,
-    NODE_TABLE_REQUEST,
-    agent_source_cluster,
-)
+from topokeeper.constants import NODE_TABLE_REQUEST
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.errors import InputError, Retryable
 from topokeeper.events import (
@@ -47,6 +41,7 @@ from topokeeper.ports import (
 from topokeeper.service.audit import build_records
 from topokeeper.service.live import live_status
 from topokeeper.service.state import request_reconcile, save_fields, topology_owner_fields
+from topokeeper.wire import AGENT_DETAIL_TYPES, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE, agent_source_cluster
 
 SUCCESS = frozenset({Outcome.APPLIED, Outcome.UNCHANGED})
 # The head node refused the bundle as not authentic or not fresh: audited like any failure, and counted apart.
@@ -113,7 +108,7 @@ def _parse(model: type[BaseModel], event: TopokeeperEvent) -> Any:
 def record_result(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
     if event.source == "aws.ssm" and event.detail_type == SSM_INVOCATION_DETAIL_TYPE:
         return _record_command_result(event, deps)
-    agent_report = event.detail_type in (AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE)
+    agent_report = event.detail_type in AGENT_DETAIL_TYPES
     if agent_report and event.source.startswith(AGENT_SOURCE):
         return _record_agent_report(event, deps)
     return ResultReport(status="ignored", reason=f"not a result event: {event.source} / {event.detail_type}")

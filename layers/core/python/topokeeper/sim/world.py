@@ -31,7 +31,6 @@ from topokeeper.adapters.aws import client
 from topokeeper.adapters.dynamodb import DynamoRateLimiter
 from topokeeper.adapters.ec2 import InstanceTopologyReader
 from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
-from topokeeper.constants import AGENT_SOURCE
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
@@ -59,6 +58,7 @@ from topokeeper.sim.scenario import Scenario
 from topokeeper.sim.slurm_chroot import HarnessError
 from topokeeper.sim.stack import BUCKET, SimStack, create_stack
 from topokeeper.sim.stop_signals import ending_signals_raise, signals_held
+from topokeeper.wire import AGENT_SOURCE
 
 log = logging.getLogger("topokeeper.sim")
 Baseline = Literal["full-rescan"]  # what the simulator can model besides topokeeper itself
