@@ -8,7 +8,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from infra.nag import acknowledge
-from topokeeper.constants import SIGNATURE_ALGORITHM
+from topokeeper.contract.constants import SIGNATURE_ALGORITHM
 
 
 class DataKey(Construct):

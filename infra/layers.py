@@ -44,28 +44,28 @@ from infra.constants import (
     PYTHON_VERSION,
     RUNTIME,
 )
-from topokeeper.errors import InputError
+from topokeeper.contract.errors import InputError
 
 PACKAGE = "topokeeper"
 BUNDLE_POWERTOOLS_CONTEXT = "topokeeper:bundle-powertools"
 POWERTOOLS_REQUIREMENTS = "requirements-powertools.txt"
 _PLATFORM = "manylinux2014_aarch64"
-# What only an operator's machine runs (the CLI, its file handling, the install-script generator, the
-# simulator, the Kueue commands and label checks (the EKS reconcile runs the rest of topokeeper.kueue), the
-# deployment view and stack spec the CLI, the stack and the simulator share),
+# What only an operator's machine runs (the CLI with its commands, the operator's files, the install-script
+# generator, the simulator, the words the CLI and the simulator print (render/narrate.py), the Kueue label checks
+# (the EKS reconcile runs the rest of topokeeper.kueue), the deployment view and stack spec the CLI, the stack and
+# the simulator share),
 # relative to the package; the layer ships the rest. The applier and the agent stay: the SSM channel sends the
 # applier and the agent is its peer.
 OPERATOR_ONLY = frozenset(
     {
-        "cli.py", "operator_commands.py", "operator_files.py", "kueue_commands.py", "sim", "narrate.py",
-        "kueue/annotations.py", "kueue/drift.py",
-        "deployment.py", "stack_spec.py", "agent/install.py", "py.typed", "adapters/secrets.py",
-        "login/commands.py", "readonly_commands.py",
+        "cli", "sim", "contract/operator_files.py", "contract/deployment.py", "contract/stack_spec.py",
+        "render/narrate.py", "kueue/annotations.py", "kueue/drift.py", "agent/install.py", "py.typed",
+        "adapters/secrets.py",
     }
 )  # fmt: skip
 
 
-# The AWS services the functions call (topokeeper.runtime and the adapters); botocore's and boto3's data for
+# The AWS services the functions call (topokeeper.wiring.runtime and the adapters); botocore's and boto3's data for
 # every other service is dropped. tests/infra/test_layer_contents.py checks the layer's client() calls
 # against it and the handler-asset test builds each function's clients from the trimmed layer.
 LAMBDA_SERVICES = frozenset(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from topokeeper.agent import agent
-from topokeeper.cli import plan_from_files
+from topokeeper.cli.planning import plan_from_files
 
 AGENT_FILE = Path(agent.__file__)
 FAKE_APPLIER = Path(__file__).parent / "fixtures" / "fake_applier.py"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 
+from topokeeper.contract.event_schemas import TopokeeperEvent
+from topokeeper.contract.ports import Metric
 from topokeeper.domain.models import ClusterSnapshot, Node, Partition, PartitionSettings, SlurmVersion
-from topokeeper.events import TopokeeperEvent
-from topokeeper.ports import Metric
 
 # The applier's result document contract (README "The applier"): every document carries every key.
 APPLIER_RESULT_KEYS = frozenset(

@@ -14,7 +14,7 @@ import pytest
 
 from tests.readme_examples import blocks, commands, matches_shown
 from topokeeper.adapters.aws import client
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from infra.agent import agent_policy_output
 from tests.infra.conftest import Synthesized, example_config, synthesize
-from topokeeper.constants import AGENT_SOURCE, ENV_SIGNING_KEY, agent_source
+from topokeeper.contract.constants import AGENT_SOURCE, ENV_SIGNING_KEY, agent_source
 
 pytestmark = pytest.mark.infra
 

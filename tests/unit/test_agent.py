@@ -11,7 +11,7 @@ import pytest
 
 from tests.agent_support import CLUSTER, FakeApplier, bundle_body, bundle_document, events_named, write_config
 from topokeeper.agent import agent
-from topokeeper.ports import Outcome
+from topokeeper.contract.ports import Outcome
 
 
 def test_config_defaults_and_key(tmp_path: Path) -> None:

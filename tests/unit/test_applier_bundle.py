@@ -26,8 +26,8 @@ from topokeeper.applier.applier import (
     sha256_text,
     unified_diff,
 )
-from topokeeper.cli import plan_from_files
-from topokeeper.ports import Outcome
+from topokeeper.cli.planning import plan_from_files
+from topokeeper.contract.ports import Outcome
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 APPLIER = Path(applier.__file__)

@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 from topokeeper.adapters.ssm_channel import read_full_result
 from topokeeper.applier import applier
 from topokeeper.applier.applier import MAX_STDOUT_CHARS, UploadTarget, new_result, publish
-from topokeeper.ports import ApplyResult, Outcome
+from topokeeper.contract.ports import ApplyResult, Outcome
 
 HEAD_NODE = "i-0123456789abcdef0"
 KEY = f"results/c1/{HEAD_NODE}-" + "ab" * 16 + ".json"

@@ -27,7 +27,7 @@ from topokeeper.applier.applier import (
     pkcs1_sha256_valid,
     rsa_public_key,
 )
-from topokeeper.cli import plan_from_files
+from topokeeper.cli.planning import plan_from_files
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CLUSTER = "llm-train-slurm"

@@ -1,11 +1,11 @@
 """The head-node files cannot import the package, so they carry literal copies of its contract values:
-each copy must equal ``topokeeper.constants``."""
+each copy must equal ``topokeeper.contract.constants``."""
 
 from __future__ import annotations
 
-from topokeeper import constants
 from topokeeper.agent import agent
 from topokeeper.applier import applier
+from topokeeper.contract import constants
 
 
 def test_the_applier_accepts_the_bundle_schema_the_package_writes() -> None:
@@ -32,7 +32,7 @@ def test_the_agent_polls_the_keys_the_agent_channel_writes() -> None:
 
 def test_every_field_the_head_node_writes_is_declared_in_apply_result() -> None:
     """Unknown fields are ignored (and logged): a field the applier or agent writes must not be one."""
-    from topokeeper.ports import ApplyResult
+    from topokeeper.contract.ports import ApplyResult
 
     declared = set(ApplyResult.model_fields)
     assert set(applier.new_result("apply")) <= declared

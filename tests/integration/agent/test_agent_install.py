@@ -18,7 +18,7 @@ from topokeeper.adapters.aws import client
 from topokeeper.agent import agent
 from topokeeper.agent.install import SHIPPED_FILES
 from topokeeper.applier import applier
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 from topokeeper.sim.aws_emulator import AwsEmulator
 
 

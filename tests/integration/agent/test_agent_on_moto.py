@@ -39,9 +39,9 @@ from tests.agent_support import (
 )
 from tests.helpers import RecordingMetrics
 from topokeeper.agent import agent
-from topokeeper.config import ClusterConfig, Settings
-from topokeeper.events import TopokeeperEvent, result_patterns
-from topokeeper.ports import ClusterState
+from topokeeper.contract.config import ClusterConfig, Settings
+from topokeeper.contract.event_schemas import TopokeeperEvent, result_patterns
+from topokeeper.contract.ports import ClusterState
 from topokeeper.service.result import ResultDeps, ResultReport, record_result
 from topokeeper.sim.aws import moto_patches
 

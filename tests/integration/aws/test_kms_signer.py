@@ -10,7 +10,7 @@ from botocore.config import Config
 
 from topokeeper.adapters.kms import KmsBundleSigner
 from topokeeper.applier.applier import TrustedKey, pkcs1_sha256_valid, rsa_public_key
-from topokeeper.errors import Permanent, Retryable
+from topokeeper.contract.errors import Permanent, Retryable
 from topokeeper.sim.aws_emulator import AwsEmulator
 
 ONE_ATTEMPT = Config(retries={"total_max_attempts": 1})

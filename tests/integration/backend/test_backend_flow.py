@@ -10,14 +10,14 @@ from tests.integration.backend.conftest import AuditCapture, reconcile_batches, 
 from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.aws import client
 from topokeeper.applier.applier import BACKUP_DIR, GENERATION_FILE, sha256_text
-from topokeeper.errors import InputError
-from topokeeper.events import (
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.event_schemas import (
     CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
     HYPERPOD_DETAIL_TYPES,
     MANAGED_TOPOLOGY_EVENT,
     WORK_QUEUE_MAX_RECEIVES,
 )
-from topokeeper.ports import Metric
+from topokeeper.contract.ports import Metric
 from topokeeper.sim.lambda_host import LambdaContext
 from topokeeper.sim.simulator import Story
 from topokeeper.sim.world import World

@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, node, p5_nodes, snapshot
 from topokeeper.applier import applier
-from topokeeper.cli import main as topokeeper_main
+from topokeeper.cli.main import main as topokeeper_main
 from topokeeper.domain.models import Node
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import render

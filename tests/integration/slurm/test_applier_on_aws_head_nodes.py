@@ -21,10 +21,10 @@ from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, p5_nodes, snapshot
 from topokeeper.adapters.ssm_channel import build_commands
 from topokeeper.applier import applier
 from topokeeper.applier.applier import parse_show_topology, sha256_text
+from topokeeper.contract.ports import ApplyResult
 from topokeeper.domain.models import PlannerConfig
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
-from topokeeper.ports import ApplyResult
 from topokeeper.render.bundle import render
 from topokeeper.sim.slurm_chroot import SlurmController
 

@@ -21,8 +21,8 @@ from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.adapters.aws import PRESIGN_CONFIG, SEND_COMMAND_CONFIG
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.applier.applier import MAX_STDOUT_CHARS, node_rows, parse_show_topology
-from topokeeper.ports import ApplyResult, Outcome
-from topokeeper.service.reconcile import reconcile
+from topokeeper.contract.ports import ApplyResult, Outcome
+from topokeeper.service.controller import reconcile
 from topokeeper.service.result import record_result
 from topokeeper.service.state import save_fields
 from topokeeper.sim.aws.s3 import KMS_DEFAULT_ENCRYPTION

@@ -15,11 +15,11 @@ from tests.signing_support import LocalSigner, signing_key
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.applier import applier
 from topokeeper.applier.applier import Refused, TrustedKey, check_signature, parse_bundle, rsa_public_key
-from topokeeper.errors import Retryable
-from topokeeper.ports import ApplyResult
+from topokeeper.contract.errors import Retryable
+from topokeeper.contract.ports import ApplyResult
 from topokeeper.render.bundle import Bundle
-from topokeeper.service.drift import check_drift
-from topokeeper.service.reconcile import ControllerDeps, reconcile
+from topokeeper.service.controller import check_drift, reconcile
+from topokeeper.service.reconcile import ControllerDeps
 from topokeeper.service.signing import next_generation, trusted_key_document
 
 

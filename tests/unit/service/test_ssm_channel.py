@@ -21,8 +21,8 @@ from topokeeper.adapters.ssm_channel import (
     guard_target,
     parse_invocation,
 )
+from topokeeper.contract.ports import Outcome
 from topokeeper.engine.planner import plan
-from topokeeper.ports import Outcome
 from topokeeper.render.bundle import render
 from topokeeper.service.signing import sign_bundle, trusted_key_document
 

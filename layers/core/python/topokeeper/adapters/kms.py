@@ -12,8 +12,8 @@ from functools import cached_property
 from typing import Any
 
 from topokeeper.adapters.aws import aws_errors
-from topokeeper.constants import SIGNATURE_ALGORITHM
-from topokeeper.errors import Permanent
+from topokeeper.contract.constants import SIGNATURE_ALGORITHM
+from topokeeper.contract.errors import Permanent
 
 SHA256_DIGEST_BYTES = 32
 

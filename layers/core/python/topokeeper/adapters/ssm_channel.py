@@ -33,16 +33,16 @@ from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import THROTTLING_CODES, aws_errors, error_code, translate
 from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, MAX_FULL_RESULT_BYTES, sha256_text
-from topokeeper.config import SSM_TARGET
-from topokeeper.constants import (
+from topokeeper.contract.config import SSM_TARGET
+from topokeeper.contract.constants import (
     RESULT_KEY_PREFIX,
     RUN_SHELL_DOCUMENT,
     ssm_applier_key,
     ssm_payload_key,
     ssm_result_key,
 )
-from topokeeper.errors import InputError, Permanent
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, log
+from topokeeper.contract.errors import InputError, Permanent
+from topokeeper.contract.ports import ApplyResult, Channel, DeliveryHandle, Outcome, log
 
 if TYPE_CHECKING:  # in signatures only: the functions that deliver load it at init (service.reconcile)
     from topokeeper.render.bundle import Bundle

@@ -28,8 +28,8 @@ from topokeeper.adapters.aws import aws_setup_errors, client
 from topokeeper.adapters.kms import KmsBundleSigner
 from topokeeper.agent.agent import DEFAULT_PREFIX, MODES, object_key
 from topokeeper.applier.applier import CHANNEL_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
-from topokeeper.deployment import read_deployment
-from topokeeper.errors import InputError
+from topokeeper.contract.deployment import read_deployment
+from topokeeper.contract.errors import InputError
 from topokeeper.service.signing import trusted_key_document
 
 PACKAGE = Path(__file__).resolve().parents[1]

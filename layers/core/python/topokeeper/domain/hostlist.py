@@ -11,7 +11,7 @@ import functools
 import re
 from collections.abc import Iterable
 
-from topokeeper.errors import Permanent
+from topokeeper.contract.errors import Permanent
 
 # Slurm keeps the numeric suffix in an unsigned long; longer digit runs stay opaque names.
 _MAX_SUFFIX_DIGITS = 18

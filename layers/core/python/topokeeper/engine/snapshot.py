@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from topokeeper.contract.errors import InputError
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.domain.hostlist import compress
 from topokeeper.domain.models import (
@@ -36,7 +37,6 @@ from topokeeper.domain.models import (
     empty_dict,
     empty_list,
 )
-from topokeeper.errors import InputError
 
 DEFAULT_SLURM_VERSION = "25.11"
 _NO_PARTITION_NODE_TYPES = frozenset({"Controller", "Login"})

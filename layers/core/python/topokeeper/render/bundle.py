@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticSerializationError, to_json
 
 from topokeeper.applier.applier import bindings_sha256, content_sha256, sha256_text
-from topokeeper.constants import BUNDLE_SCHEMA
+from topokeeper.contract.constants import BUNDLE_SCHEMA
 from topokeeper.domain.models import (
     PLAN_SCHEMA,
     BlockTopology,

@@ -13,8 +13,8 @@ from datetime import datetime
 from typing import Literal
 
 from topokeeper.applier.applier import TRUSTED_KEY_SCHEMA, signed_bytes
-from topokeeper.constants import SIGNATURE_ALGORITHM
-from topokeeper.ports import BundleSigner
+from topokeeper.contract.constants import SIGNATURE_ALGORITHM
+from topokeeper.contract.ports import BundleSigner
 from topokeeper.render.bundle import Bundle, BundleSignature
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from topokeeper.domain.hostlist import compress
-from topokeeper.narrate import largest_job, moves_text, nodes_text, triggers_text, unit_noun
 from topokeeper.render.bundle import leaf_units
+from topokeeper.render.narrate import largest_job, moves_text, nodes_text, triggers_text, unit_noun
 from topokeeper.sim.simulator import SimulationResult, StepResult
 
 # The IIFE build defines the global ``mermaid``; package.json pins the package, ``npm ci`` installs it.

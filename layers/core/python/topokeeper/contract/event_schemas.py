@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from topokeeper.constants import (
+from topokeeper.contract.constants import (
     AGENT_APPLY_DETAIL_TYPE,
     AGENT_SOURCE,
     AGENT_VERIFY_DETAIL_TYPE,
@@ -24,7 +24,7 @@ from topokeeper.constants import (
     MANAGED_TOPOLOGY_EVENT,
     RUN_SHELL_DOCUMENT,
 )
-from topokeeper.ports import ApplyResult
+from topokeeper.contract.ports import ApplyResult
 
 HYPERPOD_DETAIL_TYPES = (
     "SageMaker HyperPod Cluster State Change",
