@@ -34,6 +34,9 @@ NO_FUNCTION_LOADS = (
     "topokeeper.sim",
     "topokeeper.cli",
     "topokeeper.cli.operator_commands",
+    # The EKS provider, loaded by the orchestrator registry (service.orchestrators) for the first EKS cluster only.
+    "topokeeper.service.eks",
+    "topokeeper.kueue",
 )
 # Ingest's path: parse the event, count the change, queue a reconcile, sync login targets.
 INGEST_NEVER_LOADS = (
@@ -77,6 +80,7 @@ LOADED_AT_INIT = {
     ),
     "reconcile": (
         "botocore.session",
+        "topokeeper.service.controller",
         "topokeeper.service.reconcile",
         "topokeeper.engine.planner",
         "topokeeper.engine.snapshot",
@@ -103,6 +107,7 @@ LOADED_AT_INIT = {
     ),
     "drift": (
         "botocore.session",
+        "topokeeper.service.controller",
         "topokeeper.service.drift",
         "topokeeper.engine.planner",
         "topokeeper.engine.snapshot",
