@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from tests.unit.kueue import fleets
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 
 
 def run(size: int, repeat: int) -> None:

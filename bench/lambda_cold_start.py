@@ -227,8 +227,8 @@ def agent_cycles(bundle: bytes, cluster: str) -> dict[str, Any]:
 
 def applier_on_head_node(nodes: int) -> dict[str, Any]:
     from bench.scale import mixed_cluster  # noqa: PLC0415 - only with the chroot
+    from topokeeper.contract.head_node_program import PROGRAM_NAME, write_program  # noqa: PLC0415
     from topokeeper.engine.planner import plan  # noqa: PLC0415
-    from topokeeper.head_node_program import PROGRAM_NAME, write_program  # noqa: PLC0415
     from topokeeper.render.bundle import render  # noqa: PLC0415
     from topokeeper.sim.head_node import ChrootHeadNode  # noqa: PLC0415
 
@@ -293,10 +293,11 @@ def section(python: LayerPython, imports: dict[str, Any], head: dict[str, Any] |
         "one vCPU at 1,769 MB: ingest has 256 MB (infra/functions.py), about a seventh of one; result 1,024 MB.",
         "",
         "Each handler loads at init what its common path runs (tests/unit/test_handler_imports.py): its use case "
-        "and the adapters its deps make (topokeeper.runtime.FUNCTION_ADAPTERS), the login endpoints' modules only "
+        "and the adapters its deps make (topokeeper.wiring.runtime.FUNCTION_ADAPTERS), the login endpoints' modules "
+        "only "
         "when the stack has one; ingest loads no planner, renderer or other function's use case, result no planner "
         "input, discovery or other use case; botocore makes the clients, so no function imports boto3 (and its "
-        "s3transfer). Reconcile answers its SQS FIFO batch with topokeeper.fifo_batch (Powertools' "
+        "s3transfer). Reconcile answers its SQS FIFO batch with topokeeper.wiring.fifo_batch (Powertools' "
         "SqsFifoPartialProcessor semantics, checked against it in tests/unit/test_fifo_batch.py), not Powertools' "
         "batch utility, which loads asyncio and the data classes of every event source. Each handler imports with "
         "the cyclic collector off and freezes what it loaded (`gc.freeze`: objects that live as long as the "

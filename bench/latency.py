@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.performance_doc import ROOT, machine, write_section
 from topokeeper.adapters.ec2 import PAGE_WITH_IDS, SWEEP_PAGE
-from topokeeper.config import Settings
+from topokeeper.contract.config import Settings
 from topokeeper.sim.commands import SCENARIOS
 from topokeeper.sim.scenario import Scenario, load_scenario
 from topokeeper.sim.simulator import SimulationResult, simulate

@@ -180,10 +180,10 @@ def steps_in_process(snapshot: Path) -> dict[str, float]:
 
 def _steps(snapshot: Path) -> dict[str, float]:
     gc.disable()  # as topokeeper plan runs
-    from topokeeper.cli import load_config  # noqa: PLC0415 (imported after the child runs measure imports)
+    from topokeeper.cli.planning import load_config  # noqa: PLC0415 (imported after the child runs measure imports)
+    from topokeeper.contract.operator_files import read_mapping  # noqa: PLC0415
     from topokeeper.engine.planner import plan  # noqa: PLC0415
     from topokeeper.engine.snapshot import join_snapshot, read_snapshot  # noqa: PLC0415
-    from topokeeper.operator_files import read_mapping  # noqa: PLC0415
     from topokeeper.render.bundle import render  # noqa: PLC0415
 
     times: dict[str, float] = {}

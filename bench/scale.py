@@ -22,19 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.performance_doc import machine
-from topokeeper import stack_spec
 from topokeeper.adapters.audit_trail import PUT_EVENTS_MAX_BYTES, fitted_detail, put_events_entry_size
 from topokeeper.adapters.ec2 import ASKED_KEY, PAGE_WITH_IDS, SWEEP_PAGE
 from topokeeper.adapters.ssm_channel import INLINE_LIMIT_BYTES, build_commands, command_size
-from topokeeper.constants import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
+from topokeeper.contract import stack_spec
+from topokeeper.contract.constants import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
+from topokeeper.contract.head_node_program import program_bytes, program_sha256
+from topokeeper.contract.ports import Channel, DeliveryHandle, Outcome, PendingDelivery
 from topokeeper.domain.models import ClusterSnapshot, Node, Partition, SlurmVersion
 from topokeeper.engine.planner import plan
-from topokeeper.head_node_program import program_bytes, program_sha256
-from topokeeper.ports import Channel, DeliveryHandle, Outcome, PendingDelivery
 from topokeeper.render.bundle import RenderedPlan, render
-from topokeeper.runtime import AFTER_DISCOVERY_SECONDS
 from topokeeper.service.audit import build_records
 from topokeeper.wire import sha256_text
+from topokeeper.wiring.runtime import AFTER_DISCOVERY_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "performance" / "scale.md"
@@ -246,7 +246,7 @@ def simulate_20k(head_node: str, wall_minutes: float) -> dict[str, Any]:  # noqa
         measured["largest_item"] = max(item.size() for item in stored)
         s3 = client("s3")
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="payloads/").get("Contents", [])]
-        measured["s3_payloads"] = len(keys)  # topokeeper.constants.ssm_payload_key
+        measured["s3_payloads"] = len(keys)  # topokeeper.contract.constants.ssm_payload_key
         measured["head_node"] = world.head.description
         measured["simulated"] = world.clock.monotonic()
     measured["wall"] = time.monotonic() - started

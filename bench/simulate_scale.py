@@ -1,7 +1,7 @@
 """The simulator's own speed: the 1,000-node rolling scale-up as `make test` plays it (goal: under 20 s of wall
 time on this 2-core machine), each run a fresh process as a user starts it (imports, the emulator, the stack, the
 cluster, the five simulated minutes, the file-only head node's processes), ended as the
-topokeeper command ends a simulation (topokeeper.cli.end_without_teardown).
+topokeeper command ends a simulation (topokeeper.cli.main.end_without_teardown).
 
 Run: .venv/bin/python -m bench.simulate_scale [--runs N] [--no-doc]
 """
@@ -28,7 +28,7 @@ SCENARIO = SCENARIOS / "scale-1000.yaml"
 RUN = """
 import json, logging, sys
 from pathlib import Path
-from topokeeper.cli import end_without_teardown
+from topokeeper.cli.main import end_without_teardown
 from topokeeper.sim.scenario import load_scenario
 from topokeeper.sim.simulator import simulate
 logging.disable(logging.CRITICAL)
@@ -76,7 +76,7 @@ def main() -> None:
         "(imports, the emulator, the stack, the cluster, the simulated minutes, the head node's processes), ended "
         "as the `topokeeper` command ends a simulation: its exit functions run, but not the interpreter's teardown, "
         "which spent ~1.3 s freeing the emulator's state and the AWS service models it loaded "
-        "(`topokeeper.cli.end_without_teardown`); the package's bytecode compiled first, as an installed package "
+        "(`topokeeper.cli.main.end_without_teardown`); the package's bytecode compiled first, as an installed package "
         "has it. "
         "The least of the runs is the figure (the machine is shared: load only adds); CPU counts the process "
         "and every process it started.",

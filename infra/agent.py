@@ -15,8 +15,8 @@ from infra.config import ConfigError
 from infra.constants import CONTEXT_KEY, EVENT_BUS_NAME
 from infra.encryption import DataKey
 from infra.storage import PlanBucket
-from topokeeper.config import Settings
-from topokeeper.ports import Channel
+from topokeeper.contract.config import Settings
+from topokeeper.contract.ports import Channel
 from topokeeper.wire import AGENT_SOURCE, agent_bundle_key, agent_source, agent_verify_key, agent_verify_request_key
 
 

@@ -13,9 +13,9 @@ from constructs import Construct
 from infra.config import drift_alarm_period
 from infra.encryption import DataKey
 from infra.functions import Functions
-from topokeeper import stack_spec as spec
-from topokeeper.config import Settings
-from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
+from topokeeper.contract import stack_spec as spec
+from topokeeper.contract.config import Settings
+from topokeeper.contract.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
 
 _PERIOD = Duration.seconds(spec.ALARM_PERIOD_SECONDS)
 _ROW_HEIGHT = 6

@@ -1,6 +1,6 @@
 """The deployment settings from cdk.json context (or a ``-c topokeeper='{...}'`` override).
 
-Validation is topokeeper.config.Settings, the same model the Lambdas load from TOPOKEEPER_CONFIG;
+Validation is topokeeper.contract.config.Settings, the same model the Lambdas load from TOPOKEEPER_CONFIG;
 this module only turns its errors into one line per problem that names the context key.
 """
 
@@ -13,10 +13,10 @@ from aws_cdk import Duration
 from pydantic import ValidationError
 
 from infra.constants import CONTEXT_KEY
-from topokeeper.config import MAX_CONFIG_BYTES, Settings
-from topokeeper.errors import InputError, Permanent, field_path, one_line, unknown_key_hint
-from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV, login_environment_bytes
-from topokeeper.stack_spec import drift_alarm_period_seconds
+from topokeeper.contract.config import MAX_CONFIG_BYTES, Settings
+from topokeeper.contract.constants import LOGIN_TARGET_GROUPS_ENV
+from topokeeper.contract.errors import InputError, Permanent, field_path, one_line, unknown_key_hint
+from topokeeper.contract.stack_spec import drift_alarm_period_seconds, login_environment_bytes
 
 
 class ConfigError(Permanent, ValueError):
@@ -59,7 +59,7 @@ def load_settings(raw: Any) -> Settings:
 
 
 def drift_alarm_period(settings: Settings) -> Duration:
-    """The drift alarm's period (topokeeper.stack_spec), or a ConfigError naming the context key."""
+    """The drift alarm's period (topokeeper.contract.stack_spec), or a ConfigError naming the context key."""
     try:
         return Duration.seconds(drift_alarm_period_seconds(settings))
     except InputError as error:

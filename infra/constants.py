@@ -6,7 +6,7 @@ from pathlib import Path
 
 from aws_cdk import aws_lambda as lambda_
 
-from topokeeper.stack_spec import DRIFT, FUNCTION_NAMES, INGEST, RECONCILE, RESULT
+from topokeeper.contract.stack_spec import DRIFT, FUNCTION_NAMES, INGEST, RECONCILE, RESULT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS_DIR = REPO_ROOT / "functions"
@@ -27,7 +27,7 @@ ARCHITECTURE = lambda_.Architecture.ARM_64
 POWERTOOLS_LAYER_PARAMETER = f"/aws/service/powertools/python/arm64/python{PYTHON_VERSION}/latest"
 HANDLER = "handler.lambda_handler"
 
-# The four functions are topokeeper.stack_spec's (the simulator runs the same); each one's code asset is
+# The four functions are topokeeper.contract.stack_spec's (the simulator runs the same); each one's code asset is
 # functions/<name>/. Re-exported: the constructs and the infra tests name them as constants.INGEST, ...
 __all__ = [
     "DRIFT",

@@ -16,8 +16,8 @@ from constructs import Construct
 from infra.functions import Functions, head_nodes
 from infra.nag import acknowledge, arn_of
 from infra.queue import Queues
-from topokeeper.config import Settings
-from topokeeper.events import change_patterns, result_patterns
+from topokeeper.contract.config import Settings
+from topokeeper.contract.event_schemas import change_patterns, result_patterns
 
 # EventBridge retries a failed delivery with backoff, then dead-letters it. A late change event is
 # still worth a reconcile; a late result still belongs in the audit trail.

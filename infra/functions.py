@@ -17,17 +17,17 @@ from infra.nag import acknowledge
 from infra.queue import Queues
 from infra.state import StateTable
 from infra.storage import PlanBucket
-from topokeeper import constants as env
-from topokeeper import stack_spec as spec
-from topokeeper.config import Mode, Orchestrator, Settings
-from topokeeper.constants import (
+from topokeeper.contract import constants as env
+from topokeeper.contract import stack_spec as spec
+from topokeeper.contract.config import Mode, Orchestrator, Settings
+from topokeeper.contract.constants import (
     AUDIT_SOURCE,
     RUN_SHELL_DOCUMENT,
     ssm_payload_key,
     ssm_program_key,
     ssm_result_key,
 )
-from topokeeper.ports import METRICS_NAMESPACE, Channel
+from topokeeper.contract.ports import METRICS_NAMESPACE, Channel
 from topokeeper.wire import agent_verify_key
 
 # (timeout, memory MB) per function. Reconcile plans a whole cluster; drift plans every cluster and

@@ -4,7 +4,7 @@ Every ``import`` and ``from ... import`` counts wherever it stands, in a functio
 adapters lazily), except under ``if TYPE_CHECKING:`` (never run). A name resolves to the package's module file
 (``a/b.py`` or ``a/b/__init__.py``), and every package on the way to it brings its ``__init__.py``. A module
 loaded by a computed name (``importlib.import_module(f"...{name}")``) is not seen: it must also be imported by
-name where it is used, as topokeeper.runtime and topokeeper.login.lambda_sync do.
+name where it is used, as topokeeper.wiring.runtime and topokeeper.wiring.login_sync do.
 """
 
 from __future__ import annotations

@@ -48,8 +48,8 @@ from infra.constants import (
     RUNTIME,
 )
 from infra.import_closure import import_closure
-from topokeeper.errors import InputError
-from topokeeper.head_node_program import source_paths
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.head_node_program import source_paths
 
 PACKAGE = "topokeeper"
 # Each function's entry point, functions/<name>/handler.py: the layer ships what these import.
@@ -59,7 +59,7 @@ POWERTOOLS_REQUIREMENTS = "requirements-powertools.txt"
 _PLATFORM = "manylinux2014_aarch64"
 
 
-# The AWS services the functions call (topokeeper.runtime and the adapters); botocore's and boto3's data for
+# The AWS services the functions call (topokeeper.wiring.runtime and the adapters); botocore's and boto3's data for
 # every other service is dropped. tests/infra/test_layer_contents.py checks the layer's client() calls
 # against it and the handler-asset test builds each function's clients from the trimmed layer.
 LAMBDA_SERVICES = frozenset(

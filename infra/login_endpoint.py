@@ -27,11 +27,9 @@ from infra.alarms import cluster_metric
 from infra.constants import EVENT_BUS_NAME, PROVISIONING_PARAMETERS_OBJECTS
 from infra.encryption import DataKey
 from infra.nag import acknowledge
-from topokeeper.config import ClusterConfig, LoginEndpointConfig, Orchestrator
-from topokeeper.constants import AUDIT_SOURCE, RUN_SHELL_DOCUMENT
-from topokeeper.login.host_keys import secret_names
-from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
-from topokeeper.ports import Metric
+from topokeeper.contract.config import ClusterConfig, LoginEndpointConfig, Orchestrator
+from topokeeper.contract.constants import AUDIT_SOURCE, LOGIN_TARGET_GROUPS_ENV, RUN_SHELL_DOCUMENT, login_secret_names
+from topokeeper.contract.ports import Metric
 
 SSH_PORT = 22
 # NLB TCP health checks: the fastest interval and the fewest probes ELBv2 accepts for a TCP check.
@@ -181,7 +179,7 @@ class LoginEndpoint(Construct):
             ),
         )
 
-        bundle, _ = secret_names(cluster.name)
+        bundle, _ = login_secret_names(cluster.name)
         # Secrets Manager appends six random characters to a secret's name in its ARN.
         bundle_arn = f"arn:{Aws.PARTITION}:secretsmanager:{Aws.REGION}:{Aws.ACCOUNT_ID}:secret:{bundle}-??????"
         self.host_identity_policy = iam.ManagedPolicy(

@@ -12,7 +12,7 @@ from constructs import Construct
 
 from infra.encryption import DataKey
 from infra.nag import acknowledge
-from topokeeper import stack_spec as spec
+from topokeeper.contract import stack_spec as spec
 
 _RETENTION = Duration.seconds(spec.DEAD_LETTER_RETENTION_SECONDS)
 

@@ -23,15 +23,15 @@ from infra.login_endpoint import (
 from infra.queue import Queues
 from infra.state import StateTable
 from infra.storage import PlanBucket
-from topokeeper.config import Settings
-from topokeeper.deployment import (
+from topokeeper.contract.config import Settings
+from topokeeper.contract.deployment import (
     OUTPUT_BUCKET,
     OUTPUT_DEAD_LETTER_QUEUE,
     OUTPUT_QUEUE,
     OUTPUT_RECONCILE_FUNCTION,
     OUTPUT_TABLE,
 )
-from topokeeper.head_node_program import PROGRAM_NAME, program_sha256
+from topokeeper.contract.head_node_program import PROGRAM_NAME, program_sha256
 
 
 class TopokeeperStack(Stack):
@@ -63,7 +63,7 @@ class TopokeeperStack(Stack):
             dead_letter_queues=self.queues.dead_letter_queues,
         )
 
-        # The operator CLI finds a deployment by these outputs (topokeeper.deployment).
+        # The operator CLI finds a deployment by these outputs (topokeeper.contract.deployment).
         outputs = {
             OUTPUT_TABLE: (self.state.table.table_name, "The state table"),
             OUTPUT_BUCKET: (self.plans.bucket.bucket_name, "The plan bucket"),

@@ -8,7 +8,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.encryption import DataKey
-from topokeeper import stack_spec as spec
+from topokeeper.contract import stack_spec as spec
 
 # What the adapters call (TransactWriteItems is authorized per item, as PutItem); nothing deletes items: TTL does.
 _READ = ["dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query"]

@@ -11,7 +11,7 @@ from constructs import Construct
 
 from infra.encryption import DataKey
 from infra.nag import acknowledge, arn_of
-from topokeeper.constants import RESULT_KEY_PREFIX
+from topokeeper.contract.constants import RESULT_KEY_PREFIX
 
 _READ_OBJECTS = ["s3:GetObject"]  # the current version only
 # Everything that changes which object version is current: a write, a copy, a multipart upload or a

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from topokeeper.cli import plan_from_files
-from topokeeper.head_node_program import PROGRAM_NAME, write_program
+from topokeeper.cli.planning import plan_from_files
+from topokeeper.contract.head_node_program import PROGRAM_NAME, write_program
 
 FAKE_APPLIER = Path(__file__).parent / "fixtures" / "fake_applier.py"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -1,4 +1,4 @@
-"""In-memory implementations of every port in ``topokeeper.ports``, for fast use-case tests.
+"""In-memory implementations of every port in ``topokeeper.contract.ports``, for fast use-case tests.
 
 Each fake keeps the contract its port documents (the state store's optimistic concurrency and its
 split between change fields and controller fields, the queue's one-message-per-call bookkeeping), and
@@ -14,9 +14,8 @@ from typing import Any
 
 # NodeFactsCache: the operator CLI's own in-memory adapter serves as the fake (one implementation, not two).
 from topokeeper.adapters.ec2 import MemoryNodeFactsCache  # noqa: F401
-from topokeeper.engine.snapshot import AwsSnapshot
-from topokeeper.errors import ConcurrentUpdate, TopokeeperError
-from topokeeper.ports import (
+from topokeeper.contract.errors import ConcurrentUpdate, TopokeeperError
+from topokeeper.contract.ports import (
     CHANGE_FIELDS,
     MAX_TRIGGERS,
     AnyAuditRecord,
@@ -29,6 +28,7 @@ from topokeeper.ports import (
     ReconcileRequest,
     Trigger,
 )
+from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.render.bundle import Bundle
 
 EPOCH = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)

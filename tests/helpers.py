@@ -9,10 +9,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from topokeeper.contract.event_schemas import TopokeeperEvent
+from topokeeper.contract.head_node_program import PROGRAM_NAME, write_program
+from topokeeper.contract.ports import Metric
 from topokeeper.domain.models import ClusterSnapshot, Node, Partition, PartitionSettings, SlurmVersion
-from topokeeper.events import TopokeeperEvent
-from topokeeper.head_node_program import PROGRAM_NAME, write_program
-from topokeeper.ports import Metric
 
 
 @functools.cache

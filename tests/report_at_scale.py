@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tests.helpers import node, snapshot
+from topokeeper.contract.ports import Channel, DeliveryHandle, Outcome, PendingDelivery, Trigger
 from topokeeper.engine.planner import plan
-from topokeeper.ports import Channel, DeliveryHandle, Outcome, PendingDelivery, Trigger
 from topokeeper.render.bundle import render
 from topokeeper.service.audit import build_records
 from topokeeper.sim.simulator import SimulationResult, StepResult

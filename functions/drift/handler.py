@@ -1,6 +1,6 @@
 """Drift: on a schedule, verify every managed cluster's live topology and its plan against AWS."""
 
-from topokeeper.lambda_init import frozen_init
+from topokeeper.wiring.lambda_init import frozen_init
 
 with frozen_init():
     import os
@@ -10,9 +10,9 @@ with frozen_init():
     from aws_lambda_powertools.utilities.parser import event_parser
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
-    from topokeeper.login.lambda_sync import load_login_modules, sync_login_endpoints
-    from topokeeper.runtime import lambda_runtime, load_adapters
-    from topokeeper.service.drift import DriftRequest, check_requested
+    from topokeeper.service.controller import DriftRequest, check_requested
+    from topokeeper.wiring.login_sync import load_login_modules, sync_login_endpoints
+    from topokeeper.wiring.runtime import lambda_runtime, load_adapters
 
     logger = Logger(service="topokeeper")
     load_adapters("drift")

@@ -1,6 +1,6 @@
 """Ingest: HyperPod, CloudTrail and EC2 events -> one reconcile request per changed cluster."""
 
-from topokeeper.lambda_init import frozen_init
+from topokeeper.wiring.lambda_init import frozen_init
 
 with frozen_init():
     import os
@@ -10,10 +10,10 @@ with frozen_init():
     from aws_lambda_powertools.utilities.parser import event_parser
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
-    from topokeeper.events import TopokeeperEvent
-    from topokeeper.login.lambda_sync import install_login_host_identity, load_login_modules, sync_login_endpoints
-    from topokeeper.runtime import lambda_runtime, load_adapters
+    from topokeeper.contract.event_schemas import TopokeeperEvent
     from topokeeper.service.ingest import ingest
+    from topokeeper.wiring.login_sync import install_login_host_identity, load_login_modules, sync_login_endpoints
+    from topokeeper.wiring.runtime import lambda_runtime, load_adapters
 
     logger = Logger(service="topokeeper")
     load_adapters("ingest")

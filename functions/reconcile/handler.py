@@ -1,6 +1,6 @@
 """Reconcile: SQS FIFO reconcile requests -> facts -> plan -> delivery when the content hash changed."""
 
-from topokeeper.lambda_init import frozen_init
+from topokeeper.wiring.lambda_init import frozen_init
 
 with frozen_init():
     from typing import Any
@@ -8,11 +8,10 @@ with frozen_init():
     from aws_lambda_powertools import Logger
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
-    from topokeeper.errors import Retryable
-    from topokeeper.fifo_batch import PartialBatchResponse, process_fifo_batch
-    from topokeeper.runtime import lambda_runtime, load_adapters
-    from topokeeper.service.drift import verify_managed_updates
-    from topokeeper.service.reconcile import newest_generations, process_message
+    from topokeeper.contract.errors import Retryable
+    from topokeeper.service.controller import newest_generations, process_message, verify_managed_updates
+    from topokeeper.wiring.fifo_batch import PartialBatchResponse, process_fifo_batch
+    from topokeeper.wiring.runtime import lambda_runtime, load_adapters
 
     logger = Logger(service="topokeeper")
     load_adapters("reconcile")

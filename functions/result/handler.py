@@ -1,6 +1,6 @@
 """Result: SSM command status and head-node agent reports -> state, UpdatePartitionTopology audit, metrics."""
 
-from topokeeper.lambda_init import frozen_init
+from topokeeper.wiring.lambda_init import frozen_init
 
 with frozen_init():
     from typing import Any
@@ -9,9 +9,9 @@ with frozen_init():
     from aws_lambda_powertools.utilities.parser import event_parser
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
-    from topokeeper.events import TopokeeperEvent
-    from topokeeper.runtime import lambda_runtime, load_adapters
+    from topokeeper.contract.event_schemas import TopokeeperEvent
     from topokeeper.service.result import record_result
+    from topokeeper.wiring.runtime import lambda_runtime, load_adapters
 
     logger = Logger(service="topokeeper")
     load_adapters("result")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.readme_examples import blocks, matches_shown
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 from topokeeper.sim.simulator import SimulationResult, StepResult
 from topokeeper.wire import expand

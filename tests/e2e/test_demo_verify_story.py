@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 from topokeeper.sim.simulator import SimulationResult
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.readme_examples import blocks, commands, matches_shown
 from topokeeper.adapters.aws import client
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 
 
@@ -33,7 +33,7 @@ def test_the_operator_cli_against_topokeeper_emulator_as_the_readme_shows(
     session, shown = _readme_session()
     environment = {**os.environ, HEAD_NODE_VARIABLE: "file"}
     emulator = subprocess.Popen(
-        [sys.executable, "-m", "topokeeper.cli", "emulator"],
+        [sys.executable, "-m", "topokeeper.cli.main", "emulator"],
         cwd=tmp_path,
         env=environment,
         stdout=subprocess.PIPE,

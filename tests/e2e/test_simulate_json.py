@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.installed_command import block_buffered_environment, run_installed
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 from topokeeper.sim.simulator import SimulationResult
 
@@ -73,7 +73,7 @@ def _field_paths(value: object, path: str = "") -> set[str]:
 
 
 def test_simulate_through_the_command_ends_with_everything_written_and_nothing_left(tmp_path: Path) -> None:
-    """The installed command ends a simulation without the interpreter's teardown (topokeeper.cli.run): its output
+    """The installed command ends a simulation without the interpreter's teardown (topokeeper.cli.main.run): its output
     is whole through a pipe (block-buffered), its files written, its temporary directories gone."""
     scenario = tmp_path / "tiny.yaml"
     scenario.write_text(SCENARIO)

@@ -18,7 +18,7 @@ from infra.app import cdk_json_context, create_app
 from infra.config import load_settings
 from infra.constants import CONTEXT_KEY
 from infra.stack import TopokeeperStack
-from topokeeper.config import Settings
+from topokeeper.contract.config import Settings
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 from infra.config import ConfigError, drift_alarm_period, load_settings
 from infra.constants import REPO_ROOT
 from tests.infra.conftest import example_config
-from topokeeper.config import MAX_CONFIG_BYTES, Channel, Mode, Orchestrator
+from topokeeper.contract.config import MAX_CONFIG_BYTES, Channel, Mode, Orchestrator
 
 pytestmark = pytest.mark.infra
 

@@ -94,7 +94,7 @@ def test_the_handler_imports_in_a_clean_interpreter(example: Synthesized, powert
         f"import sys; sys.path[:0] = {json.dumps([str(p) for p in path])}\n"
         "import handler\n"
         "assert callable(handler.lambda_handler)\n"
-        "from topokeeper.runtime import lambda_runtime\n"
+        "from topokeeper.wiring.runtime import lambda_runtime\n"
         f"lambda_runtime().{name}_deps()\n"
         f"import importlib; [importlib.import_module(module) for module in {modules!r}]\n"
         "import botocore; print(botocore.__file__)\n"

@@ -92,7 +92,7 @@ def _run_handler(
     program = (
         f"import sys; sys.path[:0] = {path!r}\n"
         "import handler\n"
-        "from topokeeper.runtime import lambda_runtime\n"
+        "from topokeeper.wiring.runtime import lambda_runtime\n"
         f"lambda_runtime().{name}_deps()\n"  # the clients a first invocation creates
     )
     ran = runtime_python.run("-v", "-c", program, environment=function_environment(example, name))
@@ -124,11 +124,11 @@ def test_the_check_sees_modules_compiled_from_source_when_their_bytecode_is_miss
     layer: Path, runtime_python: LayerPython, example: Synthesized, tmp_path: Path
 ) -> None:
     unzipped = copy_as_unzipped(layer, tmp_path / "unzipped" / "python")
-    shutil.rmtree(unzipped / "topokeeper" / "__pycache__")
+    shutil.rmtree(unzipped / "topokeeper" / "wiring" / "__pycache__")
     with read_only(unzipped, tmp_path / "opt" / "python") as opt_python:
         verbose = _run_handler(runtime_python, example, "ingest", opt_python, powertools_standin())
 
     compiled = [path for path in _from_layer(verbose, opt_python) if path.endswith(".py")]
-    assert f"{opt_python}/topokeeper/runtime.py" in compiled
-    assert {Path(path).parent for path in compiled} == {opt_python / "topokeeper"}  # only where bytecode went
+    assert f"{opt_python}/topokeeper/wiring/runtime.py" in compiled
+    assert {Path(path).parent for path in compiled} == {opt_python / "topokeeper" / "wiring"}  # where bytecode went
     assert "could not create" in verbose  # read-only: what it compiled is lost with the process

@@ -30,9 +30,9 @@ from infra.layers import (
     layer_data_files,
     layer_package_files,
 )
-from topokeeper.head_node_program import source_paths
-from topokeeper.login.lambda_sync import LOGIN_MODULES
-from topokeeper.runtime import FUNCTION_ADAPTERS
+from topokeeper.contract.head_node_program import source_paths
+from topokeeper.wiring.login_sync import LOGIN_MODULES
+from topokeeper.wiring.runtime import FUNCTION_ADAPTERS
 
 pytestmark = pytest.mark.infra
 

@@ -17,7 +17,7 @@ import pytest
 
 from infra.agent import agent_policy_output
 from tests.infra.conftest import Synthesized, example_config, synthesize
-from topokeeper.constants import ENV_SIGNING_KEY
+from topokeeper.contract.constants import ENV_SIGNING_KEY
 from topokeeper.wire import AGENT_SOURCE, agent_source
 
 pytestmark = pytest.mark.infra

@@ -12,19 +12,19 @@ from infra import constants as c
 from infra.agent import agent_clusters, agent_policy_output
 from infra.functions import head_nodes
 from tests.infra.conftest import Synthesized
-from topokeeper.constants import AUDIT_SOURCE
-from topokeeper.deployment import (
+from topokeeper.contract.constants import AUDIT_SOURCE
+from topokeeper.contract.deployment import (
     OUTPUT_BUCKET,
     OUTPUT_DEAD_LETTER_QUEUE,
     OUTPUT_QUEUE,
     OUTPUT_RECONCILE_FUNCTION,
     OUTPUT_TABLE,
 )
-from topokeeper.events import change_patterns, result_patterns
-from topokeeper.head_node_program import program_sha256
-from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
-from topokeeper.runtime import LambdaEnvironment
+from topokeeper.contract.event_schemas import change_patterns, result_patterns
+from topokeeper.contract.head_node_program import program_sha256
+from topokeeper.contract.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
 from topokeeper.wire import AGENT_SOURCE, agent_source
+from topokeeper.wiring.runtime import LambdaEnvironment
 
 pytestmark = pytest.mark.infra
 

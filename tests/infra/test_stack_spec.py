@@ -1,4 +1,4 @@
-"""topokeeper.stack_spec against the synthesized template: the simulator builds its stack from those values
+"""topokeeper.contract.stack_spec against the synthesized template: the simulator builds its stack from those values
 (sim/stack.py), so this one test is what keeps ``make demo`` and the deployed stack in agreement."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 from infra.functions import head_nodes
 from tests.infra.conftest import Synthesized
-from topokeeper import stack_spec as spec
-from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE
+from topokeeper.contract import stack_spec as spec
+from topokeeper.contract.ports import METRICS_DIMENSION, METRICS_NAMESPACE
 
 
 def _of_type(example: Synthesized, kind: str) -> list[dict[str, Any]]:

@@ -34,8 +34,8 @@ from topokeeper.agent.config import load_config
 from topokeeper.agent.cycle import Agent
 from topokeeper.agent.main import EXIT_BAD_CONFIG, main
 from topokeeper.agent.state import State, exclusive, load_state
-from topokeeper.agent_install import install_config
-from topokeeper.ports import Outcome
+from topokeeper.cli.agent_install import install_config
+from topokeeper.contract.ports import Outcome
 from topokeeper.wire import (
     AgentConfig,
     AgentConfigError,

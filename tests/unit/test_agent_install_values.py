@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.agent_support import INSTALL_SCRIPT_ARGS
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 
 
 @pytest.mark.parametrize(

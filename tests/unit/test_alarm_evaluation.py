@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from topokeeper.contract.stack_spec import AlarmSpec, Comparison, MissingData
 from topokeeper.sim.aws.alarms import AlarmState, evaluate, evaluate_range, period_values
-from topokeeper.stack_spec import AlarmSpec, Comparison, MissingData
 
 OK, ALARM, INSUFFICIENT = AlarmState.OK, AlarmState.ALARM, AlarmState.INSUFFICIENT_DATA
 RETAIN = None

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from topokeeper.cli import plan_from_files
-from topokeeper.head_node_program import PACKAGE_DIR, source_paths
+from topokeeper.cli.planning import plan_from_files
+from topokeeper.contract.head_node_program import PACKAGE_DIR, source_paths
+from topokeeper.contract.ports import Outcome
 from topokeeper.headnode.bundle import parse_bundle
 from topokeeper.headnode.diff import line_diff, unified_diff
 from topokeeper.headnode.failures import Failed, Refused
 from topokeeper.headnode.scontrol import slurm_version
-from topokeeper.ports import Outcome
 from topokeeper.wire import EXIT_CODES, content_sha256, format_for_version, parse_slurm_version, sha256_text
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -16,9 +16,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.ssm_channel import read_full_result
+from topokeeper.contract.ports import ApplyResult, Outcome
 from topokeeper.headnode import output
 from topokeeper.headnode.output import UploadTarget, new_result, publish
-from topokeeper.ports import ApplyResult, Outcome
 from topokeeper.wire import MAX_STDOUT_CHARS
 
 HEAD_NODE = "i-0123456789abcdef0"

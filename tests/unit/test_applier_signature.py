@@ -14,7 +14,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.signing_support import public_der, sign, signing_key, write_trusted_key
-from topokeeper.cli import plan_from_files
+from topokeeper.cli.planning import plan_from_files
 from topokeeper.headnode.bundle import Bundle, parse_bundle
 from topokeeper.headnode.failures import BadSignature, Refused, Replayed
 from topokeeper.headnode.main import main

@@ -9,7 +9,7 @@ import pytest
 
 from tests.installed_command import TOPOKEEPER, block_buffered_environment, run_installed
 from topokeeper.adapters.aws import client
-from topokeeper.cli import EXIT_BAD_INPUT, EXIT_FLUSH_FAILED, EXIT_OK, main
+from topokeeper.cli.main import EXIT_BAD_INPUT, EXIT_FLUSH_FAILED, EXIT_OK, main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -344,7 +344,7 @@ def test_every_aws_command_takes_region_after_it_and_says_what_to_set_in_one_lin
 def test_a_folded_block_partition_reports_its_largest_leaf_in_the_tree_slurm_reads() -> None:
     """Before 25.05 a block partition folded into the cluster tree is placed by that tree's leaves: 18-node
     UltraServers whose nodes hang under two leaves of 9 fit a 9-node job in one leaf, not 18."""
-    from topokeeper.cli import plan_table
+    from topokeeper.cli.planning import plan_table
     from topokeeper.domain.models import ClusterSnapshot, Node, Partition, SlurmVersion
     from topokeeper.engine.planner import plan
     from topokeeper.render.bundle import render
@@ -377,7 +377,7 @@ def test_ending_without_teardown_runs_the_exit_functions_and_keeps_the_status(tm
     program = (
         "import atexit, pathlib\n"
         f"atexit.register(pathlib.Path({str(ran_marker)!r}).write_text, 'ran')\n"
-        "from topokeeper.cli import end_without_teardown\n"
+        "from topokeeper.cli.main import end_without_teardown\n"
         "print('printed', end='')\n"
         "end_without_teardown(3)\n"
     )

@@ -1,10 +1,10 @@
 import pytest
 from pydantic import ValidationError
 
-from topokeeper.config import MAX_CONFIG_BYTES, ClusterConfig, Mode, Settings
-from topokeeper.errors import InputError
-from topokeeper.ports import Channel, Metric
-from topokeeper.stack_spec import Comparison, cluster_alarms
+from topokeeper.contract.config import MAX_CONFIG_BYTES, ClusterConfig, Mode, Settings
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.ports import Channel, Metric
+from topokeeper.contract.stack_spec import Comparison, cluster_alarms
 
 
 def test_hyperpod_defaults_to_verify_through_the_agent() -> None:

@@ -9,7 +9,7 @@ from topokeeper.headnode.output import new_result
 
 def test_every_field_the_head_node_writes_is_declared_in_apply_result() -> None:
     """Unknown fields are ignored (and logged): a field the applier or agent writes must not be one."""
-    from topokeeper.ports import ApplyResult
+    from topokeeper.contract.ports import ApplyResult
 
     declared = set(ApplyResult.model_fields)
     assert set(new_result("apply")) <= declared

@@ -1,4 +1,4 @@
-"""The reconcile function's SQS FIFO batch handling (topokeeper.fifo_batch), against the semantics it replaced:
+"""The reconcile function's SQS FIFO batch handling (topokeeper.wiring.fifo_batch), against the semantics it replaced:
 Powertools' SqsFifoPartialProcessor(skip_group_on_error=True) with raise_on_entire_batch_failure off."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from aws_lambda_powertools.utilities.batch import SqsFifoPartialProcessor, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
-from topokeeper.errors import InputError, Retryable
-from topokeeper.fifo_batch import process_fifo_batch
+from topokeeper.contract.errors import InputError, Retryable
+from topokeeper.wiring.fifo_batch import process_fifo_batch
 
 
 def _record(message_id: str, group: str | None) -> dict[str, Any]:

@@ -3,10 +3,10 @@
 Lazy imports are the contract here: ingest never plans, renders or signs, so it must not load the engine, the
 renderers or the other functions' use cases; result neither plans nor discovers; no function loads boto3 (botocore
 makes the clients: boto3 would add s3transfer and concurrent.futures to every cold start), nor Powertools' batch
-utility (asyncio and every event source's data classes: topokeeper.fifo_batch does the reconcile's batch), nor the
-login endpoints' modules when the stack has no login endpoint. What a handler's own path runs stays loaded at init,
+utility (asyncio and every event source's data classes: topokeeper.wiring.fifo_batch does the reconcile's batch), nor
+the login endpoints' modules when the stack has no login endpoint. What a handler's own path runs stays loaded at init,
 where Lambda measures it, not in the first invocation: its use case, the adapters its deps make
-(topokeeper.runtime.FUNCTION_ADAPTERS), and the login modules when the stack has login endpoints.
+(topokeeper.wiring.runtime.FUNCTION_ADAPTERS), and the login modules when the stack has login endpoints.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from topokeeper.lambda_init import frozen_init
-from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
-from topokeeper.stack_spec import FUNCTION_NAMES
+from topokeeper.contract.constants import LOGIN_TARGET_GROUPS_ENV
+from topokeeper.contract.stack_spec import FUNCTION_NAMES
+from topokeeper.wiring.lambda_init import frozen_init
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_FUNCTION_LOADS = (
@@ -32,8 +32,11 @@ NO_FUNCTION_LOADS = (
     "aws_lambda_powertools.utilities.data_classes",
     "asyncio",
     "topokeeper.sim",
-    "topokeeper.cli",
-    "topokeeper.operator_commands",
+    "topokeeper.cli.main",
+    "topokeeper.cli.operator_commands",
+    # The EKS provider, loaded by the orchestrator registry (service.orchestrators) for the first EKS cluster only.
+    "topokeeper.service.eks",
+    "topokeeper.kueue",
 )
 # Ingest's path: parse the event, count the change, queue a reconcile, sync login targets.
 INGEST_NEVER_LOADS = (
@@ -44,7 +47,7 @@ INGEST_NEVER_LOADS = (
     "topokeeper.service.drift",
     "topokeeper.service.signing",
     "topokeeper.adapters.ssm_channel",
-    "topokeeper.head_node_program",
+    "topokeeper.contract.head_node_program",
     "topokeeper.headnode",
 )
 # Result records what a delivery did: it neither plans nor discovers.
@@ -74,17 +77,18 @@ LOADED_AT_INIT = {
         "topokeeper.adapters.queue",
         "topokeeper.adapters.metrics",
         "topokeeper.adapters.ec2",
-        "topokeeper.login.lambda_sync",
+        "topokeeper.wiring.login_sync",
     ),
     "reconcile": (
         "botocore.session",
+        "topokeeper.service.controller",
         "topokeeper.service.reconcile",
         "topokeeper.engine.planner",
         "topokeeper.engine.snapshot",
         "topokeeper.render.bundle",
         "topokeeper.service.signing",
         "topokeeper.service.drift",
-        "topokeeper.fifo_batch",
+        "topokeeper.wiring.fifo_batch",
         "topokeeper.adapters.ssm_channel",
         "topokeeper.adapters.agent_channel",
         "topokeeper.adapters.plans",
@@ -104,11 +108,12 @@ LOADED_AT_INIT = {
     ),
     "drift": (
         "botocore.session",
+        "topokeeper.service.controller",
         "topokeeper.service.drift",
         "topokeeper.engine.planner",
         "topokeeper.engine.snapshot",
         "topokeeper.render.bundle",
-        "topokeeper.login.lambda_sync",
+        "topokeeper.wiring.login_sync",
         "topokeeper.adapters.ssm_channel",
         "topokeeper.adapters.agent_channel",
         "topokeeper.adapters.ec2",
@@ -121,18 +126,18 @@ LOADED_AT_INIT = {
 # Models a function validates only on some paths, built on first use (``defer_build``): nothing at import may
 # build them, or importing would pay for them again.
 BUILT_ON_FIRST_USE = (
-    "topokeeper.events.ClusterStateDetail",
-    "topokeeper.events.NodeHealthDetail",
-    "topokeeper.events.ClusterEventDetail",
-    "topokeeper.events.CloudTrailDetail",
-    "topokeeper.events.Ec2StateDetail",
-    "topokeeper.events.SsmInvocationDetail",
-    "topokeeper.events.AgentResultDetail",
-    "topokeeper.ports.KueueAuditRecord",
-    "topokeeper.ports.LoginNode",
-    "topokeeper.ports.LoginAuditRecord",
-    "topokeeper.ports.LoginInstallRecord",
-    "topokeeper.ports.LaunchedInstance",
+    "topokeeper.contract.event_schemas.ClusterStateDetail",
+    "topokeeper.contract.event_schemas.NodeHealthDetail",
+    "topokeeper.contract.event_schemas.ClusterEventDetail",
+    "topokeeper.contract.event_schemas.CloudTrailDetail",
+    "topokeeper.contract.event_schemas.Ec2StateDetail",
+    "topokeeper.contract.event_schemas.SsmInvocationDetail",
+    "topokeeper.contract.event_schemas.AgentResultDetail",
+    "topokeeper.contract.ports.KueueAuditRecord",
+    "topokeeper.contract.ports.LoginNode",
+    "topokeeper.contract.ports.LoginAuditRecord",
+    "topokeeper.contract.ports.LoginInstallRecord",
+    "topokeeper.contract.ports.LaunchedInstance",
 )
 
 IMPORT_AND_LIST = """

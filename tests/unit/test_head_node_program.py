@@ -11,8 +11,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from topokeeper import head_node_program
-from topokeeper.head_node_program import PACKAGE_DIR, PROGRAM_NAME, program_bytes, program_sha256, source_paths
+from topokeeper.contract import head_node_program
+from topokeeper.contract.head_node_program import PACKAGE_DIR, PROGRAM_NAME, program_bytes, program_sha256, source_paths
 
 PACKAGE_FILES = sorted(PACKAGE_DIR.rglob("*.py"))
 

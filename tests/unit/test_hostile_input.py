@@ -26,29 +26,29 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from tests.unit.service.usecase_support import CLUSTER, HEAD_NODE, Controller
-from topokeeper.cli import load_config
-from topokeeper.constants import ENV_BUCKET, ENV_CONFIG, ENV_QUEUE, ENV_TABLE
-from topokeeper.domain.models import PlannerConfig
-from topokeeper.engine.planner import plan
-from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
-from topokeeper.errors import InputError
-from topokeeper.events import (
+from topokeeper.cli.planning import load_config
+from topokeeper.contract.constants import ENV_BUCKET, ENV_CONFIG, ENV_QUEUE, ENV_TABLE
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.event_schemas import (
     CLOUDTRAIL_DETAIL_TYPE,
     EC2_STATE_DETAIL_TYPE,
     HYPERPOD_DETAIL_TYPES,
     SSM_INVOCATION_DETAIL_TYPE,
     TopokeeperEvent,
 )
+from topokeeper.contract.ports import Channel
+from topokeeper.domain.models import PlannerConfig
+from topokeeper.engine.planner import plan
+from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
 from topokeeper.headnode.bundle import parse_bundle
 from topokeeper.headnode.failures import Refused
-from topokeeper.ports import Channel
 from topokeeper.render.bundle import render
-from topokeeper.runtime import load_environment
+from topokeeper.service.controller import reconcile
 from topokeeper.service.ingest import ingest
-from topokeeper.service.reconcile import reconcile
 from topokeeper.service.result import record_result
 from topokeeper.sim.scenario import load_scenario
 from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, agent_source
+from topokeeper.wiring.runtime import load_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -236,7 +236,7 @@ def test_a_hostile_name_in_the_snapshot_is_refused_or_never_reaches_a_file(where
 
 
 def test_a_deeply_nested_snapshot_file_is_refused_naming_the_flag(tmp_path: Path) -> None:
-    from topokeeper.operator_files import read_mapping
+    from topokeeper.contract.operator_files import read_mapping
 
     for suffix, text in [(".json", "[" * DEEP), (".yaml", "[" * DEEP)]:
         path = tmp_path / f"snapshot{suffix}"
@@ -544,7 +544,7 @@ def test_a_hostile_cluster_name_in_an_event_is_never_managed(name: str) -> None:
 
 
 def test_an_unknown_result_key_is_logged_quoted_and_cut(caplog: pytest.LogCaptureFixture) -> None:
-    from topokeeper.ports import ApplyResult
+    from topokeeper.contract.ports import ApplyResult
 
     hostile = {"a\nERROR forged line": 1, "x" * 10_240: 2}
     ApplyResult.model_validate({"outcome": "applied", "applier_version": "1.0.0", **hostile})

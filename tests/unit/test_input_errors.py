@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from topokeeper.contract.errors import InputError
 from topokeeper.domain.models import PlannerConfig, check_block_sizes
-from topokeeper.errors import InputError
 from topokeeper.kueue.node_list import INSTANCE_TYPE_LABEL, KubeNode, nodes_from_labels
 from topokeeper.login.install import install_script
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from topokeeper.contract.stack_spec import FUNCTION_NAMES
 from topokeeper.sim.lambda_host import FUNCTIONS_DIR_VARIABLE, functions_dir, load_handler
 from topokeeper.sim.slurm_chroot import HarnessError
-from topokeeper.stack_spec import FUNCTION_NAMES
 
 CHECKOUT_FUNCTIONS = Path(__file__).resolve().parents[2] / "functions"
 

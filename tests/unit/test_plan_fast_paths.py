@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from topokeeper import wire
+from topokeeper.contract.errors import InputError
 from topokeeper.domain.models import Block, Node, PlannerConfig, Switch, assemble
 from topokeeper.domain.names import check_slurm_name, is_plain_slurm_name
 from topokeeper.engine.planner import plan
@@ -31,7 +32,6 @@ from topokeeper.engine.snapshot import (
     parse_snapshot_document,
     read_snapshot,
 )
-from topokeeper.errors import InputError
 from topokeeper.render.bundle import json_text, render
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

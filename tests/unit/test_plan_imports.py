@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from topokeeper.cli import build_parser
+from topokeeper.cli.main import build_parser
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NOT_FOR_PLANNING = (
@@ -21,16 +21,17 @@ NOT_FOR_PLANNING = (
     "topokeeper.login",
     "topokeeper.kueue",
     "topokeeper.agent",
-    "topokeeper.operator_commands",
-    "topokeeper.readonly_commands",
-    "topokeeper.kueue_commands",
-    "topokeeper.runtime",
-    "topokeeper.deployment",
+    "topokeeper.cli.operator_commands",
+    "topokeeper.cli.readonly_commands",
+    "topokeeper.cli.kueue_commands",
+    "topokeeper.cli.login_commands",
+    "topokeeper.wiring",
+    "topokeeper.contract.deployment",
 )
 
 RUN_AND_LIST = """
 import json, sys
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 codes = [main(argv) for argv in json.loads(sys.argv[1])]
 print(json.dumps({"codes": codes, "modules": sorted(sys.modules)}))
 """
@@ -59,11 +60,11 @@ def test_plan_and_show_import_no_aws_sdk_or_operator_command(tmp_path: Path) -> 
 
 def test_every_other_command_line_still_reaches_the_operator_commands(tmp_path: Path) -> None:
     parser = build_parser()
-    assert parser.parse_args(["audit", "--cluster", "c"]).run.__module__ == "topokeeper.operator_commands"
+    assert parser.parse_args(["audit", "--cluster", "c"]).run.__module__ == "topokeeper.cli.operator_commands"
     verify = parser.parse_args(["verify", "--snapshot", "s.json", "--bundle-out", "out"])
-    assert verify.run.__module__ == "topokeeper.readonly_commands"
+    assert verify.run.__module__ == "topokeeper.cli.readonly_commands"
     # A global option before the command takes the full parser, as before.
     codes, modules = _modules_after(
         ["--region", "us-east-1", "plan", "--snapshot", str(EXAMPLES / "mixed-cluster.json"), "--out", str(tmp_path)]
     )
-    assert codes == [0] and "topokeeper.operator_commands" in modules
+    assert codes == [0] and "topokeeper.cli.operator_commands" in modules

@@ -4,6 +4,7 @@ import random
 import pytest
 
 from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
+from topokeeper.contract.errors import InputError
 from topokeeper.domain.models import (
     FLAT_DEFAULT,
     NO_TOPOLOGY_SWITCH,
@@ -18,7 +19,6 @@ from topokeeper.domain.models import (
     TreeTopology,
 )
 from topokeeper.engine.planner import plan, plan_partition, resolve_kind
-from topokeeper.errors import InputError
 from topokeeper.render.bundle import render
 
 

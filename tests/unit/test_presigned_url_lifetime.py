@@ -7,7 +7,7 @@ from typing import Any
 
 from tests.helpers import p5_nodes, snapshot
 from topokeeper.adapters.ssm_channel import EXECUTION_TIMEOUT_SECONDS, SsmChannel
-from topokeeper.constants import PRESIGNED_URL_SECONDS, SIGV4_MAX_EXPIRES_SECONDS
+from topokeeper.contract.constants import PRESIGNED_URL_SECONDS, SIGV4_MAX_EXPIRES_SECONDS
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import render
 

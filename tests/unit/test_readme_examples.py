@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.readme_examples import README, blocks, commands, matches_shown
-from topokeeper.cli import build_parser, main
+from topokeeper.cli.main import build_parser, main
 
 COMMANDS = commands()
 # Run here, with their shown output where the README shows it (the demo's: tests/e2e/test_demo_story.py).

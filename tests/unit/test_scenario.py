@@ -4,7 +4,7 @@ from typing import get_args
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from topokeeper.errors import InputError
+from topokeeper.contract.errors import InputError
 from topokeeper.sim.scenario import Scenario, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "layers/core/python/topokeeper/sim/scenarios"

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from topokeeper.narrate import LEAF_ROWS, cut, drift_text, membership_changes, nodes_text, record_text, written_leaves
+from topokeeper.render.narrate import (
+    LEAF_ROWS,
+    cut,
+    drift_text,
+    membership_changes,
+    nodes_text,
+    record_text,
+    written_leaves,
+)
 from topokeeper.sim.aws.server import CallCounter
 
 

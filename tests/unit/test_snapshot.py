@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from topokeeper.contract.errors import InputError
 from topokeeper.domain.models import PartitionSettings, PlannerConfig
 from topokeeper.engine.snapshot import AwsClusterNode, build_snapshot, parse_snapshot_document, slurm_node_name
-from topokeeper.errors import InputError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

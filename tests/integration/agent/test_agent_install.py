@@ -19,8 +19,8 @@ from tests.signing_support import sign, signing_key
 from topokeeper.adapters.aws import client
 from topokeeper.agent.applier_process import run_applier
 from topokeeper.agent.config import load_config
-from topokeeper.cli import main
-from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, source_paths
+from topokeeper.cli.main import main
+from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes, source_paths
 from topokeeper.headnode.signature import read_trusted_key, rsa_public_key
 from topokeeper.sim.aws_emulator import AwsEmulator
 from topokeeper.wire import AgentConfig

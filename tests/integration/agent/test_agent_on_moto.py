@@ -42,9 +42,9 @@ from tests.helpers import RecordingMetrics
 from topokeeper.agent.bundle import BUNDLE_SCHEMA_NAME, BUNDLE_SCHEMA_VERSION
 from topokeeper.agent.config import load_config
 from topokeeper.agent.cycle import Agent
-from topokeeper.config import ClusterConfig, Settings
-from topokeeper.events import TopokeeperEvent, result_patterns
-from topokeeper.ports import ClusterState
+from topokeeper.contract.config import ClusterConfig, Settings
+from topokeeper.contract.event_schemas import TopokeeperEvent, result_patterns
+from topokeeper.contract.ports import ClusterState
 from topokeeper.service.result import ResultDeps, ResultReport, record_result
 from topokeeper.sim.aws import moto_patches
 from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE, agent_source, agent_verify_request_key

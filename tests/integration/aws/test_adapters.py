@@ -44,14 +44,10 @@ from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
 from topokeeper.adapters.ssm_channel import SsmChannel
-from topokeeper.domain.catalog import Capability, lookup
-from topokeeper.domain.models import BlockTopology, PlannerConfig, SlurmNodeRecord, TopologyKind
-from topokeeper.engine.planner import plan
-from topokeeper.engine.snapshot import build_snapshot
-from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, Retryable
-from topokeeper.events import RUN_SHELL_DOCUMENT
-from topokeeper.head_node_program import program_bytes
-from topokeeper.ports import (
+from topokeeper.contract.errors import ConcurrentUpdate, InputError, Permanent, Retryable
+from topokeeper.contract.event_schemas import RUN_SHELL_DOCUMENT
+from topokeeper.contract.head_node_program import program_bytes
+from topokeeper.contract.ports import (
     MAX_TRIGGERS,
     ApplyResult,
     AuditRecord,
@@ -62,6 +58,10 @@ from topokeeper.ports import (
     ReconcileRequest,
     Trigger,
 )
+from topokeeper.domain.catalog import Capability, lookup
+from topokeeper.domain.models import BlockTopology, PlannerConfig, SlurmNodeRecord, TopologyKind
+from topokeeper.engine.planner import plan
+from topokeeper.engine.snapshot import build_snapshot
 from topokeeper.render.bundle import Bundle, RenderedPlan, render
 from topokeeper.service.audit import build_records
 from topokeeper.service.state import save_fields

@@ -15,9 +15,9 @@ from tests.integration.aws.support import drain, subscribe
 from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.ec2 import instance_tags
 from topokeeper.adapters.queue import SqsWorkQueue
-from topokeeper.config import ClusterConfig, Settings
-from topokeeper.constants import AUDIT_SOURCE
-from topokeeper.events import (
+from topokeeper.contract.config import ClusterConfig, Settings
+from topokeeper.contract.constants import AUDIT_SOURCE
+from topokeeper.contract.event_schemas import (
     CLOUDTRAIL_DETAIL_TYPE,
     CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
     EC2_STATE_DETAIL_TYPE,
@@ -25,7 +25,7 @@ from topokeeper.events import (
     TopokeeperEvent,
     change_patterns,
 )
-from topokeeper.ports import Metric
+from topokeeper.contract.ports import Metric
 from topokeeper.service.ingest import IngestDeps, ingest
 from topokeeper.sim.aws.events import CLOUDTRAIL
 from topokeeper.sim.aws_emulator import AwsEmulator, ManualClock

@@ -16,8 +16,7 @@ import pytest
 from tests.integration.aws.test_adapters import TABLE, _large, _records, _rendered, _trail
 from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.agent.applier_process import MAX_DETAIL_BYTES
-from topokeeper.domain.models import SlurmNodeRecord
-from topokeeper.ports import (
+from topokeeper.contract.ports import (
     MAX_TRIGGERS,
     ApplyResult,
     Channel,
@@ -26,6 +25,7 @@ from topokeeper.ports import (
     PendingDelivery,
     Trigger,
 )
+from topokeeper.domain.models import SlurmNodeRecord
 from topokeeper.sim.aws_emulator import AwsEmulator, ManualClock
 from topokeeper.sim.stack import create_state_table
 

@@ -9,7 +9,7 @@ import pytest
 from botocore.config import Config
 
 from topokeeper.adapters.kms import KmsBundleSigner
-from topokeeper.errors import Permanent, Retryable
+from topokeeper.contract.errors import Permanent, Retryable
 from topokeeper.headnode.signature import TrustedKey, pkcs1_sha256_valid, rsa_public_key
 from topokeeper.sim.aws_emulator import AwsEmulator
 

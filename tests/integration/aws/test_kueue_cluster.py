@@ -12,7 +12,7 @@ import yaml
 from tests.integration.aws.support import cluster_request, group
 from tests.unit.kueue.kueue_api import api_errors
 from topokeeper.adapters.aws import client
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 from topokeeper.sim.aws.clock import SystemClock
 from topokeeper.sim.aws_emulator import AwsEmulator
 

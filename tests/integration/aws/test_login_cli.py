@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from topokeeper.adapters.aws import client
-from topokeeper.cli import main
-from topokeeper.login.host_keys import secret_names
+from topokeeper.cli.main import main
+from topokeeper.contract.constants import login_secret_names
 from topokeeper.sim.aws_emulator import AwsEmulator
 
 ROLE = "arn:aws:iam::123456789012:role/llm-train-login"
@@ -38,7 +38,7 @@ def test_rotation_keeps_the_ca_so_the_users_line_never_changes(
     aws: AwsEmulator, key: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     secrets = aws.client("secretsmanager")
-    bundle_name, ca_name = secret_names("llm-train")
+    bundle_name, ca_name = login_secret_names("llm-train")
 
     assert rotate(aws, key) == 0
     first_line = capsys.readouterr().out.splitlines()[-1]
@@ -70,7 +70,7 @@ def test_plain_keys_pin_the_key_and_keep_no_ca(aws: AwsEmulator, key: str, capsy
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.startswith(f"{ENDPOINT} ssh-ed25519 ")
     names = {s["Name"] for s in aws.client("secretsmanager").list_secrets()["SecretList"]}
-    assert names == {secret_names("llm-train")[0]}
+    assert names == {login_secret_names("llm-train")[0]}
 
 
 @pytest.mark.parametrize(

@@ -21,18 +21,24 @@ from topokeeper.adapters.aws import client
 from topokeeper.adapters.elbv2 import ElbTargetGroup
 from topokeeper.adapters.login_nodes import DynamoLoginInstallLedger, launched_instance
 from topokeeper.adapters.login_run_command import RunCommandInstaller
-from topokeeper.config import Settings
-from topokeeper.constants import ENV_BUCKET, ENV_CONFIG, ENV_QUEUE, ENV_TABLE
-from topokeeper.errors import Permanent, Retryable
-from topokeeper.events import EC2_STATE_DETAIL_TYPE
-from topokeeper.login.host_keys import secret_names
+from topokeeper.contract.config import Settings
+from topokeeper.contract.constants import (
+    ENV_BUCKET,
+    ENV_CONFIG,
+    ENV_QUEUE,
+    ENV_TABLE,
+    LOGIN_TARGET_GROUPS_ENV,
+    login_secret_names,
+)
+from topokeeper.contract.errors import Permanent, Retryable
+from topokeeper.contract.event_schemas import EC2_STATE_DETAIL_TYPE
+from topokeeper.contract.ports import InstallClaim
 from topokeeper.login.install import install_script
-from topokeeper.login.lambda_sync import INSTALL_CLAIM_LEASE, LOGIN_TARGET_GROUPS_ENV, sync_login_endpoints
-from topokeeper.ports import InstallClaim
-from topokeeper.runtime import Runtime, install_runtime
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome
 from topokeeper.sim.lambda_host import LambdaContext, load_handler
 from topokeeper.sim.stack import create_state_table
+from topokeeper.wiring.login_sync import INSTALL_CLAIM_LEASE, sync_login_endpoints
+from topokeeper.wiring.runtime import Runtime, install_runtime
 
 CLUSTER = "cfd"
 LOGIN_TAG = "topokeeper:login"
@@ -148,7 +154,7 @@ def login(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ec2Logi
 
 def expected_script(aws: AwsEmulator) -> str:
     # The secret in the stack's account and region, by its name (GetSecretValue takes an ARN without the suffix).
-    arn = f"arn:aws:secretsmanager:{aws.region}:{aws.account_id}:secret:{secret_names(CLUSTER)[0]}"
+    arn = f"arn:aws:secretsmanager:{aws.region}:{aws.account_id}:secret:{login_secret_names(CLUSTER)[0]}"
     return install_script(arn, aws.region)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from topokeeper.adapters.aws import client
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 from topokeeper.login.install import install_script
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome
 

@@ -16,14 +16,15 @@ from topokeeper.adapters.audit_trail import AuditTrail
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.elbv2 import ElbTargetGroup
 from topokeeper.adapters.login_nodes import DynamoLoginLedger, HyperPodLoginNodes
-from topokeeper.config import Settings
-from topokeeper.errors import Retryable
-from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV, sync_login_endpoints
-from topokeeper.ports import Metric
-from topokeeper.runtime import LambdaEnvironment
+from topokeeper.contract.config import Settings
+from topokeeper.contract.constants import LOGIN_TARGET_GROUPS_ENV
+from topokeeper.contract.errors import Retryable
+from topokeeper.contract.ports import Metric
 from topokeeper.service.login import LoginSync, sync_login_targets
 from topokeeper.sim.aws_emulator import AwsEmulator
 from topokeeper.sim.stack import create_state_table
+from topokeeper.wiring.login_sync import sync_login_endpoints
+from topokeeper.wiring.runtime import LambdaEnvironment
 
 CLUSTER = "llm-train"
 TABLE = "topokeeper-state"

@@ -16,10 +16,10 @@ from tests.helpers import RecordingMetrics, event_envelope, p5_nodes, snapshot
 from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
-from topokeeper.config import ClusterConfig, Settings
+from topokeeper.contract.config import ClusterConfig, Settings
+from topokeeper.contract.event_schemas import SSM_INVOCATION_DETAIL_TYPE
+from topokeeper.contract.ports import ApplyResult, Channel, DeliveryHandle, Outcome, PendingDelivery
 from topokeeper.engine.planner import plan
-from topokeeper.events import SSM_INVOCATION_DETAIL_TYPE
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, PendingDelivery
 from topokeeper.render.bundle import render
 from topokeeper.service.result import ResultDeps, record_result
 from topokeeper.service.state import save_fields

@@ -19,12 +19,10 @@ from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.dynamodb import DynamoStateStore
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
-from topokeeper.config import ClusterConfig, Settings
-from topokeeper.engine.planner import plan
-from topokeeper.engine.snapshot import AwsSnapshot
-from topokeeper.errors import InputError, Retryable
-from topokeeper.events import HYPERPOD_DETAIL_TYPES, TopokeeperEvent
-from topokeeper.ports import (
+from topokeeper.contract.config import ClusterConfig, Settings
+from topokeeper.contract.errors import InputError, Retryable
+from topokeeper.contract.event_schemas import HYPERPOD_DETAIL_TYPES, TopokeeperEvent
+from topokeeper.contract.ports import (
     ApplyResult,
     Channel,
     DeliveryHandle,
@@ -33,10 +31,12 @@ from topokeeper.ports import (
     ReconcileRequest,
     Trigger,
 )
+from topokeeper.engine.planner import plan
+from topokeeper.engine.snapshot import AwsSnapshot
 from topokeeper.render.bundle import Bundle, render
-from topokeeper.service.drift import check_drift
+from topokeeper.service.controller import check_drift, process_message, reconcile
 from topokeeper.service.ingest import IngestDeps, ingest
-from topokeeper.service.reconcile import DELIVERY_TIMEOUT, ControllerDeps, process_message, reconcile
+from topokeeper.service.reconcile import DELIVERY_TIMEOUT, ControllerDeps
 from topokeeper.service.result import ResultDeps, finish_delivery, record_result
 from topokeeper.service.state import save_fields
 from topokeeper.sim.aws_emulator import AwsEmulator, ManualClock
@@ -307,7 +307,7 @@ def test_permanent_failures_go_to_the_dead_letter_queue_others_come_back_soon(
     def bad_facts(*_: Any) -> Any:
         raise InputError("nodes[3].PrivateDnsHostname", "not a safe Slurm name")
 
-    monkeypatch.setattr("topokeeper.service.reconcile.reconcile", bad_facts)
+    monkeypatch.setattr("topokeeper.service.controller.reconcile", bad_facts)
     assert process_message(body, message["ReceiptHandle"], stack.controller(), {}) is None
     (parked,) = stack.messages(stack.dlq_url)
     assert "nodes[3].PrivateDnsHostname" in parked["MessageAttributes"]["reason"]["StringValue"]
@@ -318,7 +318,7 @@ def test_permanent_failures_go_to_the_dead_letter_queue_others_come_back_soon(
     def flaky(*_: Any) -> Any:
         raise ConnectionError("DynamoDB throttled")
 
-    monkeypatch.setattr("topokeeper.service.reconcile.reconcile", flaky)
+    monkeypatch.setattr("topokeeper.service.controller.reconcile", flaky)
     with pytest.raises(ConnectionError):
         process_message(body, message["ReceiptHandle"], stack.controller(), {})
     assert deferred == [60]

@@ -8,17 +8,17 @@ import pytest
 
 from tests.integration.backend.conftest import AuditCapture, reconcile_batches, small_scenario
 from topokeeper.adapters.aws import client
-from topokeeper.errors import InputError
-from topokeeper.events import (
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.event_schemas import (
     CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
     HYPERPOD_DETAIL_TYPES,
     MANAGED_TOPOLOGY_EVENT,
     WORK_QUEUE_MAX_RECEIVES,
 )
-from topokeeper.head_node_program import program_sha256
+from topokeeper.contract.head_node_program import program_sha256
+from topokeeper.contract.ports import Metric
 from topokeeper.headnode.config_dir import BACKUP_DIR
 from topokeeper.headnode.signature import GENERATION_FILE
-from topokeeper.ports import Metric
 from topokeeper.sim.lambda_host import LambdaContext
 from topokeeper.sim.simulator import Story
 from topokeeper.sim.world import World

@@ -15,7 +15,7 @@ from tests.integration.backend.conftest import AuditCapture
 from tests.unit.kueue.kueue_api import api_errors
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.plans import kueue_latest_key
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 from topokeeper.kueue.objects import TOPOLOGY_FILE
 from topokeeper.sim.commands import SCENARIOS
 from topokeeper.sim.report import render_report

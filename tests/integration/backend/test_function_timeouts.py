@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.integration.backend.conftest import small_scenario
-from topokeeper import stack_spec as spec
+from topokeeper.contract import stack_spec as spec
 from topokeeper.sim.lambda_host import FunctionTimedOut
 from topokeeper.sim.world import World, running
 

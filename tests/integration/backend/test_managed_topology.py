@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.backend.conftest import small_scenario
-from topokeeper.ports import Metric
+from topokeeper.contract.ports import Metric
 from topokeeper.sim.scenario import Step
 from topokeeper.sim.simulator import Story
 from topokeeper.sim.world import World

@@ -9,7 +9,7 @@ import pytest
 
 from tests.integration.backend.conftest import small_scenario
 from topokeeper.adapters.ec2 import LocalRateLimiter
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 from topokeeper.sim.world import World
 
 pytestmark = pytest.mark.slurm
@@ -34,7 +34,7 @@ def test_snapshot_then_plan_gives_the_plan_the_backend_applied(
     # The CLI paces DescribeInstanceTopology pages one second apart; here the emulator's bucket refills in the
     # world's simulated time, so the CLI waits on that clock.
     monkeypatch.setattr(
-        "topokeeper.operator_commands.LocalRateLimiter",
+        "topokeeper.cli.operator_commands.LocalRateLimiter",
         lambda: LocalRateLimiter(now=world.clock.monotonic, sleep=world.clock.advance),
     )
     snapshot = tmp_path / "snapshot.json"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from topokeeper.ports import Metric
+from topokeeper.contract.ports import Metric
 from topokeeper.sim.aws.alarms import AlarmState
 from topokeeper.sim.head_node import ChrootHeadNode
 from topokeeper.sim.parallelcluster import CLUSTER_TAG, HEAD_NODE_TAG, QUEUE_TAG

@@ -12,8 +12,8 @@ import pytest
 
 from tests.integration.backend.conftest import small_scenario
 from topokeeper.adapters.ec2 import LocalRateLimiter
-from topokeeper.cli import main
-from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
+from topokeeper.cli.main import main
+from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
 from topokeeper.sim.stack import BUCKET
 from topokeeper.sim.world import World
 
@@ -27,7 +27,7 @@ def _files(world: World) -> dict[str, bytes]:
 
 def _snapshot(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(
-        "topokeeper.operator_commands.LocalRateLimiter",
+        "topokeeper.cli.operator_commands.LocalRateLimiter",
         lambda: LocalRateLimiter(now=world.clock.monotonic, sleep=world.clock.advance),
     )
     world.clock.advance(1)  # the backend's own DescribeInstanceTopology just took the account's one token

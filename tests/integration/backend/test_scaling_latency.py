@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.backend.conftest import reconcile_batches, small_scenario
 from topokeeper.adapters.aws import client
-from topokeeper.events import WORK_QUEUE_MAX_RECEIVES
+from topokeeper.contract.event_schemas import WORK_QUEUE_MAX_RECEIVES
 from topokeeper.service.reconcile import TOPOLOGY_RETRY_SECONDS
 from topokeeper.sim.commands import SCENARIOS
 from topokeeper.sim.scenario import Scenario, Step, load_scenario

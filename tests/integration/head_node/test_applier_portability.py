@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import head_node_program
-from topokeeper.head_node_program import PACKAGE_DIR, source_paths
+from topokeeper.contract.head_node_program import PACKAGE_DIR, source_paths
 from topokeeper.headnode import APPLIER_VERSION
 
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, head_node_program, node, p5_nodes, snapshot
-from topokeeper.cli import main as topokeeper_main
+from topokeeper.cli.main import main as topokeeper_main
+from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
 from topokeeper.domain.models import Node
 from topokeeper.engine.planner import plan
-from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
 from topokeeper.headnode import scontrol
 from topokeeper.headnode.config_dir import BACKUPS_KEPT, LOCK_FILE
 from topokeeper.headnode.main import main

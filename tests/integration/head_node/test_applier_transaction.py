@@ -408,7 +408,8 @@ def test_a_run_without_budget_left_for_reconfigure_and_rollback_writes_nothing(
 
 
 def test_the_budget_fits_inside_every_channel_timeout_with_margin() -> None:
-    from topokeeper import agent_install, wire
+    from topokeeper import wire
+    from topokeeper.cli import agent_install
 
     waits = wire.LOCK_WAIT_SECONDS + wire.READ_SECONDS + 2 * wire.RECONFIGURE_TIMEOUT
     assert waits <= wire.APPLIER_BUDGET_SECONDS

@@ -20,16 +20,23 @@ import pytest
 
 from tests.integration.login.test_host_identity_on_sshd import ENDPOINT, ssh
 from topokeeper.adapters.aws import client
-from topokeeper.config import Settings
-from topokeeper.constants import ENV_BUCKET, ENV_CONFIG, ENV_QUEUE, ENV_TABLE
-from topokeeper.events import EC2_STATE_DETAIL_TYPE, TopokeeperEvent
-from topokeeper.login.host_keys import generate, secret_names
-from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV, install_login_host_identity
-from topokeeper.runtime import Runtime
+from topokeeper.contract.config import Settings
+from topokeeper.contract.constants import (
+    ENV_BUCKET,
+    ENV_CONFIG,
+    ENV_QUEUE,
+    ENV_TABLE,
+    LOGIN_TARGET_GROUPS_ENV,
+    login_secret_names,
+)
+from topokeeper.contract.event_schemas import EC2_STATE_DETAIL_TYPE, TopokeeperEvent
+from topokeeper.login.host_keys import generate
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome, ManualClock
 from topokeeper.sim.login_chroot import LoginNode, ensure_login_chroot
 from topokeeper.sim.slurm_chroot import free_port
 from topokeeper.sim.stack import create_state_table
+from topokeeper.wiring.login_sync import install_login_host_identity
+from topokeeper.wiring.runtime import Runtime
 
 pytestmark = pytest.mark.slurm
 
@@ -37,7 +44,7 @@ CLUSTER = "cfd"
 TABLE = "topokeeper-state"
 # The ingest function's target group ARN names the stack's account and region, where the secret lives.
 TARGET_GROUP = "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/cfd-login/0123456789abcdef"
-SECRET_ARN = f"arn:aws:secretsmanager:us-east-1:123456789012:secret:{secret_names(CLUSTER)[0]}"
+SECRET_ARN = f"arn:aws:secretsmanager:us-east-1:123456789012:secret:{login_secret_names(CLUSTER)[0]}"
 STANDIN_AWS_CLI = """#!/bin/sh
 # Stand-in for the AWS CLI: only the call the installer makes, with the login role's answer.
 expected='secretsmanager get-secret-value --region us-east-1 --secret-id {secret} --query SecretString --output text'

@@ -20,11 +20,11 @@ import pytest
 
 from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, p5_nodes, snapshot
 from topokeeper.adapters.ssm_channel import build_commands
+from topokeeper.contract.head_node_program import program_bytes, program_sha256
+from topokeeper.contract.ports import ApplyResult
 from topokeeper.domain.models import PlannerConfig
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
-from topokeeper.head_node_program import program_bytes, program_sha256
-from topokeeper.ports import ApplyResult
 from topokeeper.render.bundle import render
 from topokeeper.sim.slurm_chroot import SlurmController
 from topokeeper.wire import parse_show_topology, sha256_text

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, head_node_program, node, p5_nodes, snapshot
+from topokeeper.contract.head_node_program import PROGRAM_NAME
 from topokeeper.domain.models import Node, PartitionSettings
 from topokeeper.engine.planner import plan
-from topokeeper.head_node_program import PROGRAM_NAME
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim.slurm_chroot import SlurmController
 from topokeeper.wire import MAX_STDOUT_CHARS, content_sha256, parse_show_topology, sha256_text

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import gb200_nodes, node, snapshot
-from topokeeper.cli import plan_from_files
+from topokeeper.cli.planning import plan_from_files
 from topokeeper.domain.models import BlockTopology, PartitionSettings, TreeTopology
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import RenderedPlan, render

@@ -20,8 +20,8 @@ from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.adapters.aws import PRESIGN_CONFIG, SEND_COMMAND_CONFIG
 from topokeeper.adapters.ssm_channel import SsmChannel
-from topokeeper.ports import ApplyResult, Outcome
-from topokeeper.service.reconcile import reconcile
+from topokeeper.contract.ports import ApplyResult, Outcome
+from topokeeper.service.controller import reconcile
 from topokeeper.service.result import record_result
 from topokeeper.service.state import save_fields
 from topokeeper.sim.aws.s3 import KMS_DEFAULT_ENCRYPTION

@@ -7,7 +7,7 @@ from botocore.stub import Stubber
 
 from tests.unit.adapters.topology_support import stubbed_ec2
 from topokeeper.adapters.ec2 import instance_tags
-from topokeeper.errors import Permanent, Retryable
+from topokeeper.contract.errors import Permanent, Retryable
 
 INSTANCE = "i-0123456789abcdef0"
 

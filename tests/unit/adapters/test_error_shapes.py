@@ -20,18 +20,18 @@ from botocore.stub import ANY, Stubber
 
 from tests.helpers import gb200_nodes, p5_nodes, snapshot
 from tests.unit.service.test_ssm_channel import RecordingS3
-from topokeeper import runtime as runtime_module
 from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.audit_trail import AuditTrail
 from topokeeper.adapters.dynamodb import DynamoStateStore, cluster_key
 from topokeeper.adapters.ssm_channel import SsmChannel
-from topokeeper.config import Settings
+from topokeeper.contract.config import Settings
+from topokeeper.contract.errors import ConcurrentUpdate, Permanent, Retryable, TopokeeperError
+from topokeeper.contract.ports import AuditRecord, Channel, ClusterState, Outcome, PendingDelivery
 from topokeeper.engine.planner import plan
-from topokeeper.errors import ConcurrentUpdate, Permanent, Retryable, TopokeeperError
-from topokeeper.ports import AuditRecord, Channel, ClusterState, Outcome, PendingDelivery
 from topokeeper.render.bundle import Bundle, render
-from topokeeper.runtime import LambdaEnvironment, Runtime
 from topokeeper.service.audit import build_records
+from topokeeper.wiring import runtime as runtime_module
+from topokeeper.wiring.runtime import LambdaEnvironment, Runtime
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 TABLE = "topokeeper-state"

@@ -24,9 +24,10 @@ from tests.unit.service.test_ssm_channel import RecordingS3
 from tests.unit.service.usecase_support import HEAD_NODE, Controller
 from topokeeper.adapters.aws import CLIENT_CONFIG, SEND_COMMAND_CONFIG
 from topokeeper.adapters.ssm_channel import SEND_ATTEMPTS, SsmChannel
-from topokeeper.errors import Permanent, Retryable
+from topokeeper.contract.errors import Permanent, Retryable
 from topokeeper.render.bundle import Bundle
-from topokeeper.service.reconcile import plan_cluster, reconcile
+from topokeeper.service.controller import reconcile
+from topokeeper.service.reconcile import plan_cluster
 
 COMMAND_ID = "0e8d3c0e-71f7-4491-898f-0123456789ab"
 READ_TIMEOUT = Config(read_timeout=0.3, connect_timeout=1)

@@ -10,7 +10,7 @@ import yaml
 
 from tests.unit.kueue import fleets
 from tests.unit.kueue.kueue_api import api_errors
-from topokeeper.cli import main
+from topokeeper.cli.main import main
 from topokeeper.kueue.annotations import manifest_errors
 
 EXAMPLES = fleets.EXAMPLES

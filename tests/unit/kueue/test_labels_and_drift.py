@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.kueue import fleets
+from topokeeper.contract.errors import InputError
 from topokeeper.engine.snapshot import eks_nodes, parse_snapshot_document
-from topokeeper.errors import InputError
 from topokeeper.kueue.drift import DriftKind, label_drift
 from topokeeper.kueue.fleet import fleet_json, fleet_layers, render_mermaid, render_table
 from topokeeper.kueue.node_list import merge_facts, nodes_from_labels, parse_node_list

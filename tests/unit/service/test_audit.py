@@ -4,9 +4,9 @@ from pathlib import Path
 
 from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
 from topokeeper.adapters.audit_trail import cloudtrail_lake_event
+from topokeeper.contract.ports import AuditRecord, Channel, DeliveryHandle, NodeMove, Outcome, PendingDelivery, Trigger
 from topokeeper.domain.models import NO_ULTRASERVER_BLOCK
 from topokeeper.engine.planner import plan
-from topokeeper.ports import AuditRecord, Channel, DeliveryHandle, NodeMove, Outcome, PendingDelivery, Trigger
 from topokeeper.render.bundle import render
 from topokeeper.service.audit import MAX_LISTED_NODES, build_records
 

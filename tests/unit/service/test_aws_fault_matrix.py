@@ -29,8 +29,8 @@ from tests.unit.service.test_crash_points import COMMAND_SECONDS, HORIZON, Crash
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER
 from topokeeper.adapters.ssm_channel import parse_invocation
-from topokeeper.errors import Retryable
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Metric, Outcome
+from topokeeper.contract.errors import Retryable
+from topokeeper.contract.ports import ApplyResult, Channel, DeliveryHandle, Metric, Outcome
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.reconcile import plan_cluster
 

@@ -8,11 +8,11 @@ from tests.fakes import FakeFacts
 from tests.helpers import event_envelope
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper.contract.ports import ApplyResult, Channel, Metric, Outcome
 from topokeeper.domain.models import SlurmNodeRecord
-from topokeeper.ports import ApplyResult, Channel, Metric, Outcome
 from topokeeper.render.bundle import Bundle
-from topokeeper.service.drift import check_drift, pending_window
-from topokeeper.service.reconcile import reconcile
+from topokeeper.service.controller import check_drift, reconcile
+from topokeeper.service.drift import pending_window
 from topokeeper.service.result import record_result
 from topokeeper.service.state import save_fields
 from topokeeper.wire import AGENT_VERIFY_DETAIL_TYPE, agent_source

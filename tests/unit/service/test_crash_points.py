@@ -21,13 +21,13 @@ from tests.fakes import FakeChannel, FakeClock, MemoryWorkQueue
 from tests.helpers import event_envelope
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
-from topokeeper.events import TopokeeperEvent
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, ReconcileRequest
+from topokeeper.contract.event_schemas import TopokeeperEvent
+from topokeeper.contract.ports import ApplyResult, Channel, DeliveryHandle, Outcome, ReconcileRequest
+from topokeeper.contract.stack_spec import WORK_VISIBILITY_TIMEOUT_SECONDS
 from topokeeper.render.bundle import Bundle
-from topokeeper.service.drift import DriftRequest, check_requested
-from topokeeper.service.reconcile import DELIVERY_TIMEOUT, plan_cluster, process_message
+from topokeeper.service.controller import DriftRequest, check_requested, process_message
+from topokeeper.service.reconcile import DELIVERY_TIMEOUT, plan_cluster
 from topokeeper.service.result import record_result
-from topokeeper.stack_spec import WORK_VISIBILITY_TIMEOUT_SECONDS
 from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, agent_source
 
 STEP_SECONDS = 5

@@ -4,9 +4,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from topokeeper.config import ClusterConfig, Settings
-from topokeeper.events import WORK_QUEUE_MAX_RECEIVES
-from topokeeper.ports import Channel, ClusterState, DeliveryHandle, PendingDelivery, ReconcileRequest, Trigger
+from topokeeper.contract.config import ClusterConfig, Settings
+from topokeeper.contract.event_schemas import WORK_QUEUE_MAX_RECEIVES
+from topokeeper.contract.ports import Channel, ClusterState, DeliveryHandle, PendingDelivery, ReconcileRequest, Trigger
 from topokeeper.service.reconcile import DELIVERY_TIMEOUT, TOPOLOGY_RETRY, TOPOLOGY_RETRY_SECONDS, Decision, decide
 from topokeeper.service.state import OWN_TRIGGER_SOURCE
 
@@ -102,7 +102,7 @@ def test_messages_of_one_cycle_share_their_deduplication_id() -> None:
 
 
 def test_only_a_newer_message_in_the_same_batch_supersedes() -> None:
-    from topokeeper.service.reconcile import newest_generations
+    from topokeeper.service.controller import newest_generations
 
     bodies = [ReconcileRequest(cluster="c1", generation=g).model_dump_json() for g in (3, 5, 4)] + ["{broken"]
     assert newest_generations(bodies) == {"c1": 5}

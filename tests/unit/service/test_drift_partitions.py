@@ -1,6 +1,6 @@
 from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
+from topokeeper.contract.ports import ApplyResult, Outcome
 from topokeeper.engine.planner import plan
-from topokeeper.ports import ApplyResult, Outcome
 from topokeeper.render.bundle import render
 from topokeeper.service.drift import drifted_partitions
 

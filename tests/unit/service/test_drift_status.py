@@ -1,5 +1,5 @@
-from topokeeper.config import Mode
-from topokeeper.ports import ApplyResult, Outcome
+from topokeeper.contract.config import Mode
+from topokeeper.contract.ports import ApplyResult, Outcome
 from topokeeper.service.drift import live_status
 
 

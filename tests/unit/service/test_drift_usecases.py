@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.service.usecase_support import CLUSTER, Controller
-from topokeeper.events import CLOUDTRAIL_DETAIL_TYPE, MANAGED_TOPOLOGY_EVENT, TopokeeperEvent
-from topokeeper.ports import ApplyResult, Metric, NodeMove, Outcome
-from topokeeper.service.drift import check_drift, verify_managed_updates
+from topokeeper.contract.event_schemas import CLOUDTRAIL_DETAIL_TYPE, MANAGED_TOPOLOGY_EVENT, TopokeeperEvent
+from topokeeper.contract.ports import ApplyResult, Metric, NodeMove, Outcome
+from topokeeper.service.controller import check_drift, reconcile, verify_managed_updates
 from topokeeper.service.ingest import ingest
-from topokeeper.service.reconcile import DELIVERY_TIMEOUT, ReconcileReport, reconcile
+from topokeeper.service.reconcile import DELIVERY_TIMEOUT, ReconcileReport
 
 
 def _applied(controller: Controller) -> None:

@@ -26,15 +26,15 @@ from tests.fakes import (
 )
 from tests.unit.kueue.fleets import mixed_fleet, p5_fleet
 from tests.unit.kueue.kueue_api import api_errors
-from topokeeper.config import ClusterConfig, Orchestrator, Settings
+from topokeeper.contract.config import ClusterConfig, Orchestrator, Settings
+from topokeeper.contract.errors import Permanent
+from topokeeper.contract.ports import KueueAuditRecord, Metric, ReconcileRequest
+from topokeeper.contract.stack_spec import cluster_alarms
 from topokeeper.engine.snapshot import AwsSnapshot
-from topokeeper.errors import Permanent
 from topokeeper.kueue.objects import TOPOLOGY_FILE
 from topokeeper.kueue.publication import LABELS_FILE, SUMMARY_FILE
-from topokeeper.ports import KueueAuditRecord, Metric, ReconcileRequest
-from topokeeper.service.drift import check_drift
-from topokeeper.service.reconcile import ControllerDeps, reconcile
-from topokeeper.stack_spec import cluster_alarms
+from topokeeper.service.controller import check_drift, reconcile
+from topokeeper.service.reconcile import ControllerDeps
 
 CLUSTER = "eks-p5"
 
@@ -257,7 +257,7 @@ def test_publication_is_deterministic() -> None:
 
 def test_the_eks_reconcile_imports_nothing_the_lambda_layer_lacks() -> None:
     """PyYAML is CLI-only (layers/core/requirements.txt): the reconcile must run without it."""
-    code = "import sys; sys.modules['yaml'] = None; import topokeeper.service.eks, topokeeper.runtime"
+    code = "import sys; sys.modules['yaml'] = None; import topokeeper.service.eks, topokeeper.wiring.runtime"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from topokeeper.config import ClusterConfig, Settings
-from topokeeper.errors import InputError
-from topokeeper.events import TopokeeperEvent
+from topokeeper.contract.config import ClusterConfig, Settings
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.event_schemas import TopokeeperEvent
 from topokeeper.service.ingest import IngestDeps, cluster_reference
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "events"
@@ -52,7 +52,7 @@ def test_documented_samples_name_their_cluster(fixture: str, summary: str) -> No
 
 
 def test_epoch_millisecond_times_parse() -> None:
-    from topokeeper.events import ClusterStateDetail
+    from topokeeper.contract.event_schemas import ClusterStateDetail
 
     detail = ClusterStateDetail.model_validate(_event("hyperpod-state-change").detail)
     assert detail.CreationTime is not None and detail.CreationTime.year == 2025

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.service.usecase_support import CLUSTER, Controller
-from topokeeper.errors import InputError
-from topokeeper.events import (
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.event_schemas import (
     CLOUDTRAIL_DETAIL_TYPE,
     CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
     HYPERPOD_DETAIL_TYPES,
     MANAGED_TOPOLOGY_EVENT,
     TopokeeperEvent,
 )
-from topokeeper.ports import Metric, ReconcileRequest
+from topokeeper.contract.ports import Metric, ReconcileRequest
 from topokeeper.service.ingest import ingest
 from topokeeper.service.reconcile import is_managed_topology_update
 

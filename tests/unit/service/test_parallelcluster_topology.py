@@ -7,10 +7,9 @@ from __future__ import annotations
 from tests.unit.service.test_drift_usecases import _applied, _verify
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
-from topokeeper.config import Mode
-from topokeeper.ports import ApplyResult, Outcome
-from topokeeper.service.drift import check_drift
-from topokeeper.service.reconcile import reconcile
+from topokeeper.contract.config import Mode
+from topokeeper.contract.ports import ApplyResult, Outcome
+from topokeeper.service.controller import check_drift, reconcile
 from topokeeper.service.result import record_result
 from topokeeper.service.state import cluster_mode, save_fields
 

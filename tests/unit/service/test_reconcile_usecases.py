@@ -6,10 +6,11 @@ import pytest
 
 from tests.fakes import FakeFacts
 from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper.contract.errors import ConcurrentUpdate, Permanent, Retryable
+from topokeeper.contract.ports import Metric, ReconcileRequest
 from topokeeper.engine.snapshot import AwsSnapshot
-from topokeeper.errors import ConcurrentUpdate, Permanent, Retryable
-from topokeeper.ports import Metric, ReconcileRequest
-from topokeeper.service.reconcile import DELIVERY_TIMEOUT, ReconcileReport, process_message, reconcile
+from topokeeper.service.controller import process_message, reconcile
+from topokeeper.service.reconcile import DELIVERY_TIMEOUT, ReconcileReport
 
 RECEIPT = "receipt-1"
 
@@ -139,7 +140,7 @@ def test_a_delivery_in_flight_costs_the_waiting_message_two_receives_at_most() -
 
 def test_the_result_resumes_the_message_waiting_behind_its_delivery() -> None:
     from tests.unit.service.test_result_usecases import ssm_event
-    from topokeeper.ports import ApplyResult, Outcome
+    from topokeeper.contract.ports import ApplyResult, Outcome
     from topokeeper.service.result import record_result
 
     controller = Controller()

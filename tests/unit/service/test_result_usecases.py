@@ -6,10 +6,10 @@ import pytest
 
 from tests.helpers import event_envelope
 from tests.unit.service.usecase_support import CLUSTER, HEAD_NODE, Controller
-from topokeeper.errors import InputError, Retryable
-from topokeeper.events import SSM_INVOCATION_DETAIL_TYPE, TopokeeperEvent
-from topokeeper.ports import ApplyResult, Channel, Metric, Outcome
-from topokeeper.service.reconcile import reconcile
+from topokeeper.contract.errors import InputError, Retryable
+from topokeeper.contract.event_schemas import SSM_INVOCATION_DETAIL_TYPE, TopokeeperEvent
+from topokeeper.contract.ports import ApplyResult, Channel, Metric, Outcome
+from topokeeper.service.controller import reconcile
 from topokeeper.service.result import record_result
 from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, agent_source
 
@@ -192,7 +192,7 @@ def test_unknown_result_fields_are_ignored_and_logged(caplog: pytest.LogCaptureF
 
 
 def test_state_saved_before_applier_version_was_required_still_loads() -> None:
-    from topokeeper.ports import ClusterState
+    from topokeeper.contract.ports import ClusterState
 
     state = ClusterState.model_validate({"cluster": CLUSTER, "last_verify": {"outcome": "in_sync"}})
     assert state.last_verify is not None and state.last_verify.applier_version is None

@@ -15,23 +15,24 @@ from tests.fakes import FakeClock, FakeFacts, MemoryNodeFactsCache
 from tests.helpers import p5_nodes, snapshot
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
-from topokeeper import runtime as runtime_module
 from topokeeper.adapters.ec2 import InstanceTopologyReader
 from topokeeper.adapters.hyperpod import HyperPodFacts
-from topokeeper.config import Settings
+from topokeeper.contract.config import Settings
+from topokeeper.contract.ports import ApplyResult, Outcome
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot
-from topokeeper.ports import ApplyResult, Outcome
 from topokeeper.render.bundle import render
-from topokeeper.runtime import (
+from topokeeper.service.controller import reconcile
+from topokeeper.service.reconcile import MAX_TOPOLOGY_RETRIES
+from topokeeper.service.result import record_result
+from topokeeper.wiring import runtime as runtime_module
+from topokeeper.wiring.runtime import (
     AFTER_DISCOVERY_SECONDS,
     AFTER_READ_SECONDS,
     DRIFT_DISCOVERY_SECONDS,
     LambdaEnvironment,
     Runtime,
 )
-from topokeeper.service.reconcile import MAX_TOPOLOGY_RETRIES, reconcile
-from topokeeper.service.result import record_result
 
 PAGE = 20  # DescribeInstanceTopology's page when instance ids are given
 

@@ -13,15 +13,15 @@ import pytest
 from tests.fakes import MemoryStateStore
 from tests.signing_support import LocalSigner, signing_key
 from tests.unit.service.usecase_support import CLUSTER, Controller
-from topokeeper.errors import Retryable
+from topokeeper.contract.errors import Retryable
+from topokeeper.contract.ports import ApplyResult
 from topokeeper.headnode import bundle as head_node_bundle
 from topokeeper.headnode.bundle import parse_bundle
 from topokeeper.headnode.failures import Refused
 from topokeeper.headnode.signature import TrustedKey, check_signature, rsa_public_key
-from topokeeper.ports import ApplyResult
 from topokeeper.render.bundle import Bundle
-from topokeeper.service.drift import check_drift
-from topokeeper.service.reconcile import ControllerDeps, reconcile
+from topokeeper.service.controller import check_drift, reconcile
+from topokeeper.service.reconcile import ControllerDeps
 from topokeeper.service.signing import next_generation, trusted_key_document
 
 

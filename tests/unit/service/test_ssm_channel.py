@@ -22,9 +22,9 @@ from topokeeper.adapters.ssm_channel import (
     guard_target,
     parse_invocation,
 )
+from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
+from topokeeper.contract.ports import Outcome
 from topokeeper.engine.planner import plan
-from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
-from topokeeper.ports import Outcome
 from topokeeper.render.bundle import render
 from topokeeper.service.signing import sign_bundle, trusted_key_document
 

@@ -20,9 +20,9 @@ import pytest
 from tests.helpers import p5_nodes, snapshot
 from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.ssm_channel import INLINE_LIMIT_BYTES, STDOUT_LIMIT, SsmChannel, command_size, parse_invocation
+from topokeeper.contract.errors import Permanent
+from topokeeper.contract.ports import Outcome
 from topokeeper.engine.planner import plan
-from topokeeper.errors import Permanent
-from topokeeper.ports import Outcome
 from topokeeper.render.bundle import Bundle, render
 
 

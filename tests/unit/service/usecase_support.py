@@ -16,8 +16,8 @@ from tests.fakes import (
     MemoryWorkQueue,
     trigger,
 )
-from topokeeper.config import Settings
-from topokeeper.ports import ApplyResult, Channel, ClusterState, ReconcileRequest
+from topokeeper.contract.config import Settings
+from topokeeper.contract.ports import ApplyResult, Channel, ClusterState, ReconcileRequest
 from topokeeper.service.ingest import IngestDeps
 from topokeeper.service.reconcile import ControllerDeps
 from topokeeper.service.result import ResultDeps

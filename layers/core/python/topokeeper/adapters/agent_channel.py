@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors, error_code
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, StateStore
+from topokeeper.contract.ports import ApplyResult, Channel, DeliveryHandle, Outcome, StateStore
 from topokeeper.wire import agent_bundle_key, agent_verify_key, agent_verify_request_key
 
 if TYPE_CHECKING:  # in signatures only: the functions that deliver load it at init (service.reconcile)

@@ -17,9 +17,9 @@ from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors
 from topokeeper.adapters.dynamodb import audit_history_key
-from topokeeper.constants import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
-from topokeeper.errors import Permanent, Retryable, TopokeeperError
-from topokeeper.ports import AnyAuditRecord, AuditRecord
+from topokeeper.contract.constants import AUDIT_DETAIL_TYPE, AUDIT_SOURCE
+from topokeeper.contract.errors import Permanent, Retryable, TopokeeperError
+from topokeeper.contract.ports import AnyAuditRecord, AuditRecord
 
 PUT_EVENTS_BATCH = 10
 # EventBridge refuses a PutEvents request whose entries total 256 KB or more ("Total size of the entries in

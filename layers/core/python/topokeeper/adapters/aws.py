@@ -15,7 +15,7 @@ import botocore.session
 from botocore.config import Config
 from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError, PartialCredentialsError
 
-from topokeeper.errors import InputError, Permanent, Retryable, TopokeeperError
+from topokeeper.contract.errors import InputError, Permanent, Retryable, TopokeeperError
 
 # Adaptive retries back off on throttling (DescribeInstanceTopology's bucket is 1 call per second).
 CLIENT_CONFIG = Config(

@@ -30,9 +30,9 @@ from botocore.exceptions import ClientError
 from pydantic import TypeAdapter
 
 from topokeeper.adapters.aws import aws_errors
+from topokeeper.contract.errors import ConcurrentUpdate, Retryable
+from topokeeper.contract.ports import CHANGE_FIELDS, MAX_TRIGGERS, ClusterState, Trigger
 from topokeeper.domain.models import SlurmNodeRecord
-from topokeeper.errors import ConcurrentUpdate, Retryable
-from topokeeper.ports import CHANGE_FIELDS, MAX_TRIGGERS, ClusterState, Trigger
 
 STATE_SK = "STATE"
 EVENT_TTL = timedelta(days=1)

@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors, error_code
-from topokeeper.config import Ec2Discovery
-from topokeeper.constants import INSTANCE_ID
+from topokeeper.contract.config import Ec2Discovery
+from topokeeper.contract.constants import INSTANCE_ID
+from topokeeper.contract.errors import InputError, TopokeeperError
+from topokeeper.contract.ports import NodeFactsCache, RateLimiter
 from topokeeper.domain.catalog import Capability, ec2_instance_type, lookup
-from topokeeper.errors import InputError, TopokeeperError
-from topokeeper.ports import NodeFactsCache, RateLimiter
 
 if TYPE_CHECKING:  # ingest and the login sync use this module but never read a cluster's facts
     from topokeeper.engine.snapshot import AwsSnapshot

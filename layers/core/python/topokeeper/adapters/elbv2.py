@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from topokeeper.adapters.aws import aws_errors
-from topokeeper.errors import InputError
+from topokeeper.contract.errors import InputError
 
 
 def _targets(ips: Sequence[str], port: int) -> list[dict[str, Any]]:

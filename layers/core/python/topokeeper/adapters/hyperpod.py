@@ -15,8 +15,8 @@ from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.adapters.ec2 import InstanceTopologyReader, not_visible_warning, undescribed_warning
+from topokeeper.contract.errors import InputError
 from topokeeper.domain.catalog import Capability, lookup
-from topokeeper.errors import InputError
 
 if TYPE_CHECKING:  # the login sync uses this module but never reads a cluster's facts
     from topokeeper.engine.snapshot import AwsSnapshot

@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any
 
 from topokeeper.adapters.aws import aws_errors
-from topokeeper.errors import Permanent
+from topokeeper.contract.errors import Permanent
 from topokeeper.wire import SIGNATURE_ALGORITHM
 
 SHA256_DIGEST_BYTES = 32

@@ -14,8 +14,8 @@ from botocore.exceptions import ClientError
 from topokeeper.adapters.aws import aws_errors, error_code
 from topokeeper.adapters.ec2 import described_instance
 from topokeeper.adapters.hyperpod import legacy_provisioning_parameters
-from topokeeper.errors import InputError
-from topokeeper.ports import InstallClaim, LaunchedInstance, LoginNode
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.ports import InstallClaim, LaunchedInstance, LoginNode
 
 LOGIN_NODE_TYPE = "Login"
 # The login sync's word for a node that serves (HyperPod's InstanceStatus); EC2's "running" maps to it.

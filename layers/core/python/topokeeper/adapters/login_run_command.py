@@ -14,9 +14,9 @@ from typing import Any
 from topokeeper.adapters.aws import aws_errors
 from topokeeper.adapters.login_nodes import RUNNING_STATUS, Ec2LoginNodes
 from topokeeper.adapters.ssm_channel import INLINE_LIMIT_BYTES, command_size
-from topokeeper.config import SSM_TARGET
-from topokeeper.constants import RUN_SHELL_DOCUMENT
-from topokeeper.errors import InputError, Permanent
+from topokeeper.contract.config import SSM_TARGET
+from topokeeper.contract.constants import RUN_SHELL_DOCUMENT
+from topokeeper.contract.errors import InputError, Permanent
 
 # SendCommand takes at most 50 InstanceIds per call (its InstanceIds shape), which botocore does not check.
 MAX_INSTANCES_PER_COMMAND = 50

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
-from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
+from topokeeper.contract.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
 
 UNITS = {Metric.RECONCILE_SECONDS: MetricUnit.Seconds}
 

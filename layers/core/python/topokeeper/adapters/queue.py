@@ -9,8 +9,8 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors, error_code
-from topokeeper.errors import Permanent
-from topokeeper.ports import ReconcileRequest
+from topokeeper.contract.errors import Permanent
+from topokeeper.contract.ports import ReconcileRequest
 
 # SQS refuses a visibility timeout that reaches past 12 hours from the message's first receive. A
 # reconcile defers for at most its delivery timeout (25 minutes) after a receive, so this cap leaves

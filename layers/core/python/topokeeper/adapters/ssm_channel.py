@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import THROTTLING_CODES, aws_errors, error_code, translate
-from topokeeper.config import SSM_TARGET
-from topokeeper.constants import (
+from topokeeper.contract.config import SSM_TARGET
+from topokeeper.contract.constants import (
     PRESIGNED_URL_SECONDS,
     RESULT_KEY_PREFIX,
     RUN_SHELL_DOCUMENT,
@@ -41,9 +41,9 @@ from topokeeper.constants import (
     ssm_program_key,
     ssm_result_key,
 )
-from topokeeper.errors import InputError, Permanent
-from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
-from topokeeper.ports import ApplyResult, Channel, DeliveryHandle, Outcome, log
+from topokeeper.contract.errors import InputError, Permanent
+from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
+from topokeeper.contract.ports import ApplyResult, Channel, DeliveryHandle, Outcome, log
 from topokeeper.wire import CHANNEL_TIMEOUT_SECONDS, MAX_FULL_RESULT_BYTES, sha256_text
 
 if TYPE_CHECKING:  # in signatures only: the functions that deliver load it at init (service.reconcile)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from topokeeper.constants import INSTANCE_ID, INSTANCE_ID_PATTERN
+from topokeeper.contract.constants import INSTANCE_ID, INSTANCE_ID_PATTERN
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.domain.names import SlurmName, all_plain_slurm_names, each_line_matches, is_plain_slurm_name
 from topokeeper.wire import format_for_version
@@ -142,7 +142,7 @@ class SlurmVersion(_Frozen):
 class SlurmNodeRecord(BaseModel):
     """One item of ``scontrol show nodes --json``'s ``nodes``: what binds a Slurm node to an instance.
 
-    The snapshot reads it, and the cluster state (``topokeeper.ports``) keeps it: it lives here so that ingest,
+    The snapshot reads it, and the cluster state (``topokeeper.contract.ports``) keeps it: it lives here so that ingest,
     which never plans, does not load the engine for it."""
 
     # Frozen: the state store shares one table's records between the states it reads (topokeeper.adapters.dynamodb).

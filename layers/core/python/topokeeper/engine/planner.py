@@ -9,6 +9,7 @@ block, any tree -> tree, else flat), selected by ``TopologyPlugin``.
 
 from __future__ import annotations
 
+from topokeeper.contract.errors import InputError
 from topokeeper.domain.catalog import CATALOG, Capability, lookup
 from topokeeper.domain.models import (
     FLAT_DEFAULT,
@@ -29,7 +30,6 @@ from topokeeper.domain.models import (
 from topokeeper.domain.names import check_slurm_name
 from topokeeper.engine.block import build_blocks
 from topokeeper.engine.tree import build_tree
-from topokeeper.errors import InputError
 from topokeeper.wire import compress
 
 CLUSTER_TOPOLOGY = "cluster"

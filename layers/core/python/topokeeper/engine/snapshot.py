@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from topokeeper.contract.errors import InputError
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.domain.models import (
     PRESENT_STATUSES,
@@ -35,7 +36,6 @@ from topokeeper.domain.models import (
     empty_dict,
     empty_list,
 )
-from topokeeper.errors import InputError
 from topokeeper.wire import compress
 
 DEFAULT_SLURM_VERSION = "25.11"

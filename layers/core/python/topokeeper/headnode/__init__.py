@@ -1,6 +1,6 @@
 """The topokeeper head-node program (standard library only, Python 3.8+).
 
-It ships to the Slurm head node as one file, ``topokeeper-head-node.pyz`` (``topokeeper.head_node_program``
+It ships to the Slurm head node as one file, ``topokeeper-head-node.pyz`` (``topokeeper.contract.head_node_program``
 builds it from this package, ``topokeeper.wire`` and the agent), and imports nothing else of topokeeper. Its
 modules import only what Debian's python3-minimal ships too (no difflib, shutil or tempfile), so it also runs
 on minimal images.

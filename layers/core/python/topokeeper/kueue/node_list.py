@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from topokeeper.contract.errors import InputError
 from topokeeper.domain.catalog import HYPERPOD_PREFIX
 from topokeeper.domain.models import MAX_NETWORK_LAYERS, Node
 from topokeeper.domain.names import check_slurm_name
-from topokeeper.errors import InputError
 
 LAYER_LABEL_PREFIX = "topology.k8s.aws/network-node-layer-"
 ULTRASERVER_LABEL = "topology.k8s.aws/ultraserver-id"

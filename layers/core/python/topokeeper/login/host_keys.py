@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from topokeeper.errors import InputError
+from topokeeper.contract.errors import InputError
 
 BUNDLE_HEADER = "topokeeper-host-identity/1"
 HOST_KEY = "ssh_host_ed25519_key"
@@ -33,11 +33,6 @@ class HostIdentity:
     bundle: str  # what login nodes install (secret value)
     known_hosts_line: str  # what users put in ~/.ssh/known_hosts
     ca_private_key: str | None  # kept by the operator (its own secret), never on a node
-
-
-def secret_names(cluster: str) -> tuple[str, str]:
-    """(the bundle login nodes install, the CA private key only the operator reads)."""
-    return f"topokeeper/{cluster}/login-host-identity", f"topokeeper/{cluster}/login-ssh-ca"
 
 
 def _keygen(*argv: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from topokeeper.errors import InputError
+from topokeeper.contract.errors import InputError
 
 SCRIPT = Path(__file__).with_name("install_host_identity.sh")
 _SECRET_ARN = re.compile(r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]{1,512}")

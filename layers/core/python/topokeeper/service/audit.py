@@ -12,8 +12,8 @@ import json
 from datetime import datetime
 from typing import Any
 
+from topokeeper.contract.ports import AuditRecord, NodeMove, Outcome, PendingDelivery
 from topokeeper.engine.planner import FOLDED
-from topokeeper.ports import AuditRecord, NodeMove, Outcome, PendingDelivery
 from topokeeper.render.bundle import leaf_units
 
 MAX_LISTED_NODES = 200  # keeps a record well under EventBridge's 256 KB; counts are always exact

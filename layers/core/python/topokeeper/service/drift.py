@@ -1,4 +1,5 @@
-"""Drift: on a schedule, compare the live topology with the desired plan, and the plan with AWS now.
+"""Drift of a head-node cluster (``check_slurm_drift``; ``service.controller.check_drift`` dispatches): on a schedule,
+compare the live topology with the desired plan, and the plan with AWS now.
 
 Live drift is a hand edit or another writer on the head node; AWS drift is a change whose event was
 lost. Both set ``TopologyDrift`` to 1. A difference that changes in progress explain is ``pending``, not drift
@@ -14,17 +15,15 @@ import hashlib
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
-from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
-from topokeeper.errors import Retryable
-from topokeeper.ports import ApplyResult, ClusterState, Metric, NodeMove, Outcome, Trigger
+from topokeeper.contract.config import ClusterConfig, Mode, Settings
+from topokeeper.contract.ports import ApplyResult, ClusterState, Metric, NodeMove, Outcome, Trigger
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.live import live_status
 from topokeeper.service.reconcile import (
     DELIVERY_TIMEOUT,
     ControllerDeps,
-    ReconcileReport,
     missing_topology,
     plan_cluster,
 )
@@ -111,33 +110,22 @@ def _observed(deps: ControllerDeps, cluster: str, state: ClusterState, live_resu
     return state.model_copy(update=fields)
 
 
-def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list[Trigger] | None = None) -> DriftReport:
-    if cluster.orchestrator is Orchestrator.EKS:
-        from topokeeper.service.eks import check_eks_drift  # noqa: PLC0415 (it builds on this module)
-
-        return check_eks_drift(cluster, deps, requested_by or [])
+def check_slurm_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list[Trigger]) -> DriftReport:
+    """A cluster with a head node (HyperPod Slurm, EC2/ParallelCluster): its live topology against the plan (the
+    head node's verify), and the plan against AWS now."""
     now = deps.clock.now()
     state = deps.state.get(cluster.name)
-    request = verify_request_id(requested_by) if requested_by else None
     if state.desired_sha256 is None:
-        request_reconcile(
-            deps.state,
-            deps.queue,
-            cluster.name,
-            now,
-            reason="drift",
-            detail_type=DRIFT_CHECK,
-            summary="no desired plan yet",
-        )
+        _request_reconcile(deps, cluster.name, now, "no desired plan yet")
         return DriftReport(
             cluster=cluster.name,
             live="unknown",
             aws="unknown",
             drift=None,
             action="reconcile-requested",
-            requested_by=requested_by or [],
+            requested_by=requested_by,
         )
-
+    request = verify_request_id(requested_by) if requested_by else None
     bundle = deps.plans.bundle(cluster.name, state.desired_sha256)
     in_flight = state.pending is not None and now - state.pending.handle.sent_at < DELIVERY_TIMEOUT
     not_landed = cluster_mode(cluster, state) is Mode.ENFORCE and state.applied_sha256 != state.desired_sha256
@@ -165,35 +153,13 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
     drift: int | None = 1 if live == "drift" or aws == "changed" else (0 if live in ("in_sync", "pending") else None)
     if drift is not None:
         deps.metrics.emit(cluster.name, Metric.TOPOLOGY_DRIFT, drift)
-    action: Literal["none", "reported", "reconcile-requested"] = "none"
-    if drift == 1 and cluster_mode(cluster, state) is Mode.ENFORCE:
-        if live == "drift":
-            repair = drifted_partitions(live_result, bundle) or sorted(bundle.partitions)
-            save_fields(
-                deps.state,
-                cluster.name,
-                lambda fresh: {
-                    "repair_partitions": sorted(set(fresh.repair_partitions) | set(repair)),
-                    "repair_moves": moved or fresh.repair_moves,
-                },
-            )
-        action = "reconcile-requested"
-    elif aws == "changed":
-        action = "reconcile-requested"  # a lost event: plan again (verify mode only re-plans, never writes)
-    elif writing and state.pending is None:
-        action = "reconcile-requested"  # the last write did not land (refused, rolled back): try again
-    elif drift == 1:
-        action = "reported"
+    action = _action(cluster, state, drift=drift, live=live, aws=aws, writing=writing)
     if action == "reconcile-requested":
-        request_reconcile(
-            deps.state,
-            deps.queue,
-            cluster.name,
-            now,
-            reason="drift",
-            detail_type=DRIFT_CHECK,
-            summary=f"drift: live {live}, AWS {aws}",
-        )
+        if drift == 1 and live == "drift" and cluster_mode(cluster, state) is Mode.ENFORCE:
+            _mark_repair(
+                deps, cluster.name, drifted_partitions(live_result, bundle) or sorted(bundle.partitions), moved
+            )
+        _request_reconcile(deps, cluster.name, now, f"drift: live {live}, AWS {aws}")
     return DriftReport(
         cluster=cluster.name,
         live=live,
@@ -203,54 +169,46 @@ def check_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by: list
         detail=live_result.drift,
         moved=moved,
         error=live_result.error if live == "unknown" else None,
-        requested_by=requested_by or [],
+        requested_by=requested_by,
         verify_request=request if not writing else None,
     )
+
+
+DriftAction = Literal["none", "reported", "reconcile-requested"]
+
+
+def _action(
+    cluster: ClusterConfig, state: ClusterState, *, drift: int | None, live: str, aws: str, writing: bool
+) -> DriftAction:
+    """What the check does about what it found: reconcile (enforce mode; in verify mode only a lost event's
+    re-plan, which never writes), report, or nothing."""
+    if drift == 1 and cluster_mode(cluster, state) is Mode.ENFORCE:
+        return "reconcile-requested"
+    if aws == "changed":
+        return "reconcile-requested"  # a lost event: plan again (verify mode only re-plans, never writes)
+    if writing and state.pending is None:
+        return "reconcile-requested"  # the last write did not land (refused, rolled back): try again
+    if drift == 1:
+        return "reported"
+    return "none"
+
+
+def _mark_repair(deps: ControllerDeps, cluster: str, repair: list[str], moved: list[NodeMove]) -> None:
+    """Live drift in enforce mode: the next reconcile writes these partitions again, even with an unchanged plan."""
+    save_fields(
+        deps.state,
+        cluster,
+        lambda fresh: {
+            "repair_partitions": sorted(set(fresh.repair_partitions) | set(repair)),
+            "repair_moves": moved or fresh.repair_moves,
+        },
+    )
+
+
+def _request_reconcile(deps: ControllerDeps, cluster: str, now: datetime, summary: str) -> None:
+    request_reconcile(deps.state, deps.queue, cluster, now, reason="drift", detail_type=DRIFT_CHECK, summary=summary)
 
 
 def verify_request_id(triggers: list[Trigger]) -> str:
     """The same triggers ask the same request (a retried reconcile asks nothing new of the head node)."""
     return "vr-" + hashlib.sha256("\n".join(t.event_id for t in triggers).encode()).hexdigest()[:20]
-
-
-def verify_managed_updates(reconciled: ReconcileReport | None, deps: ControllerDeps) -> DriftReport | None:
-    """HyperPod just changed the cluster's topology itself: check the head node now rather than at the next
-    scheduled check (after the reconcile, so the plan it compares with is current)."""
-    cluster = deps.settings.cluster(reconciled.cluster) if reconciled and reconciled.managed_updates else None
-    if reconciled is None or cluster is None:
-        return None
-    return check_drift(cluster, deps, requested_by=reconciled.managed_updates)
-
-
-class DriftRequest(BaseModel):
-    """The scheduler's input: one cluster, or all of them when empty."""
-
-    model_config = ConfigDict(extra="ignore")
-    cluster: str | None = None
-
-
-class DriftCheckFailed(Retryable):
-    """Some clusters could not be checked; the others were. Fails the invocation so the errors alarm; the
-    next scheduled check tries again."""
-
-    def __init__(self, reports: list[DriftReport], failures: list[str]) -> None:
-        super().__init__("; ".join(failures))
-        self.reports = reports
-
-
-def check_requested(request: DriftRequest, deps: ControllerDeps) -> list[DriftReport]:
-    """Check the requested clusters; one failing cluster does not hide the others."""
-    clusters = deps.settings.clusters
-    if request.cluster is not None:
-        chosen = deps.settings.cluster(request.cluster)
-        clusters = [chosen] if chosen else []
-    reports: list[DriftReport] = []
-    failures: list[str] = []
-    for cluster in clusters:
-        try:
-            reports.append(check_drift(cluster, deps))
-        except Exception as error:  # reported per cluster, then the invocation fails
-            failures.append(f"{cluster.name}: {type(error).__name__}: {error}")
-    if failures:
-        raise DriftCheckFailed(reports, failures)
-    return reports

@@ -15,11 +15,19 @@ import time
 from datetime import datetime
 from typing import Any
 
-from topokeeper.config import ClusterConfig
+from topokeeper.contract.config import ClusterConfig
+from topokeeper.contract.errors import Permanent
+from topokeeper.contract.ports import (
+    AuditSink,
+    ClusterState,
+    KueueAuditRecord,
+    KueueStore,
+    Metric,
+    ReconcileRequest,
+    Trigger,
+)
 from topokeeper.engine.snapshot import eks_nodes
-from topokeeper.errors import Permanent
 from topokeeper.kueue.publication import SUMMARY_FILE, KueuePublication, publish_kueue
-from topokeeper.ports import AuditSink, ClusterState, KueueAuditRecord, KueueStore, Metric, ReconcileRequest, Trigger
 from topokeeper.service.drift import DriftReport
 from topokeeper.service.reconcile import (
     ControllerDeps,

@@ -12,17 +12,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from topokeeper.config import Orchestrator, Settings
-from topokeeper.constants import (
+from topokeeper.contract.config import Orchestrator, Settings
+from topokeeper.contract.constants import (
     CLOUDTRAIL_DETAIL_TYPE,
     CLOUDTRAIL_DETAIL_TYPES,
     HYPERPOD_SOURCE,
     MANAGED_TOPOLOGY_EVENT,
     MANAGED_TOPOLOGY_SUMMARY,
 )
-from topokeeper.domain.models import empty_list
-from topokeeper.errors import InputError
-from topokeeper.events import (
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.event_schemas import (
     EC2_STATE_DETAIL_TYPE,
     HYPERPOD_DETAIL_TYPES,
     MOVE_CLUSTER_NODES,
@@ -33,7 +32,17 @@ from topokeeper.events import (
     NodeHealthDetail,
     TopokeeperEvent,
 )
-from topokeeper.ports import Clock, ClusterState, Metric, Metrics, ReconcileRequest, StateStore, Trigger, WorkQueue
+from topokeeper.contract.ports import (
+    Clock,
+    ClusterState,
+    Metric,
+    Metrics,
+    ReconcileRequest,
+    StateStore,
+    Trigger,
+    WorkQueue,
+)
+from topokeeper.domain.models import empty_list
 
 
 @dataclass

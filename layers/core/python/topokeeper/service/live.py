@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from topokeeper.config import Mode
-from topokeeper.ports import ApplyResult, Outcome
+from topokeeper.contract.config import Mode
+from topokeeper.contract.ports import ApplyResult, Outcome
 
 
 def live_status(result: ApplyResult, mode: Mode) -> Literal["in_sync", "drift", "pending", "unknown"]:

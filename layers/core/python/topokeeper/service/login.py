@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from topokeeper.errors import Retryable
-from topokeeper.ports import (
+from topokeeper.contract.errors import Retryable
+from topokeeper.contract.ports import (
     Clock,
     HostIdentitySender,
     InstallClaim,

@@ -1,4 +1,6 @@
-"""Reconcile: read the facts, plan, and deliver only when the content hash changed.
+"""Reconcile: whether a message proceeds now (``decide``); a head-node cluster's reconcile (``reconcile_slurm``,
+HyperPod Slurm and EC2/ParallelCluster): read the facts, plan, and deliver only when the content hash changed; and
+the steps every orchestrator's reconcile shares (``service.controller`` dispatches through ``service.orchestrators``).
 
 Level-triggered like a Kubernetes controller: a message says only that a cluster changed. A burst
 collapses three ways: SQS deduplicates every change of a reconcile cycle into one message (see
@@ -16,19 +18,22 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
-from topokeeper.constants import CLOUDTRAIL_DETAIL_TYPES, HYPERPOD_SOURCE, MANAGED_TOPOLOGY_SUMMARY, NODE_TABLE_REQUEST
-from topokeeper.engine.planner import plan
-from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances
-from topokeeper.errors import ConcurrentUpdate, InputError, Permanent, TopokeeperError
-from topokeeper.ports import (
+from topokeeper.contract.config import ClusterConfig, Mode, Orchestrator, Settings
+from topokeeper.contract.constants import (
+    CLOUDTRAIL_DETAIL_TYPES,
+    HYPERPOD_SOURCE,
+    MANAGED_TOPOLOGY_SUMMARY,
+    NODE_TABLE_REQUEST,
+)
+from topokeeper.contract.errors import ConcurrentUpdate, TopokeeperError
+from topokeeper.contract.ports import (
     AuditSink,
     BundleSigner,
     Clock,
@@ -47,7 +52,10 @@ from topokeeper.ports import (
     Trigger,
     WorkQueue,
 )
+from topokeeper.engine.planner import plan
+from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances
 from topokeeper.render.bundle import RenderedPlan, render
+from topokeeper.service.result import observed_fields
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
 from topokeeper.service.state import (
     OWN_TRIGGER_SOURCE,
@@ -66,7 +74,6 @@ TOPOLOGY_RETRY = "Topology Retry"  # the detail type of the change a retry recor
 # A delivery with no result by then no longer blocks writes: SSM may wait up to its 600 s delivery
 # timeout before running the applier, which may then run up to 600 s.
 DELIVERY_TIMEOUT = timedelta(minutes=25)
-RETRY_SECONDS = 60  # a reconcile that failed for now is tried again this soon, not after the visibility timeout
 CLAIM_RACE_SECONDS = 5  # another writer saved the state while this one planned: look again shortly
 # Changes that stopped may be written this fraction of min_write_interval after the last write, and a message
 # waiting for that looks again at most EARLY_WRITE_CHECKS times an interval.
@@ -230,8 +237,6 @@ def read_node_table(
     unnamed = unnamed_instances(_named_by_table(cluster, state, raw), cluster.planner_config)
     if state.slurm_nodes is not None and set(unnamed) <= set(state.table_read_for):
         return {}, rendered, False
-    from topokeeper.service.result import observed_fields  # noqa: PLC0415 (result builds on this module)
-
     fields: dict[str, object] = {}
     for _ in range(2):  # once more when the read was refused only for the Slurm format it just told us
         key = "\n".join([cluster.name, str(state.generation), str(state.slurm_version), *unnamed]).encode()
@@ -269,16 +274,6 @@ def topology_retries(state: ClusterState, missing: int, undescribed: int) -> int
     return (0 if changed else state.topology_retries) + int(not undescribed)
 
 
-def _not_now(deps: ControllerDeps, cluster: str, request: ReconcileRequest, verdict: Verdict) -> ReconcileReport:
-    """A message that waits (deferred) or has nothing left to do (covered, superseded)."""
-    if verdict.decision is Decision.DEFERRED:
-        return deferred_report(cluster, request, verdict)
-    # A covered message may be the only one of its cycle if a reconcile died after closing the cycle: make sure
-    # the changes after it have a message.
-    queue_next_cycle(deps.state, deps.queue, cluster)
-    return ReconcileReport(cluster=cluster, generation=request.generation, action=verdict.decision.value)
-
-
 def count_coalesced(deps: ControllerDeps, cluster: str, state: ClusterState) -> None:
     """Every change since the last reconcile is handled by this one: all but one needed no reconcile of its own."""
     coalesced = state.generation - state.reconciled_generation - 1
@@ -296,21 +291,13 @@ def early_but_incomplete(verdict: Verdict, missing: int, elapsed: timedelta) -> 
     return _wait(verdict.full_interval_in - elapsed.total_seconds(), reason)
 
 
-def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileReport:
-    cluster = deps.settings.cluster(request.cluster)
-    if cluster is None:
-        return ReconcileReport(cluster=request.cluster, generation=request.generation, action="ignored")
+def reconcile_slurm(
+    cluster: ClusterConfig, state: ClusterState, request: ReconcileRequest, deps: ControllerDeps, verdict: Verdict
+) -> ReconcileReport:
+    """A cluster with a head node (HyperPod Slurm, EC2/ParallelCluster), once ``reconcile`` decided to proceed
+    (``verdict``): plan from the facts now, and deliver when the plan is not what the head node has."""
     started = time.monotonic()
     now = deps.clock.now()
-    state = deps.state.get(cluster.name)
-    verdict = decide(state, request, now, deps.settings)
-    if verdict.decision is not Decision.PROCEED:
-        return _not_now(deps, cluster.name, request, verdict)
-    if cluster.orchestrator is Orchestrator.EKS:
-        from topokeeper.service.eks import reconcile_eks  # noqa: PLC0415 (it builds on this module)
-
-        return reconcile_eks(cluster, state, request, deps, verdict)
-
     raw = deps.facts(cluster).read(cluster.name)
     rendered = plan_facts(cluster, state, raw)
     if (incomplete := early_but_incomplete(verdict, missing_topology(rendered), deps.clock.now() - now)) is not None:
@@ -425,18 +412,6 @@ def close_cycle(
     deps.metrics.emit(cluster, Metric.RECONCILE_SECONDS, time.monotonic() - started)
 
 
-def newest_generations(bodies: Iterable[str]) -> dict[str, int]:
-    """The newest generation per cluster in one batch: older messages of the batch are superseded outright."""
-    newest: dict[str, int] = {}
-    for body in bodies:
-        try:
-            request = ReconcileRequest.model_validate_json(body)
-        except ValidationError:
-            continue
-        newest[request.cluster] = max(newest.get(request.cluster, 0), request.generation)
-    return newest
-
-
 def deferred_report(cluster: str, request: ReconcileRequest, verdict: Verdict) -> ReconcileReport:
     return ReconcileReport(
         cluster=cluster,
@@ -485,52 +460,3 @@ def _release_claim(deps: ControllerDeps, cluster: str, claim: PendingDelivery) -
         cluster,
         lambda fresh: {"pending": None} if fresh.pending is not None and fresh.pending.handle == claim.handle else {},
     )
-
-
-def _wait_behind_delivery(deps: ControllerDeps, cluster: str, receipt_handle: str) -> None:
-    """Leave the deferred message's receipt with the delivery in flight, whose result resumes it. If that
-    delivery finished meanwhile, nobody would: resume it now."""
-    waiting = False
-
-    def register(fresh: ClusterState) -> dict[str, object]:
-        nonlocal waiting
-        waiting = fresh.pending is not None
-        if fresh.pending is None:
-            return {}
-        return {"pending": fresh.pending.model_copy(update={"waiting_receipt": receipt_handle})}
-
-    save_fields(deps.state, cluster, register)
-    if not waiting:
-        deps.queue.resume(receipt_handle)
-
-
-def process_message(
-    body: str, receipt_handle: str, deps: ControllerDeps, newest: Mapping[str, int]
-) -> ReconcileReport | None:
-    """One SQS record. Malformed, or failing for good (bad facts, a deleted cluster, access denied) -> the
-    dead-letter queue with the reason; superseded within its batch -> dropped without reading state;
-    deferred -> hidden for ``defer_seconds`` (the caller must leave the message in the queue); failing for
-    now -> hidden for ``RETRY_SECONDS``, and the error is raised."""
-    try:
-        request = ReconcileRequest.model_validate_json(body)
-    except ValidationError as error:
-        deps.queue.dead_letter(body, InputError.from_validation(error, prefix="message").args[0])
-        return None
-    if newest.get(request.cluster, 0) > request.generation:
-        return ReconcileReport(cluster=request.cluster, generation=request.generation, action=Decision.SUPERSEDED.value)
-    try:
-        report = reconcile(request, deps)
-    except InputError as error:
-        deps.queue.dead_letter(body, f"cannot plan {request.cluster}: {error}")
-        return None
-    except Permanent as error:
-        deps.queue.dead_letter(body, f"{request.cluster}: {error}")
-        return None
-    except Exception:
-        deps.queue.defer(receipt_handle, RETRY_SECONDS)
-        raise
-    if report.defer_seconds is not None:
-        deps.queue.defer(receipt_handle, report.defer_seconds)
-        if report.behind_delivery:
-            _wait_behind_delivery(deps, request.cluster, receipt_handle)
-    return report

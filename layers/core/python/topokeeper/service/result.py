@@ -14,17 +14,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from topokeeper.config import ClusterConfig, Settings
-from topokeeper.constants import NODE_TABLE_REQUEST
-from topokeeper.domain.models import SlurmVersion
-from topokeeper.errors import InputError, Retryable
-from topokeeper.events import (
+from topokeeper.contract.config import ClusterConfig, Settings
+from topokeeper.contract.constants import NODE_TABLE_REQUEST
+from topokeeper.contract.errors import InputError, Retryable
+from topokeeper.contract.event_schemas import (
     SSM_INVOCATION_DETAIL_TYPE,
     AgentResultDetail,
     SsmInvocationDetail,
     TopokeeperEvent,
 )
-from topokeeper.ports import (
+from topokeeper.contract.ports import (
     ApplyResult,
     AuditSink,
     Channel,
@@ -38,6 +37,7 @@ from topokeeper.ports import (
     StateStore,
     WorkQueue,
 )
+from topokeeper.domain.models import SlurmVersion
 from topokeeper.service.audit import build_records
 from topokeeper.service.live import live_status
 from topokeeper.service.state import request_reconcile, save_fields, topology_owner_fields

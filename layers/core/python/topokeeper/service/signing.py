@@ -12,7 +12,7 @@ import hashlib
 from datetime import datetime
 from typing import Literal
 
-from topokeeper.ports import BundleSigner
+from topokeeper.contract.ports import BundleSigner
 from topokeeper.render.bundle import Bundle, BundleSignature
 from topokeeper.wire import SIGNATURE_ALGORITHM, TRUSTED_KEY_SCHEMA, signed_bytes
 

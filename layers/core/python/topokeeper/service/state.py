@@ -1,4 +1,4 @@
-"""Helpers the use cases share over the state and queue ports (the ports themselves: ``topokeeper.ports``)."""
+"""Helpers the use cases share over the state and queue ports (the ports themselves: ``topokeeper.contract.ports``)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
-from topokeeper.config import ClusterConfig, Mode
-from topokeeper.errors import ConcurrentUpdate
-from topokeeper.ports import ApplyResult, ClusterState, ReconcileRequest, StateStore, Trigger, WorkQueue
+from topokeeper.contract.config import ClusterConfig, Mode
+from topokeeper.contract.errors import ConcurrentUpdate
+from topokeeper.contract.ports import ApplyResult, ClusterState, ReconcileRequest, StateStore, Trigger, WorkQueue
 from topokeeper.render.bundle import Bundle
 
 Update = dict[str, object] | Callable[[ClusterState], dict[str, object]]

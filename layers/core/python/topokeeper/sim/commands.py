@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from topokeeper.narrate import cut, record_text
-from topokeeper.operator_files import prepare_out_dir
+from topokeeper.contract.operator_files import prepare_out_dir
+from topokeeper.render.narrate import cut, record_text
 from topokeeper.sim.scenario import Scenario, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"

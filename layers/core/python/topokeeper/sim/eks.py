@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from topokeeper.contract.ports import KueueAuditRecord, Metric
 from topokeeper.engine.snapshot import eks_nodes
 from topokeeper.kueue.fleet import render_mermaid
 from topokeeper.kueue.objects import TOPOLOGY_FILE
 from topokeeper.kueue.publication import KueuePublication, publish_kueue
-from topokeeper.ports import KueueAuditRecord, Metric
 from topokeeper.render.bundle import Bundle
 from topokeeper.sim.head_node import HeadNode
 

@@ -32,8 +32,8 @@ from pathlib import Path
 import yaml
 
 import topokeeper
+from topokeeper.contract.head_node_program import PROGRAM_NAME, write_program
 from topokeeper.domain.models import SlurmVersion
-from topokeeper.head_node_program import PROGRAM_NAME, write_program
 from topokeeper.render.bundle import Bundle
 from topokeeper.sim import standin_reads, standin_scontrol
 from topokeeper.sim.head_node import HeadNode

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
+from topokeeper.contract.head_node_program import PROGRAM_NAME, write_program
 from topokeeper.domain.models import SlurmFormat, SlurmNodeRecord
-from topokeeper.head_node_program import PROGRAM_NAME, write_program
 from topokeeper.render.bundle import Bundle
 from topokeeper.sim.aws.hyperpod.managed_topology import ManagedFiles
 from topokeeper.sim.slurm_chroot import (

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from moto.sqs.models import sqs_backends
 
-from topokeeper import stack_spec as spec
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.queue import SqsWorkQueue
+from topokeeper.contract import stack_spec as spec
 from topokeeper.sim.slurm_chroot import HarnessError
 
 if TYPE_CHECKING:

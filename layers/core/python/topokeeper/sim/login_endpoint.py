@@ -13,8 +13,8 @@ from pydantic import BaseModel
 
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.elbv2 import ElbTargetGroup
-from topokeeper.config import ClusterVpcConfig, LoginEndpointConfig
-from topokeeper.ports import LoginAuditRecord, Metric
+from topokeeper.contract.config import ClusterVpcConfig, LoginEndpointConfig
+from topokeeper.contract.ports import LoginAuditRecord, Metric
 
 if TYPE_CHECKING:
     from topokeeper.sim.world import World

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from topokeeper.adapters.aws import client
-from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
+from topokeeper.contract.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
 from topokeeper.sim.aws.alarms import AlarmState, evaluate, period_values
 from topokeeper.sim.stack import ClusterAlarm
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from topokeeper.config import Ec2Discovery
+from topokeeper.contract.config import Ec2Discovery
+from topokeeper.contract.event_schemas import EC2_STATE_DETAIL_TYPE
 from topokeeper.domain.catalog import ec2_instance_type
-from topokeeper.events import EC2_STATE_DETAIL_TYPE
 from topokeeper.sim.aws.emulator import AwsEmulator
 from topokeeper.sim.aws.events import EC2
 from topokeeper.sim.scenario import ClusterSpec, InstanceGroup

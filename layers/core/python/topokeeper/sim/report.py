@@ -19,8 +19,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from topokeeper.narrate import largest_job, moves_text, nodes_text, triggers_text, unit_noun
 from topokeeper.render.bundle import leaf_units
+from topokeeper.render.narrate import largest_job, moves_text, nodes_text, triggers_text, unit_noun
 from topokeeper.sim.simulator import SimulationResult, StepResult
 from topokeeper.wire import compress
 

@@ -11,13 +11,13 @@ from typing import Annotated, Any, Literal
 import botocore.session
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from topokeeper.config import Mode, Settings
+from topokeeper.contract.config import Mode, Settings
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.operator_files import read_mapping
+from topokeeper.contract.ports import Channel
 from topokeeper.domain.catalog import CATALOG, HYPERPOD_PREFIX, hyperpod_offers
 from topokeeper.domain.models import ClusterName, SlurmVersion
 from topokeeper.domain.names import SlurmName
-from topokeeper.errors import InputError
-from topokeeper.operator_files import read_mapping
-from topokeeper.ports import Channel
 
 SIMULATED_SLURM_VERSIONS = ("24.11", "26.05")
 

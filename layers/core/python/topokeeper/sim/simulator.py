@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from topokeeper.adapters.aws import client
-from topokeeper.config import Mode, Orchestrator
-from topokeeper.ports import Metric, Outcome
+from topokeeper.contract.config import Mode, Orchestrator
+from topokeeper.contract.ports import Metric, Outcome
 from topokeeper.render.bundle import RenderedPlan
 from topokeeper.render.mermaid import render_partition_mermaid
 from topokeeper.sim.aws.alarms import AlarmState

@@ -1,4 +1,4 @@
-"""topokeeper's stack in the emulator, built from the stack's own definitions (``topokeeper.stack_spec``).
+"""topokeeper's stack in the emulator, built from the stack's own definitions (``topokeeper.contract.stack_spec``).
 
 The same table keys, queue settings, rule patterns and alarm settings as ``infra/`` deploys; the differences are
 the ones moto imposes: EventBridge rules target SQS inbox queues instead of the functions (moto cannot invoke a
@@ -13,11 +13,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from topokeeper import stack_spec as spec
 from topokeeper.adapters.aws import client
-from topokeeper.config import ClusterConfig, Settings
-from topokeeper.deployment import Deployment
-from topokeeper.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Channel, Metric
+from topokeeper.contract import stack_spec as spec
+from topokeeper.contract.config import ClusterConfig, Settings
+from topokeeper.contract.deployment import Deployment
+from topokeeper.contract.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Channel, Metric
 from topokeeper.sim.aws.s3 import KMS_DEFAULT_ENCRYPTION
 
 TABLE = "topokeeper-state"

@@ -45,8 +45,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TextIO
 
-from topokeeper.sim import standin_reads
-from topokeeper.sim.standin_reads import read_text
+from topokeeper.sim import standin_state
+from topokeeper.sim.standin_state import read_text
 from topokeeper.wire import CONF_FORMAT, FIRST_YAML_VERSION, YAML_FORMAT, HostlistError, compress, expand
 
 YAML_FILE, CONF_FILE = YAML_FORMAT, CONF_FORMAT
@@ -456,7 +456,7 @@ def show_nodes(conf: SlurmConf) -> str:
 def write_state(state_dir: str, *, slurm_version: str, slurm_conf: str, log_file: str) -> None:
     """The stand-in's state before slurmctld's first load: what ``main`` needs to answer."""
     state = {"slurm_version": slurm_version, "slurm_conf": slurm_conf, "log_file": log_file, "loaded": None}
-    standin_reads.write_state(state_dir, state)
+    standin_state.write_state(state_dir, state)
 
 
 def _reconfigure(state: dict[str, Any], state_dir: str, version: tuple[int, int], stderr: TextIO) -> int:
@@ -472,7 +472,7 @@ def _reconfigure(state: dict[str, Any], state_dir: str, version: tuple[int, int]
             log.writelines(f"[{stamp}] {line}\n" for line in error.lines)
         stderr.write("slurm_reconfigure error: Unspecified error\n")
         return 1
-    standin_reads.write_state(state_dir, {**state, "loaded": files, "answers": _answers(loaded)})
+    standin_state.write_state(state_dir, {**state, "loaded": files, "answers": _answers(loaded)})
     return 0
 
 
@@ -500,7 +500,7 @@ def main(
     stdout = sys.stdout if stdout is None else stdout
     stderr = sys.stderr if stderr is None else stderr
     state_dir, *arguments = sys.argv[1:] if argv is None else argv
-    state = standin_reads.read_state(state_dir)
+    state = standin_state.read_state(state_dir)
     major, minor = state["slurm_version"].split(".")[:2]
     version = (int(major), int(minor))
     yaml_format = version >= FIRST_YAML_VERSION
@@ -515,8 +515,8 @@ def main(
         return 1
     options = {argument for argument in arguments if argument.startswith("-")}
     words = [argument for argument in arguments if not argument.startswith("-")]
-    modeled = options <= standin_reads.OPTIONS
-    answer = standin_reads.loaded_answer(state, arguments)  # version, show config, the reads computed at load
+    modeled = options <= standin_state.OPTIONS
+    answer = standin_state.loaded_answer(state, arguments)  # version, show config, the reads computed at load
     if answer is not None:
         stdout.write(answer[0])
         stderr.write(answer[1])

@@ -7,7 +7,7 @@ messages). Time jumps from one agenda item to the next whenever nothing is runna
 take seconds. Each emulated AWS request also costs ``api_call_seconds`` of simulated time, and a
 function sleeping (the rate limiter, the drift function waiting for SSM) runs the agenda meanwhile.
 
-The rooms: ``stack`` (topokeeper's stack from ``topokeeper.stack_spec``), ``cluster`` (the scenario's HyperPod
+The rooms: ``stack`` (topokeeper's stack from ``topokeeper.contract.stack_spec``), ``cluster`` (the scenario's HyperPod
 cluster, or its ParallelCluster one: ``parallelcluster``), ``lambda_host`` (the handlers, fed by the stack's rules
 and queue), ``monitoring`` (metrics and alarms), ``agenda`` (timed work), ``head_node`` (slurmctld in a chroot, or
 the file-only stand-in). This module wires them and runs the clock.
@@ -26,17 +26,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from topokeeper import stack_spec
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.dynamodb import DynamoRateLimiter
 from topokeeper.adapters.ec2 import InstanceTopologyReader
-from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
+from topokeeper.contract import stack_spec
+from topokeeper.contract.config import ClusterConfig, Mode, Orchestrator, Settings
+from topokeeper.contract.constants import LOGIN_TARGET_GROUPS_ENV
+from topokeeper.contract.ports import Channel, Outcome
 from topokeeper.domain.catalog import Capability, lookup
 from topokeeper.domain.models import SlurmVersion
-from topokeeper.login.lambda_sync import LOGIN_TARGET_GROUPS_ENV
-from topokeeper.narrate import drift_text, membership_changes, record_text, written_leaves
-from topokeeper.ports import Channel, Outcome
-from topokeeper.runtime import Runtime, install_runtime
+from topokeeper.render.narrate import drift_text, membership_changes, record_text, written_leaves
 from topokeeper.service.drift import DriftReport
 from topokeeper.service.reconcile import plan_cluster
 from topokeeper.sim.agenda import Agenda
@@ -59,6 +58,7 @@ from topokeeper.sim.slurm_chroot import HarnessError
 from topokeeper.sim.stack import BUCKET, SimStack, create_stack
 from topokeeper.sim.stop_signals import ending_signals_raise, signals_held
 from topokeeper.wire import AGENT_SOURCE
+from topokeeper.wiring.runtime import Runtime, install_runtime
 
 log = logging.getLogger("topokeeper.sim")
 Baseline = Literal["full-rescan"]  # what the simulator can model besides topokeeper itself

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable
 from enum import StrEnum
 
-from topokeeper.stack_spec import AlarmSpec, Comparison, MissingData
+from topokeeper.contract.stack_spec import AlarmSpec, Comparison, MissingData
 
 EXTRA_PERIODS = 2  # evaluation range = EvaluationPeriods + EXTRA_PERIODS
 

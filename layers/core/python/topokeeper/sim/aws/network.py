@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from topokeeper.constants import INSTANCE_ID
+from topokeeper.contract.constants import INSTANCE_ID
 from topokeeper.domain.catalog import Capability, ec2_instance_type, lookup
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.ids import IdFactory

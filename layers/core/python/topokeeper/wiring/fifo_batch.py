@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
 
-from topokeeper.errors import InputError, Retryable
+from topokeeper.contract.errors import InputError, Retryable
 
 log = logging.getLogger(__name__)
 

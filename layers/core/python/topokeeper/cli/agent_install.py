@@ -26,9 +26,9 @@ from typing import Any
 
 from topokeeper.adapters.aws import aws_setup_errors, client
 from topokeeper.adapters.kms import KmsBundleSigner
-from topokeeper.deployment import read_deployment
-from topokeeper.errors import InputError
-from topokeeper.head_node_program import PROGRAM_NAME, program_bytes
+from topokeeper.contract.deployment import read_deployment
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes
 from topokeeper.service.signing import trusted_key_document
 from topokeeper.wire import (
     AGENT_KEY_PREFIX,

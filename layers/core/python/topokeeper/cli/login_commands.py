@@ -11,11 +11,12 @@ from pydantic import TypeAdapter, ValidationError
 
 from topokeeper.adapters.aws import client
 from topokeeper.adapters.secrets import SecretStore, deny_readers_policy, readers_only_policy
-from topokeeper.config import TagKey
-from topokeeper.errors import InputError
-from topokeeper.login.host_keys import check_names, generate, secret_names
+from topokeeper.cli.options import add_endpoint_option
+from topokeeper.contract.config import TagKey
+from topokeeper.contract.constants import login_secret_names
+from topokeeper.contract.errors import InputError
+from topokeeper.login.host_keys import check_names, generate
 from topokeeper.login.install import install_script
-from topokeeper.operator_files import add_endpoint_option
 
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
 _KMS_KEY = re.compile(r"arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]{1,256}")
@@ -28,7 +29,7 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
     if not _KMS_KEY.fullmatch(args.kms_key_id):
         raise InputError("--kms-key-id", f"not a KMS key or alias ARN: {args.kms_key_id!r}")
     store = SecretStore(client("secretsmanager"))
-    bundle_name, ca_name = secret_names(args.cluster)
+    bundle_name, ca_name = login_secret_names(args.cluster)
     ca_key = None if args.plain else store.read(ca_name)
     identity = generate(
         args.cluster, args.name, certificate=not args.plain, ca_private_key=ca_key, validity_days=args.validity_days

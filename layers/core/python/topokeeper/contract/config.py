@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from topokeeper.constants import INSTANCE_ID_PATTERN
+from topokeeper.contract.constants import INSTANCE_ID_PATTERN
+from topokeeper.contract.ports import Channel
 from topokeeper.domain.models import (
     ClusterName,
     PartitionSettings,
@@ -23,7 +24,6 @@ from topokeeper.domain.models import (
     empty_list,
 )
 from topokeeper.domain.names import SlurmName
-from topokeeper.ports import Channel
 
 # SSM SendCommand accepts only these ids (its InstanceId shape); botocore does not check the pattern.
 SSM_TARGET = re.compile(rf"{INSTANCE_ID_PATTERN}|mi-[0-9a-f]{{17}}")

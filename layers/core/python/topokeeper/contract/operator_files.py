@@ -3,10 +3,8 @@ the file, never a traceback. Operator-only (it needs PyYAML): the Lambda layer d
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic_core import from_json
 
-from topokeeper.errors import InputError
+from topokeeper.contract.errors import InputError
 
 YAML_SUFFIXES = frozenset({".yaml", ".yml"})
 
@@ -103,16 +101,3 @@ def write_files(out: Path, files: Mapping[str, str | bytes], flag: str = "--out"
     for name, content in files.items():
         write_text_file(out / name, content, flag)
     return [out / name for name in sorted(files)]
-
-
-def add_endpoint_option(parser: argparse.ArgumentParser, default: Any = None) -> None:
-    parser.add_argument("--endpoint-url", default=default, help="AWS endpoint (an emulator); sets AWS_ENDPOINT_URL")
-    parser.add_argument("--region", default=default, help="AWS region (default: the AWS configuration's)")
-
-
-def apply_endpoint_option(args: argparse.Namespace) -> None:
-    """Must run before the first client is made: boto3 reads these at client creation."""
-    if getattr(args, "endpoint_url", None):
-        os.environ["AWS_ENDPOINT_URL"] = args.endpoint_url
-    if getattr(args, "region", None):
-        os.environ["AWS_DEFAULT_REGION"] = args.region

@@ -18,40 +18,28 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from topokeeper.adapters.aws import client
-from topokeeper.config import ClusterConfig, Orchestrator
-from topokeeper.constants import RUN_SHELL_DOCUMENT
+from topokeeper.contract.config import ClusterConfig, Orchestrator
+from topokeeper.contract.constants import LOGIN_TARGET_GROUPS_ENV, RUN_SHELL_DOCUMENT, login_secret_names
+from topokeeper.contract.errors import InputError, Retryable
 from topokeeper.domain.models import empty_dict, empty_list
-from topokeeper.errors import InputError, Retryable
 
 if TYPE_CHECKING:
-    from topokeeper.events import TopokeeperEvent
-    from topokeeper.ports import LoginNodeSource
-    from topokeeper.runtime import Runtime
+    from topokeeper.contract.event_schemas import TopokeeperEvent
+    from topokeeper.contract.ports import LoginNodeSource
     from topokeeper.service.login import LoginInstall
+    from topokeeper.wiring.runtime import Runtime
 
-LOGIN_TARGET_GROUPS_ENV = "LOGIN_TARGET_GROUPS"
 # What syncing and installing run, when the stack gave some cluster a login endpoint (load_login_modules); imported
 # where they are used, as without a login endpoint ingest and drift must not load them.
 LOGIN_MODULES = (
     "topokeeper.adapters.elbv2",
     "topokeeper.adapters.login_nodes",
     "topokeeper.adapters.login_run_command",
-    "topokeeper.login.host_keys",
     "topokeeper.login.install",
     "topokeeper.service.login",
 )
 # Twice the ingest function's timeout (30 s): an install claim older than this has no living holder.
 INSTALL_CLAIM_LEASE = timedelta(minutes=1)
-# The longest target group ARN: arn:<partition>:elasticloadbalancing:<region>:<account>:targetgroup/<32>/<16 hex>.
-MAX_TARGET_GROUP_ARN_BYTES = 128
-
-
-def login_environment_bytes(clusters: list[str]) -> int:
-    """The most ``LOGIN_TARGET_GROUPS`` can take in a function's environment (its ARNs are known only at deploy)."""
-    if not clusters:
-        return 0
-    longest = {name: "x" * MAX_TARGET_GROUP_ARN_BYTES for name in clusters}
-    return len(LOGIN_TARGET_GROUPS_ENV) + len(json.dumps(longest).encode())
 
 
 class LoginSyncReport(BaseModel):
@@ -132,9 +120,7 @@ def host_identity_secret_arn(cluster: str, target_group_arn: str) -> tuple[str, 
     if len(fields) < 6 or fields[0] != "arn" or fields[2] != "elasticloadbalancing":
         raise InputError(LOGIN_TARGET_GROUPS_ENV, f"{cluster}: not a target group ARN: {target_group_arn!r}")
     partition, region, account = fields[1], fields[3], fields[4]
-    from topokeeper.login.host_keys import secret_names  # noqa: PLC0415 - see LOGIN_MODULES
-
-    return f"arn:{partition}:secretsmanager:{region}:{account}:secret:{secret_names(cluster)[0]}", region
+    return f"arn:{partition}:secretsmanager:{region}:{account}:secret:{login_secret_names(cluster)[0]}", region
 
 
 def install_login_host_identity(
@@ -142,7 +128,8 @@ def install_login_host_identity(
 ) -> LoginInstall | None:
     """On an EC2 instance's ``running`` event: the installer to it when it is a login node of an EC2 cluster with a
     login endpoint (its login tag holds the cluster's name), once per launch. None for any other event."""
-    from topokeeper.events import EC2_STATE_DETAIL_TYPE, Ec2StateDetail  # noqa: PLC0415 - drift does not load them
+    # Drift does not load the event models.
+    from topokeeper.contract.event_schemas import EC2_STATE_DETAIL_TYPE, Ec2StateDetail  # noqa: PLC0415
 
     if event.source != "aws.ec2" or event.detail_type != EC2_STATE_DETAIL_TYPE:
         return None

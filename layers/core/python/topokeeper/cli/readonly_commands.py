@@ -18,10 +18,12 @@ from typing import Any
 
 from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, aws_setup_errors, client, presigning_s3
 from topokeeper.adapters.ssm_channel import SsmChannel
-from topokeeper.errors import InputError
-from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
-from topokeeper.operator_files import add_endpoint_option, write_files
-from topokeeper.ports import ApplyResult, Outcome
+from topokeeper.cli.options import add_endpoint_option
+from topokeeper.cli.planning import plan_from_files, plan_table
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
+from topokeeper.contract.operator_files import write_files
+from topokeeper.contract.ports import ApplyResult, Outcome
 from topokeeper.render.bundle import RenderedPlan
 
 EXIT_OK, EXIT_FAILED, EXIT_DRIFT = 0, 1, 3
@@ -99,8 +101,6 @@ def _commands_for(rendered: RenderedPlan, out: Path) -> tuple[dict[str, Any], li
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from topokeeper.cli import plan_from_files, plan_table  # noqa: PLC0415 (cli imports this module)
-
     rendered = plan_from_files(args.snapshot, args.config, args.slurm_version)
     document: dict[str, Any] = {"plan_sha256": rendered.sha256, "plan": rendered.plan_document()}
     lines = [plan_table(rendered)]

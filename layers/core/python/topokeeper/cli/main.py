@@ -12,120 +12,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pydantic import ValidationError
-
-from topokeeper.domain.models import (
-    NO_TOPOLOGY_SWITCH,
-    BlockTopology,
-    PartitionPlan,
-    PlannerConfig,
-    Topology,
-    TreeTopology,
-)
-from topokeeper.engine.planner import plan
-from topokeeper.engine.snapshot import join_snapshot, read_snapshot
-from topokeeper.errors import InputError
-from topokeeper.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
-from topokeeper.narrate import columns, leaf_table
-from topokeeper.operator_files import (
-    add_endpoint_option,
-    apply_endpoint_option,
-    check_out_file,
-    read_mapping,
-    write_files,
-    write_text_file,
-)
-from topokeeper.render.bundle import RenderedPlan, json_text, render
+from topokeeper.cli.options import add_endpoint_option, apply_endpoint_option
+from topokeeper.cli.planning import plan_from_files, plan_table
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
+from topokeeper.contract.operator_files import check_out_file, write_files, write_text_file
+from topokeeper.render.bundle import json_text
+from topokeeper.render.narrate import leaf_table
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FLUSH_FAILED = 120  # as Python exits when flushing its output fails
 # Commands that plan from a file: with one of these first, the others (which import botocore, ~0.5 s) stay unloaded.
 PLANNING_COMMANDS = frozenset({"plan", "show", "head-node-program"})
-
-
-def load_config(path: Path | None) -> PlannerConfig:
-    if path is None:
-        return PlannerConfig()
-    document = read_mapping(path, "--config")
-    try:
-        return PlannerConfig.model_validate(document)
-    except ValidationError as error:
-        raise InputError.from_validation(error, prefix="config", model=PlannerConfig) from error
-
-
-def plan_from_files(snapshot_path: Path, config_path: Path | None, slurm_version: str | None) -> RenderedPlan:
-    facts = read_snapshot(read_mapping(snapshot_path, "--snapshot"))
-    return render(plan(join_snapshot(facts, load_config(config_path), slurm_version)))
-
-
-def leaf_units(topology: Topology) -> list[tuple[str, tuple[str, ...]]]:
-    """(name, nodes) of a topology's leaf switches or blocks; none for a flat one."""
-    if isinstance(topology, TreeTopology):
-        return [(switch.name, switch.nodes) for switch in topology.switches if not switch.switches]
-    if isinstance(topology, BlockTopology):
-        return [(block.name, block.nodes) for block in topology.blocks]
-    return []
-
-
-def _largest_unit(partition: PartitionPlan, folded_into: Topology | None) -> int:
-    """The most of the partition's nodes one leaf or block holds; folded (before 25.05), in the cluster-wide
-    topology Slurm actually reads, where no-topology is no leaf a job could use."""
-    if folded_into is None:
-        return max((len(nodes) for _, nodes in leaf_units(partition.topology)), default=0)
-    members = set(partition.nodes)
-    units = leaf_units(folded_into)
-    return max((len(members.intersection(nodes)) for name, nodes in units if name != NO_TOPOLOGY_SWITCH), default=0)
-
-
-def plan_table(rendered: RenderedPlan) -> str:
-    rows: list[tuple[str, ...]] = [("PARTITION", "KIND", "NODES", "SWITCHES/BLOCKS", "LARGEST LEAF/BLOCK", "WARNINGS")]
-    for partition in sorted(rendered.plan.partitions, key=lambda p: p.partition):
-        topology = partition.topology
-        if isinstance(topology, TreeTopology):
-            units = f"{len(topology.switches)} switches"
-        elif isinstance(topology, BlockTopology):
-            units = f"{len(topology.blocks)} blocks"
-        else:
-            units = "-"
-        kind, written = partition.kind, rendered.plan.cluster_topology  # before 25.05: one cluster-wide topology
-        largest = _largest_unit(partition, written if written is not None and written.kind is not kind else None)
-        rows.append(
-            (
-                partition.partition,
-                kind.value
-                if written is None or written.kind is kind
-                else f"{kind.value}, folded into {written.kind.value}",
-                str(len(partition.nodes)),
-                units,
-                str(largest or "-"),
-                str(len(partition.warnings)),
-            )
-        )
-    lines = columns(rows)
-    plan_ = rendered.plan
-    lines.append(
-        f"{plan_.cluster_name}: Slurm {plan_.slurm_version} -> {plan_.slurm_format.value}"
-        + (f" ({plan_.topology_plugin})" if plan_.topology_plugin else "")
-        + f", sha256 {rendered.sha256[:12]}"
-    )
-    lines.append(slurm_conf_edit(rendered))
-    lines += [f"warning: {warning}" for warning in plan_.warnings]
-    for partition in sorted(plan_.partitions, key=lambda p: p.partition):
-        lines += [f"warning: {partition.partition}: {warning}" for warning in partition.warnings]
-    return "\n".join(lines)
-
-
-def slurm_conf_edit(rendered: RenderedPlan) -> str:
-    """What the applier sets in slurm.conf: the plugin (before 25.05) and each partition's ``Topology=``."""
-    edits = [f"TopologyPlugin={rendered.bundle.topology_plugin}"] if rendered.bundle.topology_plugin else []
-    edits += [
-        f"PartitionName={name} Topology={value}"
-        if value
-        else f"PartitionName={name} without Topology= (the cluster default)"
-        for name, value in sorted(rendered.bundle.partitions.items())
-    ]
-    return "slurm.conf: " + ", ".join(edits)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -192,9 +91,8 @@ def build_parser(operator_commands: bool = True) -> argparse.ArgumentParser:
 
 def _register_operator_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     # Imported here, only for the commands that use them (see PLANNING_COMMANDS).
-    from topokeeper import kueue_commands, operator_commands, readonly_commands  # noqa: PLC0415
-    from topokeeper.agent_install import add_agent_commands  # noqa: PLC0415
-    from topokeeper.login import commands as login_commands  # noqa: PLC0415
+    from topokeeper.cli import kueue_commands, login_commands, operator_commands, readonly_commands  # noqa: PLC0415
+    from topokeeper.cli.agent_install import add_agent_commands  # noqa: PLC0415
     from topokeeper.sim import commands as sim_commands  # noqa: PLC0415
 
     operator_commands.register(commands)

@@ -56,7 +56,9 @@ ENV_EVENT_BUS = "EVENT_BUS_NAME"
 ENV_CLOUDTRAIL_CHANNEL = "CLOUDTRAIL_CHANNEL_ARN"
 ENV_AUDIT_RETENTION = "AUDIT_RETENTION_DAYS"
 ENV_SIGNING_KEY = "SIGNING_KEY_ID"  # the bundle-signing KMS key (reconcile and drift sign with it)
-# Here rather than in topokeeper.events, whose models the adapters that use these do not need.
+# Each login endpoint's target group (JSON, cluster -> ARN), in the ingest and drift functions' environment.
+LOGIN_TARGET_GROUPS_ENV = "LOGIN_TARGET_GROUPS"
+# Here rather than in topokeeper.contract.event_schemas, whose models the adapters that use these do not need.
 AUDIT_SOURCE = "topokeeper"
 AUDIT_DETAIL_TYPE = "UpdatePartitionTopology"
 RUN_SHELL_DOCUMENT = "AWS-RunShellScript"
@@ -70,3 +72,9 @@ CLOUDTRAIL_DETAIL_TYPES = (CLOUDTRAIL_DETAIL_TYPE, CLOUDTRAIL_SERVICE_EVENT_DETA
 # The trigger's summary is the only place a trigger keeps the event's name (the audit schema is fixed).
 MANAGED_TOPOLOGY_SUMMARY = f"{MANAGED_TOPOLOGY_EVENT} by HyperPod"
 NODE_TABLE_REQUEST = "nt-"  # a read the reconcile asked for the node table: an answer that comes later replans
+
+
+def login_secret_names(cluster: str) -> tuple[str, str]:
+    """A login endpoint's secrets: (the host identity bundle login nodes install, the CA private key only the
+    operator reads). The stack creates them, the CLI fills them, the ingest function's installer reads the first."""
+    return f"topokeeper/{cluster}/login-host-identity", f"topokeeper/{cluster}/login-ssh-ca"

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from topokeeper.constants import (
+from topokeeper.contract.constants import (
     CLOUDTRAIL_DETAIL_TYPE,
     CLOUDTRAIL_SERVICE_EVENT_DETAIL_TYPE,
     HYPERPOD_SOURCE,
@@ -21,7 +21,7 @@ from topokeeper.constants import (
     MANAGED_TOPOLOGY_EVENT,
     RUN_SHELL_DOCUMENT,
 )
-from topokeeper.ports import ApplyResult
+from topokeeper.contract.ports import ApplyResult
 from topokeeper.wire import AGENT_DETAIL_TYPES, AGENT_SOURCE
 
 HYPERPOD_DETAIL_TYPES = (

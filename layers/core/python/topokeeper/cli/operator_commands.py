@@ -21,17 +21,18 @@ from topokeeper.adapters.ec2 import Ec2ClusterFacts, InstanceTopologyReader, Loc
 from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.metrics import NoMetrics
 from topokeeper.adapters.ssm_channel import SsmChannel
-from topokeeper.config import ClusterConfig, Ec2Discovery, Mode, Orchestrator
-from topokeeper.deployment import Deployment, read_deployment
-from topokeeper.errors import InputError
-from topokeeper.narrate import record_text
-from topokeeper.operator_files import add_endpoint_option, check_out_file, write_text_file
-from topokeeper.ports import Outcome, ReconcileRequest, Trigger
+from topokeeper.cli.options import add_endpoint_option
+from topokeeper.contract.config import ClusterConfig, Ec2Discovery, Mode, Orchestrator
+from topokeeper.contract.deployment import Deployment, read_deployment
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.operator_files import check_out_file, write_text_file
+from topokeeper.contract.ports import Outcome, ReconcileRequest, Trigger
 from topokeeper.render.bundle import Bundle
-from topokeeper.runtime import Runtime
-from topokeeper.service.drift import check_drift
-from topokeeper.service.reconcile import plan_cluster, reconcile
+from topokeeper.render.narrate import record_text
+from topokeeper.service.controller import check_drift, reconcile
+from topokeeper.service.reconcile import plan_cluster
 from topokeeper.service.signing import for_reading
+from topokeeper.wiring.runtime import Runtime
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DRIFT = 0, 1, 2, 3
 

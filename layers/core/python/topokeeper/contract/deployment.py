@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from topokeeper.config import Settings
-from topokeeper.constants import (
+from topokeeper.contract.config import Settings
+from topokeeper.contract.constants import (
     ENV_BUCKET,
     ENV_CONFIG,
     ENV_DEAD_LETTER_QUEUE,
@@ -23,8 +23,8 @@ from topokeeper.constants import (
     ENV_SIGNING_KEY,
     ENV_TABLE,
 )
-from topokeeper.errors import InputError
-from topokeeper.operator_files import read_mapping
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.operator_files import read_mapping
 
 # CloudFormation output keys the stack exports (infra/ uses the same names).
 OUTPUT_TABLE = "TableName"

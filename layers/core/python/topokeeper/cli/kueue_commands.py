@@ -10,10 +10,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from topokeeper.cli.options import add_endpoint_option
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.operator_files import read_mapping, write_files
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.domain.models import Node
 from topokeeper.engine.snapshot import AwsSnapshot, eks_nodes, parse_snapshot_document
-from topokeeper.errors import InputError
 from topokeeper.kueue.drift import LabelDrift, label_drift, render_drift
 from topokeeper.kueue.fleet import fleet_json, render_mermaid, render_table
 from topokeeper.kueue.node_list import (
@@ -24,7 +26,6 @@ from topokeeper.kueue.node_list import (
     parse_node_list,
 )
 from topokeeper.kueue.objects import KueuePlan, plan_kueue, render_kueue
-from topokeeper.operator_files import add_endpoint_option, read_mapping, write_files
 
 EXIT_OK = 0
 

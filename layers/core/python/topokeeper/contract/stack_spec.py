@@ -8,15 +8,17 @@ Plain values only (no CDK, no boto3), so the simulator never needs Node or a syn
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from topokeeper.config import ClusterConfig, Orchestrator, Settings
-from topokeeper.errors import InputError
-from topokeeper.events import WORK_QUEUE_MAX_RECEIVES, change_patterns, result_patterns
-from topokeeper.ports import Channel, Metric
+from topokeeper.contract.config import ClusterConfig, Orchestrator, Settings
+from topokeeper.contract.constants import LOGIN_TARGET_GROUPS_ENV
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.event_schemas import WORK_QUEUE_MAX_RECEIVES, change_patterns, result_patterns
+from topokeeper.contract.ports import Channel, Metric
 
 # ---------------------------------------------------------------- the functions (each one's code is functions/<name>/)
 
@@ -43,7 +45,8 @@ FUNCTION_TIMEOUT_SECONDS = {INGEST: 30, RECONCILE: RECONCILE_TIMEOUT_SECONDS, RE
 # Six times the consumer's timeout, as Lambda recommends for SQS event sources.
 VISIBILITY_TIMEOUT_FACTOR = 6
 WORK_VISIBILITY_TIMEOUT_SECONDS = VISIBILITY_TIMEOUT_FACTOR * RECONCILE_TIMEOUT_SECONDS
-# A deferred reconcile returns its message to the queue, which counts as a receive (see topokeeper.events).
+# A deferred reconcile returns its message to the queue, which counts as a receive (see
+# topokeeper.contract.event_schemas).
 WORK_MAX_RECEIVE_COUNT = WORK_QUEUE_MAX_RECEIVES
 # One message group per cluster; senders set MessageDeduplicationId themselves (cluster, generation, reason).
 WORK_CONTENT_BASED_DEDUPLICATION = False
@@ -57,7 +60,7 @@ DEAD_LETTER_QUEUES_FIFO = {WORK_DLQ: True, EVENT_DLQ: False}
 
 
 def rule_patterns(head_nodes: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Function -> its EventBridge rules (name -> pattern), from ``topokeeper.events``."""
+    """Function -> its EventBridge rules (name -> pattern), from ``topokeeper.contract.event_schemas``."""
     return {INGEST: change_patterns(), RESULT: result_patterns(head_nodes)}
 
 
@@ -182,3 +185,15 @@ def cluster_alarms(settings: Settings, cluster: ClusterConfig) -> dict[Metric, A
 
 def cluster_alarm_name(prefix: str, cluster: str, metric: Metric) -> str:
     return f"{prefix}-{cluster}-{metric.value}"
+
+
+# The longest target group ARN: arn:<partition>:elasticloadbalancing:<region>:<account>:targetgroup/<32>/<16 hex>.
+MAX_TARGET_GROUP_ARN_BYTES = 128
+
+
+def login_environment_bytes(clusters: list[str]) -> int:
+    """The most ``LOGIN_TARGET_GROUPS`` can take in a function's environment (its ARNs are known only at deploy)."""
+    if not clusters:
+        return 0
+    longest = {name: "x" * MAX_TARGET_GROUP_ARN_BYTES for name in clusters}
+    return len(LOGIN_TARGET_GROUPS_ENV) + len(json.dumps(longest).encode())

@@ -23,8 +23,8 @@ from topokeeper.adapters.dynamodb import DynamoNodeFactsCache, DynamoRateLimiter
 from topokeeper.adapters.metrics import EmfMetrics
 from topokeeper.adapters.plans import S3PlanStore
 from topokeeper.adapters.queue import SqsWorkQueue
-from topokeeper.config import ClusterConfig, Mode, Orchestrator, Settings
-from topokeeper.constants import (
+from topokeeper.contract.config import ClusterConfig, Mode, Orchestrator, Settings
+from topokeeper.contract.constants import (
     ENV_AUDIT_RETENTION,
     ENV_BUCKET,
     ENV_CLOUDTRAIL_CHANNEL,
@@ -35,8 +35,8 @@ from topokeeper.constants import (
     ENV_SIGNING_KEY,
     ENV_TABLE,
 )
-from topokeeper.errors import InputError
-from topokeeper.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics, WorkQueue
+from topokeeper.contract.errors import InputError
+from topokeeper.contract.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics, WorkQueue
 
 if TYPE_CHECKING:  # each function loads only its own use case and adapters (its handler, at init: load_adapters)
     from topokeeper.adapters.audit_trail import AuditTrail

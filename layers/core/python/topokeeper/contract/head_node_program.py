@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 PROGRAM_NAME = "topokeeper-head-node.pyz"
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # topokeeper/, which this module is in contract/ of
 _PACKED_PACKAGES = ("headnode", "agent")
 _SHEBANG = b"#!/usr/bin/env python3\n"
 _TIMESTAMP = (1980, 1, 1, 0, 0, 0)  # the earliest a zip entry can carry

@@ -1,0 +1,5 @@
+"""``python -m topokeeper.cli.main``: the ``topokeeper`` command."""
+
+from topokeeper.cli.main import run
+
+run()
