@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.readme_examples import blocks, commands, matches_shown
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import clear_clients
 from topokeeper.cli.main import main
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 
@@ -56,7 +56,7 @@ def test_the_operator_cli_against_topokeeper_emulator_as_the_readme_shows(
             key, _, value = pair.partition("=")
             monkeypatch.setenv(key, value)
         monkeypatch.chdir(tmp_path)
-        client.cache_clear()
+        clear_clients()
         capsys.readouterr()
         codes = [main(argv) for argv in session]
         output = capsys.readouterr().out
@@ -65,7 +65,7 @@ def test_the_operator_cli_against_topokeeper_emulator_as_the_readme_shows(
         emulator.send_signal(signal.SIGTERM)
         assert emulator.wait(timeout=120) == 0
     finally:
-        client.cache_clear()
+        clear_clients()
         with suppress(ProcessLookupError):
             os.killpg(emulator.pid, signal.SIGKILL)
         emulator.wait()

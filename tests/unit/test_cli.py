@@ -1,3 +1,4 @@
+import argparse
 import json
 import os
 import subprocess
@@ -8,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.installed_command import TOPOKEEPER, block_buffered_environment, run_installed
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import clear_clients, client
 from topokeeper.cli.main import EXIT_BAD_INPUT, EXIT_FLUSH_FAILED, EXIT_OK, main
+from topokeeper.cli.options import apply_endpoint_option
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -274,7 +276,7 @@ def no_aws_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    client.cache_clear()  # no client made with another test's region or credentials
+    clear_clients()  # no client made with another test's region or credentials
 
 
 @pytest.mark.usefixtures("no_aws_configuration")
@@ -293,6 +295,31 @@ def test_region_after_the_subcommand_is_taken_and_missing_credentials_say_what_t
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and error.startswith("topokeeper: error: credentials:"), error
     assert "AWS_PROFILE" in error
+
+
+@pytest.mark.usefixtures("no_aws_configuration")
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        ({"AWS_REGION": "us-west-2"}, "us-west-2"),
+        ({"AWS_DEFAULT_REGION": "eu-west-1"}, "eu-west-1"),
+        ({"AWS_REGION": "us-west-2", "AWS_DEFAULT_REGION": "eu-west-1"}, "us-west-2"),  # the AWS CLI v2's order
+    ],
+)
+def test_the_clients_take_aws_region_before_aws_default_region(
+    environment: dict[str, str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert client("ec2").meta.region_name == expected
+
+
+@pytest.mark.usefixtures("no_aws_configuration")
+def test_region_flag_wins_over_aws_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_REGION", "us-west-2")
+    args = argparse.Namespace(endpoint_url=None, region="ap-south-1")
+    apply_endpoint_option(args)
+    assert client("ec2").meta.region_name == "ap-south-1"
 
 
 def test_plan_and_show_print_the_slurm_conf_edit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -335,7 +362,8 @@ def test_every_aws_command_takes_region_after_it_and_says_what_to_set_in_one_lin
         assert main(argv) == 2
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and error.startswith("topokeeper: error: --region:"), error
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "")  # main sets it from --region; undone after the test
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):  # main sets them from --region; undone after the test
+        monkeypatch.setenv(name, "")
     assert main([*argv, "--region", "us-west-2"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and error.startswith("topokeeper: error: credentials:"), error

@@ -16,7 +16,7 @@ import topokeeper
 from tests.agent_support import INSTALL_SCRIPT_ARGS, INSTALL_SCRIPT_BASE_ARGS, bundle_document
 from tests.helpers import head_node_program
 from tests.signing_support import sign, signing_key
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import clear_clients
 from topokeeper.agent.applier_process import run_applier
 from topokeeper.agent.config import load_config
 from topokeeper.cli.main import main
@@ -183,12 +183,12 @@ def test_with_the_signing_key_the_snippet_installs_its_public_key_and_the_agent_
     with AwsEmulator(region="us-west-2") as aws:
         for name, value in aws.env().items():
             monkeypatch.setenv(name, value)
-        client.cache_clear()
+        clear_clients()
         key_arn = aws.client("kms").create_key(KeySpec="RSA_3072", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["Arn"]
         try:
             snippet = _snippet(capsys, "--signing-key", key_arn)
         finally:
-            client.cache_clear()
+            clear_clients()
         public_key = aws.client("kms").get_public_key(KeyId=key_arn)["PublicKey"]
     root = tmp_path / "root"
     completed = _run(snippet, root)

@@ -25,7 +25,7 @@ from tests.integration.aws.support import cluster_request, drain, group, subscri
 from topokeeper.adapters import ssm_channel
 from topokeeper.adapters.agent_channel import AgentChannel
 from topokeeper.adapters.audit_trail import PUT_EVENTS_MAX_BYTES, AuditTrail, put_events_entry_size
-from topokeeper.adapters.aws import PRESIGN_CONFIG, SEND_COMMAND_CONFIG, client, presigning_s3
+from topokeeper.adapters.aws import PRESIGN_CONFIG, SEND_COMMAND_CONFIG, clear_clients, client, presigning_s3
 from topokeeper.adapters.dynamodb import (
     NODE_TABLE_ATTRIBUTE,
     DynamoNodeFactsCache,
@@ -1214,7 +1214,7 @@ def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
     monkeypatch.setattr(ssm_channel, "INLINE_LIMIT_BYTES", 3_500)
     for key, value in aws.env().items():
         monkeypatch.setenv(key, value)
-    client.cache_clear()
+    clear_clients()
     s3 = presigning_s3() if sigv4 else client("s3")
     channel = SsmChannel(aws.client("ssm"), s3, bucket, HEAD_NODE, now=clock.now, sender=_sender(aws))
     bundle = _rendered(p5_count=40).bundle
@@ -1225,7 +1225,7 @@ def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
             return
         payloads = [_decode_commands(channel.payload(bundle, mode)) for mode in ("apply", "verify")]
     finally:
-        client.cache_clear()
+        clear_clients()
     expected = {"bundle": json.dumps(bundle.document(), sort_keys=True).encode(), "program": program_bytes()}
     for payload in payloads:
         for field, data in expected.items():

@@ -11,7 +11,7 @@ import yaml
 
 from tests.integration.aws.support import cluster_request, group
 from tests.unit.kueue.kueue_api import api_errors
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import clear_clients
 from topokeeper.cli.main import main
 from topokeeper.sim.aws.clock import SystemClock
 from topokeeper.sim.aws_emulator import AwsEmulator
@@ -41,10 +41,10 @@ def eks_cluster(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
     aws.client("sagemaker").create_cluster(**request)
     for name, value in aws.env().items():
         monkeypatch.setenv(name, value)
-    client.cache_clear()  # the CLI's cached clients must reach this emulator
+    clear_clients()  # the CLI's cached clients must reach this emulator
     aws.reset_counters()
     yield "eks-train"
-    client.cache_clear()
+    clear_clients()
 
 
 def test_labels_from_a_live_eks_cluster_use_list_calls_only(

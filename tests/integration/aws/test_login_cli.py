@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import clear_clients
 from topokeeper.cli.main import main
 from topokeeper.contract.constants import login_secret_names
 from topokeeper.sim.aws_emulator import AwsEmulator
@@ -29,9 +29,9 @@ def rotate(aws: AwsEmulator, key: str, *extra: str) -> int:
 def key(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     for name, value in aws.env().items():
         monkeypatch.setenv(name, value)
-    client.cache_clear()  # the CLI's cached clients must reach this emulator
+    clear_clients()  # the CLI's cached clients must reach this emulator
     yield str(aws.client("kms").create_key()["KeyMetadata"]["Arn"])
-    client.cache_clear()
+    clear_clients()
 
 
 def test_rotation_keeps_the_ca_so_the_users_line_never_changes(

@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 
 from infra.login_endpoint import installer_statements
 from tests.integration.aws.support import drain, subscribe
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import clear_clients
 from topokeeper.adapters.elbv2 import ElbTargetGroup
 from topokeeper.adapters.login_nodes import DynamoLoginInstallLedger, launched_instance
 from topokeeper.adapters.login_run_command import RunCommandInstaller
@@ -103,7 +103,7 @@ class Ec2Login:
 def login(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ec2Login]:
     for name, value in aws.env().items():
         monkeypatch.setenv(name, value)
-    client.cache_clear()
+    clear_clients()
     vpc = aws.client("ec2").describe_vpcs()["Vpcs"][0]["VpcId"]  # the default VPC, where run_instances puts nodes
     target_group = aws.client("elbv2").create_target_group(
         Name="cfd-login", Protocol="TCP", Port=22, VpcId=vpc, TargetType="ip", HealthCheckProtocol="TCP"
@@ -149,7 +149,7 @@ def login(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ec2Logi
     audit_queue = subscribe(aws, "login-audit", {"source": ["topokeeper"]})
     yield Ec2Login(aws, settings, target_group, environ, received, audit_queue, itertools.count())
     install_runtime(None)
-    client.cache_clear()
+    clear_clients()
 
 
 def expected_script(aws: AwsEmulator) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import clear_clients
 from topokeeper.cli.main import main
 from topokeeper.login.install import install_script
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome
@@ -28,7 +28,7 @@ def _instances(aws: AwsEmulator, count: int, tags: dict[str, str]) -> list[str]:
 def cli(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[CommandInvocationRequest]]:
     for name, value in aws.env().items():
         monkeypatch.setenv(name, value)
-    client.cache_clear()
+    clear_clients()
     aws.ssm.strict_targets = True  # like AWS: only instances that exist and run
     received: list[CommandInvocationRequest] = []
 
@@ -38,7 +38,7 @@ def cli(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Comm
 
     aws.ssm.on_command = run
     yield received
-    client.cache_clear()
+    clear_clients()
 
 
 def _install(tag: str = f"{TAG}=cfd") -> int:

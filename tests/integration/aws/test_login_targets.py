@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.aws.support import cluster_request, drain, group, subscribe
 from topokeeper.adapters.audit_trail import AuditTrail
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import clear_clients
 from topokeeper.adapters.elbv2 import ElbTargetGroup
 from topokeeper.adapters.login_nodes import DynamoLoginLedger, HyperPodLoginNodes
 from topokeeper.contract.config import Settings
@@ -227,7 +227,7 @@ class FunctionRuntime:
 def runtime(endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch) -> Iterator[FunctionRuntime]:
     for name, value in endpoint.aws.env().items():
         monkeypatch.setenv(name, value)
-    client.cache_clear()  # the function's cached clients must reach this emulator
+    clear_clients()  # the function's cached clients must reach this emulator
     login = {
         "enabled": True,
         "vpc_id": "vpc-0a1b2c3d4e5f60718",
@@ -255,7 +255,7 @@ def runtime(endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fun
         }
     )
     yield FunctionRuntime(settings, endpoint.metrics, endpoint.aws.clock, env, endpoint.audit_trail())
-    client.cache_clear()
+    clear_clients()
 
 
 def test_the_functions_sync_only_clusters_with_a_login_endpoint(endpoint: Endpoint, runtime: FunctionRuntime) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.login.test_host_identity_on_sshd import ENDPOINT, ssh
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import clear_clients
 from topokeeper.contract.config import Settings
 from topokeeper.contract.constants import (
     ENV_BUCKET,
@@ -121,7 +121,7 @@ def stack_function(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[AwsEmulato
     with AwsEmulator(seed=7, clock=ManualClock()) as aws:
         for name, value in aws.env().items():
             monkeypatch.setenv(name, value)
-        client.cache_clear()
+        clear_clients()
         create_state_table(aws.client("dynamodb"), TABLE)
         login = {
             "enabled": True,
@@ -139,7 +139,7 @@ def stack_function(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[AwsEmulato
             LOGIN_TARGET_GROUPS_ENV: json.dumps({CLUSTER: TARGET_GROUP}),
         }
         yield aws, Runtime.from_environment({**aws.env(), **environ}, clock=aws.clock), environ
-        client.cache_clear()
+        clear_clients()
 
 
 def test_the_run_command_installer_gives_a_launched_ec2_login_node_the_clusters_identity(

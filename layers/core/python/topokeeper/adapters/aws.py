@@ -6,6 +6,7 @@ methods) and importing it costs a Lambda cold start ~20 ms more, s3transfer and 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -49,10 +50,20 @@ PRESIGN_CONFIG = CLIENT_CONFIG.merge(
 )
 
 
-@cache
 def client(service: str, region: str | None = None, config: Config = CLIENT_CONFIG) -> Any:
     """A cached client per service, region and config, each from a new session as boto3's ``Session().client``
-    makes it (botocore honours AWS_ENDPOINT_URL for emulators)."""
+    makes it (botocore honours AWS_ENDPOINT_URL for emulators). Without ``region``: AWS_REGION, then what
+    botocore finds (AWS_DEFAULT_REGION, the profile), the AWS CLI v2's order; botocore alone ignores AWS_REGION."""
+    return _client(service, region or os.environ.get("AWS_REGION") or None, config)
+
+
+def clear_clients() -> None:
+    """Forget the cached clients (tests point the next ones at another emulator)."""
+    _client.cache_clear()
+
+
+@cache
+def _client(service: str, region: str | None, config: Config) -> Any:
     return botocore.session.get_session().create_client(service, region_name=region, config=config)
 
 

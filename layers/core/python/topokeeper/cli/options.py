@@ -16,5 +16,5 @@ def apply_endpoint_option(args: argparse.Namespace) -> None:
     """Must run before the first client is made: boto3 reads these at client creation."""
     if getattr(args, "endpoint_url", None):
         os.environ["AWS_ENDPOINT_URL"] = args.endpoint_url
-    if getattr(args, "region", None):
-        os.environ["AWS_DEFAULT_REGION"] = args.region
+    if getattr(args, "region", None):  # over both variables, which the clients read in this order
+        os.environ["AWS_REGION"] = os.environ["AWS_DEFAULT_REGION"] = args.region

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from topokeeper.adapters.aws import client
+from topokeeper.adapters.aws import clear_clients, client
 from topokeeper.adapters.dynamodb import DynamoRateLimiter
 from topokeeper.adapters.ec2 import InstanceTopologyReader
 from topokeeper.contract import stack_spec
@@ -158,7 +158,7 @@ class World:
         self.emulator.start()
         self._saved_environment = {key: os.environ.get(key) for key in self.emulator.env()}
         os.environ.update(self.emulator.env())
-        client.cache_clear()
+        clear_clients()
         self.login: SimLoginEndpoint | None = None
         if self.scenario.cluster.login_endpoint:
             self.login = SimLoginEndpoint(self)
@@ -231,7 +231,7 @@ class World:
             self.head.stop()
         finally:
             self.emulator.stop()
-            client.cache_clear()
+            clear_clients()
             for key, value in self._saved_environment.items():
                 if value is None:
                     os.environ.pop(key, None)
