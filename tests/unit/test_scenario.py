@@ -113,6 +113,17 @@ def test_an_instance_type_aws_would_refuse_is_one_error_naming_the_group(tmp_pat
     assert repr(wrong) in error.value.message and hint in error.value.message, error.value.message
 
 
+def test_an_ec2_type_in_a_hyperpod_cluster_is_one_error_with_the_ml_name(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace("type: ml.p5.48xlarge", "type: p5.48xlarge"))  # EC2 knows it; HyperPod does not
+    with pytest.raises(InputError) as error:  # before anything starts, not a CreateCluster traceback
+        load_scenario(path)
+    assert str(error.value).count("\n") == 0
+    assert error.value.message.endswith(
+        "instance_groups[1].type: 'p5.48xlarge' is not a type SageMaker HyperPod accepts; did you mean 'ml.p5.48xlarge'?"
+    ), error.value.message
+
+
 @pytest.mark.parametrize("version", ["23.02", "25.05", "24.05"])
 def test_a_slurm_version_the_simulator_does_not_run_is_refused(tmp_path: Path, version: str) -> None:
     path = tmp_path / "s.yaml"

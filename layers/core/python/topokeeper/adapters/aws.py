@@ -14,9 +14,16 @@ from typing import Any
 
 import botocore.session
 from botocore.config import Config
-from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError, PartialCredentialsError
+from botocore.exceptions import (
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    NoRegionError,
+    PartialCredentialsError,
+)
 
-from topokeeper.contract.errors import InputError, Permanent, Retryable, TopokeeperError
+from topokeeper.contract.errors import InputError, Permanent, Retryable, TopokeeperError, one_line
 
 # Adaptive retries back off on throttling (DescribeInstanceTopology's bucket is 1 call per second).
 CLIENT_CONFIG = Config(
@@ -127,9 +134,39 @@ def aws_errors() -> Iterator[None]:
         raise translate(error) from error
 
 
+# What an operator can do about the answers a first day brings, by error code: one line instead of a traceback.
+_OPERATOR_HINTS = {
+    "InvalidInstanceId": "SSM Run Command cannot reach that instance: check the id, that it is running and that "
+    "its SSM agent is registered (aws ssm describe-instance-information)",
+    "NoSuchBucket": "no such bucket in this account and region: pass the stack's PlanBucket output",
+    "ExpiredToken": "the credentials have expired: renew them (aws sso login, or new keys)",
+    "ExpiredTokenException": "the credentials have expired: renew them (aws sso login, or new keys)",
+    "InvalidClientTokenId": "AWS does not know these credentials: check AWS_PROFILE or the access key",
+    "UnrecognizedClientException": "AWS does not know these credentials: check AWS_PROFILE or the access key",
+    "SignatureDoesNotMatch": "AWS refused the credentials' signature: check the secret key and the clock",
+    "AuthFailure": "AWS refused the credentials: check AWS_PROFILE or the access key",
+}
+_STACK_MISSING = "deploy the stack first (cdk deploy), or pass --stack-name and --region of a deployed one"
+
+
+def operator_hint(error: ClientError) -> str:
+    """One line for an AWS refusal the operator's CLI met: what AWS said and, where known, what to do."""
+    code = error_code(error)
+    message = str(error.response.get("Error", {}).get("Message", "")).strip()
+    if code == "ValidationError" and message.startswith("Stack with id") and message.endswith("does not exist"):
+        hint = _STACK_MISSING
+    elif is_permanent(code) and ("AccessDenied" in code or code.startswith("Unauthorized")):
+        hint = "these credentials may not do this: ask for the operator permissions the README lists"
+    else:
+        hint = _OPERATOR_HINTS.get(code, "")
+    said = f"{code}: {message}" if message else code
+    return one_line(f"{said} ({hint})" if hint else said)
+
+
 @contextmanager
 def aws_setup_errors() -> Iterator[None]:
-    """A missing region or credentials on the operator's machine as one line saying what to set."""
+    """What goes wrong on an operator's machine as one line saying what to do: a missing region or credentials,
+    an endpoint out of reach, and AWS refusing a request (raw or translated by an adapter)."""
     try:
         yield
     except NoRegionError as error:
@@ -140,3 +177,16 @@ def aws_setup_errors() -> Iterator[None]:
             "no AWS credentials found: set AWS_PROFILE (after aws sso login / aws configure) or "
             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
         ) from error
+    except (EndpointConnectionError, ConnectTimeoutError) as error:
+        raise InputError("network", one_line(f"cannot reach AWS: {error}")) from error
+    except ClientError as error:
+        raise InputError(_operation(error), operator_hint(error)) from error
+    except TopokeeperError as error:
+        cause = error.__cause__
+        if isinstance(error, InputError) or not isinstance(cause, ClientError):
+            raise
+        raise InputError(_operation(cause), operator_hint(cause)) from error
+
+
+def _operation(error: ClientError) -> str:
+    return f"AWS {error.operation_name}" if error.operation_name else "AWS"

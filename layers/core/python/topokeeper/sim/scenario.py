@@ -141,6 +141,15 @@ class ClusterSpec(_Strict):
                 raise ValueError(f"instance_groups[{index}] ({group.name}): no login nodes in a parallelcluster world")
             if parallelcluster and group.role == "controller" and group.count != 1:
                 raise ValueError(f"instance_groups[{index}] ({group.name}): ParallelCluster has one head node")
+        # HyperPod takes only its ml. names and EC2 (ParallelCluster) only its own: AWS would refuse the other.
+        for index, group in enumerate(self.instance_groups):
+            if group.type.startswith(HYPERPOD_PREFIX) == parallelcluster:
+                wanted = group.type.removeprefix(HYPERPOD_PREFIX) if parallelcluster else HYPERPOD_PREFIX + group.type
+                service = "EC2 (ParallelCluster)" if parallelcluster else "SageMaker HyperPod"
+                raise ValueError(
+                    f"instance_groups[{index}].type: {group.type!r} is not a type {service} accepts; "
+                    f"did you mean {wanted!r}?"
+                )
 
     @model_validator(mode="after")
     def _valid(self) -> ClusterSpec:
