@@ -120,7 +120,8 @@ def test_an_ec2_type_in_a_hyperpod_cluster_is_one_error_with_the_ml_name(tmp_pat
         load_scenario(path)
     assert str(error.value).count("\n") == 0
     assert error.value.message.endswith(
-        "instance_groups[1].type: 'p5.48xlarge' is not a type SageMaker HyperPod accepts; did you mean 'ml.p5.48xlarge'?"
+        "instance_groups[1].type: 'p5.48xlarge' is not a type SageMaker HyperPod accepts; "
+        "did you mean 'ml.p5.48xlarge'?"
     ), error.value.message
 
 
