@@ -266,7 +266,7 @@ class SsmChannel:
             result = self.result(command_id)
             out_of_time = self._deadline is not None and self._now() + timedelta(seconds=poll) > self._deadline
             if result.outcome is not Outcome.PENDING or waited >= timeout or out_of_time:
-                return result
+                return answer_to(bundle, result)
             self._sleep(poll)
             waited += poll
 
@@ -282,6 +282,22 @@ class SsmChannel:
         if result.full_result and result.full_result.get("sha256"):
             return read_full_result(self._s3, self._bucket, self._target, result)
         return result
+
+
+_ANSWERS = frozenset({Outcome.IN_SYNC, Outcome.DRIFT, Outcome.WOULD_APPLY, Outcome.UNCHANGED})
+
+
+def answer_to(bundle: Bundle, result: ApplyResult) -> ApplyResult:
+    """``result`` if it answers this request: an account of the live state, given for a signed bundle, echoes the
+    generation that bundle was signed with (a verify bundle's is its own: ``service.signing.for_reading``); one
+    that does not is no answer to this request, and fails naming both."""
+    if bundle.generation is None or result.outcome not in _ANSWERS or result.generation == bundle.generation:
+        return result
+    return ApplyResult.from_channel(
+        Outcome.FAILED,
+        f"the head node's {result.outcome.value} answers bundle generation {result.generation}, not this"
+        f" request's {bundle.generation} ({bundle.purpose})",
+    )
 
 
 def read_full_result(s3: Any, bucket: str, head_node: str, cut: ApplyResult) -> ApplyResult:
