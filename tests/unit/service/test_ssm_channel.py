@@ -44,7 +44,7 @@ class RecordingS3:
 
 
 def _channel(s3: RecordingS3) -> SsmChannel:
-    return SsmChannel(None, s3, "bucket", "i-0123456789abcdef0", now=lambda: datetime.now(UTC))
+    return SsmChannel(None, s3, "bucket", "i-0123456789abcdef0", cluster="test-cluster", now=lambda: datetime.now(UTC))
 
 
 def _bundle(nodes: int):
@@ -328,6 +328,7 @@ def test_the_s3_fallback_fits_with_a_real_presigned_url_of_the_longest_names() -
         PresigningS3(),
         bucket,
         "i-0123456789abcdef0",
+        cluster=cluster,
         now=lambda: datetime.now(UTC),
         trusted_key=lambda: trusted_key_document(cluster, signer),
     )
@@ -370,7 +371,14 @@ def test_a_read_only_answer_must_echo_the_generation_of_this_requests_bundle(
 ) -> None:
     bundle = sign_bundle(_bundle(4), 1767603610001, "verify", LocalSigner())
     document = {"outcome": outcome, "applier_version": "1", "mode": "verify", "generation": echoed}
-    channel = SsmChannel(_AnsweringSsm(document), RecordingS3(), "bucket", "i-0123456789abcdef0", now=datetime.now)
+    channel = SsmChannel(
+        _AnsweringSsm(document),
+        RecordingS3(),
+        "bucket",
+        "i-0123456789abcdef0",
+        cluster="test-cluster",
+        now=datetime.now,
+    )
 
     result = channel.run(bundle, "verify")
 
