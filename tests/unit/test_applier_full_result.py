@@ -9,13 +9,15 @@ import json
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
-from topokeeper.adapters.ssm_channel import read_full_result
+from tests.unit.service.test_ssm_channel import RecordingS3, _bundle, _decode
+from topokeeper.adapters.ssm_channel import SsmChannel, read_full_result
 from topokeeper.contract.ports import ApplyResult, Outcome
 from topokeeper.headnode import output
 from topokeeper.headnode.output import UploadTarget, new_result, publish
@@ -150,14 +152,25 @@ def test_the_channel_reads_the_whole_document_back(bucket: Bucket) -> None:
     cut, body = _cut_and_whole(bucket)
     assert cut.node_table() is None  # a cut table is never stored
 
-    whole = read_full_result(ObjectStore({KEY: body}), "plans", HEAD_NODE, cut)
+    whole = read_full_result(ObjectStore({KEY: body}), "plans", KEY, cut)
 
     table = whole.node_table()
     assert table is not None and len(table) == 5000 and whole.full_result == cut.full_result
 
 
 @pytest.mark.parametrize(
-    "change", ["other bytes", "gone", "other outcome", "not a document", "key outside results/", "other head node"]
+    "change",
+    [
+        "other bytes",
+        "gone",
+        "other outcome",
+        "not a document",
+        "key outside results/",
+        "other head node",
+        "other cluster",
+        "other token",
+        "no key issued",
+    ],
 )
 def test_a_whole_document_that_does_not_match_leaves_the_cut_one_with_the_reason(bucket: Bucket, change: str) -> None:
     cut, body = _cut_and_whole(bucket)
@@ -180,17 +193,69 @@ def test_a_whole_document_that_does_not_match_leaves_the_cut_one_with_the_reason
                 }
             }
         )
-    else:
+    elif change != "no key issued":  # the pointer names KEY, but the command's comment carries no token
         assert cut.full_result is not None
-        other = (
-            "plans/c1/" + "ab" * 32 + "/plan.json" if change == "key outside results/" else KEY.replace("i-0", "i-f")
-        )
+        other = {
+            "key outside results/": "plans/c1/" + "ab" * 32 + "/plan.json",
+            "other head node": KEY.replace("i-0", "i-f"),
+            "other cluster": KEY.replace("/c1/", "/other-cluster/"),  # that cluster's head node may PUT there
+            "other token": KEY.replace("ab" * 16, "cd" * 16),  # another command's result
+        }[change]
         objects[other] = body
         cut = cut.model_copy(update={"full_result": {**cut.full_result, "key": other}})
     store = ObjectStore(objects)
 
-    kept = read_full_result(store, "plans", HEAD_NODE, cut)
+    kept = read_full_result(store, "plans", None if change == "no key issued" else KEY, cut)
 
     assert kept.outcome is Outcome.IN_SYNC and kept.node_table() is None and kept.full_result is not None
     assert kept.full_result["error"]
-    assert store.reads == ([] if change in ("key outside results/", "other head node") else [KEY])
+    refused_keys = ("key outside results/", "other head node", "other cluster", "other token", "no key issued")
+    assert store.reads == ([] if change in refused_keys else [KEY])
+
+
+class ReadableS3(RecordingS3, ObjectStore):
+    """What the channel stages and presigns, and what the head node PUT, read back."""
+
+    def __init__(self) -> None:
+        RecordingS3.__init__(self)
+        ObjectStore.__init__(self, self.objects)
+
+
+class OneCommandSsm:
+    """SendCommand, then GetCommandInvocation answering with the Comment sent and ``stdout``."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, Any] = {}
+        self.stdout = ""
+
+    def send_command(self, **request: Any) -> dict[str, Any]:
+        self.sent = request
+        return {"Command": {"CommandId": "c-1"}}
+
+    def get_command_invocation(self, CommandId: str, InstanceId: str) -> dict[str, Any]:
+        comment = self.sent["Comment"]
+        return {
+            "Status": "Success",
+            "StatusDetails": "Success",
+            "Comment": comment,
+            "StandardOutputContent": self.stdout,
+        }
+
+
+def test_the_channel_reads_back_only_the_key_its_command_issued(bucket: Bucket) -> None:
+    """The command's Comment carries its result key's token (GetCommandInvocation returns it): the whole document
+    is read from that key, never from another command's key of the same cluster and head node."""
+    cut, body = _cut_and_whole(bucket)
+    ssm, s3 = OneCommandSsm(), ReadableS3()
+    channel = SsmChannel(ssm, s3, "plans", HEAD_NODE, cluster="c1", now=lambda: datetime.now(UTC))
+    command_id = channel.deliver(_bundle(4)).reference
+    issued = _decode(ssm.sent["Parameters"]["commands"])["result_key"]
+    assert issued.startswith(f"results/c1/{HEAD_NODE}-") and ssm.sent["Comment"].endswith(issued[-37:-5])
+    assert cut.full_result is not None
+    for key in (KEY, issued):  # another command's result, then this one's
+        s3.objects[key] = body
+        ssm.stdout = cut.model_copy(update={"full_result": {**cut.full_result, "key": key}}).model_dump_json()
+
+        result = channel.result(command_id)
+
+        assert (result.node_table() is not None) is (key == issued), result.full_result

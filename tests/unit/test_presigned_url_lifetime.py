@@ -33,7 +33,9 @@ def test_the_lifetime_covers_the_commands_window_within_sigv4s_limit() -> None:
 
 def test_every_url_the_ssm_channel_presigns_has_that_lifetime() -> None:
     s3 = LifetimeRecordingS3()
-    channel = SsmChannel(None, s3, "bucket", "i-0123456789abcdef0", now=lambda: datetime.now(UTC))
+    channel = SsmChannel(
+        None, s3, "bucket", "i-0123456789abcdef0", cluster="test-cluster", now=lambda: datetime.now(UTC)
+    )
 
     channel.payload(render(plan(snapshot({"p5": p5_nodes(16, partition="p5")}))).bundle, "apply")
 

@@ -1152,7 +1152,16 @@ def _ssm_channel(aws: AwsEmulator, clock: ManualClock, bucket: str, sleep: Calla
     aws.ssm.register_managed_instance(HEAD_NODE)
     # The applier travels through the bucket, by a SigV4 presigned URL as the Lambda makes it.
     s3 = aws.client("s3", config=PRESIGN_CONFIG)
-    return SsmChannel(aws.client("ssm"), s3, bucket, HEAD_NODE, now=clock.now, sleep=sleep, sender=_sender(aws))
+    return SsmChannel(
+        aws.client("ssm"),
+        s3,
+        bucket,
+        HEAD_NODE,
+        cluster="test-cluster",
+        now=clock.now,
+        sleep=sleep,
+        sender=_sender(aws),
+    )
 
 
 def _sender(aws: AwsEmulator) -> Any:
@@ -1216,7 +1225,9 @@ def test_ssm_channel_presigns_sigv4_urls_the_kms_bucket_serves(
         monkeypatch.setenv(key, value)
     clear_clients()
     s3 = presigning_s3() if sigv4 else client("s3")
-    channel = SsmChannel(aws.client("ssm"), s3, bucket, HEAD_NODE, now=clock.now, sender=_sender(aws))
+    channel = SsmChannel(
+        aws.client("ssm"), s3, bucket, HEAD_NODE, cluster="test-cluster", now=clock.now, sender=_sender(aws)
+    )
     bundle = _rendered(p5_count=40).bundle
     try:
         if not sigv4:
@@ -1283,7 +1294,15 @@ def test_ssm_channel_verify_polls_until_the_document_arrives(aws: AwsEmulator, c
 def test_ssm_channel_cannot_reach_an_unregistered_node(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
     aws.ssm.strict_targets = True
     s3 = aws.client("s3", config=PRESIGN_CONFIG)
-    channel = SsmChannel(aws.client("ssm"), s3, bucket, "mi-0fedcba9876543210", now=clock.now, sender=_sender(aws))
+    channel = SsmChannel(
+        aws.client("ssm"),
+        s3,
+        bucket,
+        "mi-0fedcba9876543210",
+        cluster="test-cluster",
+        now=clock.now,
+        sender=_sender(aws),
+    )
     with pytest.raises(Retryable) as info:  # AWS answered: no command was created
         channel.deliver(_rendered().bundle)
     assert info.value.code == "InvalidInstanceId"

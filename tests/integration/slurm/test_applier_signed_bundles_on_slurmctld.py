@@ -96,9 +96,14 @@ def test_only_signed_fresh_bundles_for_this_cluster_apply(sid_root: Path, contro
     other = sign({**first.bundle.document(), "cluster_name": "another-cluster"}, 4)
     assert "this head node is" in _refused(controller, other, option, "refused")["error"]
 
-    # Verify takes the current generation, and refuses an older one without writing anything either.
+    # Verify and dry-run change nothing: any generation answers (a state table rebuilt signs them below the one
+    # recorded here), echoed for the backend to match with its request; only the apply generation is recorded.
     assert _run(controller, "verify", sign(second.bundle.document(), 2, purpose="verify"), *option)[1]["outcome"] == (
         "in_sync"
     )
-    code, verified = _run(controller, "verify", sign(first.bundle.document(), 1, purpose="verify"), *option)
-    assert (code, verified["outcome"]) == (2, "replayed")
+    code, verified = _run(controller, "verify", sign(second.bundle.document(), 1, purpose="verify"), *option)
+    assert (code, verified["outcome"], verified["generation"]) == (0, "in_sync", 1), verified["error"]
+    code, dry = _run(controller, "dry-run", sign(first.bundle.document(), 1, purpose="verify"), *option)
+    assert (code, dry["outcome"], dry["generation"]) == (0, "would_apply", 1), dry["error"]
+    assert json.loads(recorded.read_text()) == {"generation": 2, "plan_sha256": second.sha256}
+    assert _refused(controller, older, option, "replayed")["generation"] == 1  # an old apply bundle still is not

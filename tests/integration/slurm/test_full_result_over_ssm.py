@@ -69,6 +69,7 @@ def test_a_5000_node_table_comes_back_whole_through_the_bucket_and_the_replan_us
         aws.client("s3", config=PRESIGN_CONFIG),
         BUCKET,
         controller.cluster.head_node,
+        cluster=CLUSTER,
         now=controller.clock.now,
         sender=aws.client("ssm", config=SEND_COMMAND_CONFIG),
     )

@@ -89,7 +89,7 @@ def test_invocation_not_yet_visible_is_pending(stubbed: Any) -> None:
         http_status_code=400,
         expected_params={"CommandId": COMMAND_ID, "InstanceId": HEAD_NODE},
     )
-    channel = SsmChannel(ssm, RecordingS3(), "bucket", HEAD_NODE, now=lambda: NOW)
+    channel = SsmChannel(ssm, RecordingS3(), "bucket", HEAD_NODE, cluster="test-cluster", now=lambda: NOW)
 
     result = channel.result(COMMAND_ID)
 
@@ -100,7 +100,7 @@ def test_invocation_not_yet_visible_is_pending(stubbed: Any) -> None:
 def test_other_invocation_errors_propagate(stubbed: Any, code: str) -> None:
     ssm, stubber = stubbed("ssm")
     stubber.add_client_error("get_command_invocation", service_error_code=code, http_status_code=400)
-    channel = SsmChannel(ssm, RecordingS3(), "bucket", HEAD_NODE, now=lambda: NOW)
+    channel = SsmChannel(ssm, RecordingS3(), "bucket", HEAD_NODE, cluster="test-cluster", now=lambda: NOW)
 
     with pytest.raises(TopokeeperError) as info:
         channel.result(COMMAND_ID)
@@ -129,7 +129,9 @@ def test_run_keeps_polling_through_invocation_does_not_exist(stubbed: Any) -> No
         },
     )
     waits: list[float] = []
-    channel = SsmChannel(ssm, RecordingS3(), "bucket", HEAD_NODE, now=lambda: NOW, sleep=waits.append)
+    channel = SsmChannel(
+        ssm, RecordingS3(), "bucket", HEAD_NODE, cluster="test-cluster", now=lambda: NOW, sleep=waits.append
+    )
 
     result = channel.verify(_bundle())
 

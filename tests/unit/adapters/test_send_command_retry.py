@@ -21,7 +21,7 @@ from botocore.config import Config
 from botocore.exceptions import ReadTimeoutError
 
 from tests.unit.service.test_ssm_channel import RecordingS3
-from tests.unit.service.usecase_support import HEAD_NODE, Controller
+from tests.unit.service.usecase_support import CLUSTER, HEAD_NODE, Controller
 from topokeeper.adapters.aws import CLIENT_CONFIG, SEND_COMMAND_CONFIG
 from topokeeper.adapters.ssm_channel import SEND_ATTEMPTS, SsmChannel
 from topokeeper.contract.errors import Permanent, Retryable
@@ -104,7 +104,14 @@ def _channel(endpoint: SsmEndpoint, waits: list[float]) -> SsmChannel:
     ssm = _ssm(endpoint, CLIENT_CONFIG)
     sender = _ssm(endpoint, SEND_COMMAND_CONFIG)
     return SsmChannel(
-        ssm, RecordingS3(), "bucket", HEAD_NODE, now=lambda: datetime.now(UTC), sleep=waits.append, sender=sender
+        ssm,
+        RecordingS3(),
+        "bucket",
+        HEAD_NODE,
+        cluster=CLUSTER,
+        now=lambda: datetime.now(UTC),
+        sleep=waits.append,
+        sender=sender,
     )
 
 
@@ -163,7 +170,14 @@ def test_any_other_answer_is_raised_at_once(endpoint: SsmEndpoint, code: str, ki
 
 def test_a_sender_that_retries_by_itself_is_refused(endpoint: SsmEndpoint) -> None:
     with pytest.raises(Permanent, match="SEND_COMMAND_CONFIG"):
-        SsmChannel(_ssm(endpoint, CLIENT_CONFIG), RecordingS3(), "bucket", HEAD_NODE, now=lambda: datetime.now(UTC))
+        SsmChannel(
+            _ssm(endpoint, CLIENT_CONFIG),
+            RecordingS3(),
+            "bucket",
+            HEAD_NODE,
+            cluster=CLUSTER,
+            now=lambda: datetime.now(UTC),
+        )
     assert endpoint.requests == []
 
 

@@ -44,7 +44,7 @@ class RecordingS3:
 
 
 def _channel(s3: RecordingS3) -> SsmChannel:
-    return SsmChannel(None, s3, "bucket", "i-0123456789abcdef0", now=lambda: datetime.now(UTC))
+    return SsmChannel(None, s3, "bucket", "i-0123456789abcdef0", cluster="test-cluster", now=lambda: datetime.now(UTC))
 
 
 def _bundle(nodes: int):
@@ -328,6 +328,7 @@ def test_the_s3_fallback_fits_with_a_real_presigned_url_of_the_longest_names() -
         PresigningS3(),
         bucket,
         "i-0123456789abcdef0",
+        cluster=cluster,
         now=lambda: datetime.now(UTC),
         trusted_key=lambda: trusted_key_document(cluster, signer),
     )
@@ -340,3 +341,49 @@ def test_the_s3_fallback_fits_with_a_real_presigned_url_of_the_longest_names() -
     assert payload["result_key"].startswith(f"results/{cluster}/") and payload["result_key"] in payload["result_url"]
     assert json.loads(payload["trusted_key"])["cluster"] == cluster
     assert command_size(commands) <= INLINE_LIMIT_BYTES
+
+
+class _AnsweringSsm:
+    """SendCommand and GetCommandInvocation of one command whose stdout is ``document``."""
+
+    def __init__(self, document: dict) -> None:
+        self.document = document
+
+    def send_command(self, **_: object) -> dict:
+        return {"Command": {"CommandId": "c-1"}}
+
+    def get_command_invocation(self, CommandId: str, InstanceId: str) -> dict:
+        return {"Status": "Success", "StatusDetails": "Success", "StandardOutputContent": json.dumps(self.document)}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "echoed", "kept"),
+    [
+        ("in_sync", 1767603610001, True),  # this request's own generation
+        ("would_apply", 1767603610001, True),
+        ("in_sync", 1767603610000, False),  # another request's bundle answered
+        ("drift", None, False),  # answered without checking the signature
+        ("bad_signature", None, True),  # a refusal, not an account of the live state
+    ],
+)
+def test_a_read_only_answer_must_echo_the_generation_of_this_requests_bundle(
+    outcome: str, echoed: int | None, kept: bool
+) -> None:
+    bundle = sign_bundle(_bundle(4), 1767603610001, "verify", LocalSigner())
+    document = {"outcome": outcome, "applier_version": "1", "mode": "verify", "generation": echoed}
+    channel = SsmChannel(
+        _AnsweringSsm(document),
+        RecordingS3(),
+        "bucket",
+        "i-0123456789abcdef0",
+        cluster="test-cluster",
+        now=datetime.now,
+    )
+
+    result = channel.run(bundle, "verify")
+
+    if kept:
+        assert result.outcome.value == outcome and result.error is None
+    else:
+        assert result.outcome is Outcome.FAILED and result.error is not None
+        assert f"generation {echoed}, not this request's 1767603610001" in result.error

@@ -72,7 +72,7 @@ def s3(tmp_path: Path) -> Iterator[ServedS3]:
 
 
 def _channel(s3: ServedS3) -> SsmChannel:
-    return SsmChannel(s3, s3, "bucket", "i-0123456789abcdef0", now=lambda: datetime.now(UTC))
+    return SsmChannel(s3, s3, "bucket", "i-0123456789abcdef0", cluster="test-cluster", now=lambda: datetime.now(UTC))
 
 
 @pytest.mark.parametrize("mode", ["apply", "verify"])

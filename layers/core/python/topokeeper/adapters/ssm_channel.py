@@ -12,7 +12,9 @@ on the head node anyway, so the key is exactly as trusted as the program it trav
 GetCommandInvocation keeps 24,000 characters of stdout, and the applier cuts its document to fit (a node
 table over 200 rows). So every command also carries a presigned PUT URL for one object under ``results/``:
 when the applier had to cut, it PUTs the whole document there and the cut one says where, with its sha256;
-``result`` reads the whole one back. The URL is signed by the sending role and is good for that key only.
+``result`` reads the whole one back, from no key but the one that command issued (this cluster's, this head
+node's, with a random token the command's Comment carries back). The URL is signed by the sending role and is good
+for that key only.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from topokeeper.adapters.aws import THROTTLING_CODES, aws_errors, error_code, tr
 from topokeeper.contract.config import SSM_TARGET
 from topokeeper.contract.constants import (
     PRESIGNED_URL_SECONDS,
-    RESULT_KEY_PREFIX,
     RUN_SHELL_DOCUMENT,
     ssm_payload_key,
     ssm_program_key,
@@ -159,6 +160,7 @@ class SsmChannel:
         bucket: str,
         head_node: str,
         *,
+        cluster: str,
         now: Callable[[], datetime],
         sleep: Callable[[float], None] = time.sleep,
         sender: Any = None,
@@ -167,7 +169,8 @@ class SsmChannel:
     ) -> None:
         """``ssm`` reads invocations (retried by botocore); ``sender`` (default ``ssm``) sends commands and
         must not retry by itself (``SEND_COMMAND_CONFIG``). ``run`` waits for no answer past ``deadline`` (the
-        calling invocation's time)."""
+        calling invocation's time). ``cluster`` names the result keys its commands issue."""
+        self._cluster = cluster
         self._deadline = deadline
         self._trusted_key = trusted_key  # the applier's --trusted-key document (None: signatures unchecked)
         self._ssm = ssm
@@ -178,7 +181,8 @@ class SsmChannel:
         self._now = now
         self._sleep = sleep
 
-    def payload(self, bundle: Bundle, mode: str) -> list[str]:
+    def payload(self, bundle: Bundle, mode: str, token: str | None = None) -> list[str]:
+        """The command's lines; ``token`` names its result key (``command_comment`` carries it too)."""
         document = json.dumps(bundle.document(), sort_keys=True)
         payload: dict[str, Any] = {
             "mode": mode,
@@ -187,8 +191,7 @@ class SsmChannel:
             "bundle": document,
             "bundle_sha256": sha256_text(document),
             "trusted_key": None if self._trusted_key is None else json.dumps(self._trusted_key(), sort_keys=True),
-            # Named after the head node too: the result read back must come from this channel's head node.
-            "result_key": ssm_result_key(bundle.cluster_name, f"{self._target}-{secrets.token_hex(16)}"),
+            "result_key": self._result_key(token or secrets.token_hex(16)),
         }
         payload["result_url"] = self._presign("put_object", payload["result_key"])
         commands = build_commands(payload)
@@ -208,6 +211,10 @@ class SsmChannel:
             raise Permanent(f"SSM command is {command_size(commands)} bytes even with the bundle and applier in S3")
         return commands
 
+    def _result_key(self, token: str) -> str:
+        """The one key a command may PUT its whole document to: this cluster's, this head node's, its own token."""
+        return ssm_result_key(self._cluster, f"{self._target}-{token}")
+
     def _presign(self, operation: str, key: str) -> str:
         return guard_sigv4(
             self._s3.generate_presigned_url(
@@ -219,16 +226,17 @@ class SsmChannel:
         """SendCommand, sent again only after a throttling answer (no command was created). Any other answer
         is raised translated (the reconcile releases its claim); a timeout or a lost connection is raised as
         botocore raised it, never resent: the command may exist, and the claim waits for its result."""
+        token = secrets.token_hex(16)
         with aws_errors():
             request = {
                 "InstanceIds": [self._target],
                 "DocumentName": RUN_SHELL_DOCUMENT,
                 "Parameters": {
-                    "commands": self.payload(bundle, mode),
+                    "commands": self.payload(bundle, mode, token),
                     "executionTimeout": [str(EXECUTION_TIMEOUT_SECONDS)],
                 },
                 "TimeoutSeconds": EXECUTION_TIMEOUT_SECONDS,
-                "Comment": f"topokeeper {mode} {bundle.cluster_name} {bundle.plan_sha256[:12]}"[:100],
+                "Comment": command_comment(mode, bundle, token),
             }
         attempt, backoff = 1, SEND_BACKOFF_SECONDS
         while True:
@@ -266,7 +274,7 @@ class SsmChannel:
             result = self.result(command_id)
             out_of_time = self._deadline is not None and self._now() + timedelta(seconds=poll) > self._deadline
             if result.outcome is not Outcome.PENDING or waited >= timeout or out_of_time:
-                return result
+                return answer_to(bundle, result)
             self._sleep(poll)
             waited += poll
 
@@ -280,18 +288,46 @@ class SsmChannel:
             raise
         result = parse_invocation(invocation)
         if result.full_result and result.full_result.get("sha256"):
-            return read_full_result(self._s3, self._bucket, self._target, result)
+            issued = _ISSUED_TOKEN.search(str(invocation.get("Comment", "")))
+            return read_full_result(self._s3, self._bucket, self._result_key(issued[1]) if issued else None, result)
         return result
 
 
-def read_full_result(s3: Any, bucket: str, head_node: str, cut: ApplyResult) -> ApplyResult:
-    """The whole document the applier on ``head_node`` PUT when stdout could not carry it, checked against the cut
-    one's pointer (a result key of that head node, size, sha256) and its outcome, mode and plan. One that is gone,
-    or fails a check, leaves the cut document, with the reason in ``full_result.error`` (its node table is then
-    not stored: see node_table)."""
+_ISSUED_TOKEN = re.compile(r" result ([0-9a-f]{32})\Z")
+
+
+def command_comment(mode: str, bundle: Bundle, token: str) -> str:
+    """SendCommand's Comment (at most 100 characters): what the command is for, then the token of the result key
+    it issued, which GetCommandInvocation returns with the output. Only whoever may send the command (root on the
+    head node) can set it, so it is as trusted as the command."""
+    suffix = f" result {token}"
+    return f"topokeeper {mode} {bundle.cluster_name} {bundle.plan_sha256[:12]}"[: 100 - len(suffix)] + suffix
+
+
+_ANSWERS = frozenset({Outcome.IN_SYNC, Outcome.DRIFT, Outcome.WOULD_APPLY, Outcome.UNCHANGED})
+
+
+def answer_to(bundle: Bundle, result: ApplyResult) -> ApplyResult:
+    """``result`` if it answers this request: an account of the live state, given for a signed bundle, echoes the
+    generation that bundle was signed with (a verify bundle's is its own: ``service.signing.for_reading``); one
+    that does not is no answer to this request, and fails naming both."""
+    if bundle.generation is None or result.outcome not in _ANSWERS or result.generation == bundle.generation:
+        return result
+    return ApplyResult.from_channel(
+        Outcome.FAILED,
+        f"the head node's {result.outcome.value} answers bundle generation {result.generation}, not this"
+        f" request's {bundle.generation} ({bundle.purpose})",
+    )
+
+
+def read_full_result(s3: Any, bucket: str, issued_key: str | None, cut: ApplyResult) -> ApplyResult:
+    """The whole document the applier PUT when stdout could not carry it, checked against the cut one's pointer
+    (``issued_key``, the key the command issued: its cluster, head node and token; size; sha256) and its outcome,
+    mode, plan and generation. One that is gone, or fails a check, leaves the cut document, with the reason in
+    ``full_result.error`` (its node table is then not stored: see node_table)."""
     pointer = dict(cut.full_result or {})
     key, size, digest = pointer.get("key"), pointer.get("bytes"), pointer.get("sha256")
-    problem = _pointer_problem(key, size, head_node)
+    problem = _pointer_problem(key, size, issued_key)
     whole: ApplyResult | None = None
     if problem is None:
         try:
@@ -309,22 +345,24 @@ def read_full_result(s3: Any, bucket: str, head_node: str, cut: ApplyResult) -> 
                     whole = ApplyResult.model_validate(json.loads(body))
                 except (ValueError, RecursionError) as error:  # pydantic's ValidationError is a ValueError
                     problem = f"not an applier document: {str(error)[:200]}"
-                if whole is not None and (whole.outcome, whole.mode, whole.plan_sha256) != (
+                if whole is not None and (whole.outcome, whole.mode, whole.plan_sha256, whole.generation) != (
                     cut.outcome,
                     cut.mode,
                     cut.plan_sha256,
+                    cut.generation,
                 ):
-                    problem, whole = "its outcome, mode or plan differs from the command's output", None
+                    problem, whole = "its outcome, mode, plan or generation differs from the command's output", None
     if whole is None:
         log.warning("the applier's whole document %s is not used: %s", str(key)[:200], problem)
         return cut.model_copy(update={"full_result": {**pointer, "error": problem}})
     return whole.model_copy(update={"full_result": pointer})
 
 
-def _pointer_problem(key: Any, size: Any, head_node: str) -> str | None:
-    shape = rf"{RESULT_KEY_PREFIX}/[^/]{{1,128}}/{re.escape(head_node)}-[0-9a-f]{{32}}\.json"  # ssm_result_key's
-    if not (isinstance(key, str) and re.fullmatch(shape, key)):
-        return f"key {str(key)[:200]!r} is not one of {head_node}'s result keys"
+def _pointer_problem(key: Any, size: Any, issued_key: str | None) -> str | None:
+    if issued_key is None:
+        return "the command's comment names no result key (sent by a topokeeper before result keys were bound)"
+    if key != issued_key:
+        return f"key {str(key)[:200]!r} is not {issued_key}, the one the command issued"
     if not (type(size) is int and 0 < size <= MAX_FULL_RESULT_BYTES):
         return f"size {str(size)[:20]} is not 1 to {MAX_FULL_RESULT_BYTES} bytes"
     return None

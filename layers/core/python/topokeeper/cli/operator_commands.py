@@ -124,7 +124,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
         desired = plan_cluster(cluster, state, runtime.facts(cluster))
     applied = runtime.plans.bundle(cluster.name, state.applied_sha256) if state.applied_sha256 else None
     with progress("reading the live topology from the head node"):
-        live = runtime.channel(cluster).verify(for_reading(desired.bundle, state.bundle_generation, runtime.signer))
+        live = runtime.channel(cluster).verify(
+            for_reading(desired.bundle, state.bundle_generation, runtime.signer, runtime.clock.now())
+        )
     color = sys.stdout.isatty() and not args.json
     diff = list(
         difflib.unified_diff(
@@ -176,7 +178,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         if not isinstance(channel, SsmChannel):
             raise InputError("--dry-run", "the head-node agent runs dry-runs only locally: use diff instead")
         with progress("dry-run on the head node"):
-            result = channel.run(for_reading(desired.bundle, state.bundle_generation, runtime.signer), "dry-run")
+            result = channel.run(
+                for_reading(desired.bundle, state.bundle_generation, runtime.signer, runtime.clock.now()), "dry-run"
+            )
         _emit(args, result.model_dump(mode="json"), lambda: str(result.diff or result.outcome.value))
         return EXIT_OK if result.outcome in (Outcome.WOULD_APPLY, Outcome.UNCHANGED) else EXIT_FAILED
     now = runtime.clock.now()

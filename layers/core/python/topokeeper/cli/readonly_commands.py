@@ -62,6 +62,7 @@ def _on_head_node(rendered: RenderedPlan, head_node: str, bucket: str | None) ->
         presigning_s3() if bucket else _NoBucket(),
         bucket or "",
         head_node,
+        cluster=rendered.bundle.cluster_name,
         now=lambda: datetime.now(UTC),
         sender=client("ssm", None, SEND_COMMAND_CONFIG),
     )

@@ -24,7 +24,8 @@ config_dir, scontrol (the path of the scontrol it ran), backup_dir, duration_sec
 ({field: how many list items or characters were cut to stay under the cap}), applier_version and recovery
 (null, or what was done with a journal a killed run left: {action: rolled_forward|rolled_back, phase,
 plan_sha256, errors}), signature ("verified" with --trusted-key, else "unchecked"), generation (the
-signed bundle's, once verified), slurm_nodes ([[NodeName, NodeAddr, NodeHostName, "partition,..."], ...]),
+signed bundle's, once verified: an apply's is recorded, a verify or dry-run's only echoed, binding the answer to
+its request), slurm_nodes ([[NodeName, NodeAddr, NodeHostName, "partition,..."], ...]),
 managed_by ("parallelcluster" when the live topology.conf carries ParallelCluster's generated header, else null),
 powered_down (planned nodes whose binding no longer holds because they powered down, see below) and full_result
 (null, or where the whole document went when stdout could not carry it: {key, bytes, sha256, error}).

@@ -56,14 +56,7 @@ from topokeeper.headnode.scontrol import (
     show_partitions,
     slurm_version,
 )
-from topokeeper.headnode.signature import (
-    _backup_root_read_only,
-    accept_generation,
-    check_generation,
-    check_signature,
-    last_generation,
-    read_trusted_key,
-)
+from topokeeper.headnode.signature import accept_generation, check_signature, read_trusted_key
 from topokeeper.headnode.slurm_conf import SlurmConf
 from topokeeper.headnode.steps import ordered_steps
 from topokeeper.headnode.transaction import Context, Transaction, files_problem, restored_message
@@ -255,13 +248,6 @@ def execute(
         conf_path = find_slurm_conf(environ, scontrol)
         scontrol.env["SLURM_CONF"] = conf_path  # scontrol reads the very file this edits
         result["config_dir"] = os.path.dirname(os.path.abspath(conf_path))
-        if context.signed and mode != "apply":  # apply checks it again under the lock, and records it
-            backup_fd = _backup_root_read_only(result["config_dir"])
-            if backup_fd is not None:
-                try:
-                    check_generation(bundle, mode, last_generation(backup_fd))
-                finally:
-                    os.close(backup_fd)
         version = slurm_version(scontrol.output("version"))
         result["slurm_version"] = "%d.%02d.%d" % version
         result["slurm_format"] = format_for_version(version)

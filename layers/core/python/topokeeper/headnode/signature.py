@@ -14,7 +14,7 @@ from typing import (
 )
 
 from topokeeper.headnode.bundle import Bundle
-from topokeeper.headnode.config_dir import BACKUP_DIR, O_DIRECTORY, O_NOFOLLOW, Faults, read_json, write_json
+from topokeeper.headnode.config_dir import O_NOFOLLOW, Faults, read_json, write_json
 from topokeeper.headnode.failures import BadSignature, Failed, Refused, Replayed
 from topokeeper.wire import TRUSTED_KEY_SCHEMA
 
@@ -23,7 +23,9 @@ from topokeeper.wire import TRUSTED_KEY_SCHEMA
 # command carries it, the agent's install script writes it. PKCS#1 v1.5 verification (RFC 8017 8.2.2) is
 # one modular exponentiation and a comparison with the one encoding the digest allows, never a parse of the
 # decrypted block (what the Bleichenbacher'06 forgeries exploit). Each signed bundle carries a generation
-# that only grows per cluster; an apply records it beside the journal and a lower one is refused.
+# that only grows per cluster; an apply records it beside the journal and a lower one is refused. Verify and
+# dry-run change nothing, so they compare and record no generation (a rebuilt state table signs them below the
+# recorded one): their generation is the request's, echoed in the result for the backend to match.
 
 
 GENERATION_FILE = "generation.json"
@@ -136,14 +138,6 @@ def check_signature(bundle: Bundle, mode: str, key: TrustedKey) -> None:
         raise Refused("the bundle is signed for %s only, never to apply" % bundle.purpose)
 
 
-def _backup_root_read_only(config_dir: str) -> Optional[int]:
-    """The backup root's fd to read, without creating it (verify and dry-run write nothing); None if absent."""
-    try:
-        return os.open(os.path.join(config_dir, BACKUP_DIR), os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-
-
 def last_generation(backup_fd: int) -> Tuple[int, Optional[str]]:
     """The generation (and its plan) of the last signed bundle an apply accepted here; (0, None) before any."""
     try:
@@ -160,13 +154,11 @@ def last_generation(backup_fd: int) -> Tuple[int, Optional[str]]:
     return generation, plan
 
 
-def check_generation(bundle: Bundle, mode: str, last: Tuple[int, Optional[str]]) -> None:
-    """Only newer than the last apply; the same generation only as the very same bundle again (a retry)."""
+def check_generation(bundle: Bundle, last: Tuple[int, Optional[str]]) -> None:
+    """An apply only newer than the last one; the same generation only as the very same bundle again (a retry)."""
     generation, plan = last
     offered = bundle.generation or 0  # a signed bundle's is at least 1
-    older = offered < generation
-    other = mode == "apply" and offered == generation and bundle.plan_sha256 != plan
-    if older or other:
+    if offered < generation or (offered == generation and bundle.plan_sha256 != plan):
         raise Replayed(
             "bundle generation %d is not newer than generation %d, applied here last (plan %s): an older bundle"
             " put back?" % (offered, generation, (plan or "")[:12])
@@ -175,6 +167,6 @@ def check_generation(bundle: Bundle, mode: str, last: Tuple[int, Optional[str]])
 
 def accept_generation(backup_fd: int, bundle: Bundle, faults: "Faults") -> None:
     """Under the lock, before anything is written: record the generation, so no older bundle applies after it."""
-    check_generation(bundle, "apply", last_generation(backup_fd))
+    check_generation(bundle, last_generation(backup_fd))
     document = {"generation": bundle.generation, "plan_sha256": bundle.plan_sha256}
     write_json(backup_fd, GENERATION_FILE, document, faults, "generation")

@@ -137,7 +137,7 @@ def check_slurm_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by
         )
     else:
         live_result = deps.channel(cluster).verify(
-            for_reading(bundle, state.bundle_generation, deps.signer), request=request
+            for_reading(bundle, state.bundle_generation, deps.signer, now), request=request
         )
     state = _observed(deps, cluster.name, state, live_result)
     # A write that did not land, or whose delivery outlived its timeout, is no change on its way; a verify the

@@ -241,7 +241,7 @@ def read_node_table(
     for _ in range(2):  # once more when the read was refused only for the Slurm format it just told us
         key = "\n".join([cluster.name, str(state.generation), str(state.slurm_version), *unnamed]).encode()
         request = NODE_TABLE_REQUEST + hashlib.sha256(key).hexdigest()[:20]
-        bundle = for_reading(rendered.bundle, state.bundle_generation, deps.signer)
+        bundle = for_reading(rendered.bundle, state.bundle_generation, deps.signer, deps.clock.now())
         answer = deps.channel(cluster).verify(bundle, request=request)
         learned = observed_fields(answer)
         learned_version = learned.get("slurm_version", state.slurm_version) != state.slurm_version

@@ -2,7 +2,8 @@
 per-cluster generation that only grows; the head node's applier checks both before anything else.
 
 A generation is above the cluster's last one and at least the time in milliseconds, so generations keep
-growing when the state table is rebuilt (the head node remembers the last one it applied).
+growing when the state table is rebuilt (the head node remembers the last one it applied). Only apply
+generations are recorded (here and on the head node); a verify bundle's binds the answer to its request.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ def sign_bundle(bundle: Bundle, generation: int, purpose: Literal["apply", "veri
     return unsigned.model_copy(update={"signature": signature})
 
 
-def for_reading(bundle: Bundle, last_generation: int, signer: BundleSigner | None) -> Bundle:
-    """The bundle to verify or dry-run against: signed for verify only, at the cluster's current generation
-    (the head node refuses an older one and never applies it); as is when the stack has no signing key."""
+def for_reading(bundle: Bundle, last_generation: int, signer: BundleSigner | None, now: datetime) -> Bundle:
+    """The bundle to verify or dry-run against: signed for verify only, at a generation of its own that nothing
+    records (time-floored, so head-node programs that still compare it accept it after a rebuilt table too); the
+    head node echoes it in its answer, and the SSM channel takes only the answer to this request
+    (``adapters.ssm_channel.answer_to``). As is when the stack has no signing key."""
     if signer is None:
         return bundle
-    return sign_bundle(bundle, max(last_generation, 1), "verify", signer)
+    return sign_bundle(bundle, next_generation(last_generation, now), "verify", signer)
 
 
 def trusted_key_document(cluster: str, signer: BundleSigner) -> dict[str, str]:

@@ -55,7 +55,7 @@ from topokeeper.sim.monitoring import SimMetrics
 from topokeeper.sim.parallelcluster import DISCOVERY, NEEDS_SLURMCTLD, ParallelCluster
 from topokeeper.sim.scenario import Scenario
 from topokeeper.sim.slurm_chroot import HarnessError
-from topokeeper.sim.stack import BUCKET, SimStack, create_stack
+from topokeeper.sim.stack import BUCKET, SimStack, create_stack, create_state_table
 from topokeeper.sim.stop_signals import ending_signals_raise, signals_held
 from topokeeper.wire import AGENT_SOURCE
 from topokeeper.wiring.runtime import Runtime, install_runtime
@@ -181,13 +181,7 @@ class World:
         if self.scenario.cluster.managed_topology:
             self._hand_topology_to_hyperpod()
         self.metrics = SimMetrics(self)
-        self.runtime = Runtime.from_environment(
-            self.stack.deployment.environment(),
-            clock=self.clock,
-            metrics=self.metrics,
-            sleep=self.sleep,
-            work_queue=self.functions.work_queue(),
-        )
+        self._deploy_functions()
         if self.baseline == "full-rescan":
             self._rescan_everything()
         install_runtime(self.runtime)
@@ -200,6 +194,31 @@ class World:
         if self.cluster.effective_channel is Channel.AGENT:
             self._install_agent()
         self.note("start", f"cluster {self.cluster.name}: {len(self.cluster_nodes())} nodes")
+
+    def _deploy_functions(self) -> None:
+        """The functions' runtime for the stack's deployment, as the handlers use it."""
+        self.runtime = Runtime.from_environment(
+            self.stack.deployment.environment(),
+            clock=self.clock,
+            metrics=self.metrics,
+            sleep=self.sleep,
+            work_queue=self.functions.work_queue(),
+        )
+
+    def rebuild_state_table(self, mode: Mode | None = None) -> None:
+        """The state table dropped and made anew, empty (a restore from nothing, the stack replaced), and the stack
+        deployed again, with the cluster in ``mode`` if given; the bucket, the queues and the head node keep what
+        they had (the head node its generation.json)."""
+        dynamodb = client("dynamodb")
+        dynamodb.delete_table(TableName=self.stack.deployment.table)
+        create_state_table(dynamodb, self.stack.deployment.table)
+        if mode is not None:
+            self.cluster = self.cluster.model_copy(update={"mode": mode})
+            self.settings = self.settings.model_copy(update={"clusters": [self.cluster]})
+            self.stack.deployment = self.stack.deployment.model_copy(update={"settings": self.settings})
+        self._deploy_functions()
+        install_runtime(self.runtime)
+        self.note("start", f"state table rebuilt empty; cluster {self.cluster.name} redeployed")
 
     def _launch_parallelcluster_head_node(self) -> None:
         """ParallelCluster's head node is an EC2 instance: its id is the SSM target the stack's rules name."""

@@ -187,6 +187,7 @@ class Runtime:
             presigning_s3(),
             self.env.bucket,
             cluster.head_node,
+            cluster=cluster.name,
             now=self.clock.now,
             sleep=self.sleep,
             sender=client("ssm", None, SEND_COMMAND_CONFIG),
