@@ -31,9 +31,10 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
 	touch $@
 
-# The CloudFormation template and assets in cdk.out/, through the pinned CLI and cdk.json.
+# The CloudFormation template and assets in cdk.out/, through the pinned CLI and cdk.json (whose example values
+# only synthesize when asked: a deploy of them is refused).
 synth: install
-	npx cdk synth --quiet
+	npx cdk synth --quiet -c topokeeper:examples=true
 
 install-system:
 	@missing=""; for package in $(SYSTEM_PACKAGES); do \

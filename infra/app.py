@@ -11,8 +11,8 @@ from typing import Any
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
-from infra.config import ConfigError, load_settings
-from infra.constants import CONTEXT_KEY, REPO_ROOT, STACK_ID
+from infra.config import ConfigError, load_settings, read_context_config, refuse_placeholders
+from infra.constants import CONFIG_FILE_CONTEXT_KEY, CONTEXT_KEY, EXAMPLES_CONTEXT_KEY, REPO_ROOT, STACK_ID
 from infra.stack import TopokeeperStack
 
 CDK_JSON = REPO_ROOT / "cdk.json"
@@ -31,7 +31,10 @@ def create_app(
     app = cdk.App(context=cdk_json_context() if context is None else context, outdir=outdir)
     if nag:
         cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app, verbose=True))
-    settings = load_settings(app.node.try_get_context(CONTEXT_KEY))
+    raw = read_context_config(app.node.try_get_context(CONTEXT_KEY), app.node.try_get_context(CONFIG_FILE_CONTEXT_KEY))
+    settings = load_settings(raw)
+    if str(app.node.try_get_context(EXAMPLES_CONTEXT_KEY)).lower() != "true":
+        refuse_placeholders(raw)
     stack = TopokeeperStack(
         app,
         STACK_ID,

@@ -7,12 +7,15 @@ this module only turns its errors into one line per problem that names the conte
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from aws_cdk import Duration
 from pydantic import ValidationError
 
-from infra.constants import CONTEXT_KEY
+from infra.constants import CONFIG_FILE_CONTEXT_KEY, CONTEXT_KEY, EXAMPLES_CONTEXT_KEY
 from topokeeper.contract.config import MAX_CONFIG_BYTES, Settings
 from topokeeper.contract.constants import LOGIN_TARGET_GROUPS_ENV
 from topokeeper.contract.errors import InputError, Permanent, field_path, one_line, unknown_key_hint
@@ -21,6 +24,50 @@ from topokeeper.contract.stack_spec import drift_alarm_period_seconds, login_env
 
 class ConfigError(Permanent, ValueError):
     """The deployment settings are missing or invalid; the message names the offending key."""
+
+
+# Values from the shipped examples (cdk.json, the README): AWS's documentation accounts, example.com addresses,
+# the sample head node. Deployed, they would name clusters and mailboxes that are not the operator's.
+_PLACEHOLDERS = re.compile(
+    r"(?<![0-9])(?:111122223333|123456789012|444455556666)(?![0-9])|@example\.(?:com|org|net)$|^i-0a1b2c3d4e5f60718$"
+)
+
+
+def read_context_config(raw: Any, config_file: Any) -> Any:
+    """The settings object: from the file ``topokeeper:config-file`` names when set, else the inline context."""
+    if config_file is None:
+        return raw
+    path = Path(str(config_file)).expanduser()
+    try:
+        return json.loads(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"{CONFIG_FILE_CONTEXT_KEY}: cannot read {path}: {error.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{CONFIG_FILE_CONTEXT_KEY}: {path} is not valid JSON: {one_line(str(error))}") from None
+
+
+def refuse_placeholders(raw: Any) -> None:
+    """One line for each example value left in the settings (a JSON object, or a JSON string from ``-c``)."""
+    document = json.loads(raw) if isinstance(raw, str) else raw
+    found = [
+        f"{path}: {value!r} is an example value; set your own (or -c {EXAMPLES_CONTEXT_KEY}=true to synthesize "
+        "the examples)"
+        for path, value in _strings(document, CONTEXT_KEY)
+        if _PLACEHOLDERS.search(value)
+    ]
+    if found:
+        raise ConfigError("\n".join(found))
+
+
+def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(item, field_path([key], path))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _strings(item, f"{path}[{index}]")
 
 
 def load_settings(raw: Any) -> Settings:

@@ -18,6 +18,10 @@ BUILD_DIR = REPO_ROOT / ".build"
 
 STACK_ID = "Topokeeper"
 CONTEXT_KEY = "topokeeper"
+# A JSON file holding the same object (the CDK CLI's -c passes only the first line of a multi-line value).
+CONFIG_FILE_CONTEXT_KEY = "topokeeper:config-file"
+# "true" lets the shipped example values synthesize (make synth, the tests); without it they are refused.
+EXAMPLES_CONTEXT_KEY = "topokeeper:examples"
 
 # Python 3.14 is the newest runtime with both a CDK constant and a Powertools public layer.
 RUNTIME = lambda_.Runtime.PYTHON_3_14

@@ -16,7 +16,7 @@ from aws_cdk.assertions import Template
 
 from infra.app import cdk_json_context, create_app
 from infra.config import load_settings
-from infra.constants import CONTEXT_KEY
+from infra.constants import CONTEXT_KEY, EXAMPLES_CONTEXT_KEY
 from infra.stack import TopokeeperStack
 from topokeeper.contract.config import Settings
 
@@ -45,7 +45,7 @@ def example_config() -> dict[str, Any]:
 
 
 def synthesize(outdir: Path, config: dict[str, Any] | None = None, *, nag: bool = False) -> Synthesized:
-    context = cdk_json_context()
+    context = {**cdk_json_context(), EXAMPLES_CONTEXT_KEY: "true"}  # the shipped examples' values synthesize
     if config is not None:
         context[CONTEXT_KEY] = config
     app, stack = create_app(context, str(outdir), nag=nag)

@@ -12,7 +12,7 @@ from aws_cdk.assertions import Template
 
 from infra.app import cdk_json_context, create_app
 from infra.config import load_settings
-from infra.constants import CONTEXT_KEY
+from infra.constants import CONTEXT_KEY, EXAMPLES_CONTEXT_KEY
 from infra.layers import BUNDLE_POWERTOOLS_CONTEXT, POWERTOOLS_REQUIREMENTS
 from tests.infra.conftest import Synthesized
 from tests.infra.test_handler_assets import asset_dir
@@ -25,7 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def bundled(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
-    context = {**cdk_json_context(), BUNDLE_POWERTOOLS_CONTEXT: "true"}  # as `cdk -c KEY=true` passes it
+    context = {
+        **cdk_json_context(),
+        BUNDLE_POWERTOOLS_CONTEXT: "true",
+        EXAMPLES_CONTEXT_KEY: "true",
+    }  # as -c passes them
     outdir = tmp_path_factory.mktemp("bundled")
     app, stack = create_app(context, str(outdir), nag=False)
     app.synth()

@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from infra.config import ConfigError, drift_alarm_period, load_settings
+from infra.config import ConfigError, drift_alarm_period, load_settings, read_context_config, refuse_placeholders
 from infra.constants import REPO_ROOT
 from tests.infra.conftest import example_config
 from topokeeper.contract.config import MAX_CONFIG_BYTES, Channel, Mode, Orchestrator
@@ -173,3 +174,69 @@ def test_a_context_that_would_fail_later_is_refused_at_synth_in_one_line(change,
 
     assert str(raised.value).startswith(message), str(raised.value)
     assert str(raised.value).isprintable(), repr(str(raised.value))
+
+
+def _app_py(tmp_path: Path, context: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    """``python app.py`` as the CDK CLI runs it with ``-c`` values (CDK_CONTEXT_JSON)."""
+    environment = {**os.environ, "CDK_CONTEXT_JSON": json.dumps(context), "CDK_OUTDIR": str(tmp_path / "out")}
+    return subprocess.run(
+        [sys.executable, "app.py"], cwd=REPO_ROOT, env=environment, capture_output=True, text=True, check=False
+    )
+
+
+def test_the_shipped_examples_are_refused_one_line_each_unless_asked_for(tmp_path: Path) -> None:
+    run = _app_py(tmp_path, {})  # cdk.json as shipped: a deploy would reach example accounts and mailboxes
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.splitlines()
+    assert (
+        "topokeeper: error: topokeeper.clusters[0].arn: 'arn:aws:sagemaker:us-west-2:111122223333:cluster/"
+        in (lines[0])
+    )
+    assert any(
+        line.startswith("topokeeper: error: topokeeper.clusters[1].head_node: 'i-0a1b2c3d4e5f60718'") for line in lines
+    )
+    assert any(line.startswith("topokeeper: error: topokeeper.alarm_email: 'hpc-oncall@example.com'") for line in lines)
+    assert all("-c topokeeper:examples=true" in line for line in lines)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_refuse_placeholders_passes_an_operators_own_values() -> None:
+    config = example_config()
+    config["clusters"][0]["arn"] = "arn:aws:sagemaker:us-west-2:210987654321:cluster/x7k2m9p4q1z8"
+    config["clusters"][1]["head_node"] = "i-07e1c0ffee5ca1ab1"
+    config["alarm_email"] = "hpc-oncall@corp.internal"
+    refuse_placeholders(config)  # nothing raised: no example value left
+    config["alarm_email"] = "ops@example.org"
+    with pytest.raises(ConfigError, match=r"^topokeeper\.alarm_email: 'ops@example\.org' is an example value"):
+        refuse_placeholders(config)
+
+
+def test_a_multi_line_config_file_is_read_and_validated_like_the_inline_one(tmp_path: Path) -> None:
+    config = example_config()
+    config["drift_schedule"] = "rate(1 hour)"
+    path = tmp_path / "prod-topokeeper.json"
+    path.write_text(json.dumps(config, indent=2))  # many lines: -c topokeeper="$(cat ...)" would pass one
+    raw = read_context_config({"clusters": []}, str(path))
+    assert load_settings(raw).drift_schedule == "rate(1 hour)"
+    config["drift_schedule"] = "every hour"
+    path.write_text(json.dumps(config, indent=2))
+    with pytest.raises(ConfigError, match=r"^topokeeper\.drift_schedule: "):
+        load_settings(read_context_config(None, str(path)))
+    with pytest.raises(ConfigError, match=r"^topokeeper:config-file: cannot read .*missing\.json: No such file"):
+        read_context_config(None, str(tmp_path / "missing.json"))
+    (tmp_path / "broken.json").write_text("{\n  'clusters': []\n}")
+    with pytest.raises(ConfigError, match=r"^topokeeper:config-file: .*broken\.json is not valid JSON"):
+        read_context_config(None, str(tmp_path / "broken.json"))
+
+
+def test_the_app_synthesizes_from_a_config_file_over_cdk_json(tmp_path: Path) -> None:
+    config = example_config()
+    config["clusters"][0]["arn"] = "arn:aws:sagemaker:us-west-2:210987654321:cluster/x7k2m9p4q1z8"
+    config["clusters"][1]["head_node"] = "i-07e1c0ffee5ca1ab1"
+    config["alarm_email"] = "hpc-oncall@corp.internal"
+    path = tmp_path / "prod.json"
+    path.write_text(json.dumps(config, indent=2))
+    run = _app_py(tmp_path, {"topokeeper:config-file": str(path)})
+    assert run.returncode == 0, run.stderr
+    template = json.loads((tmp_path / "out" / "Topokeeper.template.json").read_text())
+    assert "x7k2m9p4q1z8" in json.dumps(template)

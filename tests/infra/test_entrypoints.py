@@ -5,6 +5,7 @@ Both are separate processes of several seconds each, so they run side by side.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from infra.constants import REPO_ROOT, STACK_ID
+from infra.constants import EXAMPLES_CONTEXT_KEY, REPO_ROOT, STACK_ID
 from infra.layers import build_core_layer
 
 pytestmark = pytest.mark.infra
 
 ENVIRONMENT = {**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20", "CDK_DISABLE_CLI_TELEMETRY": "true"}
 CDK_CLI = REPO_ROOT / "node_modules" / ".bin" / "cdk"
+EXAMPLES_FLAG = f"{EXAMPLES_CONTEXT_KEY}=true"
+EXAMPLES_CONTEXT = json.dumps({EXAMPLES_CONTEXT_KEY: "true"})
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,8 @@ def synth_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, t
             subprocess.Popen(
                 [sys.executable, "app.py"],
                 cwd=REPO_ROOT,
-                env={**ENVIRONMENT, "CDK_OUTDIR": str(python_out)},
+                # What the CLI hands the app for -c: the examples in cdk.json may synthesize.
+                env={**ENVIRONMENT, "CDK_OUTDIR": str(python_out), "CDK_CONTEXT_JSON": EXAMPLES_CONTEXT},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -42,7 +46,7 @@ def synth_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, t
     if CDK_CLI.is_file():
         runs["cli"] = (
             subprocess.Popen(
-                [str(CDK_CLI), "synth", "--quiet", "--no-notices", "--output", str(cli_out)],
+                [str(CDK_CLI), "synth", "--quiet", "--no-notices", "--output", str(cli_out), "-c", EXAMPLES_FLAG],
                 cwd=REPO_ROOT,
                 env=ENVIRONMENT,
                 stdout=subprocess.PIPE,
