@@ -321,6 +321,8 @@ class LoginTargetSync(Construct):
                     sid="LegacyLoginGroup",
                     actions=["s3:GetObject"],
                     resources=[f"arn:{Aws.PARTITION}:s3:::{PROVISIONING_PARAMETERS_OBJECTS}"],
+                    # Bucket ARNs name no account: without this, any account's sagemaker-* bucket would do.
+                    conditions={"StringEquals": {"s3:ResourceAccount": Aws.ACCOUNT_ID}},
                 ),
                 iam.PolicyStatement(
                     sid="AuditEvents",

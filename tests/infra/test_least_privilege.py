@@ -310,3 +310,18 @@ def test_plain_http_is_still_denied(example: Synthesized) -> None:
         "s3:*",
         {"Bool": {"aws:SecureTransport": "false"}},
     )
+
+
+def test_every_service_principal_in_a_key_policy_is_bound_to_this_account(example: Synthesized) -> None:
+    """A service principal alone lets that service act for any account's resources (the confused deputy)."""
+    checked = 0
+    for resource in example.resources.values():
+        if resource["Type"] != "AWS::KMS::Key":
+            continue
+        for statement in resource["Properties"]["KeyPolicy"]["Statement"]:
+            if "Service" not in statement.get("Principal", {}):
+                continue
+            checked += 1
+            condition = statement.get("Condition", {})
+            assert condition.get("StringEquals", {}).get("aws:SourceAccount") == {"Ref": "AWS::AccountId"}, statement
+    assert checked >= 2  # EventBridge's dead letters and CloudWatch's alarms

@@ -298,3 +298,17 @@ def test_nag_and_cfn_lint_are_clean_with_an_ec2_login_endpoint(ec2_login: Synthe
     cfn_lint = Path(sys.executable).parent / "cfn-lint"
     run = subprocess.run([str(cfn_lint), str(template)], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_every_provisioning_parameters_read_is_of_this_accounts_buckets_only(login: Synthesized) -> None:
+    """Bucket ARNs name no account: a sagemaker-* bucket of another account would match without the condition."""
+    statements = [
+        statement
+        for resource in login.resources.values()
+        if resource["Type"] in {"AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"}
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]
+        if "provisioning_parameters.json" in json.dumps(statement["Resource"])
+    ]
+    assert len(statements) >= 3  # the reconcile's, the drift's and the login sync's
+    for statement in statements:
+        assert statement["Condition"] == {"StringEquals": {"s3:ResourceAccount": {"Ref": "AWS::AccountId"}}}, statement
