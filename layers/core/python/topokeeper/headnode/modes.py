@@ -203,9 +203,14 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
     conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
     try:
         with transaction_for(conf, context) as transaction:
+            if context.signed:  # a replay is refused before the recovery acts: this only reads
+                check_generation(bundle, "apply", last_generation(transaction.backup_fd))
+            # First: a cut-off apply is finished before this one writes anything, even generation.json (a full
+            # disk must not block the recovery, which itself needs no new block).
+            transaction.recover(result)
             if context.signed:
-                accept_generation(transaction.backup_fd, bundle, context.faults)
-            transaction.recover(result)  # before anything else the bundle asks for
+                where = os.path.join(transaction.config.path, BACKUP_DIR)
+                accept_generation(transaction.backup_fd, where, bundle, context.faults)
             conf = SlurmConf(conf_path)
             refuse_links(transaction.config, _write_targets(transaction.config, conf_path, conf, bundle))
             state = read_disk_state(conf, bundle)
