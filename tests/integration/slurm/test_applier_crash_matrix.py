@@ -470,21 +470,33 @@ def test_a_full_config_disk_does_not_block_the_recovery_of_a_cut_off_apply(
     )
 
 
-RECOVERY_CUT_AFTER = ["after-rename:topology.yaml", "during-reconfigure"] if FULL else ["after-rename:topology.yaml"]
+# The first kill leaves every new file in place (after the last rename, or in the forward reconfigure).
+RECOVERY_CUTS = [(YAML_CHANGE, "after-rename:topology.yaml")]
+if FULL:
+    RECOVERY_CUTS += [(YAML_CHANGE, "during-reconfigure")]
+    RECOVERY_CUTS += [(CONF_PLUGIN_SWITCH, step) for step in ("after-rename:slurm.conf", "during-reconfigure")]
 
 
-@pytest.mark.parametrize("first_kill", RECOVERY_CUT_AFTER)
+@pytest.mark.parametrize(
+    ("scenario", "first_kill"), RECOVERY_CUTS, ids=[f"{s.suite}-{s.name}-{step}" for s, step in RECOVERY_CUTS]
+)
 def test_a_kill_during_the_recoverys_own_reconfigure_keeps_rolling_forward(
-    sid_root: Path, controllers, first_kill: str
+    request: pytest.FixtureRequest, controllers, scenario: Scenario, first_kill: str
 ) -> None:
-    """The recovery of a complete, loadable new config is killed in its own reconfigure: the next run still rolls
-    forward (README: complete new files are rolled forward), never back to the old files."""
-    controller = controllers(sid_root)
-    old, new = _old_applied(controller)
+    """The recovery of a complete, loadable new config is killed in its own reconfigure, and slurmctld restarted
+    (a reboot): it starts, and the next run still rolls forward (README: complete new files are rolled forward),
+    never back to the old files."""
+    old_plan, new_plan = scenario.old(), scenario.new()
+    old, new = _bundle(old_plan), _bundle(new_plan)
+    root = _root(request, scenario.suite)
+    controller = controllers(root)
+    _start(controller, old_plan)
+    assert _run(controller, "apply", old)[1]["outcome"] == "applied"
     _crash(controller, new, first_kill)
     _crash(controller, new, "during-recovery-reconfigure")
     after_kill = _served(controller, old, new)
     assert after_kill in ("old", "new")
+    assert _restarts(controller)
 
     code, verified = _run(controller, "verify", new)
 
@@ -496,12 +508,12 @@ def test_a_kill_during_the_recoverys_own_reconfigure_keeps_rolling_forward(
     assert (code, applied["outcome"]) == (0, "unchanged")
     _record(
         "crash",
-        slurm=installed_slurm_version(sid_root),
-        scenario=f"{YAML_CHANGE.name} (its recovery killed)",
+        slurm=installed_slurm_version(root),
+        scenario=f"{scenario.name} (its recovery killed)",
         step=f"{first_kill}, then during-recovery-reconfigure",
-        order=len(YAML_CHANGE.steps),
+        order=len(scenario.steps),
         served_after_kill=after_kill,
-        loads_after_restart=None,
+        loads_after_restart=True,
         recovery="rolled_forward",
         next_verify=verified["outcome"],
         next_apply=applied["outcome"],
