@@ -64,7 +64,6 @@ LOGIN_MODULES = (
     "topokeeper.adapters.elbv2",
     "topokeeper.adapters.login_nodes",
     "topokeeper.adapters.login_run_command",
-    "topokeeper.login.host_keys",
     "topokeeper.login.install",
     "topokeeper.service.login",
 )

@@ -152,6 +152,25 @@ def test_a_kill_after_the_renames_is_rolled_forward_by_the_next_run(head_node: F
     assert not _journal(head_node).exists()
 
 
+def test_a_journal_left_reconfiguring_by_an_earlier_recovery_is_rolled_forward(head_node: FakeHeadNode) -> None:
+    """Appliers before issue 26 wrote phase "reconfiguring" as their recovery reconfigured, and a kill there made
+    the next run roll the complete new files back. It is the forward direction, as "renaming" is."""
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle)
+    _serve_loading(head_node, None, bundle)
+    killed = _subprocess_apply(head_node, bundle, **{CRASH_ENV: "after-rename:slurm.conf"})
+    assert killed.returncode == -signal.SIGKILL
+    _journal(head_node).write_text(
+        json.dumps({**json.loads(_journal(head_node).read_text()), "phase": "reconfiguring"})
+    )
+
+    code, document, _ = head_node.run("verify", bundle)
+
+    assert document["recovery"]["action"] == "rolled_forward"
+    assert (code, document["outcome"]) == (0, "in_sync")
+    assert not _journal(head_node).exists()
+
+
 @pytest.mark.parametrize("step", ["after-journal", "after-temp:topology.yaml", "after-temp:slurm.conf"])
 def test_a_kill_before_every_file_is_written_is_undone_by_a_verify(head_node: FakeHeadNode, step: str) -> None:
     bundle = _bundle(_cluster())

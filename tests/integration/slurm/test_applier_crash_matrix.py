@@ -5,7 +5,8 @@ every run however slow the machine. After each kill: slurmctld serves the old or
 a mix; after a kill between renames, the files on disk load in a restarted slurmctld (except the one
 window no order can close: tree <-> block on 24.11, which the journal repairs); the next verify recovers
 from the journal, the next apply converges, and a verify finds nothing. Write errors are injected at each
-write (``TOPOKEEPER_APPLIER_FAULT_AT``); slurmctld is stopped during one apply; two applies race.
+write (``TOPOKEEPER_APPLIER_FAULT_AT``); slurmctld is stopped during one apply; two applies race. The
+recovery itself is killed in its reconfigure, and runs on a config tmpfs with no free page.
 
 ``make test`` runs every crash point on 26.05 and a representative fault set. ``make reliability``
 (TOPOKEEPER_RELIABILITY_FULL=1) adds 24.11 and every fault, and records each case
@@ -41,11 +42,14 @@ from tests.integration.slurm.test_applier_on_slurmctld import (
     _start,
     _with_content,
 )
+from tests.integration.slurm.test_applier_signed_bundles_on_slurmctld import _key_option
+from tests.signing_support import sign
 from topokeeper.domain.models import PartitionSettings
 from topokeeper.headnode.bundle import parse_bundle
 from topokeeper.headnode.config_dir import BACKUP_DIR, CRASH_ENV, FAULT_ENV, JOURNAL
 from topokeeper.headnode.grouping import read_back
 from topokeeper.headnode.scontrol import LiveTopologies
+from topokeeper.headnode.signature import GENERATION_FILE
 from topokeeper.render.bundle import RenderedPlan
 from topokeeper.sim.slurm_chroot import HarnessError, SlurmController, installed_slurm_version
 from topokeeper.wire import partition_topologies
@@ -199,10 +203,14 @@ def _leftovers(controller: SlurmController) -> list[str]:
     return names + ([JOURNAL] if journal.exists() else [])
 
 
-def _crash(controller: SlurmController, bundle: dict[str, Any], step: str) -> subprocess.CompletedProcess[str]:
-    command = _applier_command(controller, "apply", bundle)
+def _crash(
+    controller: SlurmController, bundle: dict[str, Any], step: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    command = _applier_command(controller, "apply", bundle, *args)
     environment = {**os.environ, CRASH_ENV: step}
-    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, check=False)
+    killed = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, check=False)
+    assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, ""), killed.stderr
+    return killed
 
 
 def _restarts(controller: SlurmController) -> bool:
@@ -229,8 +237,7 @@ def test_a_kill_at_every_step_ends_old_or_new_and_the_next_runs_converge(
     _start(controller, old_plan)
     assert _run(controller, "apply", old)[1]["outcome"] == "applied"
 
-    killed = _crash(controller, new, step)
-    assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, ""), killed.stderr
+    _crash(controller, new, step)
     after_kill = _served(controller, old, new)
     assert after_kill in ("old", "new")
 
@@ -375,9 +382,9 @@ def _tiny_config_disk(controller: SlurmController) -> Iterator[Callable[[str], s
         subprocess.run(["umount", str(controller.etc)], check=False)
 
 
-def _fill(directory: Path, pages_left: int) -> Path:
+def _fill(directory: Path, pages_left: int, name: str = "filler") -> Path:
     """Leave exactly ``pages_left`` free pages on the filesystem of ``directory``."""
-    filler = directory / "filler"
+    filler = directory / name
     free = os.statvfs(directory)
     filler.write_bytes(b"\0" * ((free.f_bavail - pages_left) * free.f_frsize))
     return filler
@@ -409,4 +416,106 @@ def test_a_really_full_config_disk_keeps_the_last_good_config_live(
         outcome=document["outcome"],
         live="old",
         next_apply="applied",
+    )
+
+
+@pytest.mark.parametrize("mode", ["verify", "apply"])
+def test_a_full_config_disk_does_not_block_the_recovery_of_a_cut_off_apply(
+    sid_root: Path, controllers, mode: str
+) -> None:
+    """Killed with every new file renamed into place but not yet loaded, then the tmpfs filled to zero free pages
+    (tmpfs reserves nothing, not even for root): the next signed run still rolls the apply forward, since that
+    needs no new data block. What does need one (recording a newer generation) fails in one line naming the file,
+    and succeeds once there is space."""
+    controller = controllers(sid_root)
+    old_plan, new_plan = YAML_CHANGE.old(), YAML_CHANGE.new()
+    old, new = _bundle(old_plan), _bundle(new_plan)
+    with _tiny_config_disk(controller) as mount:
+        _start(controller, old_plan, edit_conf=mount)
+        option = _key_option(controller)
+        assert _run(controller, "apply", sign(old, 1), *option)[1]["outcome"] == "applied"
+        _crash(controller, sign(new, 2), "after-rename:topology.yaml", *option)
+        assert _served(controller, old, new) == "old"
+        fillers = [_fill(controller.etc, 0)]
+
+        code, document = _run(controller, mode, sign(new, 2, purpose=mode), *option)
+
+        assert (document["recovery"] or {}).get("action") == "rolled_forward", document["error"]
+        assert (code, document["outcome"]) == (0, "in_sync" if mode == "verify" else "applied")
+        assert _served(controller, old, new) == "new"
+        assert not _leftovers(controller)
+
+        fillers.append(_fill(controller.etc, 0, "filler-2"))  # whatever the recovery freed
+        # The same bundle again (a retried command) has its generation recorded already: nothing to write.
+        code, again = _run(controller, "apply", sign(new, 2), *option)
+        assert (code, again["outcome"]) == (0, "unchanged"), again["error"]
+        files = {name: data for name, data in _config_files(controller).items() if not name.startswith("filler")}
+        code, refused = _run(controller, "apply", sign(old, 3), *option)
+        recorded = os.path.join(refused["config_dir"], BACKUP_DIR, GENERATION_FILE)
+        assert (code, refused["outcome"], refused["reconfigured"]) == (1, "failed", False)
+        assert recorded in refused["error"] and "No space left on device" in refused["error"], refused["error"]
+        assert {name: data for name, data in _config_files(controller).items() if name in files} == files
+        assert _served(controller, old, new) == "new"
+        for filler in fillers:
+            filler.unlink()
+        code, applied = _run(controller, "apply", sign(old, 3), *option)
+        assert (code, applied["outcome"], _served(controller, old, new)) == (0, "applied", "old")
+        assert not _leftovers(controller)
+    _record(
+        "fault",
+        fault=f"a full config disk (tmpfs, 0 pages free) after a kill between renames and reconfigure, then {mode}",
+        outcome=f"{document['outcome']}, recovery rolled_forward",
+        live="new",
+        next_apply="applied",
+    )
+
+
+# The first kill leaves every new file in place (after the last rename, or in the forward reconfigure).
+RECOVERY_CUTS = [(YAML_CHANGE, "after-rename:topology.yaml")]
+if FULL:
+    RECOVERY_CUTS += [(YAML_CHANGE, "during-reconfigure")]
+    RECOVERY_CUTS += [(CONF_PLUGIN_SWITCH, step) for step in ("after-rename:slurm.conf", "during-reconfigure")]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "first_kill"), RECOVERY_CUTS, ids=[f"{s.suite}-{s.name}-{step}" for s, step in RECOVERY_CUTS]
+)
+def test_a_kill_during_the_recoverys_own_reconfigure_keeps_rolling_forward(
+    request: pytest.FixtureRequest, controllers, scenario: Scenario, first_kill: str
+) -> None:
+    """The recovery of a complete, loadable new config is killed in its own reconfigure, and slurmctld restarted
+    (a reboot): it starts, and the next run still rolls forward (README: complete new files are rolled forward),
+    never back to the old files."""
+    old_plan, new_plan = scenario.old(), scenario.new()
+    old, new = _bundle(old_plan), _bundle(new_plan)
+    root = _root(request, scenario.suite)
+    controller = controllers(root)
+    _start(controller, old_plan)
+    assert _run(controller, "apply", old)[1]["outcome"] == "applied"
+    _crash(controller, new, first_kill)
+    _crash(controller, new, "during-recovery-reconfigure")
+    after_kill = _served(controller, old, new)
+    assert after_kill in ("old", "new")
+    assert _restarts(controller)
+
+    code, verified = _run(controller, "verify", new)
+
+    assert (verified["recovery"] or {}).get("action") == "rolled_forward", verified["recovery"]
+    assert (code, verified["outcome"]) == (0, "in_sync")
+    assert _served(controller, old, new) == "new"
+    assert not _leftovers(controller)
+    code, applied = _run(controller, "apply", new)
+    assert (code, applied["outcome"]) == (0, "unchanged")
+    _record(
+        "crash",
+        slurm=installed_slurm_version(root),
+        scenario=f"{scenario.name} (its recovery killed)",
+        step=f"{first_kill}, then during-recovery-reconfigure",
+        order=len(scenario.steps),
+        served_after_kill=after_kill,
+        loads_after_restart=True,
+        recovery="rolled_forward",
+        next_verify=verified["outcome"],
+        next_apply=applied["outcome"],
+        end="new",
     )

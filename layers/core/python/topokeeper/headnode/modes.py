@@ -56,7 +56,13 @@ from topokeeper.headnode.scontrol import (
     show_partitions,
     slurm_version,
 )
-from topokeeper.headnode.signature import accept_generation, check_signature, read_trusted_key
+from topokeeper.headnode.signature import (
+    accept_generation,
+    check_generation,
+    check_signature,
+    last_generation,
+    read_trusted_key,
+)
 from topokeeper.headnode.slurm_conf import SlurmConf
 from topokeeper.headnode.steps import ordered_steps
 from topokeeper.headnode.transaction import Context, Transaction, files_problem, restored_message
@@ -196,9 +202,14 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
     conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
     try:
         with transaction_for(conf, context) as transaction:
+            if context.signed:  # a replay is refused before the recovery acts: this only reads
+                check_generation(bundle, last_generation(transaction.backup_fd))
+            # First: a cut-off apply is finished before this one writes anything, even generation.json (a full
+            # disk must not block the recovery, which itself needs no new block).
+            transaction.recover(result)
             if context.signed:
-                accept_generation(transaction.backup_fd, bundle, context.faults)
-            transaction.recover(result)  # before anything else the bundle asks for
+                where = os.path.join(transaction.config.path, BACKUP_DIR)
+                accept_generation(transaction.backup_fd, where, bundle, context.faults)
             conf = SlurmConf(conf_path)
             refuse_links(transaction.config, _write_targets(transaction.config, conf_path, conf, bundle))
             state = read_disk_state(conf, bundle)

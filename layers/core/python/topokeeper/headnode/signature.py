@@ -165,8 +165,18 @@ def check_generation(bundle: Bundle, last: Tuple[int, Optional[str]]) -> None:
         )
 
 
-def accept_generation(backup_fd: int, bundle: Bundle, faults: "Faults") -> None:
-    """Under the lock, before anything is written: record the generation, so no older bundle applies after it."""
-    check_generation(bundle, last_generation(backup_fd))
+def accept_generation(backup_fd: int, where: str, bundle: Bundle, faults: "Faults") -> None:
+    """Under the lock, before the apply writes: record the generation (in the backup root ``where``), so no
+    older bundle applies after it."""
+    last = last_generation(backup_fd)
+    check_generation(bundle, last)
+    if last == (bundle.generation, bundle.plan_sha256):
+        return  # the same bundle again (a retry): recorded already, and a full disk needs no block for it
     document = {"generation": bundle.generation, "plan_sha256": bundle.plan_sha256}
-    write_json(backup_fd, GENERATION_FILE, document, faults, "generation")
+    try:
+        write_json(backup_fd, GENERATION_FILE, document, faults, "generation")
+    except OSError as error:
+        raise Failed(
+            "could not record generation %d in %s (%s); nothing was changed"
+            % (bundle.generation or 0, os.path.join(where, GENERATION_FILE), error.strerror or error)
+        ) from None

@@ -85,6 +85,8 @@ class Transaction:
 
     def _mark_rolling_back(self, journal: Dict[str, Any]) -> None:
         # Best effort (a full disk refuses it): recovery also sees from the files that a roll-forward is impossible.
+        if journal.get("phase") == "rolling_back":
+            return  # recorded already: a rewrite would need a free block for nothing
         with contextlib.suppress(OSError):
             self._set_phase(journal, "rolling_back")
 
@@ -328,8 +330,10 @@ class Transaction:
         """Finish or undo a transaction that a kill cut off, before anything else runs.
 
         Before every new file was written and fsynced (phase prepared): undo, nothing was replaced. After
-        (renaming, reconfiguring): roll forward, rename the rest and reconfigure, rolling back if slurmctld
-        refuses. A cut-off rollback is finished.
+        (renaming): roll forward, rename the rest and reconfigure, rolling back if slurmctld refuses. A cut-off
+        rollback (rolling_back) is finished. The phase on disk is the direction, and a recovery keeps it
+        without writing: rolling forward leaves "renaming" as it is, so a kill in the recovery's own
+        reconfigure rolls forward again, and a full disk cannot stop it (renames and reconfigure need no block).
         """
         journal = self.journal()
         if journal is None:
@@ -341,11 +345,14 @@ class Transaction:
             record["action"] = "rolled_back"
             record["errors"] = _short(self._discard(journal))
             return
-        if phase == "renaming" and self._can_finish(journal):
+        # "reconfiguring": written by earlier appliers as their recovery reconfigured; forward as well.
+        if phase in ("renaming", "reconfiguring") and self._can_finish(journal):
             failed = self._rename(journal)
             if not failed:
-                self._set_phase(journal, "reconfiguring")
-                code, message = reconfigure(self.scontrol, self.log_path, self.budget.left() - RECONFIGURE_TIMEOUT)
+                code, message = self.faults.crash_during(
+                    "during-recovery-reconfigure",
+                    lambda: reconfigure(self.scontrol, self.log_path, self.budget.left() - RECONFIGURE_TIMEOUT),
+                )
                 result["reconfigured"], result["reconfigure_exit_code"] = True, code
                 if code == 0:
                     record["action"] = "rolled_forward"
