@@ -3,13 +3,18 @@ stack, cluster or key with one line saying what to do, never a traceback (an exc
 
 from __future__ import annotations
 
+import json
+import re
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.unit.service.test_ssm_channel import _decode
 from topokeeper.adapters.aws import clear_clients
 from topokeeper.cli.main import main
+from topokeeper.sim.aws.ssm import CommandInvocationRequest
 from topokeeper.sim.aws_emulator import AwsEmulator
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -64,3 +69,26 @@ def test_a_head_node_ssm_cannot_reach_says_to_check_its_registration(
     assert main(argv) != 0
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "InvalidInstanceId" in error and "describe-instance-information" in error, error
+
+
+def test_verify_presigns_for_the_buckets_own_region(emulated: AwsEmulator, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bucket in another region than the CLI's: the URLs the head node fetches must be signed for the bucket's
+    (S3 refuses any other), so every one of them is fetched here, as the head node would."""
+    emulated.client("s3", region_name="us-west-2").create_bucket(
+        Bucket="west-plans", CreateBucketConfiguration={"LocationConstraint": "us-west-2"}
+    )
+    fetched: list[int] = []
+
+    def head_node(invocation: CommandInvocationRequest) -> tuple[str, int, str, str]:
+        payload = json.dumps(_decode(invocation.commands))
+        for url in re.findall(r"https?://[^\s'\"]+X-Amz-Signature=[0-9a-f]+", payload):
+            if "program-" in url:  # the program the command fetches: the head node's first GET
+                with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - the emulator's URL
+                    fetched.append(response.status)
+        return ("Success", 0, "", "")
+
+    emulated.ssm.on_command = head_node
+    argv = ["verify", "--snapshot", SNAPSHOT, "--head-node", "i-0123456789abcdef0", "--bucket", "west-plans"]
+    main([*argv, "--region", "us-east-1"])
+    capsys.readouterr()
+    assert fetched and set(fetched) == {200}

@@ -135,3 +135,24 @@ def test_an_expired_presigned_url_is_refused(aws: AwsEmulator) -> None:
 
     assert (status, b"Request has expired" in body) == (403, True)
     assert _keys(s3, "kms-plans") == ["payloads/c/plan.json"]
+
+
+def test_a_url_signed_for_another_region_than_the_buckets_is_refused(aws: AwsEmulator) -> None:
+    s3 = aws.client("s3", region_name="us-west-2")
+    s3.create_bucket(Bucket="west-plans", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    s3.put_object(Bucket="west-plans", Key="payloads/c/plan.json", Body=b"{}")
+    params = {"Bucket": "west-plans", "Key": "payloads/c/plan.json"}
+    east = aws.client("s3", region_name="us-east-1", config=PRESIGN_CONFIG)
+    status, body = _get(east.generate_presigned_url("get_object", Params=params, ExpiresIn=60))
+    assert status == 400 and b"AuthorizationQueryParametersError" in body and b"expecting 'us-west-2'" in body
+    west = aws.client("s3", region_name="us-west-2", config=PRESIGN_CONFIG)
+    assert _get(west.generate_presigned_url("get_object", Params=params, ExpiresIn=60)) == (200, b"{}")
+
+
+def test_a_url_valid_for_more_than_a_week_is_refused(aws: AwsEmulator) -> None:
+    _bucket(aws, "kms-plans", kms=True)
+    session = aws.client("s3", config=PRESIGN_CONFIG)
+    params = {"Bucket": "kms-plans", "Key": "payloads/c/plan.json"}
+    status, body = _get(session.generate_presigned_url("get_object", Params=params, ExpiresIn=7 * 24 * 3600 + 1))
+    assert status == 400 and b"must be less than a week" in body
+    assert _get(session.generate_presigned_url("get_object", Params=params, ExpiresIn=7 * 24 * 3600))[0] == 200

@@ -75,8 +75,16 @@ def _client(service: str, region: str | None, config: Config) -> Any:
 
 
 def presigning_s3(region: str | None = None) -> Any:
-    """The S3 client whose presigned URLs S3 accepts for KMS-encrypted objects."""
+    """The S3 client whose presigned URLs S3 accepts for KMS-encrypted objects (``region``: the bucket's; S3
+    refuses a URL signed for another)."""
     return client("s3", region, PRESIGN_CONFIG)
+
+
+def bucket_region(bucket: str) -> str:
+    """The region ``bucket`` lives in (GetBucketLocation answers from any region; no constraint is us-east-1)."""
+    with aws_errors():
+        location = client("s3").get_bucket_location(Bucket=bucket).get("LocationConstraint")
+    return {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(location, str(location))
 
 
 # Codes that will fail the same way on every retry (AWS spells access errors several ways).

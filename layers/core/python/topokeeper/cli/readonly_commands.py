@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, aws_setup_errors, client, presigning_s3
+from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, aws_setup_errors, bucket_region, client, presigning_s3
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.cli.options import add_endpoint_option
 from topokeeper.cli.planning import plan_from_files, plan_table
@@ -59,7 +59,7 @@ def _describe(mode: str, result: ApplyResult) -> list[str]:
 def _on_head_node(rendered: RenderedPlan, head_node: str, bucket: str | None) -> tuple[dict[str, Any], list[str], int]:
     channel = SsmChannel(
         client("ssm"),
-        presigning_s3() if bucket else _NoBucket(),
+        presigning_s3(bucket_region(bucket)) if bucket else _NoBucket(),
         bucket or "",
         head_node,
         cluster=rendered.bundle.cluster_name,

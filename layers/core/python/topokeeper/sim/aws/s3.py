@@ -32,6 +32,8 @@ KMS_NEEDS_SIGV4 = (
     "Requests specifying Server Side Encryption with AWS KMS managed keys require AWS Signature Version 4."
 )
 # The stack's bucket encryption (infra/ sets a customer managed key; moto needs no key to exist).
+# S3 signs a SigV4 URL for at most a week.
+MAX_PRESIGNED_SECONDS = 7 * 24 * 3600
 KMS_DEFAULT_ENCRYPTION = {"Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms"}}]}
 _VIRTUAL_HOST = re.compile(r"^(?P<bucket>[a-z0-9][a-z0-9.-]*?)\.s3[.-]")
 
@@ -120,6 +122,20 @@ class S3Refusals:
         if getattr(key, "encryption", None) == "aws:kms":
             raise ApiError("InvalidArgument", KMS_NEEDS_SIGV4, 400)
 
+    def _check_credential_region(self, request: ApiRequest, credential: str) -> None:
+        """S3 refuses a URL signed for another region than its bucket's (botocore presigns for the client's)."""
+        bucket_name, _ = bucket_and_key(request)
+        bucket = s3_backends[self._account_id]["aws"].buckets.get(bucket_name)
+        parts = credential.split("/")
+        signed_region = parts[2] if len(parts) == 5 else ""
+        if bucket is not None and signed_region != bucket.region_name:
+            raise ApiError(
+                "AuthorizationQueryParametersError",
+                f"Error parsing the X-Amz-Credential parameter; the region '{signed_region}' is wrong; expecting "
+                f"'{bucket.region_name}'",
+                400,
+            )
+
     @staticmethod
     def _signed(request: ApiRequest, query: Mapping[str, list[str]]) -> bool:
         return bool(request.headers.get("Authorization")) or "X-Amz-Signature" in query or is_sigv2(request)
@@ -138,6 +154,13 @@ class S3Refusals:
                 "and X-Amz-Expires parameters.",
                 400,
             ) from None
+        if expires > MAX_PRESIGNED_SECONDS:
+            raise ApiError(
+                "AuthorizationQueryParametersError",
+                f"X-Amz-Expires must be less than a week (in seconds) that is {MAX_PRESIGNED_SECONDS}",
+                400,
+            )
+        self._check_credential_region(request, query["X-Amz-Credential"][0])
         if time.time() > signed_at.timestamp() + expires:
             raise ApiError("AccessDenied", "Request has expired", 403)
         secret = self._secrets.get(access_key)
