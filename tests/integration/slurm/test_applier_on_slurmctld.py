@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,14 @@ def test_change_rewrites_only_what_changed(sid_root: Path, controllers) -> None:
     assert "nn-leaf002" not in parse_show_topology(controller.show_topology("tree-gpu"))
 
 
+def _live_pid(controller: SlurmController, seconds: float = 60) -> int | None:
+    """The pid slurmctld's pidfile names once the process is alive (None when none came within ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while (pid := controller.current_pid()) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return pid
+
+
 @pytest.mark.parametrize(
     ("breakage", "logged"),
     [
@@ -245,8 +254,9 @@ def test_plan_slurmctld_rejects_is_rolled_back(
     assert "scontrol reconfigure exited 1" in document["error"] and logged in document["error"]
     assert document["after_sha256"] == document["before_sha256"] == _bundle(good)["plan_sha256"]
     assert _etc_files(controller) == files
-    # slurmctld is up (reloaded by the rollback's reconfigure) and the old config is the live one.
-    assert controller.current_pid() not in (None, pid)
+    # slurmctld is up (reloaded by the rollback's reconfigure) and the old config is the live one. The re-exec'd
+    # daemon writes its pidfile a moment after scontrol returns: on a loaded machine, wait for it.
+    assert _live_pid(controller) not in (None, pid)
     assert "is UP" in controller.run("scontrol", "ping").stdout
     code, verified = _run(controller, "verify", _bundle(good))
     assert (code, verified["outcome"], verified["drift"]) == (0, "in_sync", [])
