@@ -19,10 +19,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 install: $(VENV)/.installed node_modules/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
 # The CDK CLI (npx cdk ...) and Mermaid for the simulation report, pinned in package.json; reinstalled only
