@@ -35,6 +35,7 @@ node_modules/.installed: package.json package-lock.json
 # only synthesize when asked: a deploy of them is refused).
 synth: install
 	npx cdk synth --quiet -c topokeeper:examples=true
+	$(BIN)/topokeeper cost --template cdk.out/Topokeeper.template.json
 
 install-system:
 	@missing=""; for package in $(SYSTEM_PACKAGES); do \

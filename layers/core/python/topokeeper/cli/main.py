@@ -91,11 +91,12 @@ def build_parser(operator_commands: bool = True) -> argparse.ArgumentParser:
 
 def _register_operator_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     # Imported here, only for the commands that use them (see PLANNING_COMMANDS).
-    from topokeeper.cli import kueue_commands, login_commands, operator_commands, readonly_commands  # noqa: PLC0415
+    from topokeeper.cli import cost, kueue_commands, login_commands, operator_commands, readonly_commands  # noqa: PLC0415
     from topokeeper.cli.agent_install import add_agent_commands  # noqa: PLC0415
     from topokeeper.sim import commands as sim_commands  # noqa: PLC0415
 
     operator_commands.register(commands)
+    cost.register(commands)
     readonly_commands.register(commands)
     add_endpoint_option(parser)
     add_agent_commands(commands)
