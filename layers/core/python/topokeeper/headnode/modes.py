@@ -40,7 +40,7 @@ from topokeeper.headnode.disk import (
     read_disk_state,
     topology_path,
 )
-from topokeeper.headnode.failures import Failed, Refused
+from topokeeper.headnode.failures import Failed, NotRegularFile, Refused
 from topokeeper.headnode.grouping import grouping_drift, read_back, with_kinds
 from topokeeper.headnode.output import new_result
 from topokeeper.headnode.scontrol import (
@@ -57,6 +57,7 @@ from topokeeper.headnode.scontrol import (
     slurm_version,
 )
 from topokeeper.headnode.signature import (
+    GENERATION_FILE,
     _backup_root_read_only,
     accept_generation,
     check_generation,
@@ -204,7 +205,8 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
     try:
         with transaction_for(conf, context) as transaction:
             if context.signed:
-                accept_generation(transaction.backup_fd, bundle, context.faults)
+                where = os.path.join(transaction.config.path, BACKUP_DIR, GENERATION_FILE)
+                accept_generation(transaction.backup_fd, bundle, context.faults, where)
             transaction.recover(result)  # before anything else the bundle asks for
             conf = SlurmConf(conf_path)
             refuse_links(transaction.config, _write_targets(transaction.config, conf_path, conf, bundle))
@@ -259,7 +261,8 @@ def execute(
             backup_fd = _backup_root_read_only(result["config_dir"])
             if backup_fd is not None:
                 try:
-                    check_generation(bundle, mode, last_generation(backup_fd))
+                    where = os.path.join(result["config_dir"], BACKUP_DIR, GENERATION_FILE)
+                    check_generation(bundle, mode, last_generation(backup_fd, where))
                 finally:
                     os.close(backup_fd)
         version = slurm_version(scontrol.output("version"))
@@ -299,7 +302,7 @@ def execute(
             else:
                 with exclusive_lock(conf.directory, min(lock_timeout, budget.left())):
                     apply(result, conf_path, bundle, context)
-    except Refused as error:
+    except (Refused, NotRegularFile) as error:
         result["outcome"], result["error"] = error.outcome, one_line(str(error))
     except Failed as error:
         result["outcome"], result["error"] = "failed", one_line(str(error))

@@ -68,7 +68,7 @@ class Transaction:
         would otherwise restore from, or delete, whatever its names point at)."""
         where = os.path.join(self.config.path, BACKUP_DIR, JOURNAL)
         try:
-            journal = read_json(self.backup_fd, JOURNAL)
+            journal = read_json(self.backup_fd, JOURNAL, where)
             problem = None if journal is None else _journal_problem(journal)
         except (ValueError, Failed) as error:
             problem = "not readable JSON: %s" % error
