@@ -2,19 +2,22 @@
 
 A FIFO with no writer blocks a plain open until someone kills the applier (an apply holds the lock all that
 time); a link or a directory at the journal or the lock must be refused with one line naming it, never an
-internal error.
+internal error; a kill between a journal's temp file and its rename leaves that temp file, which the next
+run removes, and nothing it did not name.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import stat
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import node, p5_nodes
-from tests.integration.slurm.test_applier_crash_matrix import _DUPLICATE_SWITCH
+from tests.integration.slurm.test_applier_crash_matrix import _DUPLICATE_SWITCH, _crash
 from tests.integration.slurm.test_applier_on_slurmctld import (
     _assert_applied,
     _bundle,
@@ -26,6 +29,7 @@ from tests.integration.slurm.test_applier_on_slurmctld import (
 )
 from tests.integration.slurm.test_applier_signed_bundles_on_slurmctld import _key_option
 from tests.signing_support import sign
+from topokeeper.domain.models import PartitionSettings
 from topokeeper.headnode.config_dir import BACKUP_DIR, JOURNAL, LOCK_FILE, MANIFEST
 from topokeeper.headnode.signature import GENERATION_FILE
 
@@ -34,6 +38,7 @@ pytestmark = pytest.mark.slurm
 # Not a time limit on the applier: a run still going this long is waiting on a FIFO; killing it keeps the
 # suite from hanging and fails the test.
 HANG_GUARD_SECONDS = 120
+_JOURNAL_TEMP = re.compile(r"\.journal\.json\.[0-9a-f]{8}\.tmp\Z")
 
 
 def test_a_fifo_where_the_applier_reads_is_refused_without_waiting_on_it(sid_root: Path, controllers) -> None:
@@ -123,3 +128,32 @@ def test_a_link_or_a_directory_at_the_journal_or_the_lock_is_refused_naming_it(s
     assert precious.read_text() == "precious\n"
     code, result = _run(controller, "apply", bundle)
     assert (code, result["outcome"]) == (0, "unchanged")
+
+
+def test_a_journal_temp_file_a_kill_left_is_removed_by_the_next_run_and_nothing_else(
+    sid_root: Path, controllers
+) -> None:
+    old_plan, new_plan = _plan(_cluster()), _plan(_cluster(), gb=PartitionSettings(kind="flat"))
+    controller = controllers(sid_root)
+    _start(controller, old_plan)
+    _assert_applied(*_run(controller, "apply", _bundle(old_plan)))
+    # Killed with the journal at "prepared" and the "renaming" one written but not yet renamed over it.
+    killed = _crash(controller, _bundle(new_plan), "journal-temp:renaming")
+    assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, ""), killed.stderr
+    root = controller.etc / BACKUP_DIR
+    assert (root / JOURNAL).exists()
+    assert len([p for p in root.iterdir() if _JOURNAL_TEMP.match(p.name)]) == 1
+    # Names close to the applier's own but not its own: someone else's files, left alone.
+    others = [".journal.json.tmp", ".journal.json.0123ABCD.tmp", ".journal.json.0123abcd.tmp.keep", "journal.tmp"]
+    for name in others:
+        (root / name).write_text(f"{name}\n")
+
+    code, verified = _run(controller, "verify", _bundle(new_plan))
+
+    assert (verified["recovery"] or {}).get("action") == "rolled_back", verified["error"]
+    assert (code, verified["outcome"]) == (3, "drift")
+    assert not (root / JOURNAL).exists()
+    assert [p.name for p in root.iterdir() if _JOURNAL_TEMP.match(p.name)] == []
+    assert [(root / name).read_text() for name in others] == [f"{name}\n" for name in others]
+    assert [p.name for p in controller.etc.iterdir() if p.name.endswith(".topokeeper-new")] == []
+    _assert_applied(*_run(controller, "apply", _bundle(new_plan)))

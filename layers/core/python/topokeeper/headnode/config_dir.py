@@ -54,7 +54,7 @@ class Faults:
         self.fault_at, self.fault_errno = point, getattr(errno, name, 0) if name.isupper() else 0
 
     def crash(self, step: str) -> None:
-        if step == self.crash_at:
+        if step and step == self.crash_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def crash_during(self, step: str, action: Any) -> Any:
@@ -229,13 +229,28 @@ def write_new_file(dir_fd: int, name: str, data: bytes, like: Optional[os.stat_r
     os.close(fd)
 
 
-def write_json(dir_fd: int, name: str, document: Mapping[str, Any], faults: Faults, point: str) -> None:
+def write_json(
+    dir_fd: int, name: str, document: Mapping[str, Any], faults: Faults, point: str, *, crash_step: str = ""
+) -> None:
     """Replace ``name`` atomically: a fsynced temp file renamed over it, then the directory fsynced."""
     temporary = ".%s.%s.tmp" % (name, os.urandom(4).hex())
     faults.check(point, name)
     write_new_file(dir_fd, temporary, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode(), None)
+    faults.crash(crash_step)  # a kill here leaves the temp file: the next run removes it
     os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     os.fsync(dir_fd)
+
+
+def remove_own_temps(dir_fd: int, names: Iterable[str]) -> None:
+    """Remove the temp files ``write_json`` names for ``names`` that a kill left before their rename (under the
+    lock, so none is in use): regular files named exactly so, nothing else."""
+    own = re.compile(r"\.(%s)\.[0-9a-f]{8}\.tmp\Z" % "|".join(re.escape(name) for name in names))
+    for entry in os.listdir(dir_fd):
+        if not own.match(entry):
+            continue
+        with contextlib.suppress(OSError):  # litter, never a reason to stop the run
+            if stat.S_ISREG(os.stat(entry, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                os.unlink(entry, dir_fd=dir_fd)
 
 
 def read_json(dir_fd: int, name: str, where: str = "") -> Optional[Dict[str, Any]]:

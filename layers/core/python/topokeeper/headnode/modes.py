@@ -30,6 +30,7 @@ from topokeeper.headnode.config_dir import (
     open_backup_root,
     read_json,
     refuse_links,
+    remove_own_temps,
 )
 from topokeeper.headnode.diff import unified_diff
 from topokeeper.headnode.disk import (
@@ -119,6 +120,7 @@ def transaction_for(conf: SlurmConf, context: Context) -> Iterator[Transaction]:
     try:
         backup_fd = open_backup_root(config)
         try:
+            remove_own_temps(backup_fd, (JOURNAL, GENERATION_FILE))  # what a kill left; the lock is held
             log_path = conf.last_value("SlurmctldLogFile")
             yield Transaction(config, backup_fd, context, log_path)
         finally:

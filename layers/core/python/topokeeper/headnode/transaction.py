@@ -81,7 +81,7 @@ class Transaction:
 
     def _set_phase(self, journal: Dict[str, Any], phase: str) -> None:
         journal["phase"] = phase
-        write_json(self.backup_fd, JOURNAL, journal, self.faults, "journal")
+        write_json(self.backup_fd, JOURNAL, journal, self.faults, "journal", crash_step="journal-temp:" + phase)
 
     def _mark_rolling_back(self, journal: Dict[str, Any]) -> None:
         # Best effort (a full disk refuses it): recovery also sees from the files that a roll-forward is impossible.
