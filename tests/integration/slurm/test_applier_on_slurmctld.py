@@ -99,10 +99,16 @@ def _document(stdout: str) -> dict[str, Any]:
 
 
 def _run(
-    controller: SlurmController, mode: str, bundle: dict[str, Any] | None, *args: str, stdin: str | None = None
+    controller: SlurmController,
+    mode: str,
+    bundle: dict[str, Any] | None,
+    *args: str,
+    stdin: str | None = None,
+    timeout: float = 300,
 ) -> tuple[int, dict[str, Any]]:
+    """The program's exit code and document; a run still going after ``timeout`` s is killed and fails the test."""
     command = _applier_command(controller, mode, bundle, *args)
-    result = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=300, check=False)
+    result = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
     assert result.stderr == ""
     return result.returncode, _document(result.stdout)
 

@@ -22,7 +22,7 @@ from typing import (
     Tuple,
 )
 
-from topokeeper.headnode.failures import Failed, Refused
+from topokeeper.headnode.failures import Failed, NotRegularFile, Refused
 
 LOCK_FILE = ".topokeeper.lock"
 BACKUP_DIR = ".topokeeper-backup"
@@ -41,6 +41,7 @@ FAULT_ENV = "TOPOKEEPER_APPLIER_FAULT_AT"  # "point=ERRNO": that write fails wit
 BACKUP_NAME = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}\Z")
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _LINK_UNSUPPORTED = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
 
 
@@ -53,7 +54,7 @@ class Faults:
         self.fault_at, self.fault_errno = point, getattr(errno, name, 0) if name.isupper() else 0
 
     def crash(self, step: str) -> None:
-        if step == self.crash_at:
+        if step and step == self.crash_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def crash_during(self, step: str, action: Any) -> Any:
@@ -74,6 +75,71 @@ class Faults:
 
 def _is_link(st: Optional[os.stat_result]) -> bool:
     return st is not None and stat.S_ISLNK(st.st_mode)
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "of an unknown type")
+
+
+def open_regular(
+    path: str,
+    dir_fd: Optional[int] = None,
+    *,
+    where: str = "",
+    flags: int = os.O_RDONLY,
+    follow: bool = False,
+    mode: int = 0o600,
+) -> int:
+    """An fd of the regular file at ``path``, the one way the head node opens a file it reads or locks.
+
+    O_NONBLOCK: a FIFO planted there would otherwise block the open until a writer comes (an apply holds the
+    lock all the while), and the run budget cannot cut an open short. Then fstat, before anything is read: a
+    FIFO, a directory or a device is refused as NotRegularFile naming ``where`` (``path`` when not given) and
+    what was found. Links are not followed unless ``follow`` (reading what an operator linked, never writing
+    through it).
+    """
+    open_flags = flags | O_NONBLOCK | (0 if follow else O_NOFOLLOW)
+    try:
+        fd = os.open(path, open_flags, mode, dir_fd=dir_fd)
+    except OSError:
+        # O_NOFOLLOW at a link fails with ELOOP, a write open of a directory with EISDIR: name what is there.
+        found = _stat_or_none(path, dir_fd, follow)
+        if found is None or stat.S_ISREG(found.st_mode):
+            raise
+        raise NotRegularFile(where or path, _kind(found.st_mode)) from None
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode):
+        os.close(fd)
+        raise NotRegularFile(where or path, _kind(found.st_mode))
+    return fd
+
+
+def _stat_or_none(path: str, dir_fd: Optional[int], follow: bool) -> Optional[os.stat_result]:
+    try:
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
+    except OSError:
+        return None
+
+
+def read_text(path: str) -> str:
+    """A file's text with every byte kept: undecodable bytes survive a read-edit-write round trip. A link is
+    followed (slurm.conf's includes, a linked topology file a verify reads); what it reaches must be a regular file."""
+    with open(open_regular(path, follow=True), encoding="utf-8", errors="surrogateescape", newline="") as handle:
+        return handle.read()
+
+
+# Directories are opened with O_DIRECTORY, which fails on a FIFO before the open could block; every file is
+# opened by open_regular.
 
 
 class ConfigDir:
@@ -122,7 +188,7 @@ class ConfigDir:
         fd, name = self.parent(relative)
         try:
             try:
-                handle = os.open(name, os.O_RDONLY | O_NOFOLLOW, dir_fd=fd)
+                handle = open_regular(name, fd, where=os.path.join(self.path, relative))
             except FileNotFoundError:
                 return None
             with os.fdopen(handle, "rb") as reader:
@@ -163,18 +229,33 @@ def write_new_file(dir_fd: int, name: str, data: bytes, like: Optional[os.stat_r
     os.close(fd)
 
 
-def write_json(dir_fd: int, name: str, document: Mapping[str, Any], faults: Faults, point: str) -> None:
+def write_json(
+    dir_fd: int, name: str, document: Mapping[str, Any], faults: Faults, point: str, *, crash_step: str = ""
+) -> None:
     """Replace ``name`` atomically: a fsynced temp file renamed over it, then the directory fsynced."""
     temporary = ".%s.%s.tmp" % (name, os.urandom(4).hex())
     faults.check(point, name)
     write_new_file(dir_fd, temporary, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode(), None)
+    faults.crash(crash_step)  # a kill here leaves the temp file: the next run removes it
     os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     os.fsync(dir_fd)
 
 
-def read_json(dir_fd: int, name: str) -> Optional[Dict[str, Any]]:
+def remove_own_temps(dir_fd: int, names: Iterable[str]) -> None:
+    """Remove the temp files ``write_json`` names for ``names`` that a kill left before their rename (under the
+    lock, so none is in use): regular files named exactly so, nothing else."""
+    own = re.compile(r"\.(%s)\.[0-9a-f]{8}\.tmp\Z" % "|".join(re.escape(name) for name in names))
+    for entry in os.listdir(dir_fd):
+        if not own.match(entry):
+            continue
+        with contextlib.suppress(OSError):  # litter, never a reason to stop the run
+            if stat.S_ISREG(os.stat(entry, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                os.unlink(entry, dir_fd=dir_fd)
+
+
+def read_json(dir_fd: int, name: str, where: str = "") -> Optional[Dict[str, Any]]:
     try:
-        fd = os.open(name, os.O_RDONLY | O_NOFOLLOW, dir_fd=dir_fd)
+        fd = open_regular(name, dir_fd, where=where)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as reader:
@@ -255,7 +336,7 @@ def link_or_copy(src_fd: int, name: str, dst_fd: int, new_name: str) -> None:
     except OSError as error:
         if error.errno not in _LINK_UNSUPPORTED:
             raise
-    fd = os.open(name, os.O_RDONLY | O_NOFOLLOW, dir_fd=src_fd)
+    fd = open_regular(name, src_fd)
     with os.fdopen(fd, "rb") as reader:
         write_new_file(dst_fd, new_name, reader.read(), os.fstat(reader.fileno()))
 
@@ -269,7 +350,7 @@ def os_error(error: BaseException) -> str:
 @contextlib.contextmanager
 def exclusive_lock(directory: str, timeout: float) -> Iterator[None]:
     path = os.path.join(directory, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | O_NOFOLLOW, 0o600)
+    fd = open_regular(path, flags=os.O_RDWR | os.O_CREAT)
     try:
         deadline = time.monotonic() + timeout
         while True:

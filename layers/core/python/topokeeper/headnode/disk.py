@@ -12,8 +12,9 @@ from typing import (
 )
 
 from topokeeper.headnode.bundle import Bundle
+from topokeeper.headnode.config_dir import read_text
 from topokeeper.headnode.diff import line_diff, text_lines
-from topokeeper.headnode.failures import Failed, hashable, read_text, shown_value
+from topokeeper.headnode.failures import Failed, NotRegularFile, hashable, shown_value
 from topokeeper.headnode.slurm_conf import SlurmConf
 from topokeeper.wire import CONF_FORMAT, content_sha256
 
@@ -48,6 +49,8 @@ def read_disk_state(conf: SlurmConf, bundle: Bundle) -> DiskState:
             files[name] = read_text(path)
         except FileNotFoundError:
             files[name] = None
+        except NotRegularFile:
+            raise  # refused as it is, naming the path (see modes.execute)
         except OSError as error:
             raise Failed("cannot read %s: %s" % (path, error.strerror)) from None
     return DiskState(

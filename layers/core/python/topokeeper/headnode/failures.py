@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from typing import (
     Optional,
     Sequence,
@@ -24,18 +25,26 @@ class Failed(Exception):
     """The applier could not finish (scontrol missing or failing, lock busy, I/O error)."""
 
 
+class NotRegularFile(OSError):
+    """A FIFO, a directory, a link or a device where the applier reads or locks a regular file. An OSError, so
+    whatever handles a failed read handles it; uncaught, the run ends refused: no retry helps until someone
+    removes it."""
+
+    outcome = "refused"
+
+    def __init__(self, path: str, found: str) -> None:
+        super().__init__(errno.EINVAL, "%s, not a regular file" % found, path)
+
+    def __str__(self) -> str:
+        return "%s is %s: topokeeper reads and locks only regular files; remove it" % (self.filename, self.strerror)
+
+
 def sample(names: Sequence[str], limit: int = 5) -> str:
     return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
 
 
 def shown_value(value: Optional[str]) -> str:
     return "(none)" if value is None else value
-
-
-def read_text(path: str) -> str:
-    """A file's text with every byte kept: undecodable bytes survive a read-edit-write round trip."""
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as handle:
-        return handle.read()
 
 
 def hashable(text: str) -> str:

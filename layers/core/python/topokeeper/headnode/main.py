@@ -12,6 +12,7 @@ from typing import (
     Sequence,
 )
 
+from topokeeper.headnode.config_dir import open_regular
 from topokeeper.headnode.modes import execute
 from topokeeper.headnode.output import new_result, publish, read_upload_target, render_result
 from topokeeper.wire import EXIT_CODES, LOCK_WAIT_SECONDS, MODES, one_line
@@ -52,7 +53,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         if args.bundle == "-":
             data = sys.stdin.buffer.read()
         else:
-            with open(args.bundle, "rb") as handle:
+            with open(open_regular(args.bundle, follow=True), "rb") as handle:
                 data = handle.read()
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:

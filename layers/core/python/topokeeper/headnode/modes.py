@@ -30,6 +30,7 @@ from topokeeper.headnode.config_dir import (
     open_backup_root,
     read_json,
     refuse_links,
+    remove_own_temps,
 )
 from topokeeper.headnode.diff import unified_diff
 from topokeeper.headnode.disk import (
@@ -40,7 +41,7 @@ from topokeeper.headnode.disk import (
     read_disk_state,
     topology_path,
 )
-from topokeeper.headnode.failures import Failed, Refused
+from topokeeper.headnode.failures import Failed, NotRegularFile, Refused
 from topokeeper.headnode.grouping import grouping_drift, read_back, with_kinds
 from topokeeper.headnode.output import new_result
 from topokeeper.headnode.scontrol import (
@@ -57,6 +58,7 @@ from topokeeper.headnode.scontrol import (
     slurm_version,
 )
 from topokeeper.headnode.signature import (
+    GENERATION_FILE,
     accept_generation,
     check_generation,
     check_signature,
@@ -117,6 +119,7 @@ def transaction_for(conf: SlurmConf, context: Context) -> Iterator[Transaction]:
     try:
         backup_fd = open_backup_root(config)
         try:
+            remove_own_temps(backup_fd, (JOURNAL, GENERATION_FILE))  # what a kill left; the lock is held
             log_path = conf.last_value("SlurmctldLogFile")
             yield Transaction(config, backup_fd, context, log_path)
         finally:
@@ -296,7 +299,7 @@ def execute(
             else:
                 with exclusive_lock(conf.directory, min(lock_timeout, budget.left())):
                     apply(result, conf_path, bundle, context)
-    except Refused as error:
+    except (Refused, NotRegularFile) as error:
         result["outcome"], result["error"] = error.outcome, one_line(str(error))
     except Failed as error:
         result["outcome"], result["error"] = "failed", one_line(str(error))

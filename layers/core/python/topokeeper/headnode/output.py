@@ -15,6 +15,7 @@ from typing import (
 )
 
 from topokeeper.headnode import APPLIER_VERSION
+from topokeeper.headnode.config_dir import open_regular
 from topokeeper.wire import MAX_FULL_RESULT_BYTES, MAX_STDOUT_CHARS, UPLOAD_TIMEOUT_SECONDS, one_line
 
 
@@ -131,7 +132,7 @@ class UploadTarget(NamedTuple):
 
 
 def read_upload_target(path: str) -> UploadTarget:
-    with open(path, "rb") as handle:
+    with open(open_regular(path, follow=True), "rb") as handle:
         document = json.loads(handle.read(65536).decode("utf-8"))
     url, key = (document.get("url"), document.get("key")) if isinstance(document, dict) else (None, None)
     if not (isinstance(url, str) and url.startswith(("https://", "http://")) and isinstance(key, str) and key):

@@ -18,6 +18,7 @@ from typing import (
 )
 
 from topokeeper.headnode.bundle import Bundle
+from topokeeper.headnode.config_dir import open_regular
 from topokeeper.headnode.failures import Failed, Refused, StaleBindings, sample
 from topokeeper.headnode.slurm_conf import SlurmConf
 from topokeeper.wire import (
@@ -195,7 +196,7 @@ def _log_errors_since(log_path: Optional[str], offset: int) -> str:
     if not log_path:
         return ""
     try:
-        with open(log_path, "rb") as handle:
+        with open(open_regular(log_path, follow=True), "rb") as handle:
             handle.seek(max(offset, os.path.getsize(log_path) - 256 * 1024))
             text = handle.read().decode("utf-8", "replace")
     except OSError:

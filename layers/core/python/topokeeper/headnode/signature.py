@@ -14,8 +14,13 @@ from typing import (
 )
 
 from topokeeper.headnode.bundle import Bundle
-from topokeeper.headnode.config_dir import O_NOFOLLOW, Faults, read_json, write_json
-from topokeeper.headnode.failures import BadSignature, Failed, Refused, Replayed
+from topokeeper.headnode.config_dir import (
+    Faults,
+    open_regular,
+    read_json,
+    write_json,
+)
+from topokeeper.headnode.failures import BadSignature, Failed, NotRegularFile, Refused, Replayed
 from topokeeper.wire import TRUSTED_KEY_SCHEMA
 
 # The reconcile signs sha256(signed_bytes(document)) with an asymmetric KMS key (RSASSA_PKCS1_V1_5_SHA_256,
@@ -79,11 +84,8 @@ def rsa_public_key(der: bytes) -> Tuple[int, int]:
 def read_trusted_key(path: str) -> TrustedKey:
     """The head node's public key file; it must be root's (this user's) and writable by no one else."""
     try:
-        fd = os.open(path, os.O_RDONLY | O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block
-        with os.fdopen(fd, "rb") as reader:
+        with os.fdopen(open_regular(path), "rb") as reader:
             found = os.fstat(reader.fileno())
-            if not stat.S_ISREG(found.st_mode):
-                raise ValueError("not a regular file")
             if found.st_uid != os.geteuid() or found.st_mode & 0o022:
                 raise ValueError(
                     "owner uid %d, mode %04o: must be this user's, writable by no one else"
@@ -97,7 +99,8 @@ def read_trusted_key(path: str) -> TrustedKey:
             raise ValueError("expected cluster, key_id and public_key strings")
         modulus, exponent = rsa_public_key(base64.b64decode(public_key, validate=True))
     except (OSError, ValueError) as error:  # binascii.Error and JSON errors are ValueErrors
-        raise BadSignature("cannot check the signature: trusted key %s: %s" % (path, error)) from None
+        detail = error.strerror if isinstance(error, NotRegularFile) else error  # its str names the path again
+        raise BadSignature("cannot check the signature: trusted key %s: %s" % (path, detail)) from None
     return TrustedKey(cluster, key_id, modulus, exponent)
 
 
@@ -138,10 +141,11 @@ def check_signature(bundle: Bundle, mode: str, key: TrustedKey) -> None:
         raise Refused("the bundle is signed for %s only, never to apply" % bundle.purpose)
 
 
-def last_generation(backup_fd: int) -> Tuple[int, Optional[str]]:
-    """The generation (and its plan) of the last signed bundle an apply accepted here; (0, None) before any."""
+def last_generation(backup_fd: int, where: str = GENERATION_FILE) -> Tuple[int, Optional[str]]:
+    """The generation (and its plan) of the last signed bundle an apply accepted here; (0, None) before any.
+    ``where``: the file's path, for messages."""
     try:
-        document = read_json(backup_fd, GENERATION_FILE)
+        document = read_json(backup_fd, GENERATION_FILE, where)
     except (ValueError, Failed) as error:
         raise Failed(
             "%s is not readable JSON (%s): remove it only if no older bundle can be replayed" % (GENERATION_FILE, error)

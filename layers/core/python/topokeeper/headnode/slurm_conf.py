@@ -14,7 +14,8 @@ from typing import (
     Set,
 )
 
-from topokeeper.headnode.failures import Failed, Refused, read_text
+from topokeeper.headnode.config_dir import read_text
+from topokeeper.headnode.failures import Failed, NotRegularFile, Refused
 
 _KEY_VALUE = re.compile(r'([A-Za-z][A-Za-z0-9_]*)=("[^"]*"|\S*)')
 _INCLUDE = re.compile(r"\s*include\s+(\S+)", re.IGNORECASE)
@@ -117,6 +118,8 @@ class SlurmConf:
     def _read(self, path: str, depth: int) -> None:
         try:
             text = read_text(path)
+        except NotRegularFile:
+            raise  # refused as it is, naming the path (see modes.execute)
         except OSError as error:
             raise Failed("cannot read %s: %s" % (path, error.strerror)) from None
         self.texts[path] = text

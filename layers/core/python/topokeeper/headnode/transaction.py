@@ -68,7 +68,7 @@ class Transaction:
         would otherwise restore from, or delete, whatever its names point at)."""
         where = os.path.join(self.config.path, BACKUP_DIR, JOURNAL)
         try:
-            journal = read_json(self.backup_fd, JOURNAL)
+            journal = read_json(self.backup_fd, JOURNAL, where)
             problem = None if journal is None else _journal_problem(journal)
         except (ValueError, Failed) as error:
             problem = "not readable JSON: %s" % error
@@ -81,7 +81,7 @@ class Transaction:
 
     def _set_phase(self, journal: Dict[str, Any], phase: str) -> None:
         journal["phase"] = phase
-        write_json(self.backup_fd, JOURNAL, journal, self.faults, "journal")
+        write_json(self.backup_fd, JOURNAL, journal, self.faults, "journal", crash_step="journal-temp:" + phase)
 
     def _mark_rolling_back(self, journal: Dict[str, Any]) -> None:
         # Best effort (a full disk refuses it): recovery also sees from the files that a roll-forward is impossible.
