@@ -15,7 +15,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-system lint typecheck test unit slurm reliability bench clean synth demo
+.PHONY: install install-system system-packages lint typecheck test unit slurm reliability bench clean synth demo
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -37,13 +37,23 @@ synth: install
 	npx cdk synth --quiet -c topokeeper:examples=true
 	$(BIN)/topokeeper cost --template cdk.out/Topokeeper.template.json
 
+# The package manager's output goes to this log, not into the tests' or the demo's story.
+SYSTEM_LOG := out/install-system.log
+# What the demo needs of them: debootstrap for its real slurmctld (the browser and the rest are the tests').
+DEMO_PACKAGES := debootstrap
+
 install-system:
-	@missing=""; for package in $(SYSTEM_PACKAGES); do \
+	@$(MAKE) --no-print-directory system-packages PACKAGES="$(SYSTEM_PACKAGES)" WHY="the tests need them"
+
+system-packages:
+	@missing=""; for package in $(PACKAGES); do \
 	  dpkg -s $$package >/dev/null 2>&1 || missing="$$missing $$package"; done; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages:$$missing"; \
+	  mkdir -p $$(dirname $(SYSTEM_LOG)); \
+	  echo "installing Debian packages:$$missing ($(WHY); apt-get's output: $(SYSTEM_LOG))"; \
 	  sudo_cmd=""; [ "$$(id -u)" = 0 ] || sudo_cmd=sudo; \
-	  $$sudo_cmd apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo_cmd apt-get install -y -qq $$missing; \
+	  { $$sudo_cmd apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo_cmd apt-get install -y -qq \
+	    --no-upgrade $$missing; } >>$(SYSTEM_LOG) 2>&1 || { echo "apt-get failed: see $(SYSTEM_LOG)"; exit 1; }; \
 	fi
 
 lint: install
@@ -77,7 +87,9 @@ reliability: install install-system
 
 # The whole system on this machine: emulated AWS, the real functions and applier, a real slurmctld.
 demo: install
-	@$(MAKE) --no-print-directory install-system || echo "demo: Debian packages not installed (no root or sudo?): the head node falls back to a file-only stand-in"
+	@$(MAKE) --no-print-directory system-packages PACKAGES="$(DEMO_PACKAGES)" \
+	  WHY="debootstrap builds the demo's real slurmctld" \
+	  || echo "demo: Debian packages not installed (no root or sudo?): the head node falls back to a file-only stand-in"
 	$(BIN)/topokeeper demo --out out/demo
 	$(BIN)/topokeeper demo --mode verify --out out/demo-verify
 
