@@ -43,6 +43,7 @@ from topokeeper.headnode.disk import (
 from topokeeper.headnode.failures import Failed, Refused
 from topokeeper.headnode.grouping import grouping_drift, read_back, with_kinds
 from topokeeper.headnode.output import new_result
+from topokeeper.headnode.proof import prove, refused_message
 from topokeeper.headnode.scontrol import (
     LiveTopologies,
     Scontrol,
@@ -65,11 +66,12 @@ from topokeeper.headnode.signature import (
     read_trusted_key,
 )
 from topokeeper.headnode.slurm_conf import SlurmConf
-from topokeeper.headnode.steps import ordered_steps
+from topokeeper.headnode.steps import Step, ordered_steps
 from topokeeper.headnode.transaction import Context, Transaction, files_problem, restored_message
 from topokeeper.wire import (
     APPLIER_BUDGET_SECONDS,
     CONF_FORMAT,
+    MIN_RECONFIGURE_SECONDS,
     RECONFIGURE_TIMEOUT,
     format_for_version,
     node_rows,
@@ -199,6 +201,16 @@ def _write_targets(config: ConfigDir, conf_path: str, conf: SlurmConf, bundle: B
     return [os.path.join(config.path, os.path.basename(conf_path)), topology_path(conf, bundle.slurm_format)]
 
 
+def _proved(result: Dict[str, Any], conf: SlurmConf, steps: Sequence[Step], context: Context) -> bool:
+    """Whether a throw-away slurmctld loads the new set; before any file is replaced, so that no kill can leave
+    files that a restarted slurmctld refuses (it would stay down). A refusal changes nothing: rolled_back."""
+    seconds = context.budget.left() - RECONFIGURE_TIMEOUT - MIN_RECONFIGURE_SECONDS
+    refused = prove(conf, steps, context.scontrol.path, context.faults, max(seconds, 1.0))
+    if refused:
+        result["outcome"], result["error"] = "rolled_back", refused_message(refused)
+    return not refused
+
+
 def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Context) -> None:
     conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
     try:
@@ -222,6 +234,8 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
                 return
             changes, result["partitions_changed"] = planned_changes(conf, bundle, state)
             steps = ordered_steps(conf, bundle, changes, transaction.config)
+            if not _proved(result, conf, steps, context):
+                return
             if transaction.run(steps, bundle.plan_sha256, result):
                 _record_drift(result, context.scontrol, bundle)
                 _judge_read_back(result)
