@@ -71,6 +71,19 @@ else:
     sys.exit(99)
 """
 
+# The throw-away slurmctld the applier proves a new config on: loads it, or refuses it with the state's
+# "proof_refuses" lines; it logs as slurmctld does, to the SlurmctldLogFile of the config it is given.
+FAKE_SLURMCTLD = """\
+import json, sys
+with open(sys.argv[-1], errors="replace") as handle:
+    logs = [line.split("=", 1)[1].strip() for line in handle if line.lower().startswith("slurmctldlogfile=")]
+with open(STATE_PATH) as handle:
+    refuses = json.load(handle).get("proof_refuses", [])
+with open(logs[-1], "a") as log:
+    log.write("".join(line + "\\n" for line in refuses) or "Running as primary controller\\n")
+sys.exit(1 if refuses else 0)
+"""
+
 
 def _cluster(**changes: list[Node]) -> dict[str, list[Node]]:
     partitions: dict[str, list[Node]] = {"gpu": p5_nodes(8), "gb": gb200_nodes(2), "cpu": [node("cpu-1", "c5.xlarge")]}
@@ -112,6 +125,9 @@ class FakeHeadNode:
         scontrol.write_text(f"#!{sys.executable} -IS\n{FAKE_SCONTROL}")
         scontrol.chmod(0o755)
         self.state_path = root / "state.json"
+        slurmctld = bin_dir / "slurmctld"
+        slurmctld.write_text(f"#!{sys.executable} -IS\nSTATE_PATH = {str(self.state_path)!r}\n{FAKE_SLURMCTLD}")
+        slurmctld.chmod(0o755)
         self.environ = {
             "PATH": f"{bin_dir}:/usr/bin:/bin",
             "SLURM_CONF": str(self.conf),
