@@ -20,12 +20,10 @@ import hashlib
 import os
 import pwd
 import re
-import shutil
 import signal
 import socket
 import stat
 import subprocess
-import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -96,7 +94,8 @@ def prove(conf: SlurmConf, steps: Sequence[Step], scontrol_path: str, faults: Fa
     prefix = proof_dir_prefix(conf.directory)
     stop_leftovers(prefix)
     try:
-        directory = tempfile.mkdtemp(prefix=prefix)
+        directory = os.path.join(_temp_root(), prefix + os.urandom(8).hex())
+        os.mkdir(directory, 0o700)  # a new name: never an existing directory or link someone else placed
     except OSError as error:
         raise Failed("cannot prove the new config: %s; nothing was changed" % os_error(error)) from None
     try:
@@ -114,7 +113,7 @@ def prove(conf: SlurmConf, steps: Sequence[Step], scontrol_path: str, faults: Fa
 def _run(slurmctld: str, conf_copy: str, directory: str, faults: Faults, seconds: float) -> str:
     log_path = os.path.join(directory, "slurmctld.log")
     argv = [slurmctld, "-D", "-c", "-i", "-f", conf_copy]
-    guard = shutil.which("timeout", path="/usr/bin:/bin")
+    guard = next((path for path in ("/usr/bin/timeout", "/bin/timeout") if os.access(path, os.X_OK)), None)
     if guard:  # ends the throw-away even when this process is killed first
         argv = [guard, "-s", "KILL", "%d" % max(int(seconds), 1), *argv]
     environment = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}  # no SLURM_CONF, NOTIFY_SOCKET, ...
@@ -289,7 +288,7 @@ def _slurm_user(conf: SlurmConf) -> Tuple[int, int]:
 
 def stop_leftovers(prefix: str) -> None:
     """Stop the throw-away a killed proof of this config dir left running, and remove its directory."""
-    parent = tempfile.gettempdir()
+    parent = _temp_root()
     for name in os.listdir(parent):
         path = os.path.join(parent, name)
         if not name.startswith(prefix) or os.path.islink(path) or not os.path.isdir(path):
@@ -317,9 +316,20 @@ def _runs_from(pid: int, directory: str) -> bool:
         return False
 
 
+def _temp_root() -> str:
+    return os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 -- python3-minimal has no tempfile module
+
+
 def _remove(directory: str) -> None:
+    """Delete a proof directory (python3-minimal has no shutil); links are removed, never followed."""
     with contextlib.suppress(OSError):
-        shutil.rmtree(directory)
+        for parent, directories, files in os.walk(directory, topdown=False):
+            for name in files:
+                os.unlink(os.path.join(parent, name))
+            for name in directories:
+                path = os.path.join(parent, name)
+                os.unlink(path) if os.path.islink(path) else os.rmdir(path)
+        os.rmdir(directory)
 
 
 def refused_message(logged: str) -> str:
