@@ -22,6 +22,7 @@ from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, head_node_program, n
 from topokeeper.domain.models import Node, PartitionSettings
 from topokeeper.engine.planner import plan
 from topokeeper.head_node_program import PROGRAM_NAME
+from topokeeper.headnode.proof import proof_dir_prefix
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim.slurm_chroot import SlurmController
 from topokeeper.wire import MAX_STDOUT_CHARS, content_sha256, parse_show_topology, sha256_text
@@ -251,6 +252,47 @@ def test_plan_slurmctld_rejects_is_refused_before_any_file_is_replaced(
     code, verified = _run(controller, "verify", _bundle(good))
     assert (code, verified["outcome"], verified["drift"]) == (0, "in_sync", [])
     assert "nn-leaf002" in parse_show_topology(controller.show_topology("tree-gpu"))
+
+
+def test_the_proof_runs_as_the_slurm_user_and_leaves_nothing_behind(sid_root: Path, controllers) -> None:
+    """SlurmUser=slurm and slurm.conf slurm:slurm 0600, as on HyperPod: the throw-away slurmctld drops to that
+    user too and reads its copy of the new files; a set it refuses is refused with its reason, and no proof
+    directory or process is left."""
+    rendered = _plan(_cluster())
+    controller = controllers(sid_root)
+
+    def as_slurm(conf: str) -> str:
+        for path in (controller.etc.parent / "state", controller.etc.parent / "log", controller.etc / "slurm.key"):
+            os.chown(path, 64030, 64030)  # a reconfigure re-executes slurmctld as SlurmUser: it reads the key
+        return conf.replace("SlurmUser=root", "SlurmUser=slurm")
+
+    _start(controller, rendered, edit_conf=as_slurm)
+    conf = controller.etc / "slurm.conf"
+    os.chown(conf, 64030, 64030)
+    conf.chmod(0o600)
+    code, document = _run(controller, "apply", _bundle(rendered))
+    assert document["error"] is None, document["error"]
+    moved = node("p5-008", path=("nn-spine0", "nn-agg0", "nn-leaf001"), partition="gpu")
+    changed = _plan(_cluster(gpu=[*p5_nodes(7), moved]))
+    duplicate = "      - switch: nn-leaf000\n        nodes: p5-001\n"
+    broken = _with_content(_bundle(changed), changed.topology_text + duplicate)
+
+    code, document = _run(controller, "apply", broken)
+
+    assert (code, document["outcome"], document["reconfigured"]) == (1, "rolled_back", False)
+    assert "fatal: Switch (nn-leaf000) has already been defined" in document["error"]
+    _assert_applied(*_run(controller, "apply", _bundle(changed)))
+    assert not list((controller.root / "tmp").glob(proof_dir_prefix(controller.config_dir_inner) + "*"))
+    marker = proof_dir_prefix(controller.config_dir_inner).encode()
+    running = [p for p in Path("/proc").glob("[0-9]*") if marker in _cmdline(p)]
+    assert running == []
+
+
+def _cmdline(process: Path) -> bytes:
+    try:
+        return (process / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def test_unknown_nodes_or_partitions_are_refused_and_nothing_is_written(sid_root: Path, controllers) -> None:
