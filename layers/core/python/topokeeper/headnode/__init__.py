@@ -58,7 +58,8 @@ Choices the callers can rely on:
 * ``unchanged``: the disk already equals the plan AND slurmctld serves it (read back). Disk equal
   but live different (an earlier apply was cut off, or its read-back failed): reconfigure and read
   back again, rolling back to the newest backup of this plan if slurmctld refuses the files.
-* An apply is a transaction (see the section "The transaction"): backup, journal, fsynced temp files,
+* An apply is a transaction (see the section "The transaction"): the new set proved on a throw-away
+  slurmctld (``proof.py``; refused: ``rolled_back``, nothing written), backup, journal, fsynced temp files,
   renames in an order whose every prefix loads, reconfigure, and a rollback of only what was
   replaced. A journal left by a killed run is rolled forward or back before anything else (apply, and
   verify when one is there). No link is followed and nothing outside the config directory written.
