@@ -312,6 +312,35 @@ def test_a_kill_at_every_step_leaves_files_a_restart_loads_and_the_next_runs_con
     )
 
 
+def test_a_recovery_while_slurmctld_is_down_leaves_files_it_loads_restarts_nothing_and_says_recovered(
+    sid_root: Path, controllers
+) -> None:
+    """Killed between the renames, then slurmctld down (a reboot before it starts): the next verify repairs the
+    files from the journal, starts nothing itself, and answers ``recovered``, not ``failed``; slurmctld then
+    starts on those files and the next apply converges."""
+    old_plan, new_plan = YAML_CHANGE.old(), YAML_CHANGE.new()
+    old, new = _bundle(old_plan), _bundle(new_plan)
+    controller = controllers(sid_root)
+    _start(controller, old_plan)
+    assert _run(controller, "apply", old)[1]["outcome"] == "applied"
+    killed = _crash(controller, new, "after-rename:slurm.conf")
+    assert killed.returncode == -signal.SIGKILL
+    controller.stop()
+
+    code, verified = _run(controller, "verify", new)
+
+    assert (code, verified["outcome"]) == (1, "recovered"), verified["error"]
+    assert verified["recovery"]["action"] in ("rolled_back", "rolled_forward")
+    assert "slurmctld is not running" in verified["error"]
+    assert not _leftovers(controller)
+    assert controller.current_pid() is None  # the applier started nothing
+    assert _restarts(controller) == ""
+    assert _served(controller, old, new) in ("old", "new")
+    code, applied = _run(controller, "apply", new)
+    assert (code, applied["outcome"]) in ((0, "applied"), (0, "unchanged"))
+    assert _served(controller, old, new) == "new"
+
+
 def _old_applied(
     controller: SlurmController, edit_conf: Callable[[str], str] | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
