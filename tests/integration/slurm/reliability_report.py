@@ -41,7 +41,8 @@ config, and is killed with its process group and removed in a `finally`; it runs
 the next apply stops and removes what a killed proof left. A refused set is never written: the apply ends
 `rolled_back` with slurmctld's reason and nothing changed. Every rename prefix is loadable by construction
 (a union topology.yaml first on 26.05; on 24.11, tree <-> block, slurm.conf names the flat plugin while
-topology.conf changes), and the matrix below restarts slurmctld at each of them.
+topology.conf changes), and the matrix below restarts slurmctld at each of them. A recovery (the next verify)
+while slurmctld is down leaves a whole set on disk, starts nothing, and answers `recovered`, not `failed`.
 
 ## Windows that remain
 
