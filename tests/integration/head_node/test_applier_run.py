@@ -225,6 +225,21 @@ def test_a_rejected_reconfigure_restores_every_byte_and_reloads(head_node: FakeH
     assert document["after_sha256"] == document["before_sha256"] != document["plan_sha256"]
 
 
+def test_a_set_the_proof_refuses_is_never_written_nor_reloaded(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle, proof_refuses=["fatal: Switch (nn-leaf000) has already been defined"])
+    files = head_node.files()
+
+    code, document, _ = head_node.run("apply", bundle)
+
+    assert (code, document["outcome"], document["reconfigured"]) == (1, "rolled_back", False)
+    assert "a throw-away slurmctld refused it before any file was replaced" in document["error"]
+    assert "fatal: Switch (nn-leaf000) has already been defined" in document["error"]
+    assert {k: v for k, v in head_node.files().items() if not k.startswith(".topokeeper")} == files
+    assert list((head_node.etc / ".topokeeper-backup").iterdir()) == []  # not even a backup or a journal
+    assert "reconfigure" not in head_node.calls()
+
+
 def test_when_the_reload_of_the_old_config_fails_too_the_outcome_is_failed(head_node: FakeHeadNode) -> None:
     bundle = _bundle(_cluster())
     head_node.serve(bundle, reconfigure=[1])
