@@ -71,6 +71,19 @@ else:
     sys.exit(99)
 """
 
+# The throw-away slurmctld the applier proves a new config on: loads it, or refuses it with the state's
+# "proof_refuses" lines; it logs as slurmctld does, to the SlurmctldLogFile of the config it is given.
+FAKE_SLURMCTLD = """\
+import json, sys
+with open(sys.argv[-1], errors="replace") as handle:
+    logs = [line.split("=", 1)[1].strip() for line in handle if line.lower().startswith("slurmctldlogfile=")]
+with open(STATE_PATH) as handle:
+    refuses = json.load(handle).get("proof_refuses", [])
+with open(logs[-1], "a") as log:
+    log.write("".join(line + "\\n" for line in refuses) or "Running as primary controller\\n")
+sys.exit(1 if refuses else 0)
+"""
+
 
 def _cluster(**changes: list[Node]) -> dict[str, list[Node]]:
     partitions: dict[str, list[Node]] = {"gpu": p5_nodes(8), "gb": gb200_nodes(2), "cpu": [node("cpu-1", "c5.xlarge")]}
@@ -112,6 +125,9 @@ class FakeHeadNode:
         scontrol.write_text(f"#!{sys.executable} -IS\n{FAKE_SCONTROL}")
         scontrol.chmod(0o755)
         self.state_path = root / "state.json"
+        slurmctld = bin_dir / "slurmctld"
+        slurmctld.write_text(f"#!{sys.executable} -IS\nSTATE_PATH = {str(self.state_path)!r}\n{FAKE_SLURMCTLD}")
+        slurmctld.chmod(0o755)
         self.environ = {
             "PATH": f"{bin_dir}:/usr/bin:/bin",
             "SLURM_CONF": str(self.conf),
@@ -207,6 +223,21 @@ def test_a_rejected_reconfigure_restores_every_byte_and_reloads(head_node: FakeH
     assert head_node.calls().count("reconfigure") == 2
     assert {k: v for k, v in head_node.files().items() if not k.startswith(".topokeeper")} == files
     assert document["after_sha256"] == document["before_sha256"] != document["plan_sha256"]
+
+
+def test_a_set_the_proof_refuses_is_never_written_nor_reloaded(head_node: FakeHeadNode) -> None:
+    bundle = _bundle(_cluster())
+    head_node.serve(bundle, proof_refuses=["fatal: Switch (nn-leaf000) has already been defined"])
+    files = head_node.files()
+
+    code, document, _ = head_node.run("apply", bundle)
+
+    assert (code, document["outcome"], document["reconfigured"]) == (1, "rolled_back", False)
+    assert "a throw-away slurmctld refused it before any file was replaced" in document["error"]
+    assert "fatal: Switch (nn-leaf000) has already been defined" in document["error"]
+    assert {k: v for k, v in head_node.files().items() if not k.startswith(".topokeeper")} == files
+    assert list((head_node.etc / ".topokeeper-backup").iterdir()) == []  # not even a backup or a journal
+    assert "reconfigure" not in head_node.calls()
 
 
 def test_when_the_reload_of_the_old_config_fails_too_the_outcome_is_failed(head_node: FakeHeadNode) -> None:

@@ -2,15 +2,17 @@
 
 The applier kills itself at a named step (``TOPOKEEPER_APPLIER_CRASH_AT``), so the cut is the same on
 every run however slow the machine. After each kill: slurmctld serves the old or the new topology, never
-a mix; after a kill between renames, the files on disk load in a restarted slurmctld (except the one
-window no order can close: tree <-> block on 24.11, which the journal repairs); the next verify recovers
-from the journal, the next apply converges, and a verify finds nothing. Write errors are injected at each
-write (``TOPOKEEPER_APPLIER_FAULT_AT``); slurmctld is stopped during one apply; two applies race. The
-recovery itself is killed in its reconfigure, and runs on a config tmpfs with no free page.
+a mix; slurmctld is then restarted from the files on disk (a reboot at that moment) and must start, at
+every point (a new set is proved on a throw-away slurmctld before any rename, so a set slurmctld refuses
+never reaches the disk; a proof killed mid-way leaves its throw-away, which the next apply stops); the next
+verify recovers from the journal, the next apply converges, and a verify finds nothing. Write errors are
+injected at each write (``TOPOKEEPER_APPLIER_FAULT_AT``); slurmctld is stopped during one apply; two
+applies race. The recovery itself is killed in its reconfigure, and runs on a config tmpfs with no free page.
 
-``make test`` runs every crash point on 26.05 and a representative fault set. ``make reliability``
-(TOPOKEEPER_RELIABILITY_FULL=1) adds 24.11 and every fault, and records each case
-(TOPOKEEPER_RELIABILITY_OUT) for docs/reliability.md (tests/integration/slurm/reliability_report.py).
+``make test`` runs a representative subset of the crash points on 26.05 and of the faults. ``make
+reliability`` (TOPOKEEPER_RELIABILITY_FULL=1) runs every crash point on 26.05 and 24.11 and every fault, and
+records each case (TOPOKEEPER_RELIABILITY_OUT) for docs/reliability.md
+(tests/integration/slurm/reliability_report.py).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from topokeeper.domain.models import PartitionSettings
 from topokeeper.headnode.bundle import parse_bundle
 from topokeeper.headnode.config_dir import BACKUP_DIR, CRASH_ENV, FAULT_ENV, JOURNAL
 from topokeeper.headnode.grouping import read_back
+from topokeeper.headnode.proof import proof_dir_prefix
 from topokeeper.headnode.scontrol import LiveTopologies
 from topokeeper.headnode.signature import GENERATION_FILE
 from topokeeper.render.bundle import RenderedPlan
@@ -62,15 +65,13 @@ RECORDS = os.environ.get("TOPOKEEPER_RELIABILITY_OUT")
 
 @dataclass(frozen=True)
 class Scenario:
-    """An apply from ``old`` to ``new`` on one Slurm version; ``window``: the crash points whose files no order
-    can make loadable (tree <-> block on 24.11; half-way through putting back files slurmctld refused)."""
+    """An apply from ``old`` to ``new`` on one Slurm version, killed at each of ``steps``."""
 
     name: str
     suite: str  # sid: 26.05, trixie: 24.11
     old: Callable[[], RenderedPlan]
     new: Callable[[], RenderedPlan]
     steps: tuple[str, ...]
-    window: tuple[str, ...] = ()
     broken: bool = False  # slurmctld refuses ``new``: the rollback's crash points
 
 
@@ -85,6 +86,7 @@ YAML_CHANGE = Scenario(
     lambda: _plan(_cluster()),
     lambda: _plan(_cluster(), gb=PartitionSettings(kind="tree")),
     (
+        "during-proof",
         "after-journal",
         "after-temp:topology.yaml+union",
         "after-temp:slurm.conf",
@@ -96,43 +98,61 @@ YAML_CHANGE = Scenario(
         "after-reconfigure",
     ),
 )
+# slurmctld refuses the new set (a switch defined twice; valid by hash): the points between the renames and
+# the end of the forward reconfigure, where a kill used to leave the refused files for a restart to fail on.
 YAML_REJECTED = Scenario(
-    "yaml-rejected-rolled-back",
+    "yaml-rejected",
     "sid",
     lambda: _plan(_cluster()),
     lambda: _plan(_cluster(), gb=PartitionSettings(kind="tree")),
-    ("during-rollback", "during-rollback-reconfigure"),
-    window=("during-rollback",),
+    (
+        "after-rename:topology.yaml+union",
+        "after-rename:slurm.conf",
+        "after-rename:topology.yaml",
+        "during-reconfigure",
+    ),
     broken=True,
 )
-# 24.11: one cluster-wide plugin; tree -> block has no loadable order (each file is fatal under the other's plugin).
+# 24.11: one cluster-wide plugin; each of tree's and block's topology.conf is fatal under the other's plugin, so
+# slurm.conf names the flat plugin (which reads no topology.conf) while the file changes: three renames.
 CONF_PLUGIN_SWITCH = Scenario(
     "conf-tree-to-block",
     "trixie",
     lambda: _gb_only("24.11", gb=PartitionSettings(kind="tree")),
     lambda: _gb_only("24.11"),
     (
+        "during-proof",
         "after-journal",
+        "after-temp:slurm.conf+flat",
         "after-temp:topology.conf",
         "after-temp:slurm.conf",
+        "after-rename:slurm.conf+flat",
         "after-rename:topology.conf",
         "after-rename:slurm.conf",
         "during-reconfigure",
         "after-reconfigure",
     ),
-    window=("after-rename:topology.conf",),
 )
 CONF_REJECTED = Scenario(
-    "conf-rejected-rolled-back",
+    "conf-rejected",
     "trixie",
     lambda: _gb_only("24.11", gb=PartitionSettings(kind="tree")),
     lambda: _gb_only("24.11"),
-    ("during-rollback", "during-rollback-reconfigure"),
-    window=("during-rollback",),
+    ("after-rename:topology.conf", "after-rename:slurm.conf", "during-reconfigure"),
     broken=True,
 )
 SCENARIOS = [YAML_CHANGE, YAML_REJECTED] + ([CONF_PLUGIN_SWITCH, CONF_REJECTED] if FULL else [])
-CASES = [pytest.param(s, step, id=f"{s.suite}-{s.name}-{step}") for s in SCENARIOS for step in s.steps]
+# make test: a kill in the proof, before the renames, between them, in the reconfigure; a refused set at both ends.
+FAST_STEPS = {
+    YAML_CHANGE.name: ("during-proof", "after-temp:slurm.conf", "after-rename:slurm.conf", "during-reconfigure"),
+    YAML_REJECTED.name: ("after-rename:topology.yaml+union", "during-reconfigure"),
+}
+CASES = [
+    pytest.param(s, step, id=f"{s.suite}-{s.name}-{step}")
+    for s in SCENARIOS
+    for step in s.steps
+    if FULL or step in FAST_STEPS.get(s.name, ())
+]
 
 
 _DUPLICATE_SWITCH = "      - switch: nn-leaf000\n        nodes: p5-001\n"  # the file ends in tree-gpu's switches
@@ -204,27 +224,41 @@ def _leftovers(controller: SlurmController) -> list[str]:
 
 
 def _crash(
-    controller: SlurmController, bundle: dict[str, Any], step: str, *args: str
+    controller: SlurmController, bundle: dict[str, Any], step: str, *args: str, must_die: bool = True
 ) -> subprocess.CompletedProcess[str]:
+    """Apply ``bundle``, killed at ``step`` (``must_die``: the run must reach it; a refused bundle may not)."""
     command = _applier_command(controller, "apply", bundle, *args)
     environment = {**os.environ, CRASH_ENV: step}
-    killed = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, check=False)
-    assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, ""), killed.stderr
-    return killed
+    run = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, check=False)
+    if must_die:
+        assert (run.returncode, run.stdout) == (-signal.SIGKILL, ""), run.stderr
+    return run
 
 
-def _restarts(controller: SlurmController) -> bool:
-    """Whether slurmctld comes back up from the files on disk (a reboot in the crash window)."""
+def _restarts(controller: SlurmController) -> str:
+    """Stop slurmctld and start it from the files on disk, as a reboot at that moment would: "" when it comes
+    back up, else why not."""
     controller.stop()
     try:
         controller.start(timeout=20)
-    except HarnessError:
-        return False
-    return True
+    except HarnessError as error:
+        return str(error)
+    return ""
+
+
+def _throwaways(controller: SlurmController) -> list[int]:
+    """Throw-away slurmctlds (and their ``timeout`` guards) that a proof of this config dir left running."""
+    marker = proof_dir_prefix(controller.config_dir_inner).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found
 
 
 @pytest.mark.parametrize(("scenario", "step"), CASES)
-def test_a_kill_at_every_step_ends_old_or_new_and_the_next_runs_converge(
+def test_a_kill_at_every_step_leaves_files_a_restart_loads_and_the_next_runs_converge(
     request: pytest.FixtureRequest, controllers, scenario: Scenario, step: str
 ) -> None:
     old_plan, new_plan = scenario.old(), scenario.new()
@@ -237,20 +271,22 @@ def test_a_kill_at_every_step_ends_old_or_new_and_the_next_runs_converge(
     _start(controller, old_plan)
     assert _run(controller, "apply", old)[1]["outcome"] == "applied"
 
-    _crash(controller, new, step)
+    run = _crash(controller, new, step, must_die=False)
+    killed = (run.returncode, run.stdout) == (-signal.SIGKILL, "")
+    assert killed or scenario.broken, run.stderr
+    assert bool(_throwaways(controller)) == (step == "during-proof")  # the kill left its throw-away running
     after_kill = _served(controller, old, new)
     assert after_kill in ("old", "new")
 
-    loads = None
-    if FULL or step.startswith("after-rename:"):
-        loads = _restarts(controller)
-        assert loads == (step not in scenario.window)
+    assert _restarts(controller) == ""  # a reboot at that moment, at every point
+    if scenario.broken:  # proved on a throw-away slurmctld first: refused before any rename, never killed there
+        assert not killed
+        document = _document(run.stdout)
+        assert (run.returncode, document["outcome"], document["reconfigured"]) == (1, "rolled_back", False)
+        assert "already been defined" in document["error"] or scenario.suite == "trixie", document["error"]
 
     code, verified = _run(controller, "verify", new)
     recovery = verified["recovery"] or {}
-    if not loads and loads is not None:  # the documented window: slurmctld is down until the files are repaired
-        assert recovery.get("action") == "rolled_back"
-        controller.start()
     assert not _leftovers(controller)
     after_verify = _served(controller, old, new)
     assert after_verify in ("old", "new")
@@ -267,19 +303,51 @@ def test_a_kill_at_every_step_ends_old_or_new_and_the_next_runs_converge(
         assert end == "new"
         assert _run(controller, "verify", new)[1]["outcome"] == "in_sync"
     assert not _leftovers(controller)
+    assert not _throwaways(controller)  # a killed proof's slurmctld is stopped by the next apply
+    assert _restarts(controller) == ""
     _record(
         "crash",
         slurm=installed_slurm_version(root),
         scenario=scenario.name,
         step=step,
         order=scenario.steps.index(step),
+        killed=killed,
         served_after_kill=after_kill,
-        loads_after_restart=loads,
+        loads_after_restart=True,
         recovery=recovery.get("action", "none"),
         next_verify=verified["outcome"],
         next_apply=applied["outcome"],
         end=end,
     )
+
+
+def test_a_recovery_while_slurmctld_is_down_leaves_files_it_loads_restarts_nothing_and_says_recovered(
+    sid_root: Path, controllers
+) -> None:
+    """Killed between the renames, then slurmctld down (a reboot before it starts): the next verify repairs the
+    files from the journal, starts nothing itself, and answers ``recovered``, not ``failed``; slurmctld then
+    starts on those files and the next apply converges."""
+    old_plan, new_plan = YAML_CHANGE.old(), YAML_CHANGE.new()
+    old, new = _bundle(old_plan), _bundle(new_plan)
+    controller = controllers(sid_root)
+    _start(controller, old_plan)
+    assert _run(controller, "apply", old)[1]["outcome"] == "applied"
+    killed = _crash(controller, new, "after-rename:slurm.conf")
+    assert killed.returncode == -signal.SIGKILL
+    controller.stop()
+
+    code, verified = _run(controller, "verify", new)
+
+    assert (code, verified["outcome"]) == (1, "recovered"), verified["error"]
+    assert verified["recovery"]["action"] in ("rolled_back", "rolled_forward")
+    assert "slurmctld is not running" in verified["error"]
+    assert not _leftovers(controller)
+    assert controller.current_pid() is None  # the applier started nothing
+    assert _restarts(controller) == ""
+    assert _served(controller, old, new) in ("old", "new")
+    code, applied = _run(controller, "apply", new)
+    assert (code, applied["outcome"]) in ((0, "applied"), (0, "unchanged"))
+    assert _served(controller, old, new) == "new"
 
 
 def _old_applied(

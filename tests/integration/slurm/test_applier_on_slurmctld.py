@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, head_node_program, n
 from topokeeper.contract.head_node_program import PROGRAM_NAME
 from topokeeper.domain.models import Node, PartitionSettings
 from topokeeper.engine.planner import plan
+from topokeeper.headnode.proof import proof_dir_prefix
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim.slurm_chroot import SlurmController
 from topokeeper.wire import MAX_STDOUT_CHARS, content_sha256, parse_show_topology, sha256_text
@@ -214,14 +214,6 @@ def test_change_rewrites_only_what_changed(sid_root: Path, controllers) -> None:
     assert "nn-leaf002" not in parse_show_topology(controller.show_topology("tree-gpu"))
 
 
-def _live_pid(controller: SlurmController, seconds: float = 60) -> int | None:
-    """The pid slurmctld's pidfile names once the process is alive (None when none came within ``seconds``)."""
-    deadline = time.monotonic() + seconds
-    while (pid := controller.current_pid()) is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return pid
-
-
 @pytest.mark.parametrize(
     ("breakage", "logged"),
     [
@@ -237,7 +229,7 @@ def _live_pid(controller: SlurmController, seconds: float = 60) -> int | None:
     ],
     ids=["invalid-block-sizes", "duplicate-switch"],
 )
-def test_plan_slurmctld_rejects_is_rolled_back(
+def test_plan_slurmctld_rejects_is_refused_before_any_file_is_replaced(
     sid_root: Path, controllers, breakage: Callable[[str], str], logged: str
 ) -> None:
     good = _plan(_cluster())
@@ -254,19 +246,59 @@ def test_plan_slurmctld_rejects_is_rolled_back(
 
     code, document = _run(controller, "apply", broken)
 
+    # A throw-away slurmctld refused it before any file was replaced: the production one was never reloaded.
     assert (code, document["outcome"]) == (1, "rolled_back")
-    assert document["reconfigured"] and document["reconfigure_exit_code"] not in (0, None)
-    assert document["error"].startswith("slurmctld rejected the new config; the previous one is restored and live")
-    assert "scontrol reconfigure exited 1" in document["error"] and logged in document["error"]
+    assert (document["reconfigured"], document["reconfigure_exit_code"]) == (False, None)
+    assert document["error"].startswith("slurmctld rejected the new config (a throw-away slurmctld refused it")
+    assert logged in document["error"] and "nothing was changed" in document["error"]
     assert document["after_sha256"] == document["before_sha256"] == _bundle(good)["plan_sha256"]
     assert _etc_files(controller) == files
-    # slurmctld is up (reloaded by the rollback's reconfigure) and the old config is the live one. The re-exec'd
-    # daemon writes its pidfile a moment after scontrol returns: on a loaded machine, wait for it.
-    assert _live_pid(controller) not in (None, pid)
+    assert controller.current_pid() == pid
     assert "is UP" in controller.run("scontrol", "ping").stdout
     code, verified = _run(controller, "verify", _bundle(good))
     assert (code, verified["outcome"], verified["drift"]) == (0, "in_sync", [])
     assert "nn-leaf002" in parse_show_topology(controller.show_topology("tree-gpu"))
+
+
+def test_the_proof_runs_as_the_slurm_user_and_leaves_nothing_behind(sid_root: Path, controllers) -> None:
+    """SlurmUser=slurm and slurm.conf slurm:slurm 0600, as on HyperPod: the throw-away slurmctld drops to that
+    user too and reads its copy of the new files; a set it refuses is refused with its reason, and no proof
+    directory or process is left."""
+    rendered = _plan(_cluster())
+    controller = controllers(sid_root)
+
+    def as_slurm(conf: str) -> str:
+        for path in (controller.etc.parent / "state", controller.etc.parent / "log", controller.etc / "slurm.key"):
+            os.chown(path, 64030, 64030)  # a reconfigure re-executes slurmctld as SlurmUser: it reads the key
+        return conf.replace("SlurmUser=root", "SlurmUser=slurm")
+
+    _start(controller, rendered, edit_conf=as_slurm)
+    conf = controller.etc / "slurm.conf"
+    os.chown(conf, 64030, 64030)
+    conf.chmod(0o600)
+    code, document = _run(controller, "apply", _bundle(rendered))
+    assert document["error"] is None, document["error"]
+    moved = node("p5-008", path=("nn-spine0", "nn-agg0", "nn-leaf001"), partition="gpu")
+    changed = _plan(_cluster(gpu=[*p5_nodes(7), moved]))
+    duplicate = "      - switch: nn-leaf000\n        nodes: p5-001\n"
+    broken = _with_content(_bundle(changed), changed.topology_text + duplicate)
+
+    code, document = _run(controller, "apply", broken)
+
+    assert (code, document["outcome"], document["reconfigured"]) == (1, "rolled_back", False)
+    assert "fatal: Switch (nn-leaf000) has already been defined" in document["error"]
+    _assert_applied(*_run(controller, "apply", _bundle(changed)))
+    assert not list((controller.root / "tmp").glob(proof_dir_prefix(controller.config_dir_inner) + "*"))
+    marker = proof_dir_prefix(controller.config_dir_inner).encode()
+    running = [p for p in Path("/proc").glob("[0-9]*") if marker in _cmdline(p)]
+    assert running == []
+
+
+def _cmdline(process: Path) -> bytes:
+    try:
+        return (process / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def test_unknown_nodes_or_partitions_are_refused_and_nothing_is_written(sid_root: Path, controllers) -> None:

@@ -36,6 +36,7 @@ EXIT_CODES = {
     "replayed": 2,
     "stale_bindings": 4,
     "rolled_back": 1,
+    "recovered": 1,
     "failed": 1,
 }
 

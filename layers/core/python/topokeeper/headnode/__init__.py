@@ -13,8 +13,9 @@ finds ``scontrol`` without relying on PATH (``--scontrol``, else ``../bin`` of s
 else ``/opt/slurm/bin``, else PATH: HyperPod and ParallelCluster put ``/opt/slurm/bin`` on PATH only in
 login shells, which neither SSM's script nor a systemd unit runs), prints exactly one JSON document on stdout
 (always under 24,000 characters: SSM keeps no more) and exits 0 applied, unchanged, in_sync or
-would_apply; 3 drift; 2 refused, bad_signature or replayed; 4 stale_bindings; 1 rolled_back or failed. The
-document always has every key:
+would_apply; 3 drift; 2 refused, bad_signature or replayed; 4 stale_bindings; 1 rolled_back, recovered (a
+verify repaired a cut-off apply's files while slurmctld is down; nothing started) or failed. The document always
+has every key:
 outcome, mode, plan_sha256, before_sha256 and after_sha256 (the live content hash, measured on disk
 before and after), partitions_changed, reconfigured, reconfigure_exit_code, readback ({topology:
 {units, matches, mismatches, mismatches_dropped}}), partition_topologies (live Topology= per
@@ -59,7 +60,8 @@ Choices the callers can rely on:
 * ``unchanged``: the disk already equals the plan AND slurmctld serves it (read back). Disk equal
   but live different (an earlier apply was cut off, or its read-back failed): reconfigure and read
   back again, rolling back to the newest backup of this plan if slurmctld refuses the files.
-* An apply is a transaction (see the section "The transaction"): backup, journal, fsynced temp files,
+* An apply is a transaction (see the section "The transaction"): the new set proved on a throw-away
+  slurmctld (``proof.py``; refused: ``rolled_back``, nothing written), backup, journal, fsynced temp files,
   renames in an order whose every prefix loads, reconfigure, and a rollback of only what was
   replaced. A journal left by a killed run is rolled forward or back before anything else (apply, and
   verify when one is there). No link is followed and nothing outside the config directory written.

@@ -44,6 +44,7 @@ from topokeeper.headnode.disk import (
 from topokeeper.headnode.failures import Failed, NotRegularFile, Refused
 from topokeeper.headnode.grouping import grouping_drift, read_back, with_kinds
 from topokeeper.headnode.output import new_result
+from topokeeper.headnode.proof import prove, refused_message
 from topokeeper.headnode.scontrol import (
     LiveTopologies,
     Scontrol,
@@ -66,11 +67,12 @@ from topokeeper.headnode.signature import (
     read_trusted_key,
 )
 from topokeeper.headnode.slurm_conf import SlurmConf
-from topokeeper.headnode.steps import ordered_steps
+from topokeeper.headnode.steps import Step, ordered_steps
 from topokeeper.headnode.transaction import Context, Transaction, files_problem, restored_message
 from topokeeper.wire import (
     APPLIER_BUDGET_SECONDS,
     CONF_FORMAT,
+    MIN_RECONFIGURE_SECONDS,
     RECONFIGURE_TIMEOUT,
     format_for_version,
     node_rows,
@@ -201,6 +203,16 @@ def _write_targets(config: ConfigDir, conf_path: str, conf: SlurmConf, bundle: B
     return [os.path.join(config.path, os.path.basename(conf_path)), topology_path(conf, bundle.slurm_format)]
 
 
+def _proved(result: Dict[str, Any], conf: SlurmConf, steps: Sequence[Step], context: Context) -> bool:
+    """Whether a throw-away slurmctld loads the new set; before any file is replaced, so that no kill can leave
+    files that a restarted slurmctld refuses (it would stay down). A refusal changes nothing: rolled_back."""
+    seconds = context.budget.left() - RECONFIGURE_TIMEOUT - MIN_RECONFIGURE_SECONDS
+    refused = prove(conf, steps, context.scontrol.path, context.faults, max(seconds, 1.0))
+    if refused:
+        result["outcome"], result["error"] = "rolled_back", refused_message(refused)
+    return not refused
+
+
 def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Context) -> None:
     conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
     try:
@@ -229,6 +241,8 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
                 return
             changes, result["partitions_changed"] = planned_changes(conf, bundle, state)
             steps = ordered_steps(conf, bundle, changes, transaction.config)
+            if not _proved(result, conf, steps, context):
+                return
             if transaction.run(steps, bundle.plan_sha256, result):
                 _record_drift(result, context.scontrol, bundle)
                 _judge_read_back(result)
@@ -272,6 +286,8 @@ def execute(
             )
         if mode == "verify":
             recover_leftover(result, conf_path, context)  # an apply cut off by a kill: finished or undone first
+            if _recovered_while_down(result, scontrol):
+                return _finished(result, started)
         conf = SlurmConf(conf_path)
         result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, read_disk_state(conf, bundle))
         result["partition_topologies"] = live_partitions(scontrol)
@@ -306,5 +322,23 @@ def execute(
     except Exception as error:  # stdout must stay one JSON document, never a traceback
         result["outcome"] = "failed"
         result["error"] = one_line("internal error: %s: %s" % (type(error).__name__, error))
+    return _finished(result, started)
+
+
+def _finished(result: Dict[str, Any], started: float) -> Dict[str, Any]:
     result["duration_seconds"] = round(time.monotonic() - started, 3)
     return result
+
+
+def _recovered_while_down(result: Dict[str, Any], scontrol: Scontrol) -> bool:
+    """A recovery that left a whole set on disk (an error raises) while slurmctld is not running: ``recovered``,
+    not a failure. Nothing is started: whatever runs slurmctld starts it, and it loads these files."""
+    recovery = result.get("recovery")
+    if not recovery or result["reconfigure_exit_code"] in (0, None) or "is UP" in scontrol.run("ping").stdout:
+        return False
+    result["outcome"] = "recovered"
+    result["error"] = (
+        "a cut-off apply was %s from its journal; slurmctld is not running, so nothing was loaded or verified:"
+        " it loads the files on disk when it starts (the applier starts nothing)" % recovery.get("action")
+    )
+    return True

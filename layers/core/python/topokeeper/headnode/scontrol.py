@@ -191,7 +191,7 @@ class LiveTopologies:
         return LiveTopology(units, "")
 
 
-def _log_errors_since(log_path: Optional[str], offset: int) -> str:
+def log_errors_since(log_path: Optional[str], offset: int) -> str:
     """The error and fatal lines slurmctld logged since ``offset``: why it refused a config."""
     if not log_path:
         return ""
@@ -218,7 +218,7 @@ def reconfigure(scontrol: Scontrol, log_path: Optional[str], timeout: float = RE
     if result.returncode == 0:
         return 0, ""
     message = "scontrol reconfigure exited %d: %s" % (result.returncode, one_line(result.stderr + result.stdout))
-    logged = _log_errors_since(log_path, offset)
+    logged = log_errors_since(log_path, offset)
     return result.returncode, message + ("; slurmctld log: %s" % logged if logged else "")
 
 

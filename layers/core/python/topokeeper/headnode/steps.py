@@ -16,7 +16,7 @@ from typing import (
 from topokeeper.headnode.bundle import Bundle
 from topokeeper.headnode.config_dir import ConfigDir
 from topokeeper.headnode.disk import Change
-from topokeeper.headnode.slurm_conf import SlurmConf
+from topokeeper.headnode.slurm_conf import SlurmConf, set_key
 from topokeeper.wire import YAML_FORMAT
 
 
@@ -67,13 +67,32 @@ def yaml_topology_names(text: Optional[str]) -> Optional[Set[str]]:
     return None if entries is None else {name for name, _ in entries}
 
 
+_PLUGIN_LINE = re.compile(r"^\s*TopologyPlugin\s*=", re.IGNORECASE)
+_FLAT_PLUGIN = "topology/default"  # reads no topology.conf (24.11's name; 25.05 reads topology.yaml instead)
+
+
+def _without_plugin(confs: Sequence[Change], old: Optional[str], new: Optional[str]) -> List[Tuple[Change, str]]:
+    """Between tree and block (one plugin for the cluster before 25.05), each topology.conf is fatal under the
+    other's plugin: the conf files that set the new plugin, set to the flat one instead, come first. Empty
+    when the plugin does not change between two that read topology.conf."""
+    if old == new or not {old, new} <= {"topology/tree", "topology/block"}:
+        return []
+    flat = []
+    for change in confs:
+        lines = change.new.split("\n")
+        edited = [set_key(line, "TopologyPlugin", _FLAT_PLUGIN) if _PLUGIN_LINE.match(line) else line for line in lines]
+        if edited != lines:
+            flat.append((change, "\n".join(edited)))
+    return flat
+
+
 def ordered_steps(conf: SlurmConf, bundle: Bundle, changes: Sequence[Change], config: ConfigDir) -> List[Step]:
     """The renames in an order whose every prefix slurmctld can load.
 
     topology.yaml first when it defines every name slurm.conf uses now; else a union of the old and new
     topologies first, slurm.conf second, the new file last. topology.conf: the file first (the old plugin
-    ignores or reads it), slurm.conf second; switching the plugin between tree and block has no loadable
-    order (each file is fatal with the other's plugin), and the journal recovery closes that window.
+    ignores or reads it), slurm.conf second; switching the plugin between tree and block (each file is fatal
+    with the other's plugin): slurm.conf with the flat plugin first, the file, then slurm.conf.
     """
     topology = [change for change in changes if os.path.basename(change.path) == bundle.slurm_format]
     confs = [change for change in changes if change not in topology]
@@ -89,6 +108,9 @@ def ordered_steps(conf: SlurmConf, bundle: Bundle, changes: Sequence[Change], co
         return conf_steps
     change = topology[0]
     final = step(change, change.new, bundle.slurm_format)
+    flat = _without_plugin(confs, conf.last_value("TopologyPlugin"), bundle.topology_plugin)
+    if bundle.slurm_format != YAML_FORMAT and flat:
+        return [*(step(c, text, os.path.basename(c.path) + "+flat") for c, text in flat), final, *conf_steps]
     if bundle.slurm_format == YAML_FORMAT and confs:
         names = conf.partition_names()
         used_now = {conf.partition_topology(name) for name in names} - {None}

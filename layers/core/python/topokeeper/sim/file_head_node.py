@@ -79,6 +79,14 @@ class StandInController:
             f'exec {shlex.join(_standin_command())} {shlex.quote(str(state))} "$@"\n'
         )
         scontrol.chmod(0o755)
+        # Beside scontrol, where the applier looks for the slurmctld that proves a new config before it is written.
+        slurmctld = self.root / "bin" / "slurmctld"
+        slurmctld.write_text(
+            "#!/bin/sh\n"
+            "# topokeeper's file-only head node: a stand-in for slurmctld loading a config, NOT Slurm.\n"
+            f'exec {shlex.join(_standin_command("slurmctld_main"))} {shlex.quote(str(state))} "$@"\n'
+        )
+        slurmctld.chmod(0o755)
         python = _machine_python3(os.environ.get("PATH", os.defpath))
         if python is not None:
             _write_head_node_python(self.root, python)
@@ -188,13 +196,14 @@ class FileHeadNode(HeadNode):
         return document
 
 
-def _standin_command() -> list[str]:
+def _standin_command(entry: str = "main") -> list[str]:
     """This interpreter running the stand-in's front door (``standin_reads.main``), isolated (-I) and without
     ``site`` (-S): the applier runs one for every scontrol it asks, and setting up the environment's site-packages
     cost more than most answers. After the standard library, its path holds the stand-in's packages: topokeeper and
     PyYAML."""
     paths = [str(Path(topokeeper.__file__).parent.parent), str(Path(yaml.__file__).parent.parent)]
-    code = f"import sys; sys.path += {paths!r}; from {standin_reads.__name__} import main; sys.exit(main())"
+    module = standin_reads.__name__ if entry == "main" else standin_scontrol.__name__  # slurmctld_main: the loader
+    code = f"import sys; sys.path += {paths!r}; from {module} import {entry}; sys.exit({entry}())"
     return [sys.executable, "-I", "-S", "-c", code]
 
 

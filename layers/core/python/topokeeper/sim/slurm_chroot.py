@@ -293,8 +293,11 @@ class SlurmController:
     def _install_opt_slurm(self, base: Path) -> None:
         """What becomes /opt/slurm/bin: client wrappers that default to /opt/slurm/etc/slurm.conf, as a
         Slurm built with --prefix=/opt/slurm does, and the file that covers Debian's /usr/bin/scontrol."""
-        for sub in ("bin", "libexec"):
+        for sub in ("bin", "sbin", "libexec"):
             (base / sub).mkdir()
+        # slurmctld in sbin beside bin, as AWS installs it: the applier proves a new config with it.
+        (base / "sbin" / "slurmctld").write_text('#!/bin/sh\nexec /usr/sbin/slurmctld "$@"\n')
+        (base / "sbin" / "slurmctld").chmod(0o755)
         # A link to Debian's scontrol that the covering file does not hide (same filesystem: the chroot).
         os.link(self.root / "usr/bin/scontrol", base / "libexec" / "scontrol")
         for tool in _CLIENT_TOOLS:

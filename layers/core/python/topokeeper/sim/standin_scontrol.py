@@ -536,5 +536,37 @@ def main(
     return 0
 
 
+def slurmctld_main(argv: Sequence[str] | None = None) -> int:
+    """``slurmctld -D ... -f CONF`` for the applier's proof (``topokeeper.headnode.proof``): STATE_DIR ARGS...
+    Loads CONF and the topology file beside it as ``reconfigure`` does, and logs as slurmctld does to the
+    ``SlurmctldLogFile`` CONF names: the refusal, or that it runs as the primary controller. It exits at once
+    rather than serving anything (the proof only waits for that line)."""
+    state_dir, *arguments = sys.argv[1:] if argv is None else argv
+    state = standin_state.read_state(state_dir)
+    major, minor = state["slurm_version"].split(".")[:2]
+    version = (int(major), int(minor))
+    conf_path = arguments[arguments.index("-f") + 1]
+    topology_file = YAML_FILE if version >= FIRST_YAML_VERSION else CONF_FILE
+    files = {
+        "slurm.conf": read_text(conf_path),
+        topology_file: read_text(os.path.join(os.path.dirname(conf_path), topology_file)),
+    }
+    logs = [
+        line.split("=", 1)[1].strip()
+        for line in (files["slurm.conf"] or "").splitlines()
+        if line.lower().startswith("slurmctldlogfile=")
+    ]
+    try:
+        load(files, conf_path, version)
+        lines: Sequence[str] = ("Running as primary controller",)
+        code = 0
+    except ConfigError as error:
+        lines, code = error.lines, 1
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    with open(logs[-1] if logs else os.devnull, "a") as log:
+        log.writelines(f"[{stamp}] {line}\n" for line in lines)
+    return code
+
+
 if __name__ == "__main__":
     sys.exit(main())

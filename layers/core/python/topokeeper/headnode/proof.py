@@ -1,0 +1,339 @@
+"""The new config proved on a throw-away slurmctld before any file is replaced.
+
+slurmctld has no config-test option, and ``scontrol reconfigure`` can only load files already in place, where
+a restart also reads them: a kill between the renames and the end of the reconfigure would leave files that
+slurmctld refuses for the next restart. So the new set is first loaded by a slurmctld of its own: a copy of the
+config directory with the new files in a temporary directory, started ``-D -c -i -f <copy>/slurm.conf`` with its
+own state directory, port, pid and log files, this host as its only controller (no HA peer is told to shut
+down), no accounting or job completion plugin (nothing registers with slurmdbd), no primary-on/off programs and
+no SACK socket (it would replace the production daemon's in /run/slurmctld). It runs until it logs that it runs
+as the primary controller (Slurm's src/slurmctld/controller.c, after ``read_slurm_conf``), or exits refusing the
+config, and is then killed with its process group. It runs under ``timeout -s KILL``, so a proof whose applier
+is killed ends anyway; the next proof of the same directory also stops and removes what a killed one left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import pwd
+import re
+import signal
+import socket
+import stat
+import subprocess
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from topokeeper.headnode.config_dir import BACKUP_DIR, LOCK_FILE, Faults, os_error
+from topokeeper.headnode.failures import Failed
+from topokeeper.headnode.scontrol import log_errors_since
+from topokeeper.headnode.slurm_conf import SlurmConf, line_entries, strip_comment
+from topokeeper.headnode.steps import Step
+from topokeeper.wire import one_line
+
+LOADED_MARKER = "Running as primary controller"  # logged once read_slurm_conf accepted the config
+PROOF_SECONDS = 60  # loading a 10,000-node config takes a few seconds; the proof never outlives this
+_GUARD = "leader.pid"  # the process group to kill: written before anything can be killed
+_MAX_COPY_BYTES = 64 * 1024 * 1024  # the config directory, backups aside: a few files
+_INCLUDE = re.compile(r"^(\s*include\s+)(\S+)(.*)$", re.IGNORECASE)
+# Keys the throw-away sets itself (the production values would reach the production daemon's files and peers).
+_OWN_KEYS = {
+    key.lower()
+    for key in (
+        "SlurmctldHost",
+        "ControlMachine",
+        "ControlAddr",
+        "BackupController",
+        "BackupAddr",
+        "SlurmctldPort",
+        "SlurmctldPidFile",
+        "SlurmctldLogFile",
+        "SlurmSchedLogFile",
+        "StateSaveLocation",
+        "AccountingStorageType",
+        "AccountingStorageHost",
+        "AccountingStorageBackupHost",
+        "AccountingStorageEnforce",
+        "JobCompType",
+        "JobCompLoc",
+        "SlurmctldPrimaryOnProg",
+        "SlurmctldPrimaryOffProg",
+        "AuthInfo",
+        "SlurmctldParameters",
+    )
+}
+
+
+def proof_dir_prefix(config_path: str) -> str:
+    """The name every proof directory of this config dir starts with (the next run finds a killed one's)."""
+    return "topokeeper-proof-%s-" % hashlib.sha256(os.path.realpath(config_path).encode()).hexdigest()[:16]
+
+
+def find_slurmctld(scontrol_path: str) -> str:
+    """slurmctld beside scontrol: the same installation (``../sbin``, as Debian, HyperPod and ParallelCluster
+    install it, or the same directory)."""
+    directory = os.path.dirname(os.path.abspath(scontrol_path))
+    candidates = [os.path.normpath(os.path.join(directory, os.pardir, "sbin", "slurmctld"))]
+    candidates.append(os.path.join(directory, "slurmctld"))
+    for candidate in candidates:
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise Failed(
+        "cannot prove the new config: no slurmctld beside %s (%s); nothing was changed"
+        % (scontrol_path, " or ".join(candidates))
+    )
+
+
+def prove(conf: SlurmConf, steps: Sequence[Step], scontrol_path: str, faults: Faults, seconds: float) -> str:
+    """Load the config with ``steps`` applied on a throw-away slurmctld: "" when it loads, else why it refused.
+    Failed when the proof itself cannot run (nothing was changed)."""
+    slurmctld = find_slurmctld(scontrol_path)
+    prefix = proof_dir_prefix(conf.directory)
+    stop_leftovers(prefix)
+    try:
+        directory = os.path.join(_temp_root(), prefix + os.urandom(8).hex())
+        os.mkdir(directory, 0o700)  # a new name: never an existing directory or link someone else placed
+    except OSError as error:
+        raise Failed("cannot prove the new config: %s; nothing was changed" % os_error(error)) from None
+    try:
+        try:
+            conf_copy = _copy_config(conf, steps, directory)
+        except OSError as error:
+            raise Failed(
+                "cannot prove the new config: copying it to %s: %s; nothing was changed" % (directory, os_error(error))
+            ) from None
+        return _run(slurmctld, conf_copy, directory, faults, min(seconds, PROOF_SECONDS))
+    finally:
+        _remove(directory)
+
+
+def _run(slurmctld: str, conf_copy: str, directory: str, faults: Faults, seconds: float) -> str:
+    log_path = os.path.join(directory, "slurmctld.log")
+    argv = [slurmctld, "-D", "-c", "-i", "-f", conf_copy]
+    guard = next((path for path in ("/usr/bin/timeout", "/bin/timeout") if os.access(path, os.X_OK)), None)
+    if guard:  # ends the throw-away even when this process is killed first
+        argv = [guard, "-s", "KILL", "%d" % max(int(seconds), 1), *argv]
+    environment = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}  # no SLURM_CONF, NOTIFY_SOCKET, ...
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=environment,
+            cwd=directory,
+            start_new_session=True,
+        )
+    except OSError as error:
+        raise Failed("cannot start %s: %s; nothing was changed" % (slurmctld, os_error(error))) from None
+    try:
+        with open(os.path.join(directory, _GUARD), "w") as handle:
+            handle.write("%d\n" % process.pid)
+        faults.crash("during-proof")
+        while process.poll() is None and time.monotonic() - started < seconds:
+            if LOADED_MARKER in _read(log_path):
+                return ""
+            time.sleep(0.05)
+        if LOADED_MARKER in _read(log_path):
+            return ""
+        if process.poll() is None:
+            raise Failed(
+                "cannot prove the new config: a throw-away slurmctld did not load it within %.0f s; nothing was"
+                " changed" % seconds
+            )
+        logged = log_errors_since(log_path, 0)
+        return logged or "a throw-away slurmctld exited %d before loading it" % process.returncode
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _copy_config(conf: SlurmConf, steps: Sequence[Step], directory: str) -> str:
+    """The config directory copied into ``directory`` with the steps' final texts, and its slurm.conf and
+    Includes made the throw-away's own: the path of the copy's slurm.conf."""
+    source = os.path.realpath(conf.directory)
+    os.chmod(directory, 0o711)  # noqa: S103 -- SlurmUser reads the topology file after slurmctld drops root
+    _copy_tree(source, directory, [0])
+    final: Dict[str, Step] = {step.path: step for step in steps}  # the last step of each path is its new text
+    for relative, step in final.items():
+        target = os.path.join(directory, relative)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)
+        _write(target, step.text, step.like)
+    uid, gid = _slurm_user(conf)
+    state = os.path.join(directory, "state")
+    os.mkdir(state, 0o700)
+    os.chown(state, uid, gid)
+    main = os.path.join(directory, os.path.relpath(conf.main, source))
+    for path in conf.texts:
+        copy = os.path.join(directory, os.path.relpath(path, source))
+        with open(copy, encoding="utf-8", errors="surrogateescape") as handle:
+            text = handle.read()
+        text = _own_lines(text, (conf.directory, source), directory)
+        if copy == main:
+            text += _own_settings(conf, directory)
+        with open(copy, "w", encoding="utf-8", errors="surrogateescape") as handle:
+            handle.write(text)
+    return main
+
+
+def _copy_tree(source: str, target: str, copied: List[int]) -> None:
+    """Regular files and directories, owners and modes kept; the backups, the lock, temp files and anything
+    else (a FIFO, a socket, a device) left out."""
+    for name in sorted(os.listdir(source)):
+        if name in (BACKUP_DIR, LOCK_FILE) or name.endswith((".topokeeper-new", ".topokeeper-old")):
+            continue
+        path, copy = os.path.join(source, name), os.path.join(target, name)
+        found = os.stat(path)
+        if stat.S_ISDIR(found.st_mode) and not os.path.islink(path):
+            os.mkdir(copy, 0o700)
+            _copy_tree(path, copy, copied)
+        elif stat.S_ISREG(found.st_mode):
+            copied[0] += found.st_size
+            if copied[0] > _MAX_COPY_BYTES:
+                raise OSError(errno.EFBIG, "the config directory holds more than 64 MiB", source)
+            with open(path, "rb") as handle:
+                data = handle.read(found.st_size + 1)
+            _write_bytes(copy, data)
+        else:
+            continue
+        os.chown(copy, found.st_uid, found.st_gid, follow_symlinks=False)
+        os.chmod(copy, stat.S_IMODE(found.st_mode))
+
+
+def _write(path: str, text: str, like: Optional[os.stat_result]) -> None:
+    _write_bytes(path, text.encode("utf-8", "surrogateescape"))
+    if like is not None:
+        os.chown(path, like.st_uid, like.st_gid)
+        os.chmod(path, stat.S_IMODE(like.st_mode))
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def _own_lines(text: str, production: Tuple[str, ...], directory: str) -> str:
+    """Lines that set a key the throw-away sets itself commented out; Includes of the production directory
+    pointed at the copy."""
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        include = _INCLUDE.match(line)
+        if include:
+            target = include.group(2)
+            for prefix in production:
+                if target.startswith(prefix.rstrip(os.sep) + os.sep):
+                    target = directory + target[len(prefix.rstrip(os.sep)) :]
+                    break
+            lines[index] = include.group(1) + target + include.group(3)
+            continue
+        entries = line_entries(strip_comment(line))
+        if entries and entries[0].key.lower() in _OWN_KEYS:
+            lines[index] = "#" + line
+    return "\n".join(lines)
+
+
+def _own_settings(conf: SlurmConf, directory: str) -> str:
+    auth_info = [part for part in (conf.last_value("AuthInfo") or "").split(",") if part]
+    if "slurm" in (conf.last_value("AuthType") or "auth/slurm"):
+        auth_info.append("disable_sack")  # else it takes over /run/slurmctld/sack.socket from the production one
+    parameters = [p for p in (conf.last_value("SlurmctldParameters") or "").split(",") if p]
+    parameters = [p for p in parameters if p.lower() != "reconfig_on_restart"]  # no reconfigure pushed to nodes
+    settings = [
+        "SlurmctldHost=%s(127.0.0.1)" % socket.gethostname().split(".")[0],  # this host, the only one
+        "SlurmctldPort=%d" % _free_port(),
+        "SlurmctldPidFile=%s/slurmctld.pid" % directory,
+        "SlurmctldLogFile=%s/slurmctld.log" % directory,
+        "StateSaveLocation=%s/state" % directory,
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+    ]
+    if auth_info:
+        settings.append("AuthInfo=%s" % ",".join(auth_info))
+    if parameters:
+        settings.append("SlurmctldParameters=%s" % ",".join(parameters))
+    return "\n# topokeeper: a throw-away slurmctld proving this config\n" + "\n".join(settings) + "\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return int(port)
+
+
+def _slurm_user(conf: SlurmConf) -> Tuple[int, int]:
+    name = conf.last_value("SlurmUser") or "root"
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        message = "cannot prove the new config: SlurmUser %s is not a user here; nothing was changed" % name
+        raise Failed(message) from None
+    return entry.pw_uid, entry.pw_gid
+
+
+def stop_leftovers(prefix: str) -> None:
+    """Stop the throw-away a killed proof of this config dir left running, and remove its directory."""
+    parent = _temp_root()
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        if not name.startswith(prefix) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        found = os.stat(path)
+        if found.st_uid != os.geteuid():
+            continue  # not one this user made
+        try:
+            with open(os.path.join(path, _GUARD)) as handle:
+                leader = int(handle.read().strip() or 0)
+        except (OSError, ValueError):
+            leader = 0
+        if leader > 0 and _runs_from(leader, path):
+            with contextlib.suppress(OSError):
+                os.killpg(leader, signal.SIGKILL)
+        _remove(path)
+
+
+def _runs_from(pid: int, directory: str) -> bool:
+    """Whether ``pid`` is a process started on this proof directory (a recycled pid is left alone)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return (directory + os.sep).encode() in handle.read()
+    except OSError:
+        return False
+
+
+def _temp_root() -> str:
+    return os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 -- python3-minimal has no tempfile module
+
+
+def _remove(directory: str) -> None:
+    """Delete a proof directory (python3-minimal has no shutil); links are removed, never followed."""
+    with contextlib.suppress(OSError):
+        for parent, directories, files in os.walk(directory, topdown=False):
+            for name in files:
+                os.unlink(os.path.join(parent, name))
+            for name in directories:
+                path = os.path.join(parent, name)
+                os.unlink(path) if os.path.islink(path) else os.rmdir(path)
+        os.rmdir(directory)
+
+
+def refused_message(logged: str) -> str:
+    return one_line(
+        "slurmctld rejected the new config (a throw-away slurmctld refused it before any file was replaced: %s);"
+        " nothing was changed, the previous config stays live" % logged
+    )
