@@ -1,18 +1,19 @@
-"""Every topokeeper command the README shows parses with the CLI's own parser (deploy commands are checked for
-syntax only); the local ones run, and where the README shows their output, they print it."""
+"""Every topokeeper command README.md and the pages in docs/ show parses with the CLI's own parser (deploy
+commands are checked for syntax only); the local ones run, and where a page shows their output, they print it."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.readme_examples import README, blocks, commands, matches_shown
+from tests.readme_examples import ROOT, blocks, commands, matches_shown, pages
 from topokeeper.cli.main import build_parser, main
 
 COMMANDS = commands()
-# Run here, with their shown output where the README shows it (the demo's: tests/e2e/test_demo_story.py).
+# Run here, with their shown output where a page shows it (the demo's: tests/e2e/test_demo_story.py).
 LOCAL = ("plan", "show", "labels", "kueue")
 
 
@@ -20,40 +21,38 @@ def test_the_readme_shows_commands() -> None:
     assert len(COMMANDS) >= 15 and {c.argv[0] for c in COMMANDS} >= {"plan", "show", "simulate", "agent", "audit"}
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=[f"README.md:{c.line}" for c in COMMANDS])
+@pytest.mark.parametrize("command", COMMANDS, ids=[c.where for c in COMMANDS])
 def test_every_readme_command_parses(command) -> None:  # type: ignore[no-untyped-def]
     try:
         build_parser().parse_args(list(command.argv))
     except SystemExit as error:
-        pytest.fail(f"README.md:{command.line}: `{command.text}` does not parse (exit {error.code})")
+        pytest.fail(f"{command.where}: `{command.text}` does not parse (exit {error.code})")
 
 
 def _local(command) -> bool:  # type: ignore[no-untyped-def]
     """A local command on the checkout's files (``plan --snapshot snap.json`` after a live ``snapshot`` is not)."""
     inputs = [command.argv[i + 1] for i, word in enumerate(command.argv[:-1]) if word in ("--snapshot", "--nodes")]
-    return command.argv[0] in LOCAL and all((README.parent / path).is_file() for path in inputs)
+    return command.argv[0] in LOCAL and all((ROOT / path).is_file() for path in inputs)
 
 
-@pytest.mark.parametrize("command", [c for c in COMMANDS if _local(c)], ids=lambda c: f"README.md:{c.line}")
+@pytest.mark.parametrize("command", [c for c in COMMANDS if _local(c)], ids=lambda c: c.where)
 def test_local_readme_commands_run_and_print_what_is_shown(command, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     argv = list(command.argv)
     for option in ("--out",):  # written into a temporary directory, not the checkout
         if option in argv:
             argv[argv.index(option) + 1] = str(tmp_path / argv[argv.index(option) + 1])
     cwd = Path.cwd()
-    os.chdir(README.parent)
+    os.chdir(ROOT)
     try:
-        assert main(argv) == 0, f"README.md:{command.line}: `{command.text}` failed"
+        assert main(argv) == 0, f"{command.where}: `{command.text}` failed"
     finally:
         os.chdir(cwd)
     printed = capsys.readouterr().out.replace(str(tmp_path) + "/", "")
-    following = blocks()[command.block + 1]
+    following = (blocks()[command.block + 1 :] or [None])[0]
     commands_in_block = [c for c in COMMANDS if c.block == command.block]
-    if following.lang == "" and len(commands_in_block) == 1:
+    if following and following.page == command.page and following.lang == "" and len(commands_in_block) == 1:
         assert matches_shown(following.lines, printed), (
-            f"README.md:{following.line} shows\n"
-            + "\n".join(following.lines)
-            + f"\n`{command.text}` printed\n{printed}"
+            f"{following.where} shows\n" + "\n".join(following.lines) + f"\n`{command.text}` printed\n{printed}"
         )
 
 
@@ -62,3 +61,35 @@ def test_shown_output_matching() -> None:
     assert matches_shown(shown, "a b c\nx\ny\nz\n") and matches_shown(shown, "a  c\nz")
     assert not matches_shown(shown, "a b c\nx\n") and not matches_shown(shown, "b c\nz\n")
     assert not matches_shown(["a", "z"], "a\nx\nz\n")
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = [line.lstrip("#").strip() for line in _prose(page) if re.match(r"#{1,6} ", line)]
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def _prose(page: Path) -> list[str]:
+    """A page's lines outside code blocks."""
+    inside, kept = False, []
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            inside = not inside
+        elif not inside:
+            kept.append(line)
+    return kept
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_between_pages_reaches_a_file_and_a_heading(page: Path) -> None:
+    for target in _LINK.findall("\n".join(_prose(page))):
+        if re.match(r"\w+:", target):  # a URL, not a page of this repository
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.is_file(), f"{page.relative_to(ROOT)}: link to {target}: no such file"
+        if anchor and linked.suffix == ".md":
+            assert anchor in _anchors(linked), f"{page.relative_to(ROOT)}: link to {target}: no such heading"
