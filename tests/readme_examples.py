@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 # Written by make bench and make reliability, not by hand: they show no commands to run.
 GENERATED = ("performance.md", "reliability.md")
-_FENCE = re.compile(r"^```(\w*)\s*$")
+_FENCE = re.compile(r"^(\s*)```(\w*)\s*$")  # a block in a list item is indented
 _PROGRAMS = ("topokeeper", ".venv/bin/topokeeper")
 
 
@@ -59,10 +59,11 @@ def blocks(page: Path | None = None) -> list[Block]:
         if fence is None:
             index += 1
             continue
-        end = index + 1
-        while end < len(lines) and not lines[end].startswith("```"):
+        indent, end = fence.group(1), index + 1
+        while end < len(lines) and not lines[end].strip().startswith("```"):
             end += 1
-        found.append(Block(page, index + 1, fence.group(1), tuple(lines[index + 1 : end])))
+        body = tuple(line[len(indent) :] if line.startswith(indent) else line for line in lines[index + 1 : end])
+        found.append(Block(page, index + 1, fence.group(2), body))
         index = end + 1
     return found
 

@@ -3,14 +3,17 @@ commands are checked for syntax only); the local ones run, and where a page show
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from tests.readme_examples import ROOT, blocks, commands, matches_shown, pages
 from topokeeper.cli.main import build_parser, main
+from topokeeper.contract.config import Settings
 
 COMMANDS = commands()
 # Run here, with their shown output where a page shows it (the demo's: tests/e2e/test_demo_story.py).
@@ -76,7 +79,7 @@ def _prose(page: Path) -> list[str]:
     """A page's lines outside code blocks."""
     inside, kept = False, []
     for line in page.read_text().splitlines():
-        if line.startswith("```"):
+        if line.lstrip().startswith("```"):
             inside = not inside
         elif not inside:
             kept.append(line)
@@ -93,3 +96,31 @@ def test_every_link_between_pages_reaches_a_file_and_a_heading(page: Path) -> No
         assert linked.is_file(), f"{page.relative_to(ROOT)}: link to {target}: no such file"
         if anchor and linked.suffix == ".md":
             assert anchor in _anchors(linked), f"{page.relative_to(ROOT)}: link to {target}: no such heading"
+
+
+def _settings_shown() -> list[tuple[str, object]]:
+    """Each deployment configuration a page shows, as the settings it stands for: a whole object, the
+    ``"topokeeper": {...}`` context entry, or a cluster's ``"login": {...}``."""
+    found = []
+    for block in blocks():
+        if block.lang != "json":
+            continue
+        text = "\n".join(block.lines).strip()
+        document = json.loads(text if text.startswith("{") else "{" + text + "}")
+        if "clusters" in document:
+            found.append((block.where, document))
+        elif "topokeeper" in document:
+            found.append((block.where, document["topokeeper"]))
+        elif "login" in document:
+            found.append((block.where, {"clusters": [{"name": "llm-train", "login": document["login"]}]}))
+    return found
+
+
+def test_every_configuration_a_page_shows_is_valid() -> None:
+    shown = _settings_shown()
+    assert len(shown) >= 2
+    for where, settings in shown:
+        try:
+            Settings.model_validate(settings)
+        except ValidationError as error:
+            pytest.fail(f"{where}: {error}")
