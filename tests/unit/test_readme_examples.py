@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tests.readme_examples import ROOT, blocks, commands, matches_shown, pages
+from tests.readme_examples import README, ROOT, blocks, commands, matches_shown, pages
 from topokeeper.cli.main import build_parser, main
 from topokeeper.contract.config import Settings
 
@@ -66,7 +66,17 @@ def test_shown_output_matching() -> None:
     assert not matches_shown(["a", "z"], "a\nx\nz\n")
 
 
+# The README is the first page a user reads: short, the two commands, a link to every page that holds the rest.
+README_MAX_LINES = 250
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_the_readme_is_short_and_links_every_page() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, f"README.md has {len(text.splitlines())} lines"
+    assert "make demo" in text and "make test" in text
+    linked = set(_LINK.findall(text))
+    assert {f"docs/{page.name}" for page in pages()[1:]} <= linked
 
 
 def _anchors(page: Path) -> set[str]:
@@ -118,7 +128,7 @@ def _settings_shown() -> list[tuple[str, object]]:
 
 def test_every_configuration_a_page_shows_is_valid() -> None:
     shown = _settings_shown()
-    assert len(shown) >= 2
+    assert len(shown) >= 4
     for where, settings in shown:
         try:
             Settings.model_validate(settings)
