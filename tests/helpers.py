@@ -24,7 +24,7 @@ def head_node_program() -> Path:
     return write_program(directory / PROGRAM_NAME)
 
 
-# The applier's result document contract (README "The applier"): every document carries every key.
+# The applier's result document contract (docs/reference.md "The applier"): every document carries every key.
 APPLIER_RESULT_KEYS = frozenset(
     {
         "outcome",

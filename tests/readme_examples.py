@@ -1,5 +1,6 @@
-"""The README's examples as data: its code blocks, the topokeeper commands in them, and a matcher for shown
-output, so tests can run them and the README cannot drift from the code."""
+"""The documentation's examples as data: the code blocks of README.md and the pages in docs/, the topokeeper
+commands in them, and a matcher for shown output, so tests can run them and the pages cannot drift from the
+code."""
 
 from __future__ import annotations
 
@@ -8,38 +9,61 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-_FENCE = re.compile(r"^```(\w*)\s*$")
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# Written by make bench and make reliability, not by hand: they show no commands to run.
+GENERATED = ("performance.md", "reliability.md")
+_FENCE = re.compile(r"^(\s*)```(\w*)\s*$")  # a block in a list item is indented
 _PROGRAMS = ("topokeeper", ".venv/bin/topokeeper")
+
+
+def pages() -> list[Path]:
+    """README.md, then every hand-written page in docs/."""
+    docs = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in GENERATED)
+    return [README, *docs]
 
 
 @dataclass(frozen=True)
 class Block:
+    page: Path
     line: int  # of the opening fence, 1-based
     lang: str
     lines: tuple[str, ...]
 
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
 
 @dataclass(frozen=True)
 class Command:
-    line: int  # in README.md
+    page: Path
+    line: int  # in its page
     text: str
     argv: tuple[str, ...]  # after the program name
     block: int  # index of its block in blocks()
 
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
 
-def blocks(text: str | None = None) -> list[Block]:
-    lines = (README.read_text() if text is None else text).splitlines()
+
+def blocks(page: Path | None = None) -> list[Block]:
+    """The code blocks of one page, or of every page in order."""
+    if page is None:
+        return [block for each in pages() for block in blocks(each)]
+    lines = page.read_text().splitlines()
     found, index = [], 0
     while index < len(lines):
         fence = _FENCE.match(lines[index])
         if fence is None:
             index += 1
             continue
-        end = index + 1
-        while end < len(lines) and not lines[end].startswith("```"):
+        indent, end = fence.group(1), index + 1
+        while end < len(lines) and not lines[end].strip().startswith("```"):
             end += 1
-        found.append(Block(index + 1, fence.group(1), tuple(lines[index + 1 : end])))
+        body = tuple(line[len(indent) :] if line.startswith(indent) else line for line in lines[index + 1 : end])
+        found.append(Block(page, index + 1, fence.group(2), body))
         index = end + 1
     return found
 
@@ -59,10 +83,10 @@ def _argv(text: str) -> tuple[str, ...] | None:
     return tuple(words)
 
 
-def commands(text: str | None = None) -> list[Command]:
-    """Every topokeeper command in a bash or sh block (continuation lines joined)."""
+def commands() -> list[Command]:
+    """Every topokeeper command in a bash or sh block of every page (continuation lines joined)."""
     found = []
-    for number, block in enumerate(blocks(text)):
+    for number, block in enumerate(blocks()):
         if block.lang not in ("bash", "sh"):
             continue
         pending, start = "", 0
@@ -75,7 +99,7 @@ def commands(text: str | None = None) -> list[Command]:
             whole, pending = pending + line, ""
             argv = _argv(whole.strip())
             if argv is not None:
-                found.append(Command(start, whole.strip(), argv, number))
+                found.append(Command(block.page, start, whole.strip(), argv, number))
     return found
 
 

@@ -142,7 +142,7 @@ def test_the_demo_story_on_the_file_only_head_node(
     assert "[... " in printed and "more characters]" in printed  # long scontrol lines say they are cut
     # The README shows this run's output.
     (shown,) = [block for block in blocks() if block.lang == "" and any(DEMO_LINE in line for line in block.lines)]
-    assert matches_shown(shown.lines, printed), f"README.md:{shown.line} no longer matches `make demo`"
+    assert matches_shown(shown.lines, printed), f"{shown.where} no longer matches `make demo`"
     # Printed as it plays: each step's record comes before the next step starts.
     order = [printed.index(marker) for marker in ("== create:", "-- step 1:", "== scale:", "-- step 2:", "== replace:")]
     assert order == sorted(order)

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.readme_examples import blocks, matches_shown
 from topokeeper.cli.main import main
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 from topokeeper.sim.simulator import SimulationResult
 
 pytestmark = pytest.mark.slurm
+VERIFY_LINE = "== hyperpod_misplace: t="  # finds the documentation's excerpt of this story
 
 
 def _texts(step, kind: str) -> list[str]:
@@ -47,3 +49,6 @@ def test_the_verify_mode_story_on_a_real_slurmctld(
     printed = capsys.readouterr().out
     assert "verify: verified at once after HyperPod's UpdatePartitionTopology" in printed
     assert "hyperpod: HyperPod wrote topology.yaml itself" in printed
+    # docs/reference.md shows an excerpt of this run's step records.
+    (shown,) = [block for block in blocks() if block.lang == "" and any(VERIFY_LINE in line for line in block.lines)]
+    assert matches_shown(shown.lines, printed), f"{shown.where} no longer matches `topokeeper demo --mode verify`"

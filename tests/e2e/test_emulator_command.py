@@ -1,4 +1,4 @@
-"""`topokeeper emulator`: the operator CLI against it exactly as the README shows (commands and output)."""
+"""`topokeeper emulator`: the operator CLI against it exactly as the documentation shows (commands and output)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
 
 
 def _readme_session() -> tuple[list[list[str]], tuple[str, ...]]:
-    """The README's commands against the emulator's deployment file, and the output shown after them."""
+    """The documented commands against the emulator's deployment file, and the output shown after them."""
     found = [c for c in commands() if "out/emulator/deployment.json" in c.argv]
     assert len({c.block for c in found}) == 1 and len(found) >= 3
     shown = blocks()[found[0].block + 1]
@@ -27,7 +27,7 @@ def _readme_session() -> tuple[list[list[str]], tuple[str, ...]]:
     return [list(c.argv) for c in found], shown.lines
 
 
-def test_the_operator_cli_against_topokeeper_emulator_as_the_readme_shows(
+def test_the_operator_cli_against_topokeeper_emulator_as_the_documentation_shows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     session, shown = _readme_session()

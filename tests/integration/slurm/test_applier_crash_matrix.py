@@ -552,8 +552,8 @@ def test_a_kill_during_the_recoverys_own_reconfigure_keeps_rolling_forward(
     request: pytest.FixtureRequest, controllers, scenario: Scenario, first_kill: str
 ) -> None:
     """The recovery of a complete, loadable new config is killed in its own reconfigure, and slurmctld restarted
-    (a reboot): it starts, and the next run still rolls forward (README: complete new files are rolled forward),
-    never back to the old files."""
+    (a reboot): it starts, and the next run still rolls forward (docs/reference.md: complete new files are rolled
+    forward), never back to the old files."""
     old_plan, new_plan = scenario.old(), scenario.new()
     old, new = _bundle(old_plan), _bundle(new_plan)
     root = _root(request, scenario.suite)
