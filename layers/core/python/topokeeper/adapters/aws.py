@@ -164,7 +164,10 @@ def operator_hint(error: ClientError) -> str:
     if code == "ValidationError" and message.startswith("Stack with id") and message.endswith("does not exist"):
         hint = _STACK_MISSING
     elif is_permanent(code) and ("AccessDenied" in code or code.startswith("Unauthorized")):
-        hint = "these credentials may not do this: ask for the operator permissions the README lists"
+        hint = (
+            "these credentials may not do this: the operator CLI reads the stack, the table and the bucket, "
+            "and writes only as operator_role_arn (docs/deploy.md)"
+        )
     else:
         hint = _OPERATOR_HINTS.get(code, "")
     said = f"{code}: {message}" if message else code
