@@ -110,4 +110,4 @@ def events_named(stderr: str, name: str) -> list[dict[str, Any]]:
 INSTALL_SCRIPT_BASE_ARGS = [
     "agent", "install-script", "--cluster", "llm-train-slurm", "--bucket", "topo-bundles", "--region", "us-west-2",
 ]  # fmt: skip
-INSTALL_SCRIPT_ARGS = [*INSTALL_SCRIPT_BASE_ARGS, "--mode", "enforce"]
+INSTALL_SCRIPT_ARGS = [*INSTALL_SCRIPT_BASE_ARGS, "--mode", "enforce", "--unsigned"]

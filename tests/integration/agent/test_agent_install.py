@@ -160,8 +160,20 @@ def test_the_mode_follows_the_deployment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: dict[str, object], mode: str
 ) -> None:
     deployment = _deployment(tmp_path, {**cluster, "channel": "agent"})
-    snippet = _snippet_from(capsys, [*INSTALL_SCRIPT_BASE_ARGS, "--deployment", str(deployment)])
+    snippet = _snippet_from(capsys, [*INSTALL_SCRIPT_BASE_ARGS, "--deployment", str(deployment), "--unsigned"])
     assert f'"mode": "{mode}"' in snippet
+
+
+def test_an_enforce_agent_without_a_signing_key_is_refused_unless_asked_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*INSTALL_SCRIPT_BASE_ARGS, "--mode", "enforce"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith("topokeeper: error: --signing-key:")
+    assert "--unsigned" in captured.err
+    assert main([*INSTALL_SCRIPT_BASE_ARGS, "--mode", "verify"]) == 0  # verify applies nothing: no key needed
+    assert main([*INSTALL_SCRIPT_BASE_ARGS, "--mode", "enforce", "--unsigned"]) == 0
 
 
 def test_a_cluster_not_in_the_deployment_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

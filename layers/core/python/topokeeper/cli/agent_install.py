@@ -221,6 +221,12 @@ def _cmd_install_script(args: argparse.Namespace) -> int:
         "verify_interval_seconds": args.verify_seconds,
     }
     trusted_key = _trusted_key(args)
+    if trusted_key is None and values["mode"] == "enforce" and not args.unsigned:
+        raise InputError(
+            "--signing-key",
+            "an enforce-mode agent applies what it fetches: pass --signing-key (the stack's SigningKeyArn output) "
+            "or --deployment FILE so it applies only bundles the stack signed, or --unsigned to accept any",
+        )
     config = install_config(values, trusted_key=trusted_key is not None)
     print(render_install_script(config, trusted_key), end="")
     return 0
@@ -250,6 +256,11 @@ def add_agent_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
         metavar="KEY_ARN",
         help="the stack's bundle-signing KMS key (output SigningKeyArn; default: the --deployment's): its public "
         "key is installed and the agent applies only bundles it signed",
+    )
+    script.add_argument(
+        "--unsigned",
+        action="store_true",
+        help="install an enforce-mode agent without a signing key: it applies bundles nobody signed (tests)",
     )
     script.add_argument("--poll-seconds", type=int, default=60, help="how often to poll S3 (default: 60)")
     script.add_argument("--verify-seconds", type=int, default=900, help="how often to verify (default: 900)")
