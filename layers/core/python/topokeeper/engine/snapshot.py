@@ -115,6 +115,46 @@ class AwsSnapshot(_Aws):
     undescribed: int = Field(0, ge=0)
 
 
+class _ScontrolVersion(_Aws):
+    major: int | str
+    minor: int | str
+
+
+class _ScontrolSlurm(_Aws):
+    version: _ScontrolVersion | None = None
+
+
+class _ScontrolMeta(_Aws):
+    slurm: _ScontrolSlurm = _ScontrolSlurm()
+
+
+class ScontrolNodes(_Aws):
+    """``scontrol show nodes --json`` as the head node prints it: its ``nodes`` (and the Slurm version)."""
+
+    nodes: list[SlurmNodeRecord]
+    meta: _ScontrolMeta = _ScontrolMeta()
+
+    @property
+    def version(self) -> str | None:
+        found = self.meta.slurm.version
+        return f"{found.major}.{int(found.minor):02d}" if found is not None else None
+
+
+def with_node_table(raw: AwsSnapshot, nodes: list[SlurmNodeRecord], version: str | None = None) -> AwsSnapshot:
+    """``raw`` with the head node's node table, which names its nodes as slurmctld does (ParallelCluster);
+    ``version``, the head node's Slurm, where ``raw`` has none."""
+    slurm = raw.slurm.model_copy(update={"nodes": nodes, "version": raw.slurm.version or version})
+    return raw.model_copy(update={"slurm": slurm})
+
+
+def parse_scontrol_nodes(document: Any, source: str) -> ScontrolNodes:
+    """The output of ``scontrol show nodes --json``; an error names ``source`` and the field."""
+    try:
+        return ScontrolNodes.model_validate(document)
+    except ValidationError as error:
+        raise InputError.from_validation(error, prefix=source) from error
+
+
 def parse_snapshot_document(document: Any) -> AwsSnapshot:
     try:
         return AwsSnapshot.model_validate(document)
