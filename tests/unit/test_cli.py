@@ -484,3 +484,20 @@ def test_a_closed_standard_stream_is_no_error() -> None:
         ["sh", "-c", 'exec "$0" "$@" 2>&-', TOPOKEEPER, "show", "--snapshot", missing], capture_output=True, check=False
     )
     assert closed_error.returncode == EXIT_BAD_INPUT
+
+
+def test_verify_names_each_drift_entry_once_with_its_kind() -> None:
+    """A grouping entry's kind and what are both "grouping": said once, not "grouping grouping q1"."""
+    from topokeeper.cli.readonly_commands import result_lines
+    from topokeeper.contract.ports import ApplyResult
+
+    drift = [
+        {"what": "grouping", "kind": "grouping", "name": "q1", "detail": "live tree-q1: 2 leaves differ"},
+        {"what": "partition", "kind": "naming", "name": "cpu", "detail": "Topology=flat-x live"},
+    ]
+    result = ApplyResult.model_validate({"outcome": "drift", "applier_version": "1", "drift": drift})
+    assert result_lines("verify", result) == [
+        "verify: drift",
+        "  grouping q1: live tree-q1: 2 leaves differ",
+        "  naming partition cpu: Topology=flat-x live",
+    ]
