@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import functools
 import hashlib
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -148,3 +149,17 @@ def event_envelope(source: str, detail_type: str, detail: dict[str, object], eve
             "detail": detail,
         }
     )
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def powered_down_pcluster() -> dict[str, object]:
+    """examples/pcluster-p5-cluster.json with 8 more powered-down dynamic nodes: q1's no-topology placeholder
+    (q1-dy-p5-[3-12], 10 nodes) outnumbers its real leaves (at most 4)."""
+    example = json.loads((EXAMPLES / "pcluster-p5-cluster.json").read_text())
+    example["slurm"]["nodes"] += [
+        {"name": f"q1-dy-p5-{n}", "address": f"q1-dy-p5-{n}", "hostname": f"q1-dy-p5-{n}", "partitions": ["q1"]}
+        for n in range(5, 13)
+    ]
+    return dict(example)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import powered_down_pcluster
 from tests.installed_command import TOPOKEEPER, block_buffered_environment, run_installed
 from topokeeper.adapters.aws import clear_clients, client
 from topokeeper.cli.main import EXIT_BAD_INPUT, EXIT_FLUSH_FAILED, EXIT_OK, main
@@ -37,13 +38,30 @@ def test_plan_names_parallelcluster_nodes_from_the_slurm_node_table(
     table = captured.out.splitlines()
     assert table[1].split() == ["cpu", "flat", "2", "-", "-", "0"]
     q1 = table[2].split()
-    assert q1[:5] == ["q1", "tree", "8", "6", "switches"] and q1[6] == "0"
+    assert q1[:5] == ["q1", "tree", "8", "6", "switches"] and q1[6] == "1"  # its powered-down nodes' warning
     printed = captured.out + captured.err
     assert "instance i-05c1a000000000007 (10.0.1.30) is no Slurm node's NodeAddr; left out" in printed
     topology = (tmp_path / "topology.yaml").read_text()
     assert "      - switch: no-topology\n        nodes: q1-dy-p5-[3-4]\n" in topology
     bundle = json.loads((tmp_path / "bundle.json").read_text())
     assert "q1-st-p5-1" in bundle["nodes"] and not any(name.startswith("ip-") for name in bundle["nodes"])
+
+
+def test_powered_down_nodes_are_no_leaf_a_job_fits_in_and_their_warning_is_their_partitions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ten powered-down dynamic nodes under no-topology are not the largest job in one leaf (the real leaves hold
+    at most 4), and the warning about them is counted in their partition's row above it."""
+    snapshot = tmp_path / "snapshot.json"
+    snapshot.write_text(json.dumps(powered_down_pcluster()))
+    assert main(["show", "--snapshot", str(snapshot)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    q1 = next(line.split() for line in lines if line.startswith("q1 "))
+    assert q1[:4] == ["q1", "tree", "16", "6"] and q1[5:] == ["4", "1"]  # LARGEST LEAF/BLOCK, WARNINGS
+    assert (
+        "warning: q1: 10 Slurm node(s) with no instance (powered down?) planned without topology: q1-dy-p5-[3-12]"
+        in lines
+    )
 
 
 def test_show_leaves_lists_every_leaf_and_block_with_its_full_hostlist(capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,6 +108,18 @@ def test_config_overrides_a_partition(tmp_path: Path, capsys: pytest.CaptureFixt
         ("partitions:\n  ml-p6e:\n    kind: ring\n", "config.partitions.ml-p6e.kind"),
         ("partitions:\n  'bad name':\n    kind: tree\n", "config.partitions.bad name"),
         ("partitions: [\n", "--config"),
+        (
+            "partitions:\n  ml-p5x:\n    kind: flat\n",
+            "config.partitions.ml-p5x: llm-train-slurm has no partition ml-p5x: did you mean 'ml-p5'?",
+        ),
+        (
+            "partitions:\n  ml-p5x:\n    kind: block\n",
+            "config.partitions.ml-p5x: llm-train-slurm has no partition ml-p5x: did you mean 'ml-p5'?",
+        ),
+        (
+            "partitions:\n  gpu:\n    kind: tree\n",
+            "config.partitions.gpu: llm-train-slurm has no partition gpu (its partitions: ml-p5, ml-p6e, preprocess)",
+        ),
         (
             "partitions:\n  ml-p6e:\n    blok_sizes: [18]\n",
             "config.partitions.ml-p6e.blok_sizes: Extra inputs are not permitted: did you mean 'block_sizes'?",
@@ -454,3 +484,20 @@ def test_a_closed_standard_stream_is_no_error() -> None:
         ["sh", "-c", 'exec "$0" "$@" 2>&-', TOPOKEEPER, "show", "--snapshot", missing], capture_output=True, check=False
     )
     assert closed_error.returncode == EXIT_BAD_INPUT
+
+
+def test_verify_names_each_drift_entry_once_with_its_kind() -> None:
+    """A grouping entry's kind and what are both "grouping": said once, not "grouping grouping q1"."""
+    from topokeeper.cli.readonly_commands import result_lines
+    from topokeeper.contract.ports import ApplyResult
+
+    drift = [
+        {"what": "grouping", "kind": "grouping", "name": "q1", "detail": "live tree-q1: 2 leaves differ"},
+        {"what": "partition", "kind": "naming", "name": "cpu", "detail": "Topology=flat-x live"},
+    ]
+    result = ApplyResult.model_validate({"outcome": "drift", "applier_version": "1", "drift": drift})
+    assert result_lines("verify", result) == [
+        "verify: drift",
+        "  grouping q1: live tree-q1: 2 leaves differ",
+        "  naming partition cpu: Topology=flat-x live",
+    ]

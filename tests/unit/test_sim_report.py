@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import powered_down_pcluster
 from tests.html_tree import Element, parse
+from topokeeper.cli.planning import plan_from_files
 from topokeeper.sim.report import MAX_BOXES, partition_flowchart, render_report, write_report
 from topokeeper.sim.simulator import SimulationResult
 
@@ -172,6 +175,26 @@ def test_the_summary_has_one_row_per_partition_with_its_largest_leaf_or_block() 
         row = rows[partition["name"]]
         assert row[1:3] == [partition["kind"], str(partition["node_count"])]
         assert row[4] == (str(max(len(u["nodes"]) for u in units)) if units else NONE)
+
+
+def test_a_partitions_row_counts_no_placeholder_leaf_and_shows_its_own_warnings(tmp_path: Path) -> None:
+    """Powered-down nodes under no-topology are no job's leaf; the warning about them is in their row."""
+    snapshot = tmp_path / "snapshot.json"
+    snapshot.write_text(json.dumps(powered_down_pcluster()))
+    desired = plan_from_files(snapshot, None, None).plan_document()
+    page = _page(_result().model_copy(update={"desired": desired}))
+    table = page.find_all("table")[0]
+    rows = {cells[0]: cells for cells in map(_cells, table.find_all("tr")[1:])}
+    assert rows["q1"][2:5] == ["16", "3 leaves", "4"]  # no-topology is a leaf Slurm reads, not one a job fits in
+    assert (
+        rows["q1"][7] == "10 Slurm node(s) with no instance (powered down?) planned without topology: q1-dy-p5-[3-12]"
+    )
+    assert rows["cpu"][7] == NONE
+    # The one warning about no partition is listed under the table as the whole cluster's.
+    assert "warnings about the whole cluster:" in [p.text for p in page.find_all("p")]
+    assert "instance i-05c1a000000000007 (10.0.1.30) is no Slurm node's NodeAddr; left out" in [
+        item.text for item in page.find_all("li")
+    ]
 
 
 def test_live_topology_of_the_last_step_is_preformatted_per_partition() -> None:

@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.unit.service.test_ssm_channel import _decode
-from topokeeper.adapters.aws import clear_clients
 from topokeeper.cli.main import main
 from topokeeper.sim.aws.ssm import CommandInvocationRequest
 from topokeeper.sim.aws_emulator import AwsEmulator
@@ -20,15 +18,6 @@ from topokeeper.sim.aws_emulator import AwsEmulator
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 SNAPSHOT = str(EXAMPLES / "mixed-cluster.json")
 MISSING_KEY = "arn:aws:kms:us-east-1:123456789012:key/11111111-2222-3333-4444-555555555555"
-
-
-@pytest.fixture
-def emulated(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsEmulator]:
-    for name, value in aws.env().items():
-        monkeypatch.setenv(name, value)
-    clear_clients()
-    yield aws
-    clear_clients()
 
 
 # (command, what the one line must name), as an operator might type them on the first day.
@@ -40,6 +29,10 @@ WRONG = [
     (["audit", "--cluster", "llm-train", "--stack-name", "Topokeeper"], "deploy the stack first"),
     (["apply", "--cluster", "llm-train", "--stack-name", "Topokeeper"], "deploy the stack first"),
     (["snapshot", "--cluster", "no-such-cluster"], "no-such-cluster"),
+    (["snapshot", "--cluster", "pcluster", "--orchestrator", "ec2"],
+     "no EC2 instance in us-east-1 has the tag topokeeper:cluster=pcluster; ParallelCluster's tags: --parallelcluster"),
+    (["snapshot", "--cluster", "pcluster", "--parallelcluster"],
+     "no EC2 instance in us-east-1 has the tag parallelcluster:cluster-name=pcluster"),
     (["labels", "--cluster", "no-such-cluster"], "no-such-cluster"),
     (["kueue", "--cluster", "no-such-cluster", "--out", "{tmp}/kueue"], "no-such-cluster"),
     (["agent", "install-script", "--cluster", "llm-train", "--bucket", "b", "--region", "us-east-1",

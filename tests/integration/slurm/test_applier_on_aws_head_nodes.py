@@ -20,11 +20,12 @@ import pytest
 
 from tests.helpers import APPLIER_RESULT_KEYS, gb200_nodes, p5_nodes, snapshot
 from topokeeper.adapters.ssm_channel import build_commands
+from topokeeper.cli.main import main
 from topokeeper.contract.head_node_program import program_bytes, program_sha256
 from topokeeper.contract.ports import ApplyResult
 from topokeeper.domain.models import PlannerConfig
 from topokeeper.engine.planner import plan
-from topokeeper.engine.snapshot import build_snapshot, parse_snapshot_document
+from topokeeper.engine.snapshot import build_snapshot, parse_scontrol_nodes, parse_snapshot_document, with_node_table
 from topokeeper.render.bundle import render
 from topokeeper.sim.slurm_chroot import SlurmController
 from topokeeper.wire import parse_show_topology, sha256_text
@@ -138,6 +139,30 @@ def test_parallelcluster_head_node_is_planned_with_its_own_node_names(
     assert live["nn-0a1b2c3d4e5f60102"]["nodes"] == ["q1-dy-p5-1", "q1-dy-p5-2", "q1-st-p5-3", "q1-st-p5-4"]
     code, verified = _over_ssm(controller, "verify", rendered.bundle.document())
     assert (code, verified["outcome"], verified["drift"]) == (0, "in_sync", [])
+
+
+def test_the_cli_preview_names_parallelcluster_nodes_from_the_head_nodes_own_table(
+    sid_root: Path, controllers: Callable[..., SlurmController], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """snapshot --slurm-nodes with this slurmctld's `scontrol show nodes --json` (the part of the snapshot that
+    is not AWS's), then verify --bundle-out: the bundle's dry-run on the head node knows every node it names."""
+    example, controller = _parallelcluster_head_node(sid_root, controllers)
+    _bind(controller, "q1-dy-p5-1", "10.0.1.20")
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(controller.run("scontrol", "show", "nodes", "--json", check=True).stdout)
+    table = parse_scontrol_nodes(json.loads(nodes.read_text()), "--slurm-nodes")  # what snapshot --slurm-nodes does
+    del example["slurm"]  # what snapshot reads from AWS
+    snapshot_file = tmp_path / "snapshot.json"
+    aws = parse_snapshot_document(example)
+    snapshot_file.write_text(with_node_table(aws, table.nodes, table.version).model_dump_json(exclude_none=True))
+    assert main(["verify", "--snapshot", str(snapshot_file), "--bundle-out", str(tmp_path / "out")]) == 0
+    assert "Slurm 26.05 -> topology.yaml" in capsys.readouterr().out  # the head node's version, from the table
+    bundle = json.loads((tmp_path / "out" / "bundle.json").read_text())
+    assert {"q1-st-p5-1", "q1-dy-p5-1", "q1-dy-p5-3"} <= set(bundle["nodes"])
+
+    code, document = _over_ssm(controller, "dry-run", bundle)
+
+    assert (code, document["outcome"], document["error"]) == (0, "would_apply", None)
 
 
 def test_a_dynamic_node_rebound_between_plan_and_apply_is_refused_and_the_replan_applies(

@@ -22,11 +22,12 @@ from topokeeper.adapters.hyperpod import HyperPodFacts
 from topokeeper.adapters.metrics import NoMetrics
 from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.cli.options import add_endpoint_option
-from topokeeper.contract.config import ClusterConfig, Ec2Discovery, Mode, Orchestrator
+from topokeeper.contract.config import PARALLELCLUSTER_DISCOVERY, ClusterConfig, Ec2Discovery, Mode, Orchestrator
 from topokeeper.contract.deployment import Deployment, read_deployment
 from topokeeper.contract.errors import InputError
-from topokeeper.contract.operator_files import check_out_file, write_text_file
-from topokeeper.contract.ports import Outcome, ReconcileRequest, Trigger
+from topokeeper.contract.operator_files import check_out_file, read_mapping, write_text_file
+from topokeeper.contract.ports import FactsSource, Outcome, ReconcileRequest, Trigger
+from topokeeper.engine.snapshot import parse_scontrol_nodes, with_node_table
 from topokeeper.render.bundle import Bundle
 from topokeeper.render.narrate import record_text
 from topokeeper.service.controller import check_drift, reconcile
@@ -85,26 +86,58 @@ def _emit(args: argparse.Namespace, document: Any, human: Callable[[], str]) -> 
     print(json.dumps(document, indent=2, default=str) if args.json else human())
 
 
+def _snapshot_source(args: argparse.Namespace) -> tuple[FactsSource, Orchestrator, Ec2Discovery]:
+    """Where ``snapshot`` reads: the deployment's cluster as configured, else the options."""
+    chosen = Orchestrator(args.orchestrator) if args.orchestrator else None
+    if args.parallelcluster and chosen not in (None, Orchestrator.EC2):
+        raise InputError("--parallelcluster", f"ParallelCluster is Slurm on EC2: not with --orchestrator {chosen}")
+    if args.deployment or args.stack_name:
+        if args.parallelcluster or chosen:
+            flag = "--parallelcluster" if args.parallelcluster else "--orchestrator"
+            raise InputError(flag, "with a deployment its config says how to find the cluster (orchestrator, ec2)")
+        runtime, cluster = _runtime_and_cluster(args)
+        return runtime.facts(cluster), cluster.orchestrator, cluster.ec2
+    reader = InstanceTopologyReader(
+        client("ec2"), MemoryNodeFactsCache(), LocalRateLimiter(), lambda: datetime.now(UTC)
+    )
+    if args.parallelcluster or chosen is Orchestrator.EC2:
+        discovery = PARALLELCLUSTER_DISCOVERY if args.parallelcluster else Ec2Discovery()
+        return Ec2ClusterFacts(client("ec2"), reader, discovery), Orchestrator.EC2, discovery
+    return HyperPodFacts(client("sagemaker"), client("s3"), reader), chosen or Orchestrator.HYPERPOD, Ec2Discovery()
+
+
+def _nothing_tagged(cluster: str, discovery: Ec2Discovery) -> InputError:
+    region = client("ec2").meta.region_name
+    hint = "" if discovery.cluster_tag != Ec2Discovery().cluster_tag else "; ParallelCluster's tags: --parallelcluster"
+    return InputError("--cluster", f"no EC2 instance in {region} has the tag {discovery.cluster_tag}={cluster}{hint}")
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.out:
         check_out_file(args.out)
-    if args.deployment or args.stack_name:
-        runtime, cluster = _runtime_and_cluster(args)
-        facts = runtime.facts(cluster)
-    else:
-        reader = InstanceTopologyReader(
-            client("ec2"), MemoryNodeFactsCache(), LocalRateLimiter(), lambda: datetime.now(UTC)
-        )
-        if args.orchestrator == Orchestrator.EC2.value:
-            facts = Ec2ClusterFacts(client("ec2"), reader, Ec2Discovery())
-        else:
-            facts = HyperPodFacts(client("sagemaker"), client("s3"), reader)
+    # Read first: a wrong file is told before AWS is asked anything.
+    table = (
+        parse_scontrol_nodes(read_mapping(args.slurm_nodes, "--slurm-nodes"), "--slurm-nodes")
+        if args.slurm_nodes
+        else None
+    )
+    facts, orchestrator, discovery = _snapshot_source(args)
     with progress(f"reading {args.cluster} from AWS"):
         snapshot = facts.read(args.cluster)
+    if orchestrator is Orchestrator.EC2 and not snapshot.nodes:
+        raise _nothing_tagged(args.cluster, discovery)
+    if table is not None:
+        snapshot = with_node_table(snapshot, table.nodes, table.version)
     text = json.dumps(snapshot.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True) + "\n"
     if args.out:
         write_text_file(args.out, text)
-        print(f"wrote {args.out}: {len(snapshot.nodes)} nodes, {len(snapshot.instance_topology)} with topology")
+        named = f", named from {len(table.nodes)} Slurm nodes" if table is not None else ""
+        print(f"wrote {args.out}: {len(snapshot.nodes)} nodes, {len(snapshot.instance_topology)} with topology{named}")
+        if orchestrator is Orchestrator.EC2 and table is None:
+            print(
+                "nodes are named by host name: for slurmctld's names (ParallelCluster's q1-st-p5-1), add"
+                " --slurm-nodes FILE, the output of `scontrol show nodes --json` on the head node"
+            )
     else:
         sys.stdout.write(text)
     return EXIT_OK
@@ -281,7 +314,20 @@ def register(commands: Any) -> None:
     snapshot = commands.add_parser("snapshot", help="write a snapshot file from live AWS APIs")
     common(snapshot)
     snapshot.add_argument("--out", type=Path, help="file to write (default: stdout)")
-    snapshot.add_argument("--orchestrator", choices=[o.value for o in Orchestrator], default="hyperpod")
+    snapshot.add_argument(
+        "--orchestrator", choices=[o.value for o in Orchestrator], help="default: hyperpod (ec2 with --parallelcluster)"
+    )
+    snapshot.add_argument(
+        "--parallelcluster",
+        action="store_true",
+        help="Slurm on EC2 found by ParallelCluster's tags (parallelcluster:cluster-name, parallelcluster:queue-name)",
+    )
+    snapshot.add_argument(
+        "--slurm-nodes",
+        type=Path,
+        metavar="FILE",
+        help="the head node's `scontrol show nodes --json`: nodes named as slurmctld names them (ParallelCluster)",
+    )
     snapshot.set_defaults(run=cmd_snapshot)
 
     for name, run, text in (

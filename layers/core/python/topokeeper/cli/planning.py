@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from topokeeper.contract.errors import InputError
 from topokeeper.contract.operator_files import read_mapping
 from topokeeper.domain.models import (
-    NO_TOPOLOGY_SWITCH,
+    PLACEHOLDER_UNITS,
     BlockTopology,
     PartitionPlan,
     PlannerConfig,
@@ -18,7 +18,7 @@ from topokeeper.domain.models import (
     TreeTopology,
 )
 from topokeeper.engine.planner import plan
-from topokeeper.engine.snapshot import join_snapshot, read_snapshot
+from topokeeper.engine.snapshot import check_config_partitions, join_snapshot, read_snapshot
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.render.narrate import columns
 
@@ -34,8 +34,9 @@ def load_config(path: Path | None) -> PlannerConfig:
 
 
 def plan_from_files(snapshot_path: Path, config_path: Path | None, slurm_version: str | None) -> RenderedPlan:
-    facts = read_snapshot(read_mapping(snapshot_path, "--snapshot"))
-    return render(plan(join_snapshot(facts, load_config(config_path), slurm_version)))
+    facts, config = read_snapshot(read_mapping(snapshot_path, "--snapshot")), load_config(config_path)
+    check_config_partitions(facts.raw, config, prefix="config.")
+    return render(plan(join_snapshot(facts, config, slurm_version)))
 
 
 def leaf_units(topology: Topology) -> list[tuple[str, tuple[str, ...]]]:
@@ -49,12 +50,13 @@ def leaf_units(topology: Topology) -> list[tuple[str, tuple[str, ...]]]:
 
 def _largest_unit(partition: PartitionPlan, folded_into: Topology | None) -> int:
     """The most of the partition's nodes one leaf or block holds; folded (before 25.05), in the cluster-wide
-    topology Slurm actually reads, where no-topology is no leaf a job could use."""
+    topology Slurm actually reads. A placeholder (no-topology, no-ultraserver) is no leaf a job could use."""
     if folded_into is None:
-        return max((len(nodes) for _, nodes in leaf_units(partition.topology)), default=0)
+        units = leaf_units(partition.topology)
+        return max((len(nodes) for name, nodes in units if name not in PLACEHOLDER_UNITS), default=0)
     members = set(partition.nodes)
     units = leaf_units(folded_into)
-    return max((len(members.intersection(nodes)) for name, nodes in units if name != NO_TOPOLOGY_SWITCH), default=0)
+    return max((len(members.intersection(nodes)) for name, nodes in units if name not in PLACEHOLDER_UNITS), default=0)
 
 
 def plan_table(rendered: RenderedPlan) -> str:

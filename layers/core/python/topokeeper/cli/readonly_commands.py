@@ -45,12 +45,15 @@ class _NoBucket:
         )
 
 
-def _describe(mode: str, result: ApplyResult) -> list[str]:
+def result_lines(mode: str, result: ApplyResult) -> list[str]:
+    """The applier's answer to one mode: its outcome, the dry-run's diff, each drift entry (kind, what, name)."""
     lines = [f"{mode}: {result.outcome.value}" + (f" ({result.error})" if result.error else "")]
     if mode == "dry-run":
         lines += (result.diff or "(no change)").rstrip("\n").splitlines()
     for item in result.drift[:20]:
-        lines.append(f"  {item.get('kind', '')} {item.get('what')} {item.get('name', '')}: {item.get('detail', '')}")
+        kind, what = item.get("kind"), item.get("what")
+        label = " ".join(str(word) for word in dict.fromkeys((kind, what)) if word)  # "grouping" once, not twice
+        lines.append(f"  {label} {item.get('name', '')}: {item.get('detail', '')}")
     if len(result.drift) > 20:
         lines.append(f"  ... {len(result.drift) - 20} more")
     return lines
@@ -68,7 +71,7 @@ def _on_head_node(rendered: RenderedPlan, head_node: str, bucket: str | None) ->
     )
     results = {mode: channel.run(rendered.bundle, mode) for mode in ("dry-run", "verify")}
     document = {mode: result.model_dump(mode="json") for mode, result in results.items()}
-    lines = [line for mode, result in results.items() for line in _describe(mode, result)]
+    lines = [line for mode, result in results.items() for line in result_lines(mode, result)]
     answered = {Outcome.WOULD_APPLY, Outcome.UNCHANGED, Outcome.IN_SYNC, Outcome.DRIFT}
     failed = any(result.outcome not in answered for result in results.values())
     drift = results["verify"].outcome is Outcome.DRIFT

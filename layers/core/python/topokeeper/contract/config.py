@@ -134,6 +134,13 @@ class Ec2Discovery(BaseModel):
     login_tag: TagKey = "topokeeper:login"
 
 
+# ParallelCluster 3 tags every instance with its cluster and each compute instance with its queue (its Slurm
+# partition): ``ec2`` set to these finds a ParallelCluster cluster without tagging it again.
+PARALLELCLUSTER_DISCOVERY = Ec2Discovery(
+    cluster_tag="parallelcluster:cluster-name", partition_tag="parallelcluster:queue-name"
+)
+
+
 class ClusterVpcConfig(BaseModel):
     """The cluster's own ``VpcConfig`` (DescribeCluster): its nodes' IPs live in these subnets."""
 

@@ -23,6 +23,8 @@ FLAT_DEFAULT = "flat-default"
 ROOT_SWITCH = "root"
 NO_TOPOLOGY_SWITCH = "no-topology"
 NO_ULTRASERVER_BLOCK = "no-ultraserver"
+# Where nodes with no known place are put: no job placed in one is placed near each other.
+PLACEHOLDER_UNITS = frozenset({NO_TOPOLOGY_SWITCH, NO_ULTRASERVER_BLOCK})
 MAX_NETWORK_LAYERS = 4
 MAX_BLOCK_LEVELS = 16  # Slurm rejects block_level > 15
 # Slurm's block plugin keeps the base block size in 16 bits (bblock_node_cnt) and parses each size with atoi: a

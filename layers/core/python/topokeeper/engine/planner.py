@@ -103,6 +103,11 @@ def plan_partition(partition: Partition) -> PartitionPlan:
     warnings: list[str] = []
     without: tuple[str, ...] = ()
     no_instance = tuple(sorted(node.name for node in partition.nodes if node.instance_id is None))
+    if no_instance:  # the partition's own warning: the plan table and the report show it in its row
+        warnings.append(
+            f"{len(no_instance)} Slurm node(s) with no instance (powered down?) planned without topology:"
+            f" {compress(no_instance)}"
+        )
     topology: Topology
     if kind is TopologyKind.TREE:
         topology, without, tree_warnings = build_tree(_topology_name(kind, partition.name), partition.nodes)

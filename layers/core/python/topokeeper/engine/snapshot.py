@@ -17,6 +17,7 @@ topology, in the first planned partition it lists.
 
 from __future__ import annotations
 
+import difflib
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -36,7 +37,6 @@ from topokeeper.domain.models import (
     empty_dict,
     empty_list,
 )
-from topokeeper.wire import compress
 
 DEFAULT_SLURM_VERSION = "25.11"
 _NO_PARTITION_NODE_TYPES = frozenset({"Controller", "Login"})
@@ -113,6 +113,46 @@ class AwsSnapshot(_Aws):
     warnings: list[str] = Field(default_factory=empty_list)  # what reading the facts found (plan and audit carry them)
     # Instances whose topology discovery has not reached yet (its time ran out): the next read continues.
     undescribed: int = Field(0, ge=0)
+
+
+class _ScontrolVersion(_Aws):
+    major: int | str
+    minor: int | str
+
+
+class _ScontrolSlurm(_Aws):
+    version: _ScontrolVersion | None = None
+
+
+class _ScontrolMeta(_Aws):
+    slurm: _ScontrolSlurm = _ScontrolSlurm()
+
+
+class ScontrolNodes(_Aws):
+    """``scontrol show nodes --json`` as the head node prints it: its ``nodes`` (and the Slurm version)."""
+
+    nodes: list[SlurmNodeRecord]
+    meta: _ScontrolMeta = _ScontrolMeta()
+
+    @property
+    def version(self) -> str | None:
+        found = self.meta.slurm.version
+        return f"{found.major}.{int(found.minor):02d}" if found is not None else None
+
+
+def with_node_table(raw: AwsSnapshot, nodes: list[SlurmNodeRecord], version: str | None = None) -> AwsSnapshot:
+    """``raw`` with the head node's node table, which names its nodes as slurmctld does (ParallelCluster);
+    ``version``, the head node's Slurm, where ``raw`` has none."""
+    slurm = raw.slurm.model_copy(update={"nodes": nodes, "version": raw.slurm.version or version})
+    return raw.model_copy(update={"slurm": slurm})
+
+
+def parse_scontrol_nodes(document: Any, source: str) -> ScontrolNodes:
+    """The output of ``scontrol show nodes --json``; an error names ``source`` and the field."""
+    try:
+        return ScontrolNodes.model_validate(document)
+    except ValidationError as error:
+        raise InputError.from_validation(error, prefix=source) from error
 
 
 def parse_snapshot_document(document: Any) -> AwsSnapshot:
@@ -307,19 +347,14 @@ class SlurmNaming:
         return found
 
 
-def _unbound_nodes(naming: SlurmNaming, bound: set[str], planned: set[str], warnings: list[str]) -> list[Node]:
+def _unbound_nodes(naming: SlurmNaming, bound: set[str], planned: set[str]) -> list[Node]:
+    """The Slurm nodes no instance backs, each in the first planned partition it lists (the planner warns)."""
     nodes: list[Node] = []
     for index, record, partition in naming.unbound(bound, planned):
         try:
             nodes.append(Node(name=record.name, partition=partition, status=SlurmNaming.NO_INSTANCE))
         except ValidationError as error:
             raise InputError(f"slurm.nodes[{index}].name", InputError.from_validation(error).message) from error
-    for partition in sorted({node.partition or "" for node in nodes}):
-        names = [node.name for node in nodes if node.partition == partition]
-        warnings.append(
-            f"partition {partition}: {len(names)} Slurm node(s) with no instance (powered down?) planned without"
-            f" topology: {compress(names)}"
-        )
     return nodes
 
 
@@ -356,6 +391,19 @@ def _partition_of_groups(raw: AwsSnapshot, config: PlannerConfig) -> dict[str, s
         for group_name in settings.instance_groups:
             mapping[group_name] = partition
     return mapping
+
+
+def check_config_partitions(raw: AwsSnapshot, config: PlannerConfig, prefix: str = "") -> None:
+    """Refuse a config naming a partition the cluster does not have (its instance groups', its node table's, or
+    one the config makes of instance groups): a misspelt name would plan an empty partition of its own."""
+    known = {p for p in _partition_of_groups(raw, PlannerConfig()).values() if p}
+    known |= {p for record in raw.slurm.nodes or () for p in record.partitions}
+    known |= {name for name, settings in config.partitions.items() if settings.instance_groups}
+    for name in sorted(set(config.partitions) - known):
+        nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        hint = f": did you mean {nearest[0]!r}?" if nearest else f" (its partitions: {', '.join(sorted(known))})"
+        cluster = raw.describe_cluster.ClusterName
+        raise InputError(f"{prefix}partitions.{name}", f"{cluster} has no partition {name}{hint}")
 
 
 def unnamed_instances(raw: AwsSnapshot, config: PlannerConfig) -> list[str]:
@@ -480,7 +528,7 @@ def join_snapshot(facts: SnapshotFacts, config: PlannerConfig, slurm_version: st
     partition_names = sorted({p for p in group_partition.values() if p} | set(config.partitions))
     planned = list(chosen.values())
     if naming is not None:
-        planned += _unbound_nodes(naming, set(chosen), set(partition_names), warnings)
+        planned += _unbound_nodes(naming, set(chosen), set(partition_names))
     partitions: list[Partition] = []
     for partition_name in partition_names:
         nodes = tuple(sorted((n for n in planned if n.partition == partition_name), key=attrgetter("name")))

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from topokeeper.domain.models import PLACEHOLDER_UNITS
 from topokeeper.render.bundle import leaf_units
 from topokeeper.wire import compress
 
@@ -143,8 +144,9 @@ def unit_noun(partition: Mapping[str, Any], count: int = 1) -> str:
 
 
 def largest_job(partition: Mapping[str, Any]) -> int:
-    """Nodes in the largest leaf or block: the largest job that runs inside one (0: flat)."""
-    return max((len(nodes) for _, nodes in leaf_units(partition)), default=0)
+    """Nodes in the largest leaf or block: the largest job that runs inside one (0: flat). The placeholders
+    (no-topology, no-ultraserver) hold nodes with no known place: none of them is such a leaf."""
+    return max((len(nodes) for name, nodes in leaf_units(partition) if name not in PLACEHOLDER_UNITS), default=0)
 
 
 def columns(rows: Sequence[Sequence[str]]) -> list[str]:

@@ -53,7 +53,7 @@ from topokeeper.contract.ports import (
     WorkQueue,
 )
 from topokeeper.engine.planner import plan
-from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances
+from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances, with_node_table
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.service.result import observed_fields
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
@@ -218,7 +218,7 @@ def plan_facts(cluster: ClusterConfig, state: ClusterState, raw: AwsSnapshot) ->
 
 def _named_by_table(cluster: ClusterConfig, state: ClusterState, raw: AwsSnapshot) -> AwsSnapshot:
     if cluster.orchestrator is Orchestrator.EC2 and state.slurm_nodes is not None and raw.slurm.nodes is None:
-        return raw.model_copy(update={"slurm": raw.slurm.model_copy(update={"nodes": state.slurm_nodes})})
+        return with_node_table(raw, state.slurm_nodes)
     return raw
 
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from topokeeper.domain.models import NO_TOPOLOGY_SWITCH, NO_ULTRASERVER_BLOCK
+from topokeeper.domain.models import PLACEHOLDER_UNITS
 from topokeeper.wire import expand
 
 _NODES = re.compile(r"\bNodes=(\S+)")
 _UNIT = re.compile(r"\s*(?:SwitchName|BlockName)=(\S+)")
 _SAME_MOMENT = 1e-3  # seconds
-_PLACEHOLDERS = frozenset({NO_TOPOLOGY_SWITCH, NO_ULTRASERVER_BLOCK})
+_PLACEHOLDERS = PLACEHOLDER_UNITS
 
 
 class NodeLatency(BaseModel):

@@ -25,21 +25,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from topokeeper.contract.config import Ec2Discovery
+from topokeeper.contract.config import PARALLELCLUSTER_DISCOVERY
 from topokeeper.contract.event_schemas import EC2_STATE_DETAIL_TYPE
 from topokeeper.domain.catalog import ec2_instance_type
 from topokeeper.sim.aws.emulator import AwsEmulator
 from topokeeper.sim.aws.events import EC2
 from topokeeper.sim.scenario import ClusterSpec, InstanceGroup
 
-CLUSTER_TAG = "parallelcluster:cluster-name"
-QUEUE_TAG = "parallelcluster:queue-name"
+DISCOVERY = PARALLELCLUSTER_DISCOVERY
+CLUSTER_TAG = DISCOVERY.cluster_tag
+QUEUE_TAG = DISCOVERY.partition_tag
 COMPUTE_RESOURCE_TAG = "parallelcluster:compute-resource-name"
 NODE_TYPE_TAG = "parallelcluster:node-type"
 VERSION_TAG = "parallelcluster:version"
 VERSION = "3.13.0"  # the ParallelCluster release the tags claim
 HEAD_NODE_TAG = "topokeeper:head-node"  # infra/constants.py HEAD_NODE_TAG: SendCommand is allowed on it only
-DISCOVERY = Ec2Discovery(cluster_tag=CLUSTER_TAG, partition_tag=QUEUE_TAG)
 # Private IPs are handed out in order from the default VPC's range (never reused), so a seed tells one story.
 _FIRST_ADDRESS = ipaddress.IPv4Address("172.31.0.10")
 

@@ -364,7 +364,9 @@ def _partitions(result: SimulationResult) -> str:
     headers = ["partition", "kind", "nodes", "leaves / blocks", "largest job in one leaf / block", "audit records"]
     headers += ["nodes moved", "warnings"]
     warnings = "".join(f"<li>{_text(w)}</li>" for w in result.desired.get("warnings", []))
-    return _table(headers, rows, numeric={2, 4, 5, 6}) + (f"<ul>{warnings}</ul>" if warnings else "")
+    # Below the table, what concerns no one partition (each row's own warnings are in its row).
+    listed = f"<p>warnings about the whole cluster:</p><ul>{warnings}</ul>" if warnings else ""
+    return _table(headers, rows, numeric={2, 4, 5, 6}) + listed
 
 
 def _flowcharts(mermaid: Mapping[str, str]) -> list[str]:
