@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from topokeeper.cli import nccl_check
 from topokeeper.cli.options import add_endpoint_option, apply_endpoint_option
 from topokeeper.cli.planning import plan_from_files, plan_table
 from topokeeper.computenode.hostfile import HostfileError, job_nodelist, order_hosts, read_topology_file, render
@@ -26,7 +27,7 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FLUSH_FAILED = 120  # as Python exits when flushing its output fails
 # Commands that plan from a file: with one of these first, the others (which import botocore, ~0.5 s) stay unloaded.
-PLANNING_COMMANDS = frozenset({"plan", "show", "head-node-program", "hostfile"})
+PLANNING_COMMANDS = frozenset({"plan", "show", "head-node-program", "hostfile", "nccl-check"})
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -102,6 +103,12 @@ def build_parser(operator_commands: bool = True) -> argparse.ArgumentParser:
     )
     add_hostfile_arguments(hostfile_parser, live=False)
     hostfile_parser.set_defaults(run=_cmd_hostfile)
+
+    nccl_parser = commands.add_parser(
+        "nccl-check", help="write an all_reduce_perf sbatch script per leaf and block; --results: flag the slow ones"
+    )
+    nccl_check.add_arguments(nccl_parser)
+    nccl_parser.set_defaults(run=nccl_check.run)
     if operator_commands:
         _register_operator_commands(parser, commands)
     return parser
