@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from topokeeper.cli.main import main
-from topokeeper.wire import expand
+from topokeeper.wire import compress, expand
 
 SNAPSHOT = Path(__file__).resolve().parents[2] / "examples" / "mixed-cluster.json"
 
@@ -73,6 +73,10 @@ def test_one_script_per_leaf_and_block_and_a_reference_across_two(kit: Path) -> 
         assert f"#SBATCH --nodes={len(expand(run['nodes']))}\n" in script
         assert f"#SBATCH --output={run['output']}\n" in script
         assert script.rstrip().endswith("srun all_reduce_perf -b 8 -e 8G -f 2 -g 1")
+        assert "#SBATCH --ntasks-per-node=8\n" in script and "--gpus-per-node" not in script  # GRES: asked for
+    block_reference = (kit / "nccl-ml-p6e-reference.sbatch").read_text()
+    assert "#SBATCH --nodes=18\n#SBATCH" in block_reference and "#SBATCH --segment=9\n" in block_reference
+    assert "--segment" not in (kit / "nccl-ml-p5-reference.sbatch").read_text()
     reference = next(run for run in runs if run["partition"] == "ml-p5" and run["kind"] == "reference")
     leaves = [set(expand(run["nodes"])) for run in runs if run["partition"] == "ml-p5" and run["kind"] == "leaf"]
     assert sum(1 for leaf in leaves if leaf & set(expand(reference["nodes"]))) == 2
@@ -81,11 +85,17 @@ def test_one_script_per_leaf_and_block_and_a_reference_across_two(kit: Path) -> 
 def test_the_command_is_quoted_word_by_word(tmp_path: Path, kit: Path) -> None:
     out = tmp_path / "kit2"
     command = "/opt/nccl tests/all_reduce_perf -b 8 $(reboot) ;x"
-    assert main(["nccl-check", "--snapshot", str(SNAPSHOT), "--out", str(out), "--command", command]) == 0
+    assert (
+        main(
+            ["nccl-check", "--snapshot", str(SNAPSHOT), "--out", str(out), "--command", command, "--gpus-per-node", "4"]
+        )
+        == 0
+    )
     script = next(out.glob("*.sbatch")).read_text()
     line = script.rstrip().splitlines()[-1]
     assert shlex.split(line) == ["srun", "/opt/nccl", "tests/all_reduce_perf", "-b", "8", "$(reboot)", ";x"]
     assert "'$(reboot)'" in line
+    assert "#SBATCH --gpus-per-node=4\n" in script
 
 
 def test_all_alike_is_no_verdict(kit: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -153,3 +163,22 @@ def test_a_tampered_manifest_never_reaches_a_command(kit: Path, capsys: pytest.C
     manifest["runs"][0]["nodes"] = "p5-001,evil;reboot"  # a hostlist, but no Slurm name
     (kit / "manifest.json").write_text(json.dumps(manifest))
     assert "runs[0]: not a safe Slurm name" in _error(kit, capsys)
+
+
+def test_the_suspects_are_the_nodes_slow_groups_share(kit: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node in two partitions: its leaf is slow in both, and only the nodes both slow leaves hold are suspects."""
+    manifest = json.loads((kit / "manifest.json").read_text())
+    leaves = [run for run in manifest["runs"] if run["kind"] == "leaf"]
+    first, second, third = (expand(leaf["nodes"]) for leaf in leaves[:3])
+    other = [(first[:2] + second[:2]), second[2:] + third[:2], third[2:] + first[2:]]
+    for number, nodes in enumerate(other):
+        unit = f"o{number}"
+        entry = {"partition": "other", "unit": unit, "kind": "leaf", "nodes": ",".join(nodes)}
+        manifest["runs"].append({**entry, "output": f"nccl-other-{unit}.out"})
+    (kit / "manifest.json").write_text(json.dumps(manifest))
+    _fill(kit, {leaves[0]["unit"]: 200.0, "o0": 200.0})
+    assert main(["nccl-check", "--results", str(kit), "--json"]) == 3
+    document = json.loads(capsys.readouterr().out)
+    flagged = {row["unit"]: expand(row["suspect_nodes"]) for row in document["runs"] if row["flagged"]}
+    assert flagged == {leaves[0]["unit"]: first[:2], "o0": first[:2]}
+    assert document["drain_command"].startswith(f"scontrol update NodeName={compress(first[:2])} State=DRAIN ")

@@ -48,6 +48,9 @@ class Run:
     unit: str
     kind: str  # "leaf", "block" or "reference"
     nodes: tuple[str, ...]
+    # Block topology: a job no larger than a block must fit in one, so the reference across two blocks asks for
+    # segments of this size (sbatch --segment, with --nodelist from Slurm 25.11).
+    segment: int = 0
 
     @property
     def stem(self) -> str:
@@ -82,7 +85,8 @@ def plan_runs(snapshot: Path, config: Path | None, slurm_version: str | None) ->
         if len(units) >= 2:
             (_, first), (_, second) = units[0], units[1]
             half = min(len(first), len(second)) // 2 or 1
-            runs.append(Run(name, "reference", "reference", (*first[:half], *second[:half])))
+            segment = half if kind == "block" else 0
+            runs.append(Run(name, "reference", "reference", (*first[:half], *second[:half]), segment))
     if not runs:
         raise InputError("--snapshot", "no partition has two leaves or blocks of two nodes or more to check")
     stems = [run.stem for run in runs]
@@ -92,7 +96,7 @@ def plan_runs(snapshot: Path, config: Path | None, slurm_version: str | None) ->
     return runs
 
 
-def sbatch_script(run: Run, gpus_per_node: int, command: str) -> str:
+def sbatch_script(run: Run, tasks_per_node: int, gpus_per_node: int | None, command: str) -> str:
     """#SBATCH lines carry only checked names and numbers; the command line is quoted word by word."""
     words = shlex.split(command)
     return "\n".join(
@@ -102,8 +106,9 @@ def sbatch_script(run: Run, gpus_per_node: int, command: str) -> str:
             f"#SBATCH --partition={run.partition}",
             f"#SBATCH --nodelist={compress(run.nodes)}",
             f"#SBATCH --nodes={len(run.nodes)}",
-            f"#SBATCH --ntasks-per-node={gpus_per_node}",
-            f"#SBATCH --gpus-per-node={gpus_per_node}",
+            f"#SBATCH --ntasks-per-node={tasks_per_node}",
+            *([f"#SBATCH --gpus-per-node={gpus_per_node}"] if gpus_per_node else []),
+            *([f"#SBATCH --segment={run.segment}"] if run.segment else []),
             "#SBATCH --exclusive",
             f"#SBATCH --output={run.output}",
             "set -eu",
@@ -117,10 +122,12 @@ def sbatch_script(run: Run, gpus_per_node: int, command: str) -> str:
 
 
 def write_kit(args: argparse.Namespace) -> int:
-    if args.gpus_per_node < 1:
-        raise InputError("--gpus-per-node", "must be 1 or more")
+    for option, value in (("--tasks-per-node", args.tasks_per_node), ("--gpus-per-node", args.gpus_per_node or 1)):
+        if value < 1:
+            raise InputError(option, "must be 1 or more")
     runs = plan_runs(args.snapshot, args.config, args.slurm_version)
-    files = {f"{run.stem}.sbatch": sbatch_script(run, args.gpus_per_node, args.command) for run in runs}
+    per_node = args.tasks_per_node, args.gpus_per_node
+    files = {f"{run.stem}.sbatch": sbatch_script(run, *per_node, args.command) for run in runs}
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "runs": [
@@ -229,35 +236,38 @@ def _table_rows(text: str, path: Path) -> list[list[str]]:
 
 
 def verdict(measured: list[Measured], threshold: float) -> list[dict[str, Any]]:
-    """Per run: the partition's median over its leaves or blocks, and whether it is below by more than threshold."""
-    by_partition: dict[str, list[Measured]] = {}
-    for item in measured:
-        by_partition.setdefault(item.run.partition, []).append(item)
+    """Per run: its partition's median over the leaves or blocks, and whether it is below that by more than
+    ``threshold`` percent (or returned wrong values). A slow run's suspects are its nodes that other slow runs share
+    (a node in two partitions' slow leaves), else all its nodes: leaves and blocks of one partition are disjoint."""
+    medians: dict[str, float] = {}
+    for partition in {item.run.partition for item in measured}:
+        units = [i.busbw for i in measured if i.run.partition == partition and i.run.kind != "reference"]
+        medians[partition] = statistics.median(units) if units else 0.0
+
+    def is_slow(item: Measured) -> bool:
+        limit = medians[item.run.partition] * (1 - threshold / 100)
+        return item.run.kind != "reference" and (item.wrong > 0 or item.busbw < limit)
+
+    slow = [item for item in measured if is_slow(item)]
     rows = []
-    for partition, items in sorted(by_partition.items()):
-        units = [item for item in items if item.run.kind != "reference"]
-        median = statistics.median(item.busbw for item in units) if units else 0.0
-        slow = [i for i in units if i.wrong or (median > 0 and i.busbw < median * (1 - threshold / 100))]
-        slow_nodes = [set(i.run.nodes) for i in slow]
-        for item in items:
-            flagged = item in slow
-            suspects: set[str] = set()
-            if flagged:
-                others = set().union(*(s for s in slow_nodes if s != set(item.run.nodes)))
-                suspects = (set(item.run.nodes) & others) or set(item.run.nodes)
-            rows.append(
-                {
-                    "partition": partition,
-                    "unit": item.run.unit,
-                    "kind": item.run.kind,
-                    "nodes": compress(item.run.nodes),
-                    "busbw_gbps": item.busbw,
-                    "median_gbps": median,
-                    "out_of_bounds": item.wrong,
-                    "flagged": flagged,
-                    "suspect_nodes": compress(sorted(suspects)) if suspects else "",
-                }
-            )
+    for item in sorted(measured, key=lambda i: (i.run.partition, i.run.kind == "reference", i.run.unit)):
+        suspects: set[str] = set()
+        if item in slow:
+            shared = set().union(*(set(other.run.nodes) for other in slow if other is not item))
+            suspects = (set(item.run.nodes) & shared) or set(item.run.nodes)
+        rows.append(
+            {
+                "partition": item.run.partition,
+                "unit": item.run.unit,
+                "kind": item.run.kind,
+                "nodes": compress(item.run.nodes),
+                "busbw_gbps": item.busbw,
+                "median_gbps": medians[item.run.partition],
+                "out_of_bounds": item.wrong,
+                "flagged": item in slow,
+                "suspect_nodes": compress(sorted(suspects)) if suspects else "",
+            }
+        )
     return rows
 
 
@@ -315,7 +325,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="per-partition overrides (YAML or JSON)")
     parser.add_argument("--slurm-version", help="e.g. 24.11 or 26.05 (default: the snapshot's)")
     parser.add_argument("--out", type=Path, help="directory for the sbatch scripts and manifest.json")
-    parser.add_argument("--gpus-per-node", type=int, default=8, help="tasks and GPUs per node (default 8)")
+    parser.add_argument("--tasks-per-node", type=int, default=8, help="one task a GPU (default 8)")
+    parser.add_argument(
+        "--gpus-per-node", type=int, help="request GPUs (only where slurm.conf has GresTypes=gpu; default: none asked)"
+    )
     parser.add_argument("--command", default=DEFAULT_COMMAND, help=f"what srun runs (default: {DEFAULT_COMMAND})")
     parser.add_argument("--results", type=Path, help="the kit's directory with the outputs: print the verdict")
     parser.add_argument(
