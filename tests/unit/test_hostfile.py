@@ -109,3 +109,15 @@ def test_the_head_node_program_runs_it_on_a_compute_node(tmp_path: Path) -> None
     assert done.stderr == (
         "topokeeper hostfile: error: no node list: give one, or run inside a job (SLURM_JOB_NODELIST is unset)\n"
     )
+
+
+def test_the_docs_show_what_it_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/ranks-and-nccl.md: the scontrol output a real slurmctld printed, and the rank map it gives."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "ranks-and-nccl.md").read_text()
+    topology = text[text.index("```text\n") + 8 : text.index("```", text.index("```text\n") + 8)]
+    command = "topokeeper hostfile 'p5-[000-001,004-005,008,012]' --topology-file tree.txt --format rankmap"
+    start = text.index(f"$ {command}\n") + len(command) + 3
+    (tmp_path / "tree.txt").write_text(topology)
+    argv = ["hostfile", "p5-[000-001,004-005,008,012]", "--topology-file", str(tmp_path / "tree.txt")]
+    assert cli_main([*argv, "--format", "rankmap"]) == 0
+    assert capsys.readouterr().out == text[start : text.index("```", start)]

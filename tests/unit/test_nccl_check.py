@@ -182,3 +182,19 @@ def test_the_suspects_are_the_nodes_slow_groups_share(kit: Path, capsys: pytest.
     flagged = {row["unit"]: expand(row["suspect_nodes"]) for row in document["runs"] if row["flagged"]}
     assert flagged == {leaves[0]["unit"]: first[:2], "o0": first[:2]}
     assert document["drain_command"].startswith(f"scontrol update NodeName={compress(first[:2])} State=DRAIN ")
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "ranks-and-nccl.md"
+
+
+def _shown(command: str) -> str:
+    """The output docs/ranks-and-nccl.md shows under ``$ command``, up to the block's end."""
+    text = DOCS.read_text()
+    start = text.index(f"$ {command}\n") + len(command) + 3
+    return text[start : text.index("```", start)]
+
+
+def test_the_docs_show_what_the_verdict_prints(kit: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _fill(kit, {"nn-5038da95330ba16ed": 241.5})
+    assert main(["nccl-check", "--results", str(kit)]) == 3
+    assert capsys.readouterr().out == _shown("topokeeper nccl-check --results nccl-kit")
