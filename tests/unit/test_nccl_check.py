@@ -149,13 +149,28 @@ def test_truncated_garbled_and_mixed_up_outputs_are_one_error_naming_the_file(
     assert f"{first}: the average bus bandwidth is not a finite number" in _error(kit, capsys)
 
     first.write_text(second.read_text())  # another leaf's output under this leaf's name
-    assert f"{first}: ran on other nodes than" in _error(kit, capsys)
+    assert f"{first}: ran on nodes not of leaf {runs[0]['unit']} ('" in _error(kit, capsys)
+
+    first.write_text(nccl_output(expand(runs[0]["nodes"])[1:], 300.0))
+    assert f"{first}: ran on 3 of leaf {runs[0]['unit']}'s 4 nodes" in _error(kit, capsys)
+
+    first.write_text(whole.replace("# Using devices", "").replace(" on ip-", " at ip-"))
+    assert f"{first}: no '#  Rank N ... on HOST device' lines" in _error(kit, capsys)
 
     first.write_text("srun: error: Unable to allocate resources\n")
     assert f"{first}: no nccl-tests table header" in _error(kit, capsys)
 
     first.unlink()
     assert f"{first}: cannot read it" in _error(kit, capsys)
+
+
+def test_host_names_that_are_no_slurm_node_names_cannot_be_checked_and_pass(
+    kit: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fill(kit)
+    first = kit / _runs(kit)[0]["output"]
+    first.write_text(nccl_output(["compute-a.ec2.internal", "compute-b"], 300.0))
+    assert main(["nccl-check", "--results", str(kit)]) == 0
 
 
 def test_a_tampered_manifest_never_reaches_a_command(kit: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -182,8 +182,9 @@ class Measured:
     wrong: int  # out-of-bounds values
 
 
-def parse_output(path: Path, run: Run) -> Measured:
-    """One nccl-tests output: the table's header and rows, the hosts it ran on, the summary lines."""
+def parse_output(path: Path, run: Run, known: set[str]) -> Measured:
+    """One nccl-tests output: the table's header and rows, the hosts it ran on, the summary lines. ``known``: every
+    node of the kit."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -197,16 +198,24 @@ def parse_output(path: Path, run: Run) -> Measured:
     busbw = _number(average.group(1), path, "the average bus bandwidth")
     if not rows:
         raise InputError(str(path), "the table has no rows")
-    hosts = set(_RANK_HOST.findall(text))
-    short = {node.split(".")[0] for node in run.nodes}
-    if not hosts or not hosts <= set(run.nodes) | short:
-        strangers = sorted(hosts - set(run.nodes) - short)[:3]
-        raise InputError(
-            str(path),
-            f"ran on other nodes than {run.kind} {run.unit}'s ({', '.join(map(repr, strangers)) or 'none listed'}): "
-            "a mixed-up output",
-        )
+    _check_hosts(path, run, {host.split(".")[0] for host in _RANK_HOST.findall(text)}, known)
     return Measured(run, busbw, int(bounds.group(1)))
+
+
+def _check_hosts(path: Path, run: Run, hosts: set[str], known: set[str]) -> None:
+    """The ranks' hosts (``# Rank N ... on HOST device``) are the run's nodes: another run's nodes there mean a
+    mixed-up file, some of its nodes missing a run on part of it. Host names that are no node of the kit at all
+    (a cluster whose host names are not its Slurm node names) cannot be checked."""
+    if not hosts:
+        raise InputError(str(path), "no '#  Rank N ... on HOST device' lines under '# Using devices'")
+    mine = {node.split(".")[0] for node in run.nodes}
+    strangers = sorted((hosts & known) - mine)
+    if strangers:
+        shown = ", ".join(map(repr, strangers[:3])) + (", ..." if len(strangers) > 3 else "")
+        raise InputError(str(path), f"ran on nodes not of {run.kind} {run.unit} ({shown}): a mixed-up output")
+    missing = sorted(mine - hosts)
+    if hosts & mine and missing:
+        raise InputError(str(path), f"ran on {len(mine) - len(missing)} of {run.kind} {run.unit}'s {len(mine)} nodes")
 
 
 def _number(text: str, path: Path, what: str) -> float:
@@ -283,7 +292,8 @@ def check_results(args: argparse.Namespace) -> int:
     if not 0 < args.threshold < 100:
         raise InputError("--threshold", "must be a percentage between 0 and 100")
     runs = read_manifest(args.results)
-    measured = [parse_output(args.results / run.output, run) for run in runs]
+    known = {node.split(".")[0] for run in runs for node in run.nodes}
+    measured = [parse_output(args.results / run.output, run, known) for run in runs]
     rows = verdict(measured, args.threshold)
     command = drain_command(rows, args.threshold)
     if args.json:
