@@ -12,8 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from topokeeper.cli import nccl_check
 from topokeeper.cli.options import add_endpoint_option, apply_endpoint_option
 from topokeeper.cli.planning import plan_from_files, plan_table
+from topokeeper.computenode.hostfile import HostfileError, job_nodelist, order_hosts, read_topology_file, render
+from topokeeper.computenode.hostfile import add_arguments as add_hostfile_arguments
 from topokeeper.contract.errors import InputError
 from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
 from topokeeper.contract.operator_files import check_out_file, write_files, write_text_file
@@ -24,7 +27,7 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FLUSH_FAILED = 120  # as Python exits when flushing its output fails
 # Commands that plan from a file: with one of these first, the others (which import botocore, ~0.5 s) stay unloaded.
-PLANNING_COMMANDS = frozenset({"plan", "show", "head-node-program"})
+PLANNING_COMMANDS = frozenset({"plan", "show", "head-node-program", "hostfile", "nccl-check"})
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -56,6 +59,16 @@ def _cmd_head_node_program(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_hostfile(args: argparse.Namespace) -> int:
+    """As the head-node program's ``hostfile`` on a compute node, from saved ``scontrol show topology`` output."""
+    try:
+        units = read_topology_file(str(args.topology_file))
+        print(render(order_hosts(job_nodelist(args.nodelist, os.environ), units), args.format), end="")
+    except HostfileError as error:
+        raise InputError("hostfile", str(error)) from None
+    return EXIT_OK
+
+
 def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot", type=Path, required=True, help="snapshot JSON of AWS responses")
     parser.add_argument("--config", type=Path, help="per-partition overrides (YAML or JSON)")
@@ -84,6 +97,18 @@ def build_parser(operator_commands: bool = True) -> argparse.ArgumentParser:
     )
     program_parser.add_argument("--out", type=Path, required=True, help=f"the file to write, e.g. {PROGRAM_NAME}")
     program_parser.set_defaults(run=_cmd_head_node_program)
+
+    hostfile_parser = commands.add_parser(
+        "hostfile", help="a job's nodes in topology order (each leaf or block together), for a host file or rank map"
+    )
+    add_hostfile_arguments(hostfile_parser, live=False)
+    hostfile_parser.set_defaults(run=_cmd_hostfile)
+
+    nccl_parser = commands.add_parser(
+        "nccl-check", help="write an all_reduce_perf sbatch script per leaf and block; --results: flag the slow ones"
+    )
+    nccl_check.add_arguments(nccl_parser)
+    nccl_parser.set_defaults(run=nccl_check.run)
     if operator_commands:
         _register_operator_commands(parser, commands)
     return parser

@@ -1,8 +1,10 @@
 """The head-node program as one file: ``topokeeper-head-node.pyz``, a standard-library zipapp.
 
-It packs ``topokeeper/__init__.py``, ``topokeeper/wire.py``, ``topokeeper/headnode/`` and ``topokeeper/agent/``
+It packs ``topokeeper/__init__.py``, ``topokeeper/wire.py``, ``topokeeper/headnode/``, ``topokeeper/agent/`` and
+``topokeeper/computenode/``
 (standard library only, Python 3.8+) with a ``__main__.py`` that runs ``apply|dry-run|verify BUNDLE ...`` (the
-head-node program) or ``agent ...`` (the pull agent). Every channel ships these bytes: the SSM command, the
+head-node program), ``agent ...`` (the pull agent) or ``hostfile ...`` (a job's nodes in topology order, on a
+compute node). Every channel ships these bytes: the SSM command, the
 agent's install script, ``verify --bundle-out``; the stack records their sha256 (output HeadNodeProgramSha256).
 
 The build is deterministic, so one source tree gives one sha256: entries sorted, stored (not deflated: the
@@ -21,11 +23,12 @@ from pathlib import Path
 
 PROGRAM_NAME = "topokeeper-head-node.pyz"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # topokeeper/, which this module is in contract/ of
-_PACKED_PACKAGES = ("headnode", "agent")
+_PACKED_PACKAGES = ("headnode", "agent", "computenode")
 _SHEBANG = b"#!/usr/bin/env python3\n"
 _TIMESTAMP = (1980, 1, 1, 0, 0, 0)  # the earliest a zip entry can carry
 _FILE_MODE = 0o100644  # a regular file, rw-r--r--
-MAIN = '''"""topokeeper-head-node.pyz: MODE BUNDLE ... runs the head-node program; agent ... runs the pull agent."""
+MAIN = '''"""topokeeper-head-node.pyz: MODE BUNDLE ... runs the head-node program; agent ... runs the pull agent;
+hostfile ... prints a job's nodes in topology order."""
 
 import sys
 
@@ -33,6 +36,10 @@ if len(sys.argv) > 1 and sys.argv[1] == "agent":
     from topokeeper.agent.main import main as agent_main
 
     sys.exit(agent_main(sys.argv[2:]))
+if len(sys.argv) > 1 and sys.argv[1] == "hostfile":
+    from topokeeper.headnode.hostfile import main as hostfile_main
+
+    sys.exit(hostfile_main(sys.argv[2:]))
 from topokeeper.headnode.main import main
 
 sys.exit(main())
