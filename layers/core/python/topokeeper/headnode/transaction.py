@@ -10,6 +10,7 @@ import re
 import time
 from typing import (
     Any,
+    Callable,
     Dict,
     List,
     NamedTuple,
@@ -147,8 +148,18 @@ class Transaction:
 
     # -- forward ----------------------------------------------------------------------------------
 
-    def run(self, steps: Sequence[Step], plan_sha256: str, result: Dict[str, Any]) -> bool:
-        """Write ``steps`` and have slurmctld load them (True); on refusal, put back what was replaced (False)."""
+    def run(
+        self,
+        steps: Sequence[Step],
+        plan_sha256: str,
+        result: Dict[str, Any],
+        live_update: Optional[Callable[[], bool]] = None,
+    ) -> bool:
+        """Write ``steps`` and have slurmctld load them (True); on refusal, put back what was replaced (False).
+
+        ``live_update``: brings slurmctld to the new files without a reconfigure (True), else the reconfigure
+        runs as without it. Until it returns the journal stays: a kill meanwhile is rolled forward (reconfigure).
+        """
         if self.budget.left() - RECONFIGURE_TIMEOUT < MIN_RECONFIGURE_SECONDS:
             raise Failed(
                 "only %.0f s of the applier's %.0f s budget left, too little to reconfigure and roll back;"
@@ -200,6 +211,9 @@ class Transaction:
             self._mark_rolling_back(journal)
             errors = self._restore(journal)
             raise Failed("could not replace %s; %s" % (renamed, restored_message(errors)))
+        if live_update is not None and live_update():
+            self._end(journal)
+            return True
         code, message = self.faults.crash_during(
             "during-reconfigure",
             lambda: reconfigure(self.scontrol, self.log_path, self.budget.left() - RECONFIGURE_TIMEOUT),
