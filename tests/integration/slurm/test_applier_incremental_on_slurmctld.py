@@ -1,0 +1,122 @@
+"""Incremental applies on a real slurmctld: live node updates instead of a reconfigure (issue 27 item 1).
+
+26.05 (sid): a move between existing leaves, a new leaf under a new intermediate switch, nodes joining an
+existing block are each loaded with `scontrol update NodeName=.. Topology=..` (slurmctld keeps its pid) and
+verify reads in_sync; a later `scontrol reconfigure` changes nothing. A new block needs a reconfigure. 24.11
+(trixie, topology.conf) keeps the whole-file path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import gb200_nodes, node, p5_nodes
+from tests.integration.slurm.test_applier_on_slurmctld import _bundle, _cluster, _live_pid, _plan, _run, _start
+from topokeeper.domain.models import Node
+from topokeeper.sim.slurm_chroot import SlurmController
+from topokeeper.wire import parse_show_topology
+
+pytestmark = pytest.mark.slurm
+
+
+def _gpu(**paths: tuple[str, ...]) -> list[Node]:
+    """The 8 p5 nodes, some on other paths."""
+    return [node(n.name, path=paths[n.name]) if n.name in paths else n for n in p5_nodes(8)]
+
+
+def _live(controller: SlurmController) -> dict[str, Any]:
+    return {name: parse_show_topology(controller.show_topology(name)) for name in ("tree-gpu", "block-gb")}
+
+
+def _assert_incremental(controller: SlurmController, bundle: dict[str, Any], pid: int | None, updated: int) -> None:
+    code, document = _run(controller, "apply", bundle)
+    assert (code, document["outcome"], document["error"]) == (0, "applied", None)
+    assert (document["apply_path"], document["nodes_updated"], document["whole_file_reason"]) == (
+        "incremental",
+        updated,
+        None,
+    )
+    assert (document["reconfigured"], document["reconfigure_exit_code"]) == (False, None)
+    assert document["after_sha256"] == document["plan_sha256"] and document["drift"] == []
+    assert controller.current_pid() == pid  # no reconfigure: the same slurmctld
+    code, verified = _run(controller, "verify", bundle)
+    assert (code, verified["outcome"], verified["drift"]) == (0, "in_sync", [])
+
+
+def test_moves_new_switches_and_block_joins_are_applied_live_and_survive_a_reconfigure(
+    sid_root: Path, controllers
+) -> None:
+    gb = gb200_nodes(2)
+    first = _plan(_cluster(gb=gb[:16] + gb[18:34]))  # 4 gb nodes known to slurmctld, in no block yet
+    controller = controllers(sid_root)
+    _start(controller, first, nodes=[*first.plan.nodes, *(n.name for n in gb[16:18] + gb[34:])])
+    code, document = _run(controller, "apply", _bundle(first))
+    assert (code, document["apply_path"], document["whole_file_reason"]) == (0, "whole_file", "slurm.conf changes too")
+    pid = controller.current_pid()
+
+    moved = _gpu(**{"p5-003": ("nn-spine0", "nn-agg0", "nn-leaf001")})
+    _assert_incremental(controller, _bundle(_plan(_cluster(gpu=moved, gb=gb[:16] + gb[18:34]))), pid, 1)
+    assert parse_show_topology(controller.show_topology("tree-gpu"))["nn-leaf001"]["nodes"] == [
+        "p5-003",
+        "p5-004",
+        "p5-005",
+        "p5-006",
+        "p5-007",
+    ]
+
+    new_leaf = _gpu(**{"p5-003": ("nn-spine0", "nn-agg0", "nn-leaf001"), "p5-007": ("nn-spine0", "nn-agg2", "nn-l9")})
+    _assert_incremental(controller, _bundle(_plan(_cluster(gpu=new_leaf, gb=gb[:16] + gb[18:34]))), pid, 1)
+    assert parse_show_topology(controller.show_topology("tree-gpu"))["nn-l9"]["nodes"] == ["p5-007"]
+
+    final = _bundle(_plan(_cluster(gpu=new_leaf, gb=gb)))
+    _assert_incremental(controller, final, pid, 4)
+
+    live = _live(controller)
+    controller.run("scontrol", "reconfigure", check=True)
+    assert _live_pid(controller) not in (None, pid)
+    assert _live(controller) == live  # the files say what the updates did
+    code, verified = _run(controller, "verify", final)
+    assert (code, verified["outcome"]) == (0, "in_sync")
+
+
+def test_a_new_block_is_loaded_by_reconfigure(sid_root: Path, controllers) -> None:
+    first, second = _plan(_cluster()), _plan(_cluster(gb=gb200_nodes(3)))
+    controller = controllers(sid_root)
+    _start(controller, second)  # slurmctld knows the third UltraServer's nodes
+    assert _run(controller, "apply", _bundle(first))[1]["outcome"] == "applied"
+    pid = controller.current_pid()
+
+    code, document = _run(controller, "apply", _bundle(second))
+
+    assert (code, document["outcome"], document["apply_path"], document["nodes_updated"]) == (
+        0,
+        "applied",
+        "whole_file",
+        0,
+    )
+    assert document["whole_file_reason"] == "topology block-gb adds, removes or reorders blocks"
+    assert document["reconfigured"] and document["reconfigure_exit_code"] == 0
+    assert _live_pid(controller) not in (None, pid)
+    assert "us-0002" in parse_show_topology(controller.show_topology("block-gb"))
+
+
+def test_topology_conf_on_24_11_keeps_the_whole_file_path(trixie_root: Path, controllers) -> None:
+    first = _plan(_cluster(), version="24.11")
+    moved = _plan(_cluster(gpu=_gpu(**{"p5-003": ("nn-spine0", "nn-agg0", "nn-leaf001")})), version="24.11")
+    controller = controllers(trixie_root)
+    _start(controller, first)
+    assert _run(controller, "apply", _bundle(first))[1]["outcome"] == "applied"
+
+    code, document = _run(controller, "apply", _bundle(moved))
+
+    assert (code, document["outcome"], document["apply_path"], document["reconfigured"]) == (
+        0,
+        "applied",
+        "whole_file",
+        True,
+    )
+    assert document["whole_file_reason"] == "topology.conf is loaded by reconfigure only"
+    assert "p5-003" in parse_show_topology(controller.show_topology("nn-leaf001"))["nn-leaf001"]["nodes"]
