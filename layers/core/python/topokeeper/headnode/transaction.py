@@ -223,8 +223,12 @@ class Transaction:
         if code == 0:
             self._end(journal)
             return True
-        # A daemonized slurmctld keeps the old config, but the bad files would break
-        # `scontrol show topology` and the next restart: put the old ones back and reload them.
+        self._rejected(journal, message, result)
+        return False
+
+    def _rejected(self, journal: Dict[str, Any], message: str, result: Dict[str, Any]) -> None:
+        """slurmctld refused the new files. A daemonized slurmctld keeps the old config, but the bad files would
+        break `scontrol show topology` and the next restart: put the old ones back and reload them."""
         errors, again, again_message = self.roll_back(journal)
         result["outcome"] = "failed" if again or errors else "rolled_back"
         if errors:
@@ -236,7 +240,6 @@ class Transaction:
             )
         else:
             result["error"] = "slurmctld rejected the new config; the previous one is restored and live: %s" % message
-        return False
 
     def _rename(self, journal: Dict[str, Any]) -> str:
         """Rename the remaining temp files over their targets in order: "" when all are in place, else what failed."""
