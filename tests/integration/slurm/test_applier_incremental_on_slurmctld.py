@@ -2,8 +2,9 @@
 
 26.05 (sid): a move between existing leaves, a new leaf under a new intermediate switch, nodes joining an
 existing block are each loaded with `scontrol update NodeName=.. Topology=..` (slurmctld keeps its pid) and
-verify reads in_sync; a later `scontrol reconfigure` changes nothing. A new block needs a reconfigure. 24.11
-(trixie, topology.conf) keeps the whole-file path.
+verify reads in_sync; a later `scontrol reconfigure` changes nothing. A new block needs a reconfigure, and so
+does an update slurmctld refuses or a read-back that differs after the updates. 24.11 (trixie, topology.conf)
+keeps the whole-file path.
 """
 
 from __future__ import annotations
@@ -120,3 +121,55 @@ def test_topology_conf_on_24_11_keeps_the_whole_file_path(trixie_root: Path, con
     )
     assert document["whole_file_reason"] == "topology.conf is loaded by reconfigure only"
     assert "p5-003" in parse_show_topology(controller.show_topology("nn-leaf001"))["nn-leaf001"]["nodes"]
+
+
+def test_a_refused_update_or_a_differing_read_back_falls_back_to_reconfigure(sid_root: Path, controllers) -> None:
+    """The old file on disk is what the updates start from; a hand edit never loaded makes them wrong."""
+    first = _plan(_cluster())
+    three_blocks = _plan(_cluster(gb=gb200_nodes(3)))
+    controller = controllers(sid_root)
+    _start(controller, three_blocks)
+    assert _run(controller, "apply", _bundle(first))[1]["outcome"] == "applied"
+    topology = controller.etc / "topology.yaml"
+    # Not loaded: slurmctld has no block us-0002, so placing gb-037.. there is refused.
+    topology.write_text(topology.read_text().replace("- topology: tree-gpu", _US_0002 + "- topology: tree-gpu"))
+    pid = controller.current_pid()
+
+    code, document = _run(controller, "apply", _bundle(three_blocks))
+
+    assert (code, document["outcome"], document["apply_path"], document["reconfigured"]) == (
+        0,
+        "applied",
+        "whole_file",
+        True,
+    )
+    assert document["whole_file_reason"].startswith("scontrol update NodeName=gb-[038-054] Topology=block-gb:us-0002: ")
+    assert _live_pid(controller) not in (None, pid)
+    assert _run(controller, "verify", _bundle(three_blocks))[1]["outcome"] == "in_sync"
+
+    # Not loaded: the file says p5-003 moved already, so the updates move p5-004 only and the read-back differs.
+    both = _gpu(**{"p5-003": ("nn-spine0", "nn-agg0", "nn-leaf001"), "p5-004": ("nn-spine0", "nn-agg0", "nn-leaf000")})
+    topology.write_text(
+        topology.read_text()
+        .replace("nodes: p5-[001-003]", "nodes: p5-[001-002]")
+        .replace("p5-[004-007]", "p5-[003-007]")
+    )
+    pid = _live_pid(controller)
+    code, document = _run(controller, "apply", _bundle(_plan(_cluster(gpu=both, gb=gb200_nodes(3)))))
+
+    assert (code, document["outcome"], document["apply_path"], document["nodes_updated"]) == (
+        0,
+        "applied",
+        "whole_file",
+        1,
+    )
+    assert document["whole_file_reason"].startswith("after 1 live update(s) slurmctld differs from the plan")
+    assert _live_pid(controller) not in (None, pid)
+    live = parse_show_topology(controller.show_topology("tree-gpu"))
+    assert (live["nn-leaf000"]["nodes"], live["nn-leaf001"]["nodes"]) == (
+        ["p5-001", "p5-002", "p5-004"],
+        ["p5-003", "p5-005", "p5-006", "p5-007"],
+    )
+
+
+_US_0002 = "      - block: us-0002\n        nodes: gb-037\n"
