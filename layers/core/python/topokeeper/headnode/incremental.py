@@ -12,6 +12,7 @@ takes the whole-file path with reconfigure.
 from __future__ import annotations
 
 import re
+import time
 from typing import (
     Callable,
     Dict,
@@ -22,9 +23,9 @@ from typing import (
     Tuple,
 )
 
-from topokeeper.headnode.failures import sample
+from topokeeper.headnode.failures import Failed, sample
 from topokeeper.headnode.scontrol import Scontrol
-from topokeeper.wire import YAML_FORMAT, HostlistError, compress, expand, one_line
+from topokeeper.wire import RECONFIGURE_TIMEOUT, YAML_FORMAT, HostlistError, compress, expand, one_line
 
 FIRST_INCREMENTAL_VERSION = (26, 5)  # proven in the sid chroot; 25.05-25.11 only with a chroot that proves it
 
@@ -229,7 +230,17 @@ def update_live(
     result["whole_file_reason"]. result["nodes_updated"] counts the nodes of the batches slurmctld accepted."""
     done = 0
     for index, (hostlist, value) in enumerate(batches):
-        run = scontrol.run("update", "NodeName=%s" % hostlist, "Topology=%s" % value)
+        if scontrol.deadline is not None and scontrol.deadline - time.monotonic() < 2 * RECONFIGURE_TIMEOUT:
+            # The fallback's reconfigure, and a rollback after it, keep their share of the budget.
+            result["whole_file_reason"] = "too little of the time budget left for %d more live update(s)" % (
+                len(batches) - index
+            )
+            return False
+        try:
+            run = scontrol.run("update", "NodeName=%s" % hostlist, "Topology=%s" % value)
+        except Failed as error:  # a timeout: the reconfigure still loads the files
+            result["whole_file_reason"] = str(error)
+            return False
         if run.returncode != 0:
             why = one_line(run.stderr or run.stdout) or "exit %d" % run.returncode
             result["whole_file_reason"] = "scontrol update NodeName=%s Topology=%s: %s" % (hostlist, value, why)
