@@ -150,8 +150,13 @@ def render(records: Sequence[dict[str, Any]]) -> str:
     lines = [HEADER, "## Summary", ""]
     lines.append(
         f"- {len(crashes)} crash points on Slurm {', '.join(versions) or '(none)'}: {len(crashes) - len(mixed)}"
-        f" ended with slurmctld serving the old or the new topology, {len(mixed)} with a mix; slurmctld"
-        f" restarted from the files on disk after {len(restarted)} of them."
+        f" ended with slurmctld serving the old or the new topology, {len(mixed)} with a mix"
+        + (
+            " (killed between two live node updates: the journal stays, and the next run reloads the files)"
+            if mixed
+            else ""
+        )
+        + f"; slurmctld restarted from the files on disk after {len(restarted)} of them."
     )
     lines.append(
         f"- Nothing lost: {len(expected_end)} of {len(crashes)} crash cases converged on the next run (to the"

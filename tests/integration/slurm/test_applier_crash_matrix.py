@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import gb200_nodes
+from tests.helpers import gb200_nodes, node, p5_nodes
 from tests.integration.head_node.test_applier_transaction import FAULT_POINTS
 from tests.integration.slurm.test_applier_on_slurmctld import (
     _applier_command,
@@ -73,6 +73,7 @@ class Scenario:
     new: Callable[[], RenderedPlan]
     steps: tuple[str, ...]
     broken: bool = False  # slurmctld refuses ``new``: the rollback's crash points
+    mixed: tuple[str, ...] = ()  # between two live node updates: slurmctld serves part of each until the next run
 
 
 def _gb_only(version: str, **settings: PartitionSettings) -> RenderedPlan:
@@ -141,11 +142,30 @@ CONF_REJECTED = Scenario(
     ("after-rename:topology.conf", "after-rename:slurm.conf", "during-reconfigure"),
     broken=True,
 )
-SCENARIOS = [YAML_CHANGE, YAML_REJECTED] + ([CONF_PLUGIN_SWITCH, CONF_REJECTED] if FULL else [])
-# make test: a kill in the proof, before the renames, between them, in the reconfigure; a refused set at both ends.
+
+
+def _two_moves() -> RenderedPlan:
+    """p5-003 to an existing leaf, p5-007 to a new leaf under a new intermediate switch: two live updates."""
+    paths = {"p5-003": ("nn-spine0", "nn-agg0", "nn-leaf001"), "p5-007": ("nn-spine0", "nn-agg2", "nn-l9")}
+    return _plan(_cluster(gpu=[node(n.name, path=paths.get(n.name, n.network_nodes)) for n in p5_nodes(8)]))
+
+
+# 26.05, nodes moved within existing topologies: the files are written, then live node updates, no reconfigure.
+YAML_INCREMENTAL = Scenario(
+    "yaml-incremental",
+    "sid",
+    lambda: _plan(_cluster()),
+    _two_moves,
+    ("after-journal", "after-temp:topology.yaml", "after-rename:topology.yaml", "after-update:0", "after-update:1"),
+    mixed=("after-update:0",),
+)
+SCENARIOS = [YAML_CHANGE, YAML_REJECTED, YAML_INCREMENTAL] + ([CONF_PLUGIN_SWITCH, CONF_REJECTED] if FULL else [])
+# make test: a kill in the proof, before the renames, between them, in the reconfigure; a refused set at both ends;
+# every point of a live update.
 FAST_STEPS = {
     YAML_CHANGE.name: ("during-proof", "after-temp:slurm.conf", "after-rename:slurm.conf", "during-reconfigure"),
     YAML_REJECTED.name: ("after-rename:topology.yaml+union", "during-reconfigure"),
+    YAML_INCREMENTAL.name: YAML_INCREMENTAL.steps,
 }
 CASES = [
     pytest.param(s, step, id=f"{s.suite}-{s.name}-{step}")
@@ -276,7 +296,7 @@ def test_a_kill_at_every_step_leaves_files_a_restart_loads_and_the_next_runs_con
     assert killed or scenario.broken, run.stderr
     assert bool(_throwaways(controller)) == (step == "during-proof")  # the kill left its throw-away running
     after_kill = _served(controller, old, new)
-    assert after_kill in ("old", "new")
+    assert after_kill in (("mix",) if step in scenario.mixed else ("old", "new"))
 
     assert _restarts(controller) == ""  # a reboot at that moment, at every point
     if scenario.broken:  # proved on a throw-away slurmctld first: refused before any rename, never killed there

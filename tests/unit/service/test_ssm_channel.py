@@ -144,12 +144,15 @@ def test_the_real_program_travels_inline_byte_for_byte_and_answers(tmp_path: Pat
             "bundle_sha256": hashlib.sha256(bundle.encode()).hexdigest(),
         }
     )
+    script = tmp_path / "_script.sh"  # AWS-RunShellScript writes the commands to a file and runs it
+    script.write_text("\n".join(commands) + "\n")
+    (tmp_path / "work").mkdir()
     result = subprocess.run(
-        ["sh", "-c", "\n".join(commands)],
+        ["sh", str(script)],
         capture_output=True,
         text=True,
         check=False,
-        env={"PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent), "TMPDIR": str(tmp_path)},
+        env={"PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent), "TMPDIR": str(tmp_path / "work")},
     )
     document = json.loads(result.stdout)
     assert (result.returncode, result.stderr, document["outcome"]) == (2, "", "refused")
@@ -232,16 +235,19 @@ def test_script_runs_under_sh_and_execs_the_program(tmp_path: Path) -> None:
             "bundle_sha256": hashlib.sha256(bundle.encode()).hexdigest(),
         }
     )
+    script = tmp_path / "_script.sh"  # AWS-RunShellScript writes the commands to a file and runs it
+    script.write_text("\n".join(commands) + "\n")
+    (tmp_path / "work").mkdir()
     result = subprocess.run(
-        ["sh", "-c", "\n".join(commands)],
+        ["sh", str(script)],
         capture_output=True,
         text=True,
         check=False,
-        env={"PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent), "TMPDIR": str(tmp_path)},
+        env={"PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent), "TMPDIR": str(tmp_path / "work")},
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"outcome": "unchanged", "argv": ["verify"]}
-    assert list(tmp_path.iterdir()) == []  # the work directory is removed
+    assert list((tmp_path / "work").iterdir()) == []  # the work directory is removed
 
 
 @pytest.mark.parametrize(

@@ -92,6 +92,8 @@ _SUMMARY_KEYS = (
     "grouping_drift",
     "applier_version",
     "managed_by",  # ParallelCluster writes the topology: the backend keeps the cluster in verify
+    "apply_path",  # incremental (live node updates) or whole_file (reconfigure)
+    "nodes_updated",
 )
 
 

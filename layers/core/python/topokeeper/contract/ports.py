@@ -73,6 +73,11 @@ class ApplyResult(BaseModel):
     partitions_changed: list[str] = Field(default_factory=empty_list)
     reconfigured: bool = False
     reconfigure_exit_code: int | None = None
+    # How an apply brought slurmctld to the new files: "incremental" (scontrol update NodeName=.. Topology=..,
+    # no reconfigure), "whole_file" (scontrol reconfigure), None (nothing loaded).
+    apply_path: Literal["incremental", "whole_file"] | None = None
+    nodes_updated: int = 0  # nodes the live updates moved, placed or removed
+    whole_file_reason: str | None = None  # why an apply that changed files could not take the incremental path
     readback: dict[str, dict[str, Any]] = Field(default_factory=empty_dict)  # per topology: units, matches, mismatches
     partition_topologies: dict[str, Any] = Field(default_factory=empty_dict)  # slurmctld's live assignment
     drift: list[dict[str, Any]] = Field(default_factory=empty_list)

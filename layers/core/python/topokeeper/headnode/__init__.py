@@ -17,7 +17,9 @@ would_apply; 3 drift; 2 refused, bad_signature or replayed; 4 stale_bindings; 1 
 verify repaired a cut-off apply's files while slurmctld is down; nothing started) or failed. The document always
 has every key:
 outcome, mode, plan_sha256, before_sha256 and after_sha256 (the live content hash, measured on disk
-before and after), partitions_changed, reconfigured, reconfigure_exit_code, readback ({topology:
+before and after), partitions_changed, reconfigured, reconfigure_exit_code, apply_path ("incremental":
+loaded by live node updates, "whole_file": by reconfigure, null: nothing loaded), nodes_updated,
+whole_file_reason (why an apply could not take the incremental path), readback ({topology:
 {units, matches, mismatches, mismatches_dropped}}), partition_topologies (live Topology= per
 partition), drift ([{what: grouping|file|partition|topology|plugin, name, detail, kind: grouping|naming}]),
 grouping_drift (true when some entry's kind is grouping), diff (dry-run), slurm_version, slurm_format,
@@ -65,6 +67,10 @@ Choices the callers can rely on:
   renames in an order whose every prefix loads, reconfigure, and a rollback of only what was
   replaced. A journal left by a killed run is rolled forward or back before anything else (apply, and
   verify when one is there). No link is followed and nothing outside the config directory written.
+* Incremental (incremental.py): on Slurm >= 26.05 with topology.yaml, when only nodes move within the
+  existing topologies (tree: new switches under existing ones too; block: existing blocks), the files are
+  written the same way and then ``scontrol update NodeName=<hostlist> Topology=<whole placement>`` per
+  destination replaces the reconfigure; the read-back must then equal the plan, else the reconfigure runs.
 * One apply at a time: an ``flock`` on ``CONFIG_DIR/.topokeeper.lock``, waited for up to
   ``--lock-timeout`` seconds. dry-run and verify only read and take no lock.
 * Drift is judged twice where the live state is read (verify, and apply's read-back): by name as

@@ -7,6 +7,7 @@ import os
 import time
 from typing import (
     Any,
+    Callable,
     Dict,
     Iterator,
     List,
@@ -34,6 +35,7 @@ from topokeeper.headnode.config_dir import (
 )
 from topokeeper.headnode.diff import unified_diff
 from topokeeper.headnode.disk import (
+    Change,
     disk_drift,
     disk_sha256,
     managed_by,
@@ -43,6 +45,7 @@ from topokeeper.headnode.disk import (
 )
 from topokeeper.headnode.failures import Failed, NotRegularFile, Refused
 from topokeeper.headnode.grouping import grouping_drift, read_back, with_kinds
+from topokeeper.headnode.incremental import eligibility, update_live
 from topokeeper.headnode.output import new_result
 from topokeeper.headnode.proof import prove, refused_message
 from topokeeper.headnode.scontrol import (
@@ -213,6 +216,41 @@ def _proved(result: Dict[str, Any], conf: SlurmConf, steps: Sequence[Step], cont
     return not refused
 
 
+def _incremental(
+    result: Dict[str, Any], bundle: Bundle, changes: Sequence[Change], context: Context
+) -> Optional[Callable[[], bool]]:
+    """What brings slurmctld to the new files by live node updates, then reads back as verify does; None (and
+    result["whole_file_reason"]) when only a reconfigure can."""
+    topology = [change for change in changes if os.path.basename(change.path) == bundle.slurm_format]
+    others = [os.path.basename(change.path) for change in changes if change not in topology]
+    batches, why = eligibility(
+        slurm_version(result["slurm_version"]),
+        bundle.slurm_format,
+        others,
+        topology[0].old if topology else None,
+        bundle.files[bundle.slurm_format],
+    )
+    if batches is None:
+        result["whole_file_reason"] = why
+        return None
+    planned = batches
+
+    def live_update() -> bool:
+        if not update_live(context.scontrol, planned, result, context.faults.crash):
+            return False
+        _record_drift(result, context.scontrol, bundle)
+        if result["drift"]:
+            result["whole_file_reason"] = "after %d live update(s) slurmctld differs from the plan (%d differences)" % (
+                len(planned),
+                len(result["drift"]),
+            )
+            return False
+        result["apply_path"] = "incremental"
+        return True
+
+    return live_update
+
+
 def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Context) -> None:
     conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
     try:
@@ -243,10 +281,14 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
             steps = ordered_steps(conf, bundle, changes, transaction.config)
             if not _proved(result, conf, steps, context):
                 return
-            if transaction.run(steps, bundle.plan_sha256, result):
-                _record_drift(result, context.scontrol, bundle)
+            live_update = _incremental(result, bundle, changes, context)
+            if transaction.run(steps, bundle.plan_sha256, result, live_update):
+                if result["apply_path"] != "incremental":  # its read-back is done already
+                    _record_drift(result, context.scontrol, bundle)
                 _judge_read_back(result)
     finally:  # measured, never assumed: also when the read-back itself fails
+        if result["reconfigured"] and result["apply_path"] is None:
+            result["apply_path"] = "whole_file"
         with contextlib.suppress(Failed, OSError):
             result["after_sha256"] = disk_sha256(bundle, read_disk_state(SlurmConf(conf_path), bundle))
 

@@ -10,6 +10,7 @@ import re
 import time
 from typing import (
     Any,
+    Callable,
     Dict,
     List,
     NamedTuple,
@@ -147,8 +148,18 @@ class Transaction:
 
     # -- forward ----------------------------------------------------------------------------------
 
-    def run(self, steps: Sequence[Step], plan_sha256: str, result: Dict[str, Any]) -> bool:
-        """Write ``steps`` and have slurmctld load them (True); on refusal, put back what was replaced (False)."""
+    def run(
+        self,
+        steps: Sequence[Step],
+        plan_sha256: str,
+        result: Dict[str, Any],
+        live_update: Optional[Callable[[], bool]] = None,
+    ) -> bool:
+        """Write ``steps`` and have slurmctld load them (True); on refusal, put back what was replaced (False).
+
+        ``live_update``: brings slurmctld to the new files without a reconfigure (True), else the reconfigure
+        runs as without it. Until it returns the journal stays: a kill meanwhile is rolled forward (reconfigure).
+        """
         if self.budget.left() - RECONFIGURE_TIMEOUT < MIN_RECONFIGURE_SECONDS:
             raise Failed(
                 "only %.0f s of the applier's %.0f s budget left, too little to reconfigure and roll back;"
@@ -200,6 +211,9 @@ class Transaction:
             self._mark_rolling_back(journal)
             errors = self._restore(journal)
             raise Failed("could not replace %s; %s" % (renamed, restored_message(errors)))
+        if live_update is not None and live_update():
+            self._end(journal)
+            return True
         code, message = self.faults.crash_during(
             "during-reconfigure",
             lambda: reconfigure(self.scontrol, self.log_path, self.budget.left() - RECONFIGURE_TIMEOUT),
@@ -209,8 +223,12 @@ class Transaction:
         if code == 0:
             self._end(journal)
             return True
-        # A daemonized slurmctld keeps the old config, but the bad files would break
-        # `scontrol show topology` and the next restart: put the old ones back and reload them.
+        self._rejected(journal, message, result)
+        return False
+
+    def _rejected(self, journal: Dict[str, Any], message: str, result: Dict[str, Any]) -> None:
+        """slurmctld refused the new files. A daemonized slurmctld keeps the old config, but the bad files would
+        break `scontrol show topology` and the next restart: put the old ones back and reload them."""
         errors, again, again_message = self.roll_back(journal)
         result["outcome"] = "failed" if again or errors else "rolled_back"
         if errors:
@@ -222,7 +240,6 @@ class Transaction:
             )
         else:
             result["error"] = "slurmctld rejected the new config; the previous one is restored and live: %s" % message
-        return False
 
     def _rename(self, journal: Dict[str, Any]) -> str:
         """Rename the remaining temp files over their targets in order: "" when all are in place, else what failed."""

@@ -595,7 +595,10 @@ def _apply_text(document: dict[str, Any]) -> str:
         text += f" to {file}"
     if changed:
         text += f" (slurm.conf Topology= of {', '.join(changed)})"
-    text += ", scontrol reconfigure" if document.get("reconfigured") else ", no reconfigure"
+    if document.get("apply_path") == "incremental":
+        text += f", {document.get('nodes_updated')} node(s) placed live by scontrol update, no reconfigure"
+    else:
+        text += ", scontrol reconfigure" if document.get("reconfigured") else ", no reconfigure"
     if document.get("error"):
         text += f"; error: {document['error']}"
     return text
