@@ -39,6 +39,8 @@ WRONG = [
     (["diff", "--cluster", "llm-train", "--stack-name", "Topokeeper"], "deploy the stack first"),
     (["audit", "--cluster", "llm-train", "--stack-name", "Topokeeper"], "deploy the stack first"),
     (["apply", "--cluster", "llm-train", "--stack-name", "Topokeeper"], "deploy the stack first"),
+    (["preflight", "--cluster", "llm-train", "--stack-name", "Topokeeper"], "deploy the stack first"),
+    (["preflight", "--cluster", "llm-train", "--config", "{tmp}/missing.json"], "missing.json"),
     (["snapshot", "--cluster", "no-such-cluster"], "no-such-cluster"),
     (["labels", "--cluster", "no-such-cluster"], "no-such-cluster"),
     (["kueue", "--cluster", "no-such-cluster", "--out", "{tmp}/kueue"], "no-such-cluster"),

@@ -86,6 +86,16 @@ def _head_offline(aws: AwsEmulator) -> None:
     aws.ssm.set_ping_status(HEAD, "ConnectionLost")
 
 
+def _quota_denied(aws: AwsEmulator) -> None:
+    aws.quotas.caller_policy = [{"Effect": "Allow", "Action": "ssm:*", "Resource": "*"}]  # no servicequotas:*
+
+
+def _default_quota_too_small(aws: AwsEmulator) -> None:
+    """No applied value (GetServiceQuota: NoSuchResourceException): AWS's default of a new account holds."""
+    aws.quotas.forget("lambda", "L-B99A9384")
+    aws.quotas.set_default("lambda", "L-B99A9384", 1.0)
+
+
 def _no_quota(aws: AwsEmulator) -> None:
     aws.quotas.set("lambda", "L-B99A9384", float(PEAK_CONCURRENT_EXECUTIONS - 1))
 
@@ -96,6 +106,8 @@ FAILURES = [
     (_read_only_trail, "a trail delivers management events", "none of 1 trail"),
     (_head_offline, "SSM reaches the head node", "ConnectionLost"),
     (_no_quota, "service quotas fit", "request-service-quota-increase"),
+    (_quota_denied, "service quotas fit", "allow servicequotas:GetServiceQuota"),
+    (_default_quota_too_small, "service quotas fit", "request-service-quota-increase"),
 ]
 
 

@@ -156,8 +156,15 @@ def powertools_row(region: str) -> Row:
 
 def quota_row() -> Row:
     check = "service quotas fit"
-    quota = client("service-quotas").get_service_quota(ServiceCode="lambda", QuotaCode=LAMBDA_CONCURRENCY_QUOTA)
-    value = float(quota["Quota"]["Value"])
+    quotas = client("service-quotas")
+    asked = {"ServiceCode": "lambda", "QuotaCode": LAMBDA_CONCURRENCY_QUOTA}
+    try:
+        value = float(quotas.get_service_quota(**asked)["Quota"]["Value"])
+    except ClientError as error:
+        if error_code(error) != "NoSuchResourceException":
+            raise
+        # No value applied to the account: AWS's default holds.
+        value = float(quotas.get_aws_default_service_quota(**asked)["Quota"]["Value"])
     # SendCommand's rate is not a Service Quotas value: one command per delivery is far under it, and a throttled
     # send is answered without a command, which the SSM channel retries.
     ssm_note = "; SSM SendCommand: one per delivery, well under its API rate"
@@ -180,7 +187,8 @@ CHECKS: list[tuple[str, str, Callable[[ClusterConfig, str], Row]]] = [
      lambda _, region: trail_row(region)),
     ("SSM reaches the head node", "ssm:DescribeInstanceInformation", lambda cluster, _: ssm_row(cluster)),
     ("Powertools layer in the region", "ssm:GetParameter", lambda _, region: powertools_row(region)),
-    ("service quotas fit", "servicequotas:GetServiceQuota", lambda _, __: quota_row()),
+    ("service quotas fit", "servicequotas:GetServiceQuota and servicequotas:GetAWSDefaultServiceQuota",
+     lambda _, __: quota_row()),
 ]  # fmt: skip
 
 
