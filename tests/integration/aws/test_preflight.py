@@ -82,6 +82,15 @@ def _read_only_trail(aws: AwsEmulator) -> None:
     )
 
 
+def _only_a_regional_trail_elsewhere(aws: AwsEmulator) -> None:
+    trail = aws.client("cloudtrail")
+    trail.delete_trail(Name="management")
+    aws.client("s3").create_bucket(Bucket="west-trail", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    west = aws.client("cloudtrail", region_name="us-west-2")
+    west.create_trail(Name="west-only", S3BucketName="west-trail")
+    west.start_logging(Name="west-only")
+
+
 def _head_offline(aws: AwsEmulator) -> None:
     aws.ssm.set_ping_status(HEAD, "ConnectionLost")
 
@@ -104,6 +113,7 @@ FAILURES = [
     (_no_topology, "DescribeInstanceTopology sees the cluster", "service account"),
     (_trail_stopped, "a trail delivers management events", "create or start"),
     (_read_only_trail, "a trail delivers management events", "none of 1 trail"),
+    (_only_a_regional_trail_elsewhere, "a trail delivers management events", "none of 0 trail"),
     (_head_offline, "SSM reaches the head node", "ConnectionLost"),
     (_no_quota, "service quotas fit", "request-service-quota-increase"),
     (_quota_denied, "service quotas fit", "allow servicequotas:GetServiceQuota"),

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from topokeeper.adapters.aws import client, error_code
 from topokeeper.adapters.ec2 import InstanceTopologyReader, LocalRateLimiter, MemoryNodeFactsCache
 from topokeeper.adapters.hyperpod import list_cluster_nodes, topology_candidates
-from topokeeper.cli.operator_commands import _deployment
+from topokeeper.cli.operator_commands import deployment_from_args
 from topokeeper.cli.options import add_endpoint_option
 from topokeeper.contract.config import ClusterConfig, Orchestrator, Settings
 from topokeeper.contract.errors import InputError, TopokeeperError, one_line
@@ -103,9 +103,15 @@ def trail_row(region: str) -> Row:
     check = "a trail delivers management events"
     trails = client("cloudtrail").describe_trails(includeShadowTrails=True).get("trailList", [])
     covering = [t for t in trails if t.get("IsMultiRegionTrail") or t.get("HomeRegion") == region]
+    refused: ClientError | None = None
     for trail in covering:
-        if _trail_delivers(trail):
-            return Row(check, PASS, f"{trail['Name']} logs management write events in {region}")
+        try:
+            if _trail_delivers(trail):
+                return Row(check, PASS, f"{trail['Name']} logs management write events in {region}")
+        except ClientError as error:  # e.g. an organization's trail this account may not read: try the others
+            refused = refused or error
+    if refused is not None:
+        raise refused
     return Row(
         check,
         FAIL,
@@ -211,7 +217,7 @@ def _cluster(args: argparse.Namespace) -> ClusterConfig:
             first = error.errors()[0]
             raise InputError("--config", f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from error
     else:
-        settings = _deployment(args).settings
+        settings = deployment_from_args(args).settings
     cluster = settings.cluster(args.cluster)
     if cluster is None:
         raise InputError("--cluster", f"{args.cluster} is not in these settings")
