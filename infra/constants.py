@@ -6,7 +6,15 @@ from pathlib import Path
 
 from aws_cdk import aws_lambda as lambda_
 
-from topokeeper.contract.stack_spec import DRIFT, FUNCTION_NAMES, INGEST, RECONCILE, RESULT
+from topokeeper.contract.stack_spec import (
+    DRIFT,
+    FUNCTION_NAMES,
+    INGEST,
+    POWERTOOLS_LAYER_PARAMETER,
+    PYTHON_VERSION,
+    RECONCILE,
+    RESULT,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS_DIR = REPO_ROOT / "functions"
@@ -23,12 +31,9 @@ CONFIG_FILE_CONTEXT_KEY = "topokeeper:config-file"
 # "true" lets the shipped example values synthesize (make synth, the tests); without it they are refused.
 EXAMPLES_CONTEXT_KEY = "topokeeper:examples"
 
-# Python 3.14 is the newest runtime with both a CDK constant and a Powertools public layer.
+# PYTHON_VERSION's runtime (topokeeper.contract.stack_spec holds the version and the Powertools layer parameter).
 RUNTIME = lambda_.Runtime.PYTHON_3_14
-PYTHON_VERSION = "3.14"
 ARCHITECTURE = lambda_.Architecture.ARM_64
-# The AWS-managed Powertools layer ARN, resolved by CloudFormation at deploy time.
-POWERTOOLS_LAYER_PARAMETER = f"/aws/service/powertools/python/arm64/python{PYTHON_VERSION}/latest"
 HANDLER = "handler.lambda_handler"
 
 # The four functions are topokeeper.contract.stack_spec's (the simulator runs the same); each one's code asset is
@@ -37,6 +42,8 @@ __all__ = [
     "DRIFT",
     "FUNCTION_NAMES",
     "INGEST",
+    "POWERTOOLS_LAYER_PARAMETER",
+    "PYTHON_VERSION",
     "RECONCILE",
     "RESULT",
 ]

@@ -43,10 +43,6 @@ _SIZING = {
 _ASYNC_RETRIES = 2
 _ASYNC_MAX_AGE = Duration.hours(6)
 _ESM_BATCH_SIZE = 10
-# The minimum an SQS event source allows. It bounds reconciles running at once without reserved
-# concurrency, whose throttles would count as receives and push messages into the DLQ; ordering per
-# cluster comes from the FIFO message groups.
-_RECONCILE_MAX_CONCURRENCY = 2
 
 
 def head_nodes(settings: Settings) -> list[str]:
@@ -163,7 +159,7 @@ class Functions(Construct):
             event_source_arn=queues.work.queue_arn,
             batch_size=_ESM_BATCH_SIZE,
             report_batch_item_failures=True,
-            max_concurrency=_RECONCILE_MAX_CONCURRENCY,
+            max_concurrency=spec.RECONCILE_MAX_CONCURRENCY,
         )
         queues.grant_consume_work(self._role(self.reconcile))
         for function in (self.ingest, self.result):

@@ -28,6 +28,8 @@ WRONG = [
     (["diff", "--cluster", "llm-train", "--stack-name", "Topokeeper"], "deploy the stack first"),
     (["audit", "--cluster", "llm-train", "--stack-name", "Topokeeper"], "deploy the stack first"),
     (["apply", "--cluster", "llm-train", "--stack-name", "Topokeeper"], "deploy the stack first"),
+    (["preflight", "--cluster", "llm-train", "--stack-name", "Topokeeper"], "deploy the stack first"),
+    (["preflight", "--cluster", "llm-train", "--config", "{tmp}/missing.json"], "missing.json"),
     (["snapshot", "--cluster", "no-such-cluster"], "no-such-cluster"),
     (["snapshot", "--cluster", "pcluster", "--orchestrator", "ec2"],
      "no EC2 instance in us-east-1 has the tag topokeeper:cluster=pcluster; ParallelCluster's tags: --parallelcluster"),

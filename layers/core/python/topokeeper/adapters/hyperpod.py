@@ -36,6 +36,26 @@ def provisioning_parameters_object(lifecycle_uri: str) -> tuple[str, str]:
     return parsed.netloc, key
 
 
+def list_cluster_nodes(sagemaker: Any, cluster: str) -> list[dict[str, Any]]:
+    """Every ListClusterNodes summary of ``cluster`` (pages of 100)."""
+    nodes: list[dict[str, Any]] = []
+    paginator = sagemaker.get_paginator("list_cluster_nodes")
+    for page in paginator.paginate(ClusterName=cluster, PaginationConfig={"PageSize": 100}):
+        nodes.extend(page.get("ClusterNodeSummaries", []))
+    return nodes
+
+
+def topology_candidates(nodes: list[dict[str, Any]]) -> list[str]:
+    """The instance ids worth a DescribeInstanceTopology question: only running instances of a type with network
+    topology report it, and asking for others spends the 1-per-second bucket."""
+    return [
+        node["InstanceId"]
+        for node in nodes
+        if node.get("InstanceStatus", {}).get("Status") in TOPOLOGY_STATUSES
+        and lookup(node["InstanceType"]).capability is not Capability.NONE
+    ]
+
+
 class HyperPodFacts:
     def __init__(self, sagemaker: Any, s3: Any, topology: InstanceTopologyReader) -> None:
         self._sagemaker = sagemaker
@@ -48,14 +68,10 @@ class HyperPodFacts:
         described.pop("ResponseMetadata", None)
         # Kubernetes names an EKS cluster's nodes by instance id: host names (one call per node) are a Slurm need.
         eks = "Eks" in (described.get("Orchestrator") or {})
-        nodes = [node if eks else self._complete(cluster, node) for node in self._list_nodes(cluster)]
-        # Only running instances report topology; asking for others spends the 1-per-second bucket.
-        capable = [
-            node["InstanceId"]
-            for node in nodes
-            if node.get("InstanceStatus", {}).get("Status") in TOPOLOGY_STATUSES
-            and lookup(node["InstanceType"]).capability is not Capability.NONE
+        nodes = [
+            node if eks else self._complete(cluster, node) for node in list_cluster_nodes(self._sagemaker, cluster)
         ]
+        capable = topology_candidates(nodes)
         topology = self._topology.read(
             cluster,
             capable,
@@ -75,13 +91,6 @@ class HyperPodFacts:
                 "undescribed": len(self._topology.undescribed),
             }
         )
-
-    def _list_nodes(self, cluster: str) -> list[dict[str, Any]]:
-        nodes: list[dict[str, Any]] = []
-        paginator = self._sagemaker.get_paginator("list_cluster_nodes")
-        for page in paginator.paginate(ClusterName=cluster, PaginationConfig={"PageSize": 100}):
-            nodes.extend(page.get("ClusterNodeSummaries", []))
-        return nodes
 
     def _complete(self, cluster: str, node: dict[str, Any]) -> dict[str, Any]:
         """Ask DescribeClusterNode only for what the list lacks: the host name, or an UltraServer id."""

@@ -116,11 +116,19 @@ def build_parser(operator_commands: bool = True) -> argparse.ArgumentParser:
 
 def _register_operator_commands(parser: argparse.ArgumentParser, commands: Any) -> None:
     # Imported here, only for the commands that use them (see PLANNING_COMMANDS).
-    from topokeeper.cli import cost, kueue_commands, login_commands, operator_commands, readonly_commands  # noqa: PLC0415
+    from topokeeper.cli import (  # noqa: PLC0415
+        cost,
+        kueue_commands,
+        login_commands,
+        operator_commands,
+        preflight,
+        readonly_commands,
+    )
     from topokeeper.cli.agent_install import add_agent_commands  # noqa: PLC0415
     from topokeeper.sim import commands as sim_commands  # noqa: PLC0415
 
     operator_commands.register(commands)
+    preflight.register(commands)
     cost.register(commands)
     readonly_commands.register(commands)
     add_endpoint_option(parser)

@@ -66,7 +66,8 @@ def _color(text: str, code: str, enabled: bool) -> str:
     return f"\033[{code}m{text}\033[0m" if enabled else text
 
 
-def _deployment(args: argparse.Namespace) -> Deployment:
+def deployment_from_args(args: argparse.Namespace) -> Deployment:
+    """The deployment ``--deployment FILE`` or ``--stack-name NAME`` names (the operator commands and preflight)."""
     if args.deployment:
         return read_deployment(args.deployment)
     if args.stack_name:
@@ -75,7 +76,7 @@ def _deployment(args: argparse.Namespace) -> Deployment:
 
 
 def _runtime_and_cluster(args: argparse.Namespace) -> tuple[Runtime, ClusterConfig]:
-    deployment = _deployment(args)
+    deployment = deployment_from_args(args)
     cluster = deployment.settings.cluster(args.cluster)
     if cluster is None:
         raise InputError("--cluster", f"{args.cluster} is not managed by this deployment")

@@ -27,6 +27,17 @@ RECONCILE = "reconcile"
 RESULT = "result"
 DRIFT = "drift"
 FUNCTION_NAMES = (INGEST, RECONCILE, RESULT, DRIFT)
+# Python 3.14 is the newest runtime with both a CDK constant and a Powertools public layer.
+PYTHON_VERSION = "3.14"
+# The AWS-managed Powertools layer ARN, resolved by CloudFormation at deploy time (``topokeeper preflight`` reads it).
+POWERTOOLS_LAYER_PARAMETER = f"/aws/service/powertools/python/arm64/python{PYTHON_VERSION}/latest"
+# The minimum an SQS event source allows. It bounds reconciles running at once without reserved
+# concurrency, whose throttles would count as receives and push messages into the DLQ; ordering per
+# cluster comes from the FIFO message groups.
+RECONCILE_MAX_CONCURRENCY = 2
+# What the stack runs at once at most in steady use: the reconciles, and one each of the others (no function
+# reserves concurrency; all draw on the account's Lambda ``Concurrent executions`` quota, L-B99A9384).
+PEAK_CONCURRENT_EXECUTIONS = RECONCILE_MAX_CONCURRENCY + len(FUNCTION_NAMES) - 1
 
 # ---------------------------------------------------------------- the state table (single-table design)
 

@@ -26,6 +26,7 @@ import boto3
 import botocore.handlers
 
 from topokeeper.sim.aws import moto_patches
+from topokeeper.sim.aws.account import ServiceQuotas, publish_public_parameter
 from topokeeper.sim.aws.clock import Clock, RateLimits, SystemClock
 from topokeeper.sim.aws.events import EventEmitter, refuse_oversized_put_events
 from topokeeper.sim.aws.hyperpod import HyperPodApi, HyperPodModel
@@ -62,6 +63,8 @@ class AwsEmulator:
     - KMS Sign and Verify as AWS answers them (``kms.KmsSigning``: MessageType, the RAW cap); moto keeps the keys
     - ``target_health``: ELBv2 target health, which moto never checks (``TargetHealth``: set, clear)
     - ``events``: what the services emit to EventBridge (``EventEmitter``: enabled, kinds, emitted)
+    - ``quotas``: Service Quotas values (``account.ServiceQuotas``: set); ``publish_public_parameter``: an
+      ``/aws/service/`` SSM parameter AWS publishes in the region
     - ``calls``: requests received, by operation (``CallCounter``); ``rate_limits``: AWS throttling
     - ``clock``: the time source (``SystemClock`` by default, ``ManualClock`` for simulated time)
     """
@@ -108,6 +111,7 @@ class AwsEmulator:
             lock=self._lock,
         )
         self.target_health = TargetHealth()
+        self.quotas = ServiceQuotas(self.account_id, region, self._lock)
         self._host = host
         self._server: EmulatorServer | None = None
         self._endpoint_url: str | None = None
@@ -130,6 +134,7 @@ class AwsEmulator:
                 **self.network.handlers(),
                 **self.ssm.handlers(),
                 **KmsSigning(self.account_id, self.region).handlers(),
+                **self.quotas.handlers(),
             }
 
             def wrap(app: WsgiApp) -> WsgiApp:
@@ -235,6 +240,9 @@ class AwsEmulator:
         url = f"{self.endpoint_url}/moto-api/reset"  # our own server on 127.0.0.1
         with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=30):  # noqa: S310
             pass
+
+    def publish_public_parameter(self, name: str, value: str) -> None:
+        publish_public_parameter(self.account_id, self.region, name, value)
 
     def reset_counters(self) -> None:
         """Forget counted calls and refill the throttling buckets."""

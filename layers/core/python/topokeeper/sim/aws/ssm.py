@@ -123,6 +123,7 @@ class SsmRunCommand:
         self._events = events
         self._lock = lock
         self._managed: set[str] = set()
+        self._ping: dict[str, str] = {}  # PingStatus other than Online, by instance id
         self._pending: dict[tuple[str, str], CommandInvocationRequest] = {}
         self._times: dict[tuple[str, str], _Times] = {}
 
@@ -131,6 +132,11 @@ class SsmRunCommand:
     def register_managed_instance(self, instance_id: str) -> None:
         with self._lock:
             self._managed.add(instance_id)
+
+    def set_ping_status(self, instance_id: str, status: str) -> None:
+        """What DescribeInstanceInformation reports for a managed instance: Online, ConnectionLost or Inactive."""
+        with self._lock:
+            self._ping[instance_id] = status
 
     def pending(self) -> list[CommandInvocationRequest]:
         """Invocations still InProgress (the hook returned None), oldest first."""
@@ -289,7 +295,34 @@ class SsmRunCommand:
         return {
             ("ssm", "SendCommand"): self.send_command,
             ("ssm", "ListCommandInvocations"): self.list_command_invocations,
+            ("ssm", "DescribeInstanceInformation"): self.describe_instance_information,
         }
+
+    def describe_instance_information(self, request: ApiRequest) -> dict[str, Any]:
+        """The managed instances (running EC2 instances and registered ones), by the ``InstanceIds`` filter only:
+        moto has no DescribeInstanceInformation. One page; other filters are refused rather than ignored."""
+        params = json_params(request)
+        validate_input(operation_model("ssm", "DescribeInstanceInformation"), params)
+        wanted: set[str] | None = None
+        for entry in params.get("Filters") or []:
+            if entry.get("Key") != "InstanceIds":
+                raise ApiError("InvalidFilterKey", f"the emulator filters by InstanceIds only: {entry.get('Key')}")
+            wanted = set(entry.get("Values") or [])
+        if params.get("InstanceInformationFilterList"):
+            raise ApiError("InvalidFilterKey", "the emulator filters by Filters InstanceIds only")
+        with self._lock:
+            managed = sorted(self._managed_now(request.region))
+            rows = [
+                {
+                    "InstanceId": instance_id,
+                    "PingStatus": self._ping.get(instance_id, "Online"),
+                    "LastPingDateTime": self._clock.now().timestamp(),
+                    "ResourceType": "ManagedInstance" if instance_id.startswith("mi-") else "EC2Instance",
+                }
+                for instance_id in managed
+                if wanted is None or instance_id in wanted
+            ]
+        return {"InstanceInformationList": rows}
 
     def send_command(self, request: ApiRequest) -> dict[str, Any]:
         params = json_params(request)
