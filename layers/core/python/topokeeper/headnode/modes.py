@@ -256,7 +256,8 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
     try:
         with transaction_for(conf, context) as transaction:
             if context.signed:  # a replay is refused before the recovery acts: this only reads
-                check_generation(bundle, last_generation(transaction.backup_fd))
+                recorded = os.path.join(transaction.config.path, BACKUP_DIR, GENERATION_FILE)
+                check_generation(bundle, last_generation(transaction.backup_fd, recorded))
             # First: a cut-off apply is finished before this one writes anything, even generation.json (a full
             # disk must not block the recovery, which itself needs no new block).
             transaction.recover(result)

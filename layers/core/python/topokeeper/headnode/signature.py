@@ -172,7 +172,7 @@ def check_generation(bundle: Bundle, last: Tuple[int, Optional[str]]) -> None:
 def accept_generation(backup_fd: int, where: str, bundle: Bundle, faults: "Faults") -> None:
     """Under the lock, before the apply writes: record the generation (in the backup root ``where``), so no
     older bundle applies after it."""
-    last = last_generation(backup_fd)
+    last = last_generation(backup_fd, os.path.join(where, GENERATION_FILE))
     check_generation(bundle, last)
     if last == (bundle.generation, bundle.plan_sha256):
         return  # the same bundle again (a retry): recorded already, and a full disk needs no block for it
