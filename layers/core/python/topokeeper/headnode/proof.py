@@ -63,6 +63,7 @@ _OWN_KEYS = {
         "SlurmctldPrimaryOffProg",
         "AuthInfo",
         "SlurmctldParameters",
+        "SlurmctldDebug",
     )
 }
 
@@ -261,6 +262,7 @@ def _own_settings(conf: SlurmConf, directory: str) -> str:
         "StateSaveLocation=%s/state" % directory,
         "AccountingStorageType=accounting_storage/none",
         "JobCompType=jobcomp/none",
+        "SlurmctldDebug=info",  # LOADED_MARKER is logged at info: a quieter production level would hide it
     ]
     if auth_info:
         settings.append("AuthInfo=%s" % ",".join(auth_info))
