@@ -71,3 +71,22 @@ def test_the_copy_holds_the_new_files_and_settings_of_its_own(tmp_path: Path) ->
 
     _remove(str(directory))
     assert not directory.exists()
+
+
+def test_a_production_key_later_on_a_line_is_not_kept(tmp_path: Path) -> None:
+    """Slurm parses every Key=value of a line; a production setting after another key on its line must not reach
+    the throw-away (SlurmctldPrimaryOnProg would run on this host, a second SlurmctldHost names a peer)."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "slurm.conf").write_text(
+        "ClusterName=prod SlurmctldPrimaryOnProg=/usr/local/bin/take-the-ip\n"
+        "SlurmUser=root SlurmctldHost=head-b(10.0.0.2)\n"
+    )
+    directory = tmp_path / (proof_dir_prefix(str(etc)) + "x")
+    directory.mkdir()
+
+    _copy_config(SlurmConf(str(etc / "slurm.conf")), [], str(directory))
+
+    lines = (directory / "slurm.conf").read_text().splitlines()
+    settings = [line for line in lines if line and not line.startswith("#")]
+    assert not any("take-the-ip" in line or "head-b" in line for line in settings), settings
