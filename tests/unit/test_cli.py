@@ -329,6 +329,32 @@ def test_region_after_the_subcommand_is_taken_and_missing_credentials_say_what_t
 
 @pytest.mark.usefixtures("no_aws_configuration")
 @pytest.mark.parametrize(
+    ("environment", "field"),
+    [
+        ({"AWS_PROFILE": "no-such-profile", "AWS_REGION": "us-west-2"}, "AWS_PROFILE"),  # a typo'd profile
+        ({"AWS_REGION": "us_west_2"}, "--region"),  # botocore refuses the format before any request
+        ({"AWS_REGION": "us-west-2", "AWS_CONFIG_FILE": "broken"}, "AWS config"),
+    ],
+    ids=["unknown-profile", "malformed-region", "unparsable-config"],
+)
+def test_a_wrong_profile_region_or_config_file_is_one_line_not_a_traceback(
+    environment: dict[str, str],
+    field: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "broken").write_text("[default\nregion=us-west-2\n")
+    for name, value in environment.items():
+        monkeypatch.setenv(name, str(tmp_path / value) if name == "AWS_CONFIG_FILE" else value)
+    assert main(["snapshot", "--cluster", "llm-train"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("topokeeper: error: "), error
+    assert field in error
+
+
+@pytest.mark.usefixtures("no_aws_configuration")
+@pytest.mark.parametrize(
     ("environment", "expected"),
     [
         ({"AWS_REGION": "us-west-2"}, "us-west-2"),
