@@ -24,6 +24,8 @@ from botocore.exceptions import (
     NoRegionError,
     PartialCredentialsError,
     ProfileNotFound,
+    SSOError,
+    TokenRetrievalError,
 )
 
 from topokeeper.contract.errors import InputError, Permanent, Retryable, TopokeeperError, one_line
@@ -191,6 +193,8 @@ def aws_setup_errors() -> Iterator[None]:
         raise InputError("AWS_PROFILE", one_line(f"{error} (aws configure list-profiles lists them)")) from error
     except ConfigParseError as error:
         raise InputError("AWS config", one_line(str(error))) from error
+    except (SSOError, TokenRetrievalError) as error:  # no SSO token yet, or an expired one
+        raise InputError("credentials", one_line(f"{error}: run aws sso login")) from error
     except (NoCredentialsError, PartialCredentialsError) as error:
         raise InputError(
             "credentials",
