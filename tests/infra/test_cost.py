@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,7 +83,9 @@ def test_the_readme_shows_the_estimate_of_the_sample_config(example: Synthesized
     ],
     ids=["resources-a-list", "resource-a-list", "properties-a-list", "config-not-json"],
 )
-def test_a_file_that_is_no_template_is_one_error_not_a_traceback(template: dict[str, Any], tmp_path, capsys) -> None:
+def test_a_file_that_is_no_template_is_one_error_not_a_traceback(
+    template: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "template.json"
     path.write_text(json.dumps(template))
     assert main(["cost", "--template", str(path)]) == 2
