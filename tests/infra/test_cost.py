@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -63,3 +64,30 @@ def test_the_command_prints_one_table_with_the_total(example: Synthesized, tmp_p
 def test_the_readme_shows_the_estimate_of_the_sample_config(example: Synthesized) -> None:
     shown = render(estimate(example.template.to_json(), clusters=len(example.settings.clusters)), 2)
     assert shown in (REPO_ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        {"Resources": []},
+        {"Resources": {"Queue": []}},
+        {"Resources": {"F": {"Type": "AWS::Lambda::Function", "Properties": []}}},
+        {
+            "Resources": {
+                "F": {
+                    "Type": "AWS::Lambda::Function",
+                    "Properties": {"Environment": {"Variables": {"TOPOKEEPER_CONFIG": "not json"}}},
+                }
+            }
+        },
+    ],
+    ids=["resources-a-list", "resource-a-list", "properties-a-list", "config-not-json"],
+)
+def test_a_file_that_is_no_template_is_one_error_not_a_traceback(
+    template: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "template.json"
+    path.write_text(json.dumps(template))
+    assert main(["cost", "--template", str(path)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("topokeeper: error: --template"), error

@@ -71,3 +71,44 @@ def test_the_copy_holds_the_new_files_and_settings_of_its_own(tmp_path: Path) ->
 
     _remove(str(directory))
     assert not directory.exists()
+
+
+def test_a_production_key_later_on_a_line_is_not_kept(tmp_path: Path) -> None:
+    """Slurm parses every Key=value of a line; a production setting after another key on its line must not reach
+    the throw-away (SlurmctldPrimaryOnProg would run on this host, a second SlurmctldHost names a peer)."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "slurm.conf").write_text(
+        "ClusterName=prod SlurmctldPrimaryOnProg=/usr/local/bin/take-the-ip\n"
+        "SlurmUser=root SlurmctldHost=head-b(10.0.0.2)\n"
+    )
+    directory = tmp_path / (proof_dir_prefix(str(etc)) + "x")
+    directory.mkdir()
+
+    _copy_config(SlurmConf(str(etc / "slurm.conf")), [], str(directory))
+
+    lines = (directory / "slurm.conf").read_text().splitlines()
+    settings = [line for line in lines if line and not line.startswith("#")]
+    assert not any("take-the-ip" in line or "head-b" in line for line in settings), settings
+
+
+def test_a_production_setting_in_an_include_outside_the_config_dir_does_not_reach_the_throw_away(
+    tmp_path: Path,
+) -> None:
+    """SlurmConf follows no Include outside its directory, and the copy left such an Include pointing at the
+    production file: its SlurmctldPrimaryOnProg (and SlurmctldHost, a list Slurm extends) reached the throw-away."""
+    etc, shared = tmp_path / "etc", tmp_path / "shared"
+    etc.mkdir()
+    shared.mkdir()
+    (shared / "controllers.conf").write_text(
+        "SlurmctldHost=head-a(10.0.0.1)\nSlurmctldPrimaryOnProg=/usr/local/bin/take-the-ip\n"
+    )
+    (etc / "slurm.conf").write_text(f"ClusterName=prod\nInclude {shared}/controllers.conf\n")
+    directory = tmp_path / (proof_dir_prefix(str(etc)) + "x")
+    directory.mkdir()
+
+    _copy_config(SlurmConf(str(etc / "slurm.conf")), [], str(directory))
+
+    lines = (directory / "slurm.conf").read_text().splitlines()
+    settings = [line for line in lines if line and not line.startswith("#")]
+    assert not any(str(shared) in line for line in settings), settings

@@ -329,6 +329,38 @@ def test_region_after_the_subcommand_is_taken_and_missing_credentials_say_what_t
 
 @pytest.mark.usefixtures("no_aws_configuration")
 @pytest.mark.parametrize(
+    ("environment", "field"),
+    [
+        ({"AWS_PROFILE": "no-such-profile", "AWS_REGION": "us-west-2"}, "AWS_PROFILE"),  # a typo'd profile
+        ({"AWS_REGION": "us_west_2"}, "--region"),  # botocore refuses the format before any request
+        ({"AWS_REGION": "us-west-2", "AWS_CONFIG_FILE": "broken"}, "AWS config"),
+        ({"AWS_PROFILE": "sso", "AWS_CONFIG_FILE": "sso-config"}, "aws sso login"),  # no or an expired SSO token
+    ],
+    ids=["unknown-profile", "malformed-region", "unparsable-config", "sso-not-logged-in"],
+)
+def test_a_wrong_profile_region_or_config_file_is_one_line_not_a_traceback(
+    environment: dict[str, str],
+    field: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "broken").write_text("[default\nregion=us-west-2\n")
+    (tmp_path / "sso-config").write_text(
+        "[profile sso]\nsso_session = s\nsso_account_id = 123456789012\nsso_role_name = Admin\nregion = us-west-2\n"
+        "[sso-session s]\nsso_start_url = https://example.awsapps.com/start\nsso_region = us-west-2\n"
+    )
+    monkeypatch.setenv("HOME", str(tmp_path))  # no SSO token cache
+    for name, value in environment.items():
+        monkeypatch.setenv(name, str(tmp_path / value) if name == "AWS_CONFIG_FILE" else value)
+    assert main(["snapshot", "--cluster", "llm-train"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("topokeeper: error: "), error
+    assert field in error
+
+
+@pytest.mark.usefixtures("no_aws_configuration")
+@pytest.mark.parametrize(
     ("environment", "expected"),
     [
         ({"AWS_REGION": "us-west-2"}, "us-west-2"),

@@ -65,3 +65,11 @@ def test_compress_round_trips(names: list[str]) -> None:
     assert sorted(expand(expression)) == sorted(set(names))
     assert len(expand(expression)) == len(set(names))
     assert compress(expand(expression)) == expression
+
+
+@pytest.mark.parametrize("expression", ["n[1-2000000]", "n[1-2000]-[1-2000]", "n[1-1000000],m[1-1000000]"])
+def test_a_hostlist_of_more_names_than_any_cluster_is_refused_before_it_is_built(expression: str) -> None:
+    """A typo'd range (n[1-999999999], in a job's node list or a tampered nccl-check manifest) was expanded name
+    by name until memory ran out."""
+    with pytest.raises(HostlistError, match="more than"):
+        expand(expression)

@@ -213,3 +213,15 @@ def test_the_docs_show_what_the_verdict_prints(kit: Path, capsys: pytest.Capture
     _fill(kit, {"nn-5038da95330ba16ed": 241.5})
     assert main(["nccl-check", "--results", str(kit)]) == 3
     assert capsys.readouterr().out == _shown("topokeeper nccl-check --results nccl-kit")
+
+
+@pytest.mark.parametrize("command", ['all_reduce_perf "-b 8', "", "   "], ids=["unclosed-quote", "empty", "blank"])
+def test_a_command_that_is_no_command_is_one_error_naming_the_option(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """shlex.split raised through the CLI (a traceback), and an empty command wrote 'srun ' into every script."""
+    out = tmp_path / "kit3"
+    code = main(["nccl-check", "--snapshot", str(SNAPSHOT), "--out", str(out), "--command", command])
+    assert code != 0
+    assert "--command" in capsys.readouterr().err
+    assert not out.exists()

@@ -489,3 +489,13 @@ def test_partitions_in_an_included_file_are_edited_there(sid_root: Path, control
     assert conf.read_text() == conf_before
     assert "PartitionName=gpu Nodes=p5-[001-008] State=UP Topology=tree-gpu" in included.read_text().split("\n")
     assert controller.partition_topologies()["gpu"] == "tree-gpu"
+
+
+def test_the_proof_loads_a_config_whose_slurmctld_logs_errors_only(sid_root: Path, controllers) -> None:
+    """SlurmctldDebug=error (a site that keeps its log quiet): the throw-away logs at that level too, so the
+    info-level 'Running as primary controller' never comes; a config slurmctld loads must still be applied."""
+    rendered = _plan(_cluster())
+    controller = controllers(sid_root)
+    _start(controller, rendered, edit_conf=lambda conf: conf + "SlurmctldDebug=error\n")
+
+    _assert_applied(*_run(controller, "apply", _bundle(rendered), timeout=120))

@@ -204,6 +204,7 @@ def partition_topologies(show_partition_output: str) -> Dict[str, Optional[str]]
 _MAX_SUFFIX_DIGITS = 18
 _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+MAX_HOSTLIST_NAMES = 1 << 20  # more than any cluster: a typo'd range, refused before a name is built
 
 
 class HostlistError(ValueError):
@@ -245,6 +246,7 @@ def _expand_ranges(body: str, expression: str) -> List[str]:
         low, high = int(low_text), int(high_text)
         if high < low:
             raise HostlistError(f"descending range {item!r} in {expression!r}")
+        _check_count(len(values) + high - low + 1, expression)
         width = len(low_text)
         values.extend(f"{number:0{width}d}" for number in range(low, high + 1))
     return values
@@ -258,9 +260,15 @@ def expand(expression: str) -> List[str]:
         products = [""]
         for piece in pieces:
             choices = _expand_ranges(piece[1:-1], expression) if piece.startswith("[") else [piece]
+            _check_count(len(names) + len(products) * len(choices), expression)
             products = [prefix + choice for prefix in products for choice in choices]
         names.extend(products)
     return names
+
+
+def _check_count(count: int, expression: str) -> None:
+    if count > MAX_HOSTLIST_NAMES:
+        raise HostlistError(f"{expression[:80]!r} names more than {MAX_HOSTLIST_NAMES} hosts")
 
 
 def _suffix(name: str) -> Optional[Tuple[str, str]]:

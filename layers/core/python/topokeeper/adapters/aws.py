@@ -16,11 +16,16 @@ import botocore.session
 from botocore.config import Config
 from botocore.exceptions import (
     ClientError,
+    ConfigParseError,
     ConnectTimeoutError,
     EndpointConnectionError,
+    InvalidRegionError,
     NoCredentialsError,
     NoRegionError,
     PartialCredentialsError,
+    ProfileNotFound,
+    SSOError,
+    TokenRetrievalError,
 )
 
 from topokeeper.contract.errors import InputError, Permanent, Retryable, TopokeeperError, one_line
@@ -182,6 +187,14 @@ def aws_setup_errors() -> Iterator[None]:
         yield
     except NoRegionError as error:
         raise InputError("--region", "no AWS region: pass --region REGION or set AWS_REGION") from error
+    except InvalidRegionError as error:
+        raise InputError("--region", one_line(f"{error} (a region looks like us-west-2)")) from error
+    except ProfileNotFound as error:
+        raise InputError("AWS_PROFILE", one_line(f"{error} (aws configure list-profiles lists them)")) from error
+    except ConfigParseError as error:
+        raise InputError("AWS config", one_line(str(error))) from error
+    except (SSOError, TokenRetrievalError) as error:  # no SSO token yet, or an expired one
+        raise InputError("credentials", one_line(f"{error}: run aws sso login")) from error
     except (NoCredentialsError, PartialCredentialsError) as error:
         raise InputError(
             "credentials",

@@ -163,8 +163,13 @@ def render(cost: CostEstimate, clusters: int) -> str:
 
 def _cmd_cost(args: argparse.Namespace) -> int:
     template = read_mapping(args.template, "--template")
-    clusters = len(json.loads(_config_of(template)).get("clusters", [])) if _config_of(template) else 0
-    cost = estimate(template, clusters)
+    try:
+        clusters = len(json.loads(_config_of(template)).get("clusters", [])) if _config_of(template) else 0
+        cost = estimate(template, clusters)
+    except (AttributeError, TypeError, ValueError) as error:  # a JSON file of another shape than cdk synth's
+        if isinstance(error, InputError):
+            raise
+        raise InputError("--template", f"not a synthesized CloudFormation template: {error}") from None
     if args.json:
         document = {
             "prices": PRICES_AS_OF,

@@ -125,6 +125,12 @@ def write_kit(args: argparse.Namespace) -> int:
     for option, value in (("--tasks-per-node", args.tasks_per_node), ("--gpus-per-node", args.gpus_per_node or 1)):
         if value < 1:
             raise InputError(option, "must be 1 or more")
+    try:
+        words = shlex.split(args.command)
+    except ValueError as error:  # an unclosed quote
+        raise InputError("--command", str(error)) from None
+    if not words:
+        raise InputError("--command", "is empty: give the nccl-tests command each task runs")
     runs = plan_runs(args.snapshot, args.config, args.slurm_version)
     per_node = args.tasks_per_node, args.gpus_per_node
     files = {f"{run.stem}.sbatch": sbatch_script(run, *per_node, args.command) for run in runs}

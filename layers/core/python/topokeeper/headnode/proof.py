@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from topokeeper.headnode.config_dir import BACKUP_DIR, LOCK_FILE, Faults, os_error
 from topokeeper.headnode.failures import Failed
 from topokeeper.headnode.scontrol import log_errors_since
-from topokeeper.headnode.slurm_conf import SlurmConf, line_entries, strip_comment
+from topokeeper.headnode.slurm_conf import SlurmConf, line_entries, set_key
 from topokeeper.headnode.steps import Step
 from topokeeper.wire import one_line
 
@@ -63,6 +63,7 @@ _OWN_KEYS = {
         "SlurmctldPrimaryOffProg",
         "AuthInfo",
         "SlurmctldParameters",
+        "SlurmctldDebug",
     )
 }
 
@@ -228,7 +229,7 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 
 def _own_lines(text: str, production: Tuple[str, ...], directory: str) -> str:
-    """Lines that set a key the throw-away sets itself commented out; Includes of the production directory
+    """Settings of a key the throw-away sets itself removed; Includes of the production directory
     pointed at the copy."""
     lines = text.split("\n")
     for index, line in enumerate(lines):
@@ -241,9 +242,9 @@ def _own_lines(text: str, production: Tuple[str, ...], directory: str) -> str:
                     break
             lines[index] = include.group(1) + target + include.group(3)
             continue
-        entries = line_entries(strip_comment(line))
-        if entries and entries[0].key.lower() in _OWN_KEYS:
-            lines[index] = "#" + line
+        # Slurm reads every Key=value of a line, not only the first: each production one is removed.
+        for key in {entry.key for entry in line_entries(line) if entry.key.lower() in _OWN_KEYS}:
+            lines[index] = set_key(lines[index], key, None)
     return "\n".join(lines)
 
 
@@ -261,6 +262,7 @@ def _own_settings(conf: SlurmConf, directory: str) -> str:
         "StateSaveLocation=%s/state" % directory,
         "AccountingStorageType=accounting_storage/none",
         "JobCompType=jobcomp/none",
+        "SlurmctldDebug=info",  # LOADED_MARKER is logged at info: a quieter production level would hide it
     ]
     if auth_info:
         settings.append("AuthInfo=%s" % ",".join(auth_info))
