@@ -27,7 +27,7 @@ import subprocess
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from topokeeper.headnode.config_dir import BACKUP_DIR, LOCK_FILE, Faults, os_error
+from topokeeper.headnode.config_dir import BACKUP_DIR, LOCK_FILE, Faults, os_error, read_text
 from topokeeper.headnode.failures import Failed
 from topokeeper.headnode.scontrol import log_errors_since
 from topokeeper.headnode.slurm_conf import SlurmConf, line_entries, set_key
@@ -39,6 +39,7 @@ PROOF_SECONDS = 60  # loading a 10,000-node config takes a few seconds; the proo
 _GUARD = "leader.pid"  # the process group to kill: written before anything can be killed
 _MAX_COPY_BYTES = 64 * 1024 * 1024  # the config directory, backups aside: a few files
 _INCLUDE = re.compile(r"^(\s*include\s+)(\S+)(.*)$", re.IGNORECASE)
+_MAX_INCLUDE_DEPTH = 8  # as deep as slurmctld itself follows Includes
 # Keys the throw-away sets itself (the production values would reach the production daemon's files and peers).
 _OWN_KEYS = {
     key.lower()
@@ -228,9 +229,9 @@ def _write_bytes(path: str, data: bytes) -> None:
         handle.write(data)
 
 
-def _own_lines(text: str, production: Tuple[str, ...], directory: str) -> str:
-    """Settings of a key the throw-away sets itself removed; Includes of the production directory
-    pointed at the copy."""
+def _own_lines(text: str, production: Tuple[str, ...], directory: str, depth: int = 0) -> str:
+    """Settings of a key the throw-away sets itself removed; Includes of the production directory pointed at
+    the copy, and a file an Include names outside it copied in too (made the throw-away's own the same way)."""
     lines = text.split("\n")
     for index, line in enumerate(lines):
         include = _INCLUDE.match(line)
@@ -240,12 +241,36 @@ def _own_lines(text: str, production: Tuple[str, ...], directory: str) -> str:
                 if target.startswith(prefix.rstrip(os.sep) + os.sep):
                     target = directory + target[len(prefix.rstrip(os.sep)) :]
                     break
+            else:
+                if os.path.isabs(target):
+                    target = _copy_outside(target, production, directory, depth)
             lines[index] = include.group(1) + target + include.group(3)
             continue
         # Slurm reads every Key=value of a line, not only the first: each production one is removed.
         for key in {entry.key for entry in line_entries(line) if entry.key.lower() in _OWN_KEYS}:
             lines[index] = set_key(lines[index], key, None)
     return "\n".join(lines)
+
+
+def _copy_outside(target: str, production: Tuple[str, ...], directory: str, depth: int) -> str:
+    """The copy, inside ``directory``, of a file an Include names outside the config directory: its production
+    settings (a primary-on program, more controllers) must not reach the throw-away."""
+    if depth >= _MAX_INCLUDE_DEPTH or any(character in target for character in "*?[%"):
+        raise Failed(
+            "cannot prove the new config: Include %s outside the config directory; nothing was changed"
+            % one_line(target)
+        )
+    try:
+        text = read_text(target)
+    except OSError as error:
+        raise Failed(
+            "cannot prove the new config: Include %s: %s; nothing was changed" % (one_line(target), os_error(error))
+        ) from None
+    copy = os.path.join(directory, "include-%s.conf" % hashlib.sha256(target.encode()).hexdigest()[:12])
+    if not os.path.exists(copy):
+        _write(copy, _own_lines(text, production, directory, depth + 1), None)
+        os.chmod(copy, 0o644)  # SlurmUser reads it after slurmctld drops root
+    return copy
 
 
 def _own_settings(conf: SlurmConf, directory: str) -> str:
