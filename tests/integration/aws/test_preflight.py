@@ -4,28 +4,17 @@ failure (exit 1), never a traceback."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.aws.support import cluster_request, group
-from topokeeper.adapters.aws import clear_clients
 from topokeeper.cli.main import main
 from topokeeper.contract.stack_spec import PEAK_CONCURRENT_EXECUTIONS, POWERTOOLS_LAYER_PARAMETER
 from topokeeper.sim.aws_emulator import AwsEmulator
 
 HEAD = "mi-0123456789abcdef0"
-
-
-@pytest.fixture
-def emulated(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsEmulator]:
-    for name, value in aws.env().items():
-        monkeypatch.setenv(name, value)
-    clear_clients()
-    yield aws
-    clear_clients()
 
 
 def _config(tmp_path: Path, **cluster: Any) -> str:
