@@ -46,6 +46,8 @@ SUITE_FOR_FORMAT = {"topology.yaml": "sid", "topology.conf": "trixie"}
 PACKAGES = ("slurmctld", "slurm-client", "python3")
 READY_MARKER = ".topokeeper-ready"
 HEAD_NODE_STYLES = ("debian", "hyperpod", "parallelcluster")
+# Rounds of stopping what runs in a controller's namespace: a command may enter it while the last round stops.
+STOP_PASSES = 5
 OPT_SLURM = "/opt/slurm"
 # What a non-login shell (SSM's AWS-RunShellScript, a systemd unit) has; a login shell adds /opt/slurm/bin.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -480,19 +482,28 @@ class SlurmController:
 
     def stop(self, timeout: float = 30) -> None:
         """Stop slurmctld (by the pids it wrote) and anything else left in its namespace, then the anchor."""
-        pids = {p for p in (self.current_pid(), self.pid) if p}
-        if self._anchor is not None and self._anchor.poll() is None:
-            pids |= _pids_in_mount_namespace(self._anchor.pid) - {self._anchor.pid}
-        for pid in sorted(pids):
+        for pid in sorted({p for p in (self.current_pid(), self.pid) if p}):
             _terminate(pid, timeout)
         self.pid = None
-        if self._anchor is not None:
-            if self._anchor.poll() is None:
-                self._anchor.kill()
-            self._anchor.wait(timeout=timeout)
-            if self._anchor.stderr:
-                self._anchor.stderr.close()
-            self._anchor = None
+        if self._anchor is None:
+            return
+        namespace = _mount_namespace(self._anchor.pid)
+        # Until none is left: a command entering the namespace (an applier, the throw-away slurmctld its proof
+        # starts) may begin while the first ones are stopped.
+        for _ in range(STOP_PASSES):
+            left = _pids_in_mount_namespace(namespace) - {self._anchor.pid}
+            if not left:
+                break
+            for pid in sorted(left):
+                _terminate(pid, timeout)
+        if self._anchor.poll() is None:
+            self._anchor.kill()
+        self._anchor.wait(timeout=timeout)
+        if self._anchor.stderr:
+            self._anchor.stderr.close()
+        self._anchor = None
+        for pid in sorted(_pids_in_mount_namespace(namespace)):  # one that joined as the anchor went
+            _terminate(pid, timeout)
 
     def remove(self) -> None:
         """Delete this controller's directory, once it is stopped (its namespace, and with it the binds, gone)."""
@@ -577,11 +588,17 @@ def _terminate(pid: int, timeout: float) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _pids_in_mount_namespace(anchor: int) -> set[int]:
-    """Every process sharing the anchor's mount namespace: what this controller started, and nothing else."""
+def _mount_namespace(pid: int) -> str:
     try:
-        namespace = os.readlink(f"/proc/{anchor}/ns/mnt")
+        return os.readlink(f"/proc/{pid}/ns/mnt")
     except OSError:
+        return ""
+
+
+def _pids_in_mount_namespace(namespace: str) -> set[int]:
+    """Every live process in ``namespace`` (a controller's, held by its anchor): what this controller started,
+    and nothing else."""
+    if not namespace:
         return set()
     found = set()
     for entry in os.listdir("/proc"):
