@@ -55,6 +55,10 @@ while slurmctld is down leaves a whole set on disk, starts nothing, and answers 
   the production daemon's) until `timeout` kills it (at most 60 s) or the next apply stops it.
 - A proof needs the config directory's copy in `$TMPDIR` (a few KiB to 64 MiB at most): a full or missing
   temp directory fails the apply with nothing changed.
+- An incremental apply (26.05, `scontrol update NodeName=... Topology=` instead of a reconfigure) killed between
+  two live node updates leaves slurmctld serving part of the old and part of the new placement until the next
+  run, which finds the journal and reloads the files already on disk (a restart reads them too); the window is
+  as long as the updates take (one `scontrol update` per destination, each bounded by the run's budget).
 """
 
 CRASH_COLUMNS = (
