@@ -39,11 +39,15 @@ def read_context_config(raw: Any, config_file: Any) -> Any:
         return raw
     path = Path(str(config_file)).expanduser()
     try:
-        return json.loads(path.read_text())
+        document = json.loads(path.read_text())
     except OSError as error:
         raise ConfigError(f"{CONFIG_FILE_CONTEXT_KEY}: cannot read {path}: {error.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"{CONFIG_FILE_CONTEXT_KEY}: {path} is not valid JSON: {one_line(str(error))}") from None
+    if not isinstance(document, dict):
+        kind = "null" if document is None else type(document).__name__
+        raise ConfigError(f"{CONFIG_FILE_CONTEXT_KEY}: {path} holds {kind}, not the settings object {{...}}")
+    return document
 
 
 def refuse_placeholders(raw: Any) -> None:

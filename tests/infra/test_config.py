@@ -240,3 +240,11 @@ def test_the_app_synthesizes_from_a_config_file_over_cdk_json(tmp_path: Path) ->
     assert run.returncode == 0, run.stderr
     template = json.loads((tmp_path / "out" / "Topokeeper.template.json").read_text())
     assert "x7k2m9p4q1z8" in json.dumps(template)
+
+
+@pytest.mark.parametrize(("content", "kind"), [("null", "null"), ("[]", "list"), ('"x"', "str")])
+def test_a_config_file_that_holds_no_object_is_refused_naming_the_file(tmp_path: Path, content: str, kind: str) -> None:
+    path = tmp_path / "prod.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=rf"^topokeeper:config-file: .*prod\.json holds {kind}, not the settings"):
+        read_context_config({"clusters": []}, str(path))

@@ -298,7 +298,7 @@ def _own_settings(conf: SlurmConf, directory: str) -> str:
 
 def _free_port() -> int:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind(("", 0))  # every address, as slurmctld listens: a port taken on any of them is not free
         port = probe.getsockname()[1]
     return int(port)
 

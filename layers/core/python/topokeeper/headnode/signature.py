@@ -181,6 +181,6 @@ def accept_generation(backup_fd: int, where: str, bundle: Bundle, faults: "Fault
         write_json(backup_fd, GENERATION_FILE, document, faults, "generation")
     except OSError as error:
         raise Failed(
-            "could not record generation %d in %s (%s); nothing was changed"
+            "could not record generation %d in %s (%s); this bundle changed nothing"
             % (bundle.generation or 0, os.path.join(where, GENERATION_FILE), error.strerror or error)
         ) from None
