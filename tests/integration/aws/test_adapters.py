@@ -1148,7 +1148,6 @@ def _decode_commands(commands: list[str]) -> dict[str, Any]:
 
 
 def _ssm_channel(aws: AwsEmulator, clock: ManualClock, bucket: str, sleep: Callable[[float], None]) -> SsmChannel:
-    aws.ssm.strict_targets = True
     aws.ssm.register_managed_instance(HEAD_NODE)
     # The applier travels through the bucket, by a SigV4 presigned URL as the Lambda makes it.
     s3 = aws.client("s3", config=PRESIGN_CONFIG)
@@ -1292,7 +1291,6 @@ def test_ssm_channel_verify_polls_until_the_document_arrives(aws: AwsEmulator, c
 
 
 def test_ssm_channel_cannot_reach_an_unregistered_node(aws: AwsEmulator, clock: ManualClock, bucket: str) -> None:
-    aws.ssm.strict_targets = True
     s3 = aws.client("s3", config=PRESIGN_CONFIG)
     channel = SsmChannel(
         aws.client("ssm"),

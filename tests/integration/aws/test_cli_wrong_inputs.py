@@ -58,7 +58,6 @@ def test_a_wrong_input_gets_one_line_saying_what_to_do(
 def test_a_head_node_ssm_cannot_reach_says_to_check_its_registration(
     emulated: AwsEmulator, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    emulated.ssm.strict_targets = True  # as AWS: only running or registered instances
     emulated.client("s3").create_bucket(Bucket="plans")
     argv = ["verify", "--snapshot", SNAPSHOT, "--head-node", "i-0123456789abcdef0", "--bucket", "plans"]
     assert main(argv) != 0
@@ -83,6 +82,7 @@ def test_verify_presigns_for_the_buckets_own_region(emulated: AwsEmulator, capsy
         return ("Success", 0, "", "")
 
     emulated.ssm.on_command = head_node
+    emulated.ssm.register_managed_instance("i-0123456789abcdef0")  # a head node SSM reaches
     argv = ["verify", "--snapshot", SNAPSHOT, "--head-node", "i-0123456789abcdef0", "--bucket", "west-plans"]
     main([*argv, "--region", "us-east-1"])
     capsys.readouterr()

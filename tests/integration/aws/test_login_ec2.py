@@ -138,7 +138,6 @@ def login(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ec2Logi
     install_runtime(Runtime.from_environment({**aws.env(), **environ}, clock=aws.clock))
     # SendCommand as IAM would allow it to the ingest function: the stack's own installer statements.
     aws.ssm.caller_policy = installer_statements(settings.clusters[:1], "aws", aws.region, aws.account_id)
-    aws.ssm.strict_targets = True
     received: list[CommandInvocationRequest] = []
 
     def run(invocation: CommandInvocationRequest) -> CommandOutcome:

@@ -29,7 +29,6 @@ def cli(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Comm
     for name, value in aws.env().items():
         monkeypatch.setenv(name, value)
     clear_clients()
-    aws.ssm.strict_targets = True  # like AWS: only instances that exist and run
     received: list[CommandInvocationRequest] = []
 
     def run(invocation: CommandInvocationRequest) -> CommandOutcome:

@@ -186,7 +186,6 @@ class World:
             self._rescan_everything()
         install_runtime(self.runtime)
         self.emulator.ssm.on_command = self._on_command
-        self.emulator.ssm.strict_targets = True
         if self.parallelcluster is None:
             self.emulator.ssm.register_managed_instance(self.head_node_id)
         self.metrics.start()

@@ -103,8 +103,9 @@ class SsmRunCommand:
 
     ``on_command(invocation)`` returns a ``CommandOutcome`` (or a ``(status, response_code, stdout,
     stderr)`` tuple) to finish the invocation at once, or None to leave it ``InProgress`` until
-    ``complete``. Without a hook every invocation succeeds with empty output, as in moto. With
-    ``strict_targets`` only running EC2 instances and ``register_managed_instance`` ids are accepted. With
+    ``complete``. Without a hook every invocation succeeds with empty output, as in moto. As AWS does (and
+    moto does not), only running EC2 instances and ``register_managed_instance`` ids are accepted
+    (``strict_targets``, on unless a test turns it off). With
     ``caller_policy`` (the caller's identity policy statements, as IAM JSON) SendCommand is authorized as IAM
     would: the document and every instance (with its tags) must be allowed, else AccessDeniedException.
     """
@@ -113,7 +114,7 @@ class SsmRunCommand:
         self, *, account_id: str, region: str, clock: Clock, ids: IdFactory, events: EventEmitter, lock: threading.RLock
     ) -> None:
         self.on_command: Hook | None = None
-        self.strict_targets = False
+        self.strict_targets = True  # as AWS: only running EC2 instances and registered managed nodes
         self.caller_policy: list[dict[str, Any]] | None = None
         self.errors: list[BaseException] = []  # exceptions raised by on_command (the invocation Failed)
         self._account_id = account_id
