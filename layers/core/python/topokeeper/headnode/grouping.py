@@ -18,6 +18,7 @@ from typing import (
 
 from topokeeper.headnode.bundle import Bundle, ExpectedUnit
 from topokeeper.headnode.failures import sample, shown_value
+from topokeeper.headnode.incremental import parse_topology_yaml
 from topokeeper.headnode.scontrol import LiveTopologies
 from topokeeper.wire import CONF_FORMAT, YAML_FORMAT
 
@@ -209,33 +210,15 @@ def flat_constraints(nodes: Sequence[str], live: Mapping[str, Mapping[str, objec
     return problems
 
 
-_YAML_TOPOLOGY = re.compile(r"- topology: (\S+)\s*$")
-_YAML_SIZE = re.compile(r"\s*- (\d+)\s*$")
-
-
 def planned_base_block_sizes(bundle: Bundle) -> Dict[str, int]:
     """{topology: base block size} from the bundle's own topology file, the only place a bundle states it:
     the first ``block_sizes`` item of each topology.yaml entry, or ``BlockSizes=`` in topology.conf."""
-    sizes: Dict[str, int] = {}
     text = bundle.files[bundle.slurm_format]
     if bundle.slurm_format == CONF_FORMAT:
         match = re.search(r"^BlockSizes=(\d+)", text, re.MULTILINE)
-        if match:
-            sizes.update((name, int(match.group(1))) for name in bundle.topologies)
-        return sizes
-    topology, listing = None, False
-    for line in text.splitlines():
-        entry = _YAML_TOPOLOGY.match(line)
-        if entry:
-            topology, listing = entry.group(1), False
-        elif line.strip() == "block_sizes:":
-            listing = True
-        elif listing:
-            size = _YAML_SIZE.match(line)
-            if size and topology is not None:
-                sizes.setdefault(topology, int(size.group(1)))
-            listing = False
-    return sizes
+        return {name: int(match.group(1)) for name in bundle.topologies} if match else {}
+    parsed = parse_topology_yaml(text) or {}  # the renderer's layout; another states nothing checkable
+    return {name: topology.block_sizes[0] for name, topology in parsed.items() if topology.block_sizes}
 
 
 def _live_source(bundle: Bundle, used: Optional[str]) -> str:
