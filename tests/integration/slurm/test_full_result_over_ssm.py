@@ -90,6 +90,7 @@ def test_a_5000_node_table_comes_back_whole_through_the_bucket_and_the_replan_us
         return CommandOutcome("Success" if ran.returncode == 0 else "Failed", ran.returncode, ran.stdout, ran.stderr)
 
     aws.ssm.on_command = run_on_head_node
+    aws.ssm.register_managed_instance(str(controller.cluster.head_node))  # a head node SSM reaches
     deps = dataclasses.replace(controller.deps(), channel=lambda cluster: channel)
     result_deps = dataclasses.replace(
         controller.result_deps(), ssm_result=lambda cluster, command_id: channel.result(command_id)
