@@ -35,7 +35,7 @@ class Outcome(StrEnum):
     REPLAYED = "replayed"  # signed, but older than the last bundle the head node applied: nothing written
     STALE_BINDINGS = "stale_bindings"  # a node the plan named is bound to another address now: plan again
     ROLLED_BACK = "rolled_back"  # slurmctld rejected it; the previous config is restored and live
-    RECOVERED = "recovered"  # verify: a cut-off apply's files were repaired, but slurmctld is down (start it)
+    RECOVERED = "recovered"  # verify, apply: a cut-off apply's files were repaired, slurmctld is down (start it)
     FAILED = "failed"  # the applier could not finish (error says why)
     # Channel outcomes, when the applier's own document never arrived:
     PENDING = "pending"

@@ -14,7 +14,8 @@ else ``/opt/slurm/bin``, else PATH: HyperPod and ParallelCluster put ``/opt/slur
 login shells, which neither SSM's script nor a systemd unit runs), prints exactly one JSON document on stdout
 (always under 24,000 characters: SSM keeps no more) and exits 0 applied, unchanged, in_sync or
 would_apply; 3 drift; 2 refused, bad_signature or replayed; 4 stale_bindings; 1 rolled_back, recovered (a
-verify repaired a cut-off apply's files while slurmctld is down; nothing started) or failed. The document always
+verify or apply repaired a cut-off apply's files while slurmctld is down; nothing started, an apply's own
+bundle not applied) or failed. The document always
 has every key:
 outcome, mode, plan_sha256, before_sha256 and after_sha256 (the live content hash, measured on disk
 before and after), partitions_changed, reconfigured, reconfigure_exit_code, apply_path ("incremental":

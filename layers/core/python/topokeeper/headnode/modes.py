@@ -60,6 +60,7 @@ from topokeeper.headnode.scontrol import (
     reconfigure,
     show_partitions,
     slurm_version,
+    slurmctld_up,
 )
 from topokeeper.headnode.signature import (
     GENERATION_FILE,
@@ -133,14 +134,24 @@ def transaction_for(conf: SlurmConf, context: Context) -> Iterator[Transaction]:
         config.close()
 
 
-def recover_leftover(result: Dict[str, Any], conf_path: str, context: Context) -> None:
-    """Before a verify: finish or undo an apply a kill cut off (only when its journal is there)."""
+def recover_leftover(result: Dict[str, Any], conf_path: str, context: Context, bundle: Optional[Bundle]) -> None:
+    """Before a verify or an apply (``bundle``) asks slurmctld anything: finish or undo an apply a kill cut off
+    (only when its journal is there), so that a slurmctld that is down does not stop it."""
     conf = SlurmConf(conf_path)
     if not os.path.lexists(os.path.join(os.path.realpath(conf.directory), BACKUP_DIR, JOURNAL)):
         return
     lock = exclusive_lock(conf.directory, min(context.lock_timeout, context.budget.left()))
     with lock, transaction_for(conf, context) as transaction:
+        if bundle is not None:
+            _check_replay(transaction, bundle, context)
         transaction.recover(result)
+
+
+def _check_replay(transaction: Transaction, bundle: Bundle, context: Context) -> None:
+    """A signed apply bundle older than the recorded generation is refused before anything acts (only reads)."""
+    if context.signed:
+        recorded = os.path.join(transaction.config.path, BACKUP_DIR, GENERATION_FILE)
+        check_generation(bundle, last_generation(transaction.backup_fd, recorded))
 
 
 def _judge_read_back(result: Dict[str, Any]) -> None:
@@ -255,9 +266,7 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
     conf = SlurmConf(conf_path)  # read again under the lock: another apply may just have changed it
     try:
         with transaction_for(conf, context) as transaction:
-            if context.signed:  # a replay is refused before the recovery acts: this only reads
-                recorded = os.path.join(transaction.config.path, BACKUP_DIR, GENERATION_FILE)
-                check_generation(bundle, last_generation(transaction.backup_fd, recorded))
+            _check_replay(transaction, bundle, context)  # a replay is refused before the recovery acts
             # First: a cut-off apply is finished before this one writes anything, even generation.json (a full
             # disk must not block the recovery, which itself needs no new block).
             transaction.recover(result)
@@ -327,9 +336,9 @@ def execute(
                 "the bundle is rendered as %s, but Slurm %s reads %s"
                 % (bundle.slurm_format, result["slurm_version"], result["slurm_format"])
             )
-        if mode == "verify":
-            recover_leftover(result, conf_path, context)  # an apply cut off by a kill: finished or undone first
-            if _recovered_while_down(result, scontrol):
+        if mode in ("verify", "apply"):  # an apply cut off by a kill: finished or undone first
+            recover_leftover(result, conf_path, context, bundle if mode == "apply" else None)
+            if _recovered_while_down(result, scontrol, mode):
                 return _finished(result, started)
         conf = SlurmConf(conf_path)
         result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, read_disk_state(conf, bundle))
@@ -373,15 +382,17 @@ def _finished(result: Dict[str, Any], started: float) -> Dict[str, Any]:
     return result
 
 
-def _recovered_while_down(result: Dict[str, Any], scontrol: Scontrol) -> bool:
+def _recovered_while_down(result: Dict[str, Any], scontrol: Scontrol, mode: str) -> bool:
     """A recovery that left a whole set on disk (an error raises) while slurmctld is not running: ``recovered``,
-    not a failure. Nothing is started: whatever runs slurmctld starts it, and it loads these files."""
+    not a failure. Nothing is started: whatever runs slurmctld starts it, and it loads these files. An apply
+    stops there: nothing can be checked against, or read back from, a slurmctld that is down."""
     recovery = result.get("recovery")
-    if not recovery or result["reconfigure_exit_code"] in (0, None) or "is UP" in scontrol.run("ping").stdout:
+    if not recovery or result["reconfigure_exit_code"] in (0, None) or slurmctld_up(scontrol):
         return False
     result["outcome"] = "recovered"
     result["error"] = (
         "a cut-off apply was %s from its journal; slurmctld is not running, so nothing was loaded or verified:"
-        " it loads the files on disk when it starts (the applier starts nothing)" % recovery.get("action")
+        " it loads the files on disk when it starts (the applier starts nothing)%s"
+        % (recovery.get("action"), "; this bundle was not applied, send it again then" if mode == "apply" else "")
     )
     return True

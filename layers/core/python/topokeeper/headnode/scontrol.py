@@ -67,6 +67,11 @@ class Scontrol:
         return result.stdout
 
 
+def slurmctld_up(scontrol: Scontrol) -> bool:
+    """Whether a slurmctld answers ``scontrol ping`` (a failed reconfigure is a refusal only if one does)."""
+    return "is UP" in scontrol.run("ping").stdout
+
+
 def _within_deadline(timeout: float, deadline: Optional[float], args: Sequence[str]) -> float:
     if deadline is None:
         return timeout

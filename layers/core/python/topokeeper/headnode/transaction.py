@@ -40,7 +40,7 @@ from topokeeper.headnode.config_dir import (
     write_new_file,
 )
 from topokeeper.headnode.failures import Failed
-from topokeeper.headnode.scontrol import Scontrol, reconfigure
+from topokeeper.headnode.scontrol import Scontrol, reconfigure, slurmctld_up
 from topokeeper.headnode.steps import Step
 from topokeeper.wire import APPLIER_BUDGET_SECONDS, MIN_RECONFIGURE_SECONDS, RECONFIGURE_TIMEOUT, one_line
 
@@ -347,7 +347,8 @@ class Transaction:
         """Finish or undo a transaction that a kill cut off, before anything else runs.
 
         Before every new file was written and fsynced (phase prepared): undo, nothing was replaced. After
-        (renaming): roll forward, rename the rest and reconfigure, rolling back if slurmctld refuses. A cut-off
+        (renaming): roll forward, rename the rest and reconfigure, rolling back if slurmctld refuses (not when
+        none runs: the new set was proved before the first rename, and a starting slurmctld loads it). A cut-off
         rollback (rolling_back) is finished. The phase on disk is the direction, and a recovery keeps it
         without writing: rolling forward leaves "renaming" as it is, so a kill in the recovery's own
         reconfigure rolls forward again, and a full disk cannot stop it (renames and reconfigure need no block).
@@ -371,7 +372,9 @@ class Transaction:
                     lambda: reconfigure(self.scontrol, self.log_path, self.budget.left() - RECONFIGURE_TIMEOUT),
                 )
                 result["reconfigured"], result["reconfigure_exit_code"] = True, code
-                if code == 0:
+                if code == 0 or (phase == "renaming" and not slurmctld_up(self.scontrol)):
+                    # No slurmctld to refuse them: a throw-away one loaded these files before the first rename,
+                    # and slurmctld loads them when it starts. Rolling back would undo an accepted set.
                     record["action"] = "rolled_forward"
                     self._end(journal)
                     return
