@@ -27,6 +27,8 @@ SlurmctldPrimaryOnProg=/usr/local/bin/take-the-ip
 AuthType=auth/slurm
 AuthInfo=use_client_ids
 SlurmctldParameters=enable_configless,reconfig_on_restart
+SlurmctldSyslogDebug=debug5
+DebugFlags=Route,TraceJobs
 Include {etc}/partitions.conf
 """
 
@@ -67,6 +69,7 @@ def test_the_copy_holds_the_new_files_and_settings_of_its_own(tmp_path: Path) ->
     assert "AuthInfo=use_client_ids,disable_sack" in settings  # the production daemon keeps its SACK socket
     assert "SlurmctldParameters=enable_configless" in settings
     assert sum(line.startswith("SlurmctldHost=") for line in settings) == 1
+    assert [line for line in settings if "Syslog" in line or "DebugFlags" in line] == ["SlurmctldSyslogDebug=quiet"]
     assert (etc / "topology.yaml").read_text() == "- topology: old\n  flat: true\n"  # production untouched
 
     _remove(str(directory))

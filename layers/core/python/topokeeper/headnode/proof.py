@@ -1,15 +1,16 @@
 """The new config proved on a throw-away slurmctld before any file is replaced.
 
-slurmctld has no config-test option, and ``scontrol reconfigure`` can only load files already in place, where
-a restart also reads them: a kill between the renames and the end of the reconfigure would leave files that
-slurmctld refuses for the next restart. So the new set is first loaded by a slurmctld of its own: a copy of the
-config directory with the new files in a temporary directory, started ``-D -c -i -f <copy>/slurm.conf`` with its
-own state directory, port, pid and log files, this host as its only controller (no HA peer is told to shut
-down), no accounting or job completion plugin (nothing registers with slurmdbd), no primary-on/off programs and
-no SACK socket (it would replace the production daemon's in /run/slurmctld). It runs until it logs that it runs
-as the primary controller (Slurm's src/slurmctld/controller.c, after ``read_slurm_conf``), or exits refusing the
-config, and is then killed with its process group. It runs under ``timeout -s KILL``, so a proof whose applier
-is killed ends anyway; the next proof of the same directory also stops and removes what a killed one left.
+slurmctld has no config-test option, and ``scontrol reconfigure`` can only load files already in place, where a
+restart also reads them: a kill between the renames and the end of the reconfigure would leave files that slurmctld
+refuses for the next restart. So the new set is first loaded by a slurmctld of its own: a copy of the config
+directory with the new files in a temporary directory (the first of $TMPDIR, /tmp, /var/tmp and /dev/shm with room:
+a full /tmp does not block every apply), started ``-D -c -i -f <copy>/slurm.conf`` with its own state directory,
+port, pid and log files, nothing sent to syslog, this host as its only controller (no HA peer is told to shut down),
+no accounting or job completion plugin (nothing registers with slurmdbd), no primary-on/off programs and no SACK
+socket (it would replace the production daemon's in /run/slurmctld). It runs until it logs that it runs as the
+primary controller (Slurm's src/slurmctld/controller.c, after ``read_slurm_conf``), or exits refusing the config,
+and is then killed with its process group. It runs under ``timeout -s KILL``, so a proof whose applier is killed
+ends anyway; the next proof of the same directory also stops and removes what a killed one left.
 """
 
 from __future__ import annotations
@@ -65,8 +66,14 @@ _OWN_KEYS = {
         "AuthInfo",
         "SlurmctldParameters",
         "SlurmctldDebug",
+        "SlurmctldSyslogDebug",  # set quiet: the production level would send the throw-away's lines to syslog
+        "SlurmSchedLogLevel",
+        "DebugFlags",  # only more lines in the throw-away's log, which must stay small (see _RESERVE_BYTES)
     )
 }
+# Where the proof's scratch may go, in order: the first with room (a full /tmp must not block every apply).
+_TEMP_ROOTS = ("/tmp", "/var/tmp", "/dev/shm")  # noqa: S108 -- python3-minimal has no tempfile module
+_RESERVE_BYTES = 1024 * 1024  # free after the copy: the throw-away's log, pid and state files take a few KiB
 
 
 def proof_dir_prefix(config_path: str) -> str:
@@ -95,21 +102,67 @@ def prove(conf: SlurmConf, steps: Sequence[Step], scontrol_path: str, faults: Fa
     slurmctld = find_slurmctld(scontrol_path)
     prefix = proof_dir_prefix(conf.directory)
     stop_leftovers(prefix)
+    directory, conf_copy = _scratch(conf, steps, prefix)
     try:
-        directory = os.path.join(_temp_root(), prefix + os.urandom(8).hex())
-        os.mkdir(directory, 0o700)  # a new name: never an existing directory or link someone else placed
-    except OSError as error:
-        raise Failed("cannot prove the new config: %s; nothing was changed" % os_error(error)) from None
-    try:
-        try:
-            conf_copy = _copy_config(conf, steps, directory)
-        except OSError as error:
+        refused = _run(slurmctld, conf_copy, directory, faults, min(seconds, PROOF_SECONDS))
+        if refused and _filled(directory):
+            # A throw-away whose log or state could not be written is no verdict on the config.
             raise Failed(
-                "cannot prove the new config: copying it to %s: %s; nothing was changed" % (directory, os_error(error))
-            ) from None
-        return _run(slurmctld, conf_copy, directory, faults, min(seconds, PROOF_SECONDS))
+                "cannot prove the new config: %s filled up while a throw-away slurmctld ran; nothing was changed"
+                % os.path.dirname(directory)
+            )
+        return refused
     finally:
         _remove(directory)
+
+
+def _scratch(conf: SlurmConf, steps: Sequence[Step], prefix: str) -> Tuple[str, str]:
+    """A new proof directory holding the config's copy, in the first temp directory with room for it and
+    _RESERVE_BYTES more: (the directory, the copy's slurm.conf). Nothing is left in one that lacks room."""
+    lacking = []
+    for root in temp_roots():
+        try:
+            free = _free_bytes(root)
+            if free < _RESERVE_BYTES:
+                lacking.append("%s (%d KiB free)" % (root, free // 1024))
+                continue
+            directory = os.path.join(root, prefix + os.urandom(8).hex())
+            os.mkdir(directory, 0o700)  # a new name: never an existing directory or link someone else placed
+        except OSError as error:
+            lacking.append("%s (%s)" % (root, os_error(error)))
+            continue
+        try:
+            conf_copy = _copy_config(conf, steps, directory)
+            free = _free_bytes(directory)
+            if free >= _RESERVE_BYTES:
+                return directory, conf_copy
+            lacking.append("%s (%d KiB free after the copy)" % (root, free // 1024))
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                _remove(directory)
+                message = "cannot prove the new config: copying it to %s: %s; nothing was changed"
+                raise Failed(message % (directory, os_error(error))) from None
+            lacking.append("%s (%s)" % (root, error.strerror))
+        except BaseException:
+            _remove(directory)
+            raise
+        _remove(directory)
+    raise Failed(
+        "cannot prove the new config: no room for a throw-away slurmctld's copy of it and %d KiB more in %s;"
+        " nothing was changed" % (_RESERVE_BYTES // 1024, ", ".join(lacking))
+    )
+
+
+def _filled(directory: str) -> bool:
+    try:
+        return _free_bytes(directory) < _RESERVE_BYTES // 2
+    except OSError:
+        return False
+
+
+def _free_bytes(path: str) -> int:
+    found = os.statvfs(path)
+    return int(found.f_bavail * found.f_frsize)
 
 
 def _run(slurmctld: str, conf_copy: str, directory: str, faults: Faults, seconds: float) -> str:
@@ -288,6 +341,7 @@ def _own_settings(conf: SlurmConf, directory: str) -> str:
         "AccountingStorageType=accounting_storage/none",
         "JobCompType=jobcomp/none",
         "SlurmctldDebug=info",  # LOADED_MARKER is logged at info: a quieter production level would hide it
+        "SlurmctldSyslogDebug=quiet",  # nothing to the production's syslog (its own log file has it all)
     ]
     if auth_info:
         settings.append("AuthInfo=%s" % ",".join(auth_info))
@@ -314,8 +368,13 @@ def _slurm_user(conf: SlurmConf) -> Tuple[int, int]:
 
 
 def stop_leftovers(prefix: str) -> None:
-    """Stop the throw-away a killed proof of this config dir left running, and remove its directory."""
-    parent = _temp_root()
+    """Stop the throw-aways a killed proof of this config dir left running, and remove their directories."""
+    for parent in temp_roots():
+        with contextlib.suppress(OSError):  # a temp directory missing here is one no proof used
+            _stop_leftovers_in(parent, prefix)
+
+
+def _stop_leftovers_in(parent: str, prefix: str) -> None:
     for name in os.listdir(parent):
         path = os.path.join(parent, name)
         if not name.startswith(prefix) or os.path.islink(path) or not os.path.isdir(path):
@@ -343,8 +402,11 @@ def _runs_from(pid: int, directory: str) -> bool:
         return False
 
 
-def _temp_root() -> str:
-    return os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 -- python3-minimal has no tempfile module
+def temp_roots() -> List[str]:
+    """$TMPDIR (when set, an absolute path), then _TEMP_ROOTS: where a proof directory may be."""
+    configured = os.environ.get("TMPDIR") or ""
+    first = [configured.rstrip(os.sep) or os.sep] if os.path.isabs(configured) else []
+    return list(dict.fromkeys(first + list(_TEMP_ROOTS)))
 
 
 def _remove(directory: str) -> None:
