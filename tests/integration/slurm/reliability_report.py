@@ -32,17 +32,22 @@ slurmctld has no config-test option, and `scontrol reconfigure` loads the files 
 (since 24.11 it re-executes slurmctld on them), so the old set cannot stay where a restart reads it while the
 new one is loaded: a new set is proved instead, before any rename, on a throw-away slurmctld
 (`topokeeper/headnode/proof.py`). It runs the production binary (beside scontrol) on a copy of the config
-directory in a new directory under `$TMPDIR` (or /tmp) with the new files, `-D -c -i -f <copy>/slurm.conf`,
-and its own state directory, port, pid and log files; this host is its only controller (no HA peer is told
-to shut down), it has no accounting or job-completion plugin (nothing registers with slurmdbd), no
-primary-on/off programs and no SACK socket (it would replace the production daemon's). It runs until it logs
+directory in a new directory with the new files, in the first of `$TMPDIR`, /tmp, /var/tmp and /dev/shm with
+room for the copy and 1 MiB more (a full /tmp does not block every apply; no room in any fails the apply in one
+line naming each, nothing written), `-D -c -i -f <copy>/slurm.conf`, and its own state directory, port, pid
+and log files, and sends nothing to syslog (`SlurmctldSyslogDebug=quiet`; production's `DebugFlags` and
+`SlurmSchedLogLevel` dropped); this host is its only controller (no HA peer is told to shut down), it
+has no accounting or job-completion plugin (nothing registers with slurmdbd), no primary-on/off programs
+and no SACK socket (it would replace the production daemon's). It runs until it logs
 `Running as primary controller` (after `read_slurm_conf`, in Slurm's controller.c) or exits refusing the
 config, and is killed with its process group and removed in a `finally`; it runs under `timeout -s KILL`, and
 the next apply stops and removes what a killed proof left. A refused set is never written: the apply ends
 `rolled_back` with slurmctld's reason and nothing changed. Every rename prefix is loadable by construction
 (a union topology.yaml first on 26.05; on 24.11, tree <-> block, slurm.conf names the flat plugin while
-topology.conf changes), and the matrix below restarts slurmctld at each of them. A recovery (the next verify)
-while slurmctld is down leaves a whole set on disk, starts nothing, and answers `recovered`, not `failed`.
+topology.conf changes), and the matrix below restarts slurmctld at each of them. A recovery (the next verify
+or apply) while slurmctld is down keeps its direction: every new file was complete and proved, so it renames
+the rest rather than rolling back because no slurmctld answers the reconfigure; it starts nothing and answers
+`recovered`, not `failed` (an apply then applies nothing of its own bundle: send it again once slurmctld runs).
 
 ## Windows that remain
 
@@ -53,8 +58,11 @@ while slurmctld is down leaves a whole set on disk, starts nothing, and answers 
   take; the next run's recovery (the journal) restores a loadable set.
 - A proof killed mid-way leaves its throw-away slurmctld running (its own port, state and log, nothing of
   the production daemon's) until `timeout` kills it (at most 60 s) or the next apply stops it.
-- A proof needs the config directory's copy in `$TMPDIR` (a few KiB to 64 MiB at most): a full or missing
-  temp directory fails the apply with nothing changed.
+- A proof needs the config directory's copy and 1 MiB more (a few KiB to 64 MiB at most) in one of `$TMPDIR`,
+  /tmp, /var/tmp or /dev/shm: with no room in any, the apply fails with nothing changed.
+- Until it has read slurm.conf, slurmctld logs to syslog at info (Slurm's controller.c sets up logging before
+  it reads the config): a slurm.conf line the throw-away cannot parse reaches syslog, as it would from the
+  production daemon's next reconfigure. Topology files are read afterwards, and nothing of them reaches syslog.
 - An incremental apply (26.05, `scontrol update NodeName=... Topology=` instead of a reconfigure) killed between
   two live node updates leaves slurmctld serving part of the old and part of the new placement until the next
   run, which finds the journal and reloads the files already on disk (a restart reads them too); the window is
