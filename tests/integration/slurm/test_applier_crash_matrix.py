@@ -372,9 +372,9 @@ def test_a_recovery_while_slurmctld_is_down_keeps_its_direction_restarts_nothing
     assert (code, applied["outcome"], applied["recovery"]) == (0, "unchanged", None)
     _record(
         "fault",
-        fault=f"slurmctld down after a kill between the renames, then {mode}",
+        fault=f"slurmctld down after a kill between the renames, then {mode} (then slurmctld started)",
         outcome=f"{recovered['outcome']}, recovery rolled_forward",
-        live="new (once started)",
+        live="new",  # once slurmctld starts: the test restarts it and reads it back
         next_apply=applied["outcome"],
     )
 
