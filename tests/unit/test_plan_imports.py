@@ -27,6 +27,11 @@ NOT_FOR_PLANNING = (
     "topokeeper.cli.login_commands",
     "topokeeper.wiring",
     "topokeeper.contract.deployment",
+    # Nor what only the other planning commands or a YAML file need.
+    "yaml",
+    "topokeeper.cli.nccl_check",
+    "topokeeper.computenode",
+    "topokeeper.contract.head_node_program",
 )
 
 RUN_AND_LIST = """
