@@ -23,9 +23,13 @@ OFFLINE = (
     ("hostfile",),
     ("nccl-check",),
     ("cost",),
+    ("verify",),
+    ("kueue",),
+    ("labels",),
     ("simulate",),
     ("demo",),
     ("emulator",),
+    ("login", "install-script"),
 )
 
 HELP_AND_LIST = """
