@@ -42,7 +42,7 @@ COMMAND_LINES: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("demo",), True),
     (("emulator",), True),
     (("login", "install-script"), True),
-    (("agent", "install-script"), False),
+    (("agent", "install-script"), True),  # KMS only with --signing-key or --deployment
     (("snapshot",), False),
     (("diff",), False),
     (("drift",), False),

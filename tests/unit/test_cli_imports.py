@@ -30,6 +30,7 @@ OFFLINE = (
     ("demo",),
     ("emulator",),
     ("login", "install-script"),
+    ("agent", "install-script"),  # KMS only with --signing-key or --deployment
 )
 
 HELP_AND_LIST = """
