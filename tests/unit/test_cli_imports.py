@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from topokeeper.cli.main import ALL, COMMANDS, build_parser
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+LOGIN_BUNDLE_ARN = "arn:aws:secretsmanager:us-east-1:111122223333:secret:topokeeper/login/c-AbCdEf"
 HEAVY = ("pydantic", "pydantic_core", "boto3", "botocore", "aws_lambda_powertools", "moto")
 COMMAND_MODULES = {registrar.partition(":")[0] for registrar, _ in COMMANDS.values()} - {"topokeeper.cli.main"}
 # The offline commands (no AWS call needed), as `topokeeper ... --help` words.
@@ -72,3 +75,21 @@ def test_the_listed_commands_are_the_ones_their_modules_register() -> None:
     assert build_parser(None).format_help() == full
     for name in COMMANDS:
         assert build_parser(name).format_help() == full, name
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["labels", "--snapshot", str(EXAMPLES / "eks" / "p5-3-layer.snapshot.json")],
+        ["login", "install-script", "--secret-arn", LOGIN_BUNDLE_ARN, "--secret-region", "us-east-1"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_an_offline_run_loads_no_aws_sdk(argv: list[str]) -> None:
+    """AWS errors are translated (cli.main._run_reaching_aws) without importing botocore where none can occur."""
+    completed = subprocess.run(
+        [sys.executable, "-c", HELP_AND_LIST, json.dumps(argv)], capture_output=True, text=True, check=True
+    )
+    found = json.loads(completed.stdout.splitlines()[-1])
+    assert found["code"] == 0, completed.stderr
+    assert _loaded(("boto3", "botocore", "aws_lambda_powertools", "moto"), found["modules"]) == []

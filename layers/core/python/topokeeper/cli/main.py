@@ -194,10 +194,15 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
 
 
 def _run_reaching_aws(args: argparse.Namespace) -> int:
-    from topokeeper.adapters.aws import aws_setup_errors  # noqa: PLC0415 (botocore: see COMMANDS)
-
-    with aws_setup_errors():  # a missing region or credentials in one line
+    try:
         result: int = args.run(args)
+    except Exception:
+        if "botocore" not in sys.modules:  # no AWS error without it: an offline run never imports botocore
+            raise
+        from topokeeper.adapters.aws import aws_setup_errors  # noqa: PLC0415
+
+        with aws_setup_errors():  # a missing region or credentials in one line
+            raise
     return result
 
 
