@@ -19,13 +19,13 @@ from topokeeper.contract.errors import InputError
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FLUSH_FAILED = 120  # as Python exits when flushing its output fails
-# Commands that plan from a file: run without botocore (see _run_reaching_aws) and without cycle collection.
+# Commands that plan from a file: run without cycle collection, outside botocore's error translation.
 PLANNING_COMMANDS = frozenset({"plan", "show", "head-node-program", "hostfile", "nccl-check"})
 _MAIN = "topokeeper.cli.main"
-# Every command: what registers it ("module:function", given the subparsers; it adds the commands beside it here
-# with the same function) and its line in ``topokeeper --help``. Only the module of the command run is imported:
-# together they load pydantic, boto3 and moto (~0.5 s). tests/unit/test_cli_imports.py checks the lines against
-# what the functions register.
+# Every command: the function that registers it ("module:function", called with the subparsers; it registers all
+# the commands it is named for here) and its line in ``topokeeper --help``. Only the module of the command run is
+# imported: all of them load pydantic, boto3 and moto (~0.5 s). A new command is one line here;
+# tests/unit/test_cli_imports.py checks each line against what its function registers.
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": (f"{_MAIN}:register_plan", "plan and render the topology files"),
     "show": (f"{_MAIN}:register_plan", "print the plan table only"),
