@@ -97,6 +97,8 @@ demo: install
 # docs/performance.md (bench/performance_doc.py assembles the file from docs/performance/*.md).
 bench: install install-system
 	$(BIN)/python bench/plan_scaling.py
+	# The CLI's own speed: every command's --help and plan at 10,000 nodes, whole processes (issue 30).
+	$(BIN)/python -m bench.cli_speed
 	# The simulation report at 10,000 nodes in headless Chromium (make test runs it at 1,000).
 	TOPOKEEPER_REPORT_NODES=10000 $(BIN)/pytest -q tests/e2e/test_report_in_chromium.py -k scale
 	$(BIN)/python -m bench.scale --simulate

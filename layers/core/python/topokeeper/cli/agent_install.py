@@ -24,12 +24,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from topokeeper.adapters.aws import aws_setup_errors, client
-from topokeeper.adapters.kms import KmsBundleSigner
-from topokeeper.contract.deployment import read_deployment
 from topokeeper.contract.errors import InputError
 from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes
-from topokeeper.service.signing import trusted_key_document
 from topokeeper.wire import (
     AGENT_KEY_PREFIX,
     AGENT_MODES,
@@ -191,6 +187,8 @@ def _mode(args: argparse.Namespace) -> str:
             "required without --deployment: pass the cluster's mode (--mode verify, the HyperPod default, or "
             "--mode enforce), or --deployment FILE to read it",
         )
+    from topokeeper.contract.deployment import read_deployment  # noqa: PLC0415 (pydantic: not for --help)
+
     cluster = read_deployment(args.deployment).settings.cluster(args.cluster)
     if cluster is None:
         raise InputError("--cluster", f"{args.cluster} is not in the deployment {args.deployment}")
@@ -200,6 +198,11 @@ def _mode(args: argparse.Namespace) -> str:
 def _trusted_key(args: argparse.Namespace) -> dict[str, str] | None:
     """The stack's public key (KMS GetPublicKey with the operator's credentials), for ``--signing-key`` or the
     deployment's; None installs an agent that checks no signature."""
+    from topokeeper.adapters.aws import aws_setup_errors, client  # noqa: PLC0415 (boto3: not for --help)
+    from topokeeper.adapters.kms import KmsBundleSigner  # noqa: PLC0415
+    from topokeeper.contract.deployment import read_deployment  # noqa: PLC0415
+    from topokeeper.service.signing import trusted_key_document  # noqa: PLC0415
+
     key_id = args.signing_key
     if key_id is None and args.deployment is not None:
         key_id = read_deployment(args.deployment).signing_key_id

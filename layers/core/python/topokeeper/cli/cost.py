@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from topokeeper.contract.errors import InputError
-from topokeeper.contract.operator_files import read_mapping
 
 # AWS list prices in us-east-1, as published on the AWS pricing pages (checked 2026-12-04). Other regions differ
 # by a few percent; confirm with the AWS Pricing Calculator before budgeting.
@@ -162,6 +161,8 @@ def render(cost: CostEstimate, clusters: int) -> str:
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:
+    from topokeeper.contract.operator_files import read_mapping  # noqa: PLC0415 (pydantic-core: not for --help)
+
     template = read_mapping(args.template, "--template")
     try:
         clusters = len(json.loads(_config_of(template)).get("clusters", [])) if _config_of(template) else 0

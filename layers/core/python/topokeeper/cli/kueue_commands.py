@@ -8,24 +8,17 @@ import sys
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topokeeper.cli.options import add_endpoint_option
 from topokeeper.contract.errors import InputError
-from topokeeper.contract.operator_files import read_mapping, write_files
-from topokeeper.domain.catalog import ec2_instance_type
-from topokeeper.domain.models import Node
-from topokeeper.engine.snapshot import AwsSnapshot, eks_nodes, parse_snapshot_document
-from topokeeper.kueue.drift import LabelDrift, label_drift, render_drift
-from topokeeper.kueue.fleet import fleet_json, render_mermaid, render_table
-from topokeeper.kueue.node_list import (
-    INSTANCE_TYPE_LABEL,
-    KubeNode,
-    merge_facts,
-    nodes_from_labels,
-    parse_node_list,
-)
-from topokeeper.kueue.objects import KueuePlan, plan_kueue, render_kueue
+
+if TYPE_CHECKING:  # the planner's models (pydantic) load where a command runs, not for its --help
+    from topokeeper.domain.models import Node
+    from topokeeper.engine.snapshot import AwsSnapshot
+    from topokeeper.kueue.drift import LabelDrift
+    from topokeeper.kueue.node_list import KubeNode
+    from topokeeper.kueue.objects import KueuePlan
 
 EXIT_OK = 0
 
@@ -38,6 +31,10 @@ class EksInputs:
     warnings: tuple[str, ...]
 
     def plan(self) -> KueuePlan:
+        from topokeeper.domain.catalog import ec2_instance_type  # noqa: PLC0415
+        from topokeeper.kueue.node_list import INSTANCE_TYPE_LABEL  # noqa: PLC0415
+        from topokeeper.kueue.objects import plan_kueue  # noqa: PLC0415
+
         type_labels = {
             ec2_instance_type(kube.labels[INSTANCE_TYPE_LABEL]): kube.labels[INSTANCE_TYPE_LABEL]
             for kube in self.kube_nodes or ()
@@ -46,6 +43,8 @@ class EksInputs:
         return plan_kueue(self.facts, type_labels)
 
     def drift(self, plan: KueuePlan) -> tuple[LabelDrift, ...]:
+        from topokeeper.kueue.drift import label_drift  # noqa: PLC0415
+
         if self.kube_nodes is None:
             return ()
         return label_drift(self.kube_nodes, self.facts if self.from_snapshot else None, plan)
@@ -65,6 +64,10 @@ def read_cluster(cluster: str) -> AwsSnapshot:
 
 
 def load_inputs(snapshot: Path | None, nodes: Path | None, cluster: str | None = None) -> EksInputs:
+    from topokeeper.contract.operator_files import read_mapping  # noqa: PLC0415
+    from topokeeper.engine.snapshot import eks_nodes, parse_snapshot_document  # noqa: PLC0415
+    from topokeeper.kueue.node_list import merge_facts, nodes_from_labels, parse_node_list  # noqa: PLC0415
+
     if snapshot is None and nodes is None and cluster is None:
         raise InputError("--snapshot", "give --snapshot FILE or --cluster NAME, --nodes NODES.json, or both")
     if snapshot is not None and cluster is not None:
@@ -99,6 +102,9 @@ def _short_nodes(plan: KueuePlan) -> str:
 
 
 def _cmd_labels(args: argparse.Namespace) -> int:
+    from topokeeper.kueue.drift import render_drift  # noqa: PLC0415
+    from topokeeper.kueue.fleet import fleet_json, render_mermaid, render_table  # noqa: PLC0415
+
     inputs = load_inputs(args.snapshot, args.nodes, args.cluster)
     plan = inputs.plan()
     findings = inputs.drift(plan)
@@ -119,6 +125,11 @@ def _cmd_labels(args: argparse.Namespace) -> int:
 
 
 def _cmd_kueue(args: argparse.Namespace) -> int:
+    from topokeeper.contract.operator_files import write_files  # noqa: PLC0415
+    from topokeeper.kueue.drift import render_drift  # noqa: PLC0415
+    from topokeeper.kueue.fleet import render_mermaid, render_table  # noqa: PLC0415
+    from topokeeper.kueue.objects import render_kueue  # noqa: PLC0415
+
     inputs = load_inputs(args.snapshot, args.nodes, args.cluster)
     plan = inputs.plan()
     findings = inputs.drift(plan)

@@ -7,22 +7,21 @@ import re
 import time
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
-from topokeeper.adapters.aws import client
-from topokeeper.adapters.secrets import SecretStore, deny_readers_policy, readers_only_policy
 from topokeeper.cli.options import add_endpoint_option
-from topokeeper.contract.config import TagKey
 from topokeeper.contract.constants import login_secret_names
 from topokeeper.contract.errors import InputError
-from topokeeper.login.host_keys import check_names, generate
-from topokeeper.login.install import install_script
+
+# boto3, pydantic and the key generator load where a command runs, not for --help.
 
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
 _KMS_KEY = re.compile(r"arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]{1,256}")
 
 
 def _cmd_rotate(args: argparse.Namespace) -> int:
+    from topokeeper.adapters.aws import client  # noqa: PLC0415
+    from topokeeper.adapters.secrets import SecretStore, deny_readers_policy, readers_only_policy  # noqa: PLC0415
+    from topokeeper.login.host_keys import check_names, generate  # noqa: PLC0415
+
     check_names(args.cluster, args.name)
     if not _ROLE_ARN.fullmatch(args.login_role_arn):
         raise InputError("--login-role-arn", f"not an IAM role ARN: {args.login_role_arn!r}")
@@ -56,13 +55,20 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
 
 
 def _cmd_install_script(args: argparse.Namespace) -> int:
+    from topokeeper.login.install import install_script  # noqa: PLC0415
+
     print(install_script(args.secret_arn, args.secret_region), end="")
     return 0
 
 
 def _cmd_install_run_command(args: argparse.Namespace) -> int:
     """EC2 login nodes (plain-EC2 Slurm): the installer through Run Command to the running instances with the tag."""
+    from pydantic import TypeAdapter, ValidationError  # noqa: PLC0415
+
+    from topokeeper.adapters.aws import client  # noqa: PLC0415
     from topokeeper.adapters.login_run_command import RunCommandInstaller, tagged_login_instances  # noqa: PLC0415
+    from topokeeper.contract.config import TagKey  # noqa: PLC0415
+    from topokeeper.login.install import install_script  # noqa: PLC0415
 
     key, _, value = args.tag.partition("=")
     try:

@@ -21,13 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topokeeper.cli.planning import leaf_units, plan_from_files
 from topokeeper.contract.errors import InputError
-from topokeeper.contract.operator_files import read_mapping, write_files
-from topokeeper.domain.models import NO_TOPOLOGY_SWITCH, BlockTopology, TreeTopology
-from topokeeper.domain.names import check_slurm_name
-from topokeeper.render.narrate import columns
 from topokeeper.wire import compress, expand
+
+# The planner, pydantic and the file readers are imported where used: ``nccl-check --help`` loads none of them.
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = "topokeeper.nccl-check/1"
@@ -62,6 +59,8 @@ class Run:
 
 
 def _checked(name: str, what: str) -> str:
+    from topokeeper.domain.names import check_slurm_name  # noqa: PLC0415
+
     try:
         return check_slurm_name(name)
     except ValueError as error:
@@ -70,6 +69,9 @@ def _checked(name: str, what: str) -> str:
 
 def plan_runs(snapshot: Path, config: Path | None, slurm_version: str | None) -> list[Run]:
     """Each partition's leaves or blocks of two nodes or more, and a reference across its first two."""
+    from topokeeper.cli.planning import leaf_units, plan_from_files  # noqa: PLC0415
+    from topokeeper.domain.models import NO_TOPOLOGY_SWITCH, BlockTopology, TreeTopology  # noqa: PLC0415
+
     rendered = plan_from_files(snapshot, config, slurm_version)
     runs: list[Run] = []
     for partition in sorted(rendered.plan.partitions, key=lambda p: p.partition):
@@ -122,6 +124,8 @@ def sbatch_script(run: Run, tasks_per_node: int, gpus_per_node: int | None, comm
 
 
 def write_kit(args: argparse.Namespace) -> int:
+    from topokeeper.contract.operator_files import write_files  # noqa: PLC0415
+
     for option, value in (("--tasks-per-node", args.tasks_per_node), ("--gpus-per-node", args.gpus_per_node or 1)):
         if value < 1:
             raise InputError(option, "must be 1 or more")
@@ -156,6 +160,8 @@ def write_kit(args: argparse.Namespace) -> int:
 
 
 def read_manifest(directory: Path) -> list[Run]:
+    from topokeeper.contract.operator_files import read_mapping  # noqa: PLC0415
+
     path = directory / MANIFEST
     document = read_mapping(path, "--results")
     if document.get("schema") != MANIFEST_SCHEMA or not isinstance(document.get("runs"), list):
@@ -295,6 +301,8 @@ def drain_command(rows: list[dict[str, Any]], threshold: float) -> str:
 
 
 def check_results(args: argparse.Namespace) -> int:
+    from topokeeper.render.narrate import columns  # noqa: PLC0415
+
     if not 0 < args.threshold < 100:
         raise InputError("--threshold", "must be a percentage between 0 and 100")
     runs = read_manifest(args.results)

@@ -14,17 +14,15 @@ import json
 import shlex
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, aws_setup_errors, bucket_region, client, presigning_s3
-from topokeeper.adapters.ssm_channel import SsmChannel
 from topokeeper.cli.options import add_endpoint_option
-from topokeeper.cli.planning import plan_from_files, plan_table
 from topokeeper.contract.errors import InputError
 from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
-from topokeeper.contract.operator_files import write_files
-from topokeeper.contract.ports import ApplyResult, Outcome
-from topokeeper.render.bundle import RenderedPlan
+
+if TYPE_CHECKING:  # the planner (pydantic) and boto3 load where verify runs, not for its --help
+    from topokeeper.contract.ports import ApplyResult
+    from topokeeper.render.bundle import RenderedPlan
 
 EXIT_OK, EXIT_FAILED, EXIT_DRIFT = 0, 1, 3
 
@@ -60,6 +58,10 @@ def result_lines(mode: str, result: ApplyResult) -> list[str]:
 
 
 def _on_head_node(rendered: RenderedPlan, head_node: str, bucket: str | None) -> tuple[dict[str, Any], list[str], int]:
+    from topokeeper.adapters.aws import SEND_COMMAND_CONFIG, bucket_region, client, presigning_s3  # noqa: PLC0415
+    from topokeeper.adapters.ssm_channel import SsmChannel  # noqa: PLC0415
+    from topokeeper.contract.ports import Outcome  # noqa: PLC0415
+
     channel = SsmChannel(
         client("ssm"),
         presigning_s3(bucket_region(bucket)) if bucket else _NoBucket(),
@@ -79,6 +81,8 @@ def _on_head_node(rendered: RenderedPlan, head_node: str, bucket: str | None) ->
 
 
 def _commands_for(rendered: RenderedPlan, out: Path) -> tuple[dict[str, Any], list[str]]:
+    from topokeeper.contract.operator_files import write_files  # noqa: PLC0415
+
     files: dict[str, str | bytes] = {"bundle.json": rendered.files()["bundle.json"], PROGRAM_NAME: program_bytes()}
     written = write_files(out, files, "--bundle-out")
     commands = [
@@ -105,6 +109,9 @@ def _commands_for(rendered: RenderedPlan, out: Path) -> tuple[dict[str, Any], li
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from topokeeper.adapters.aws import aws_setup_errors  # noqa: PLC0415
+    from topokeeper.cli.planning import plan_from_files, plan_table  # noqa: PLC0415
+
     rendered = plan_from_files(args.snapshot, args.config, args.slurm_version)
     document: dict[str, Any] = {"plan_sha256": rendered.sha256, "plan": rendered.plan_document()}
     lines = [plan_table(rendered)]

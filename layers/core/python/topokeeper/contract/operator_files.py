@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic_core import from_json
 
 from topokeeper.contract.errors import InputError
@@ -44,9 +43,14 @@ def read_mapping(path: Path, flag: str, *, always_yaml: bool = False) -> dict[st
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise InputError(flag, f"{path} is not UTF-8 text (byte {error.start} is {raw[error.start]:#04x})") from error
+    syntax_errors: tuple[type[Exception], ...] = (json.JSONDecodeError,)
+    if is_yaml:
+        import yaml  # noqa: PLC0415 (only here: plan reads a JSON snapshot without PyYAML's ~15 ms import)
+
+        syntax_errors = (yaml.YAMLError,)
     try:
         document = yaml.safe_load(text) if is_yaml else json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as error:
+    except syntax_errors as error:
         syntax = "YAML" if is_yaml else "JSON"
         raise InputError(flag, f"{path} is not valid {syntax}: {str(error).splitlines()[0]}") from error
     except RecursionError as error:  # the parsers recurse per nesting level

@@ -13,11 +13,10 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from topokeeper.contract.operator_files import prepare_out_dir
-from topokeeper.render.narrate import cut, record_text
-from topokeeper.sim.scenario import Scenario, load_scenario
+if TYPE_CHECKING:  # the scenario (pydantic, botocore) and the rest load when a command runs, not for its --help
+    from topokeeper.sim.scenario import Scenario
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 DEMO_SCENARIO = SCENARIOS / "demo.yaml"
@@ -76,6 +75,8 @@ def _print_step(step: Any, show: bool) -> None:
         )
     if not show:
         return
+    from topokeeper.render.narrate import cut, record_text  # noqa: PLC0415
+
     for record in step.audit_records:
         print(
             f"   UpdatePartitionTopology {str(record['before_sha256'] or '-')[:12]} -> {record['after_sha256'][:12]}"
@@ -110,6 +111,9 @@ def _print_kueue(kueue: Any, show: bool) -> None:
 def _prepare(scenario_path: Path, out: Path) -> tuple[Scenario, str | None]:
     """The scenario and the head node kind ("chroot" or "file"), or None when it cannot run (said on stderr).
     Bad input is refused before anything loads or starts (choosing the head node may start a chroot)."""
+    from topokeeper.contract.operator_files import prepare_out_dir  # noqa: PLC0415
+    from topokeeper.sim.scenario import load_scenario  # noqa: PLC0415
+
     scenario = load_scenario(scenario_path)
     prepare_out_dir(out)
     # The functions log JSON for CloudWatch; here the story prints the same in readable lines.
