@@ -366,6 +366,9 @@ class PlanStore(Protocol):
 
     def plan_document(self, cluster: str, sha256: str) -> dict[str, Any]: ...
 
+    # Registration entries, {instance id: entry JSON text} (service/registration.py; keys: wire.registration_key).
+    def put_registrations(self, cluster: str, entries: dict[str, str]) -> None: ...
+
 
 class NodeFactsCache(Protocol):
     def get_many(self, cluster: str, instance_ids: Iterable[str]) -> dict[str, dict[str, object]]: ...
