@@ -10,10 +10,13 @@ import json
 import pytest
 
 from tests.unit.service.test_bindings_usecases import BOUND, _table
+from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper.contract.ports import ApplyResult, Outcome
 from topokeeper.headnode.incremental import _placements, parse_topology_yaml
 from topokeeper.service.controller import reconcile
 from topokeeper.service.registration import placements
+from topokeeper.service.result import record_result
 from topokeeper.service.state import save_fields
 from topokeeper.wire import Registration, RegistrationError, parse_registration, registration_text
 
@@ -82,3 +85,42 @@ def test_the_source_refuses_a_value_a_node_would_refuse(value: str) -> None:
 
     with pytest.raises(RegistrationError, match="^topology: "):
         registration_text(entry)
+
+
+# q1-st-p5-1 is the node the head node found already placed as planned. The others are placed by the apply, the
+# powered-down q1-dy-p5-5 too (under the no-topology switch the file writes).
+REGISTERED = "q1-st-p5-1"
+OTHERS = sorted(node for node in BOUND if node != REGISTERED)
+
+
+@pytest.mark.parametrize(
+    ("version", "apply_path", "expected"),
+    [
+        # 25.11 publishes entries: a node the head node found already placed as planned was placed at registration.
+        ("25.11", "whole_file", {"registration": [REGISTERED], "file": OTHERS}),
+        ("25.11", "incremental", {"registration": [REGISTERED], "update": OTHERS}),
+        # 25.05 has no entries: whatever slurmctld already served, the apply's own route is named.
+        ("25.05", "incremental", {"update": sorted([REGISTERED, *OTHERS])}),
+        # Nothing loaded (a rolled-back apply): only what registration placed, which the rollback does not undo.
+        ("25.11", None, {"registration": [REGISTERED]}),
+    ],
+)
+def test_the_audit_record_names_the_route_that_placed_each_node(
+    version: str, apply_path: str | None, expected: dict[str, list[str]]
+) -> None:
+    controller = _cluster(version)
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"
+    pending = controller.now_state().pending
+    assert pending is not None and pending.registration is (version == "25.11")
+    controller.ssm_results[pending.handle.reference] = ApplyResult(
+        outcome=Outcome.APPLIED if apply_path else Outcome.ROLLED_BACK,
+        applier_version="1.0.0",
+        apply_path=apply_path,  # type: ignore[arg-type]
+        nodes_placed_before=[REGISTERED],
+    )
+
+    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+
+    (record,) = controller.audit.records.values()
+    assert {route: sorted(nodes) for route, nodes in record.placed_by.items()} == expected
+    assert record.placed_by_count == {route: len(nodes) for route, nodes in expected.items()}
