@@ -21,6 +21,7 @@ from infra.login_endpoint import (
     login_clusters,
 )
 from infra.queue import Queues
+from infra.registration import RegistrationPolicies, registration_clusters, registration_policy_output
 from infra.state import StateTable
 from infra.storage import PlanBucket
 from topokeeper.contract.config import Settings
@@ -81,6 +82,14 @@ class TopokeeperStack(Stack):
             outputs[agent_policy_output(cluster)] = (
                 policy.managed_policy_arn,
                 f"Attach to the ExecutionRole of {cluster}'s controller group only (a role no other cluster uses)",
+            )
+        self.registration = RegistrationPolicies(
+            self, "Registration", clusters=registration_clusters(settings), plans=self.plans, key=self.key
+        )
+        for cluster, policy in self.registration.policies.items():
+            outputs[registration_policy_output(cluster)] = (
+                policy.managed_policy_arn,
+                f"Attach to the instance role of {cluster}'s queues only: node-start reads its topology with it",
             )
         self.login_endpoints = {
             cluster.name: LoginEndpoint(

@@ -100,6 +100,8 @@ class MemoryPlanStore:
     def __init__(self) -> None:
         self.bundles: dict[tuple[str, str], Bundle] = {}
         self.documents: dict[tuple[str, str], dict[str, Any]] = {}
+        self.registrations: dict[tuple[str, str], str] = {}  # (cluster, instance id) -> entry text
+        self.registration_puts = 0
 
     def put(self, cluster: str, bundle: Bundle, plan_document: str) -> str:
         self.bundles[(cluster, bundle.plan_sha256)] = bundle
@@ -111,6 +113,10 @@ class MemoryPlanStore:
 
     def plan_document(self, cluster: str, sha256: str) -> dict[str, Any]:
         return self.documents[(cluster, sha256)]
+
+    def put_registrations(self, cluster: str, entries: dict[str, str]) -> None:
+        self.registration_puts += len(entries)
+        self.registrations.update({(cluster, instance): text for instance, text in entries.items()})
 
 
 class MemoryWorkQueue:

@@ -52,6 +52,7 @@ APPLIER_RESULT_KEYS = frozenset(
         "generation",
         "managed_by",
         "powered_down",
+        "nodes_placed_before",
         "full_result",
     }
 )

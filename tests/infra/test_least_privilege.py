@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from infra.agent import agent_policy_output
+from infra.registration import registration_policy_output
 from tests.infra.conftest import Synthesized, example_config, synthesize
 from topokeeper.contract.constants import ENV_SIGNING_KEY
 from topokeeper.wire import AGENT_SOURCE, agent_source
@@ -254,6 +255,28 @@ def test_one_agent_policy_per_cluster_reaching_only_its_own_objects_and_event_so
         (other,) = set(policies) - {cluster}
         assert other not in json.dumps(document)
         assert outputs[agent_policy_output(cluster)]["Value"] == {"Ref": variant.logical_id(policy)}
+
+
+def test_one_registration_policy_per_enforced_ec2_cluster_reading_only_its_entries(variant: Synthesized) -> None:
+    policies = variant.stack.registration.policies
+    outputs = variant.template.to_json()["Outputs"]
+
+    assert sorted(policies) == ["cfd-pcluster"]  # the HyperPod and EKS clusters' nodes read none
+    document = variant.resource(policies["cfd-pcluster"])["Properties"]["PolicyDocument"]
+    by_sid = {statement["Sid"]: statement for statement in document["Statement"]}
+    assert sorted(by_sid) == ["DecryptRegistration", "ListRegistration", "ReadRegistration"]
+    assert (by_sid["ReadRegistration"]["Action"], by_sid["ReadRegistration"]["Resource"]) == (
+        "s3:GetObject",
+        object_arn(variant, "/clusters/cfd-pcluster/registration/*"),
+    )
+    assert by_sid["ListRegistration"]["Condition"] == {
+        "StringLike": {"s3:prefix": ["clusters/cfd-pcluster/registration/*"]}
+    }
+    assert by_sid["DecryptRegistration"]["Action"] == "kms:Decrypt"
+    assert list(by_sid["DecryptRegistration"]["Condition"]["StringEquals"]) == ["kms:ViaService"]
+    assert outputs[registration_policy_output("cfd-pcluster")]["Value"] == {
+        "Ref": variant.logical_id(policies["cfd-pcluster"])
+    }
 
 
 def bucket_policy(synthesized: Synthesized) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from aws_cdk.assertions import Match
 from infra import constants as c
 from infra.agent import agent_clusters, agent_policy_output
 from infra.functions import head_nodes
+from infra.registration import registration_policy_output
 from tests.infra.conftest import Synthesized
 from topokeeper.contract.constants import AUDIT_SOURCE
 from topokeeper.contract.deployment import (
@@ -435,7 +436,9 @@ def test_events_are_put_only_on_the_default_bus_with_our_own_sources(example: Sy
 
 
 def test_the_agent_policy_reads_only_its_clusters_bundles(example: Synthesized) -> None:
-    (policy,) = of_type(example, "AWS::IAM::ManagedPolicy").values()
+    managed = of_type(example, "AWS::IAM::ManagedPolicy")
+    registration = example.logical_id(example.stack.registration.policies["cfd-pcluster"])
+    (policy,) = [resource for name, resource in managed.items() if name != registration]
     assert policy == example.resource(example.stack.agent.policies["llm-train"])
     by_sid = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
 
@@ -459,5 +462,7 @@ def test_outputs_for_operators_and_the_cli(example: Synthesized) -> None:
     assert outputs[OUTPUT_DEAD_LETTER_QUEUE]["Value"] == ref(example, stack.queues.work_dlq)
     assert outputs[OUTPUT_RECONCILE_FUNCTION]["Value"] == ref(example, stack.functions.reconcile)
     assert outputs[agent_policy_output("llm-train")]["Value"] == ref(example, stack.agent.policies["llm-train"])
+    registration = stack.registration.policies["cfd-pcluster"]
+    assert outputs[registration_policy_output("cfd-pcluster")]["Value"] == ref(example, registration)
     # What an operator checks a copy of the head-node program against (sha256sum), computed at synth.
     assert outputs["HeadNodeProgramSha256"]["Value"] == program_sha256()

@@ -68,7 +68,7 @@ from topokeeper.service.state import save_fields
 from topokeeper.sim.aws.s3 import KMS_DEFAULT_ENCRYPTION
 from topokeeper.sim.aws_emulator import AwsEmulator, CommandInvocationRequest, CommandOutcome, ManualClock
 from topokeeper.sim.stack import create_state_table
-from topokeeper.wire import agent_bundle_key, agent_verify_key, agent_verify_request_key
+from topokeeper.wire import agent_bundle_key, agent_verify_key, agent_verify_request_key, registration_key
 
 TABLE = "topokeeper-state"
 BUCKET = "topokeeper-plans"
@@ -917,6 +917,23 @@ def test_plan_store_round_trips_bundle_and_plan(aws: AwsEmulator, bucket: str) -
     assert store.plan_document("test-cluster", rendered.sha256) == json.loads(rendered.files()["plan.json"])
     head = aws.client("s3").head_object(Bucket=bucket, Key=prefix + "bundle.json")
     assert head["ContentType"] == "application/json"
+
+
+def test_plan_store_writes_registration_entries_under_the_clusters_prefix_encrypted(
+    aws: AwsEmulator, bucket: str
+) -> None:
+    s3 = aws.client("s3")
+    s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration=KMS_DEFAULT_ENCRYPTION)
+    entries = {f"i-{n:017x}": f'{{"n":{n}}}' for n in range(1, 12)}
+
+    S3PlanStore(s3, bucket).put_registrations("test-cluster", entries)
+
+    for instance, text in entries.items():
+        stored = s3.get_object(Bucket=bucket, Key=registration_key("test-cluster", instance))
+        assert stored["Body"].read().decode() == text
+        assert stored["ServerSideEncryption"] == "aws:kms"
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="clusters/test-cluster/registration/")["KeyCount"]
+    assert listed == len(entries)
 
 
 # ---------------------------------------------------------------- SqsWorkQueue

@@ -481,3 +481,96 @@ def _encodes(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+# --- registration: a booting compute node's topology, handed to its slurmd -------------------------------------
+# Slurm 25.11 places a CLOUD node where its slurmd says at registration (``slurmd --conf "topology=<t>:<path>"``),
+# before a job can land on it. The backend publishes one entry per running instance of a ParallelCluster cluster
+# under ``<prefix>/<cluster>/registration/<instance-id>.json``; the node's start action (topokeeper.agent.
+# registration) reads its own and hands it to slurmd. 26.05.x ignores it for resumed nodes (slurmd-supplied fields
+# apply only when boot_time > last_response), so there the head node's ``scontrol update`` places them.
+REGISTRATION_SCHEMA = "topokeeper.registration/1"
+FIRST_REGISTRATION_VERSION = (25, 11)  # slurmd --conf "topology=..." appeared in 25.11
+MAX_REGISTRATION_BYTES = 16 * 1024
+MAX_TOPOLOGY_VALUE_CHARS = 4096
+# Only what Slurm allows in topology, switch and block names (domain/names.py's charset, 64 characters): the
+# value ends up in a systemd unit and on slurmd's command line, so nothing else passes, at the source or the node.
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+_PLACEMENT = r"%s(?::%s){1,16}" % (_NAME, _NAME)
+_TOPOLOGY_VALUE = re.compile(r"%s(?:,%s)*" % (_PLACEMENT, _PLACEMENT))
+_INSTANCE_ID = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")
+_REGISTRATION_KEYS = ("schema", "cluster", "instance_id", "topology", "generation", "plan_sha256")
+
+
+class RegistrationError(ValueError):
+    """An entry that is not this node's or not safe to hand to slurmd; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One instance's entry: bound to its cluster and instance, so a node refuses one that is not its own."""
+
+    cluster: str
+    instance_id: str
+    topology: str  # the node's whole Topology= value: "<topology>:<switch>:...:<leaf>[,<topology>:<block>]"
+    generation: int  # the cluster's change generation the backend planned it at
+    plan_sha256: str  # the plan it comes from
+
+
+def registration_prefix(cluster: str, prefix: str = AGENT_KEY_PREFIX) -> str:
+    """Where a cluster's entries live (the node role's policy grants s3:GetObject on this prefix only)."""
+    return _agent_key(cluster, "registration", prefix) + "/"
+
+
+def registration_key(cluster: str, instance_id: str, prefix: str = AGENT_KEY_PREFIX) -> str:
+    if not _INSTANCE_ID.fullmatch(instance_id):
+        raise RegistrationError("instance_id: not an EC2 instance id: %s" % repr(instance_id)[:40])
+    return registration_prefix(cluster, prefix) + instance_id + ".json"
+
+
+def check_topology_value(value: object) -> str:
+    """``value`` if it is a Topology= value of Slurm-safe names, else RegistrationError naming the field."""
+    if not isinstance(value, str) or not value:
+        raise RegistrationError("topology: expected a non-empty string")
+    if len(value) > MAX_TOPOLOGY_VALUE_CHARS or not _TOPOLOGY_VALUE.fullmatch(value):
+        raise RegistrationError("topology: not <topology>:<path> of Slurm names: %s" % repr(value)[:80])
+    return value
+
+
+def registration_text(entry: Registration) -> str:
+    """The entry's JSON text (checked first: the backend refuses to publish what a node would refuse)."""
+    check_topology_value(entry.topology)
+    registration_key(entry.cluster, entry.instance_id)
+    document = {
+        "schema": REGISTRATION_SCHEMA,
+        "cluster": entry.cluster,
+        "instance_id": entry.instance_id,
+        "topology": entry.topology,
+        "generation": entry.generation,
+        "plan_sha256": entry.plan_sha256,
+    }
+    return canonical_json(document)
+
+
+def parse_registration(body: bytes, cluster: str, instance_id: str) -> Registration:
+    """The entry in ``body`` if it is ``cluster``'s entry for ``instance_id`` and safe; else RegistrationError."""
+    if len(body) > MAX_REGISTRATION_BYTES:
+        raise RegistrationError("entry: larger than %d bytes" % MAX_REGISTRATION_BYTES)
+    try:
+        document = json.loads(body.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise RegistrationError("entry: not JSON text") from None
+    if not isinstance(document, dict) or sorted(document) != sorted(_REGISTRATION_KEYS):
+        raise RegistrationError("entry: expected an object with keys %s" % ", ".join(_REGISTRATION_KEYS))
+    if document["schema"] != REGISTRATION_SCHEMA:
+        raise RegistrationError("schema: %s, expected %s" % (repr(document["schema"])[:60], REGISTRATION_SCHEMA))
+    if document["cluster"] != cluster:
+        raise RegistrationError("cluster: %s, not this node's cluster %r" % (repr(document["cluster"])[:70], cluster))
+    if document["instance_id"] != instance_id:
+        raise RegistrationError("instance_id: %s, not this instance" % repr(document["instance_id"])[:40])
+    generation, sha = document["generation"], document["plan_sha256"]
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise RegistrationError("generation: expected an integer >= 0")
+    if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise RegistrationError("plan_sha256: expected 64 hex digits")
+    return Registration(cluster, instance_id, check_topology_value(document["topology"]), generation, sha)

@@ -1,12 +1,15 @@
 """Plans in S3: ``plans/<cluster>/<sha256>/bundle.json`` and ``plan.json`` (content-addressed, so a
-rewrite of the same plan is harmless), read back by the result and drift functions."""
+rewrite of the same plan is harmless), read back by the result and drift functions; and the registration
+entries a booting node reads (``clusters/<cluster>/registration/<instance-id>.json``, keys from the wire)."""
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from topokeeper.adapters.aws import aws_errors
+from topokeeper.wire import registration_key
 
 if TYPE_CHECKING:
     from topokeeper.render.bundle import Bundle
@@ -52,6 +55,19 @@ class S3PlanStore:
     def plan_document(self, cluster: str, sha256: str) -> dict[str, Any]:
         document: dict[str, Any] = self._read(plan_prefix(cluster, sha256) + "plan.json")
         return document
+
+    @aws_errors()
+    def put_registrations(self, cluster: str, entries: dict[str, str]) -> None:
+        """One object per instance under the cluster's registration prefix (the bucket's default encryption, its
+        KMS key, applies as to plans); a few at once: a burst of booting nodes should not wait in line."""
+
+        def put(item: tuple[str, str]) -> None:
+            instance, text = item
+            key = registration_key(cluster, instance)
+            self._s3.put_object(Bucket=self._bucket, Key=key, Body=text.encode(), ContentType="application/json")
+
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(entries)))) as pool:
+            list(pool.map(put, sorted(entries.items())))  # list(): the first failure raises here
 
     @aws_errors()
     def put_kueue(self, cluster: str, sha256: str, files: dict[str, str]) -> str:

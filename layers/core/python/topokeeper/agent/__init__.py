@@ -14,7 +14,9 @@ The modules, in the order a cycle uses them: ``main`` (CLI and loop), ``cycle`` 
 report), ``config``, ``state`` (state file and lock), ``aws`` (the S3 and EventBridge calls), ``sigv4``,
 ``transport`` (bounded HTTP), ``credentials`` (environment or IMDSv2), ``bundle`` (the check before the
 applier), ``applier_process`` (the applier subprocess and its result document), ``log``, ``errors``,
-``json_text``. (``install`` is the operator's install-script builder and does not ship.)
+``json_text``. (``install`` is the operator's install-script builder and does not ship.) ``node_start`` is not
+the agent's: it is a ParallelCluster compute node's OnNodeStart action (``topokeeper-head-node.pyz node-start``),
+here because it signs its one S3 read with the agent's ``sigv4``, ``credentials`` and ``transport``.
 
 IAM for the node's role (the HyperPod instance group's execution role; one role per cluster):
     s3:GetObject      on arn:aws:s3:::BUCKET/PREFIX/CLUSTER/bundle.json (verify.json in verify mode)

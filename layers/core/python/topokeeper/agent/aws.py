@@ -52,11 +52,22 @@ class Aws:
             else:
                 bucket_url = f"https://{config.bucket}.s3.{config.region}.{suffix}/"
             self.events_url = f"https://events.{config.region}.{suffix}/"
+        self._bucket_url = bucket_url
         self.object_url = bucket_url + urllib.parse.quote(config.key, safe="/")
         self.request_key = agent_verify_request_key(config.cluster, config.prefix)
         self.request_url = bucket_url + urllib.parse.quote(self.request_key, safe="/")
 
-    def _send(self, service: str, method: str, url: str, headers: Dict[str, str], body: bytes) -> HttpResponse:
+    def _send(
+        self,
+        service: str,
+        method: str,
+        url: str,
+        headers: Dict[str, str],
+        body: bytes,
+        *,
+        timeout: Optional[float] = None,
+        max_bytes: Optional[int] = None,
+    ) -> HttpResponse:
         now = datetime.datetime.fromtimestamp(self._clock(), datetime.timezone.utc)
         signed = sign(
             method,
@@ -74,9 +85,14 @@ class Aws:
             url,
             signed,
             body or None,
-            timeout=self._config.request_timeout_seconds,
-            max_bytes=MAX_BUNDLE_BYTES if service == "s3" else MAX_EVENTS_RESPONSE_BYTES,
+            timeout=self._config.request_timeout_seconds if timeout is None else timeout,
+            max_bytes=max_bytes or (MAX_BUNDLE_BYTES if service == "s3" else MAX_EVENTS_RESPONSE_BYTES),
         )
+
+    def get(self, key: str, timeout: float, max_bytes: int) -> HttpResponse:
+        """One signed GET of ``key`` in the bucket, any status returned (a node's registration entry)."""
+        url = self._bucket_url + urllib.parse.quote(key, safe="/")
+        return self._send("s3", "GET", url, {}, b"", timeout=timeout, max_bytes=max_bytes)
 
     def get_bundle_if_changed(self, etag: Optional[str]) -> Optional[S3Object]:
         """The object, or None when it still has ``etag`` (304)."""

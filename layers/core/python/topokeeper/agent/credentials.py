@@ -11,7 +11,7 @@ import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 from topokeeper.agent.errors import AgentError
 from topokeeper.agent.log import log
@@ -46,13 +46,24 @@ def _imds_call(method: str, url: str, headers: Dict[str, str], timeout: float) -
 _HEADER_TOKEN = re.compile(r"[!-~]{1,4096}")
 
 
-def fetch_role_credentials(timeout: float) -> Credentials:
-    """The instance role's credentials through IMDSv2: a session token first, then the role's keys."""
+def _imds_session(timeout: float) -> Tuple[str, Dict[str, str]]:
+    """IMDS's endpoint and the headers of an IMDSv2 session (its token asked first)."""
     endpoint = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://169.254.169.254").rstrip("/")
     token = _imds_call(
         "PUT", endpoint + "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "21600"}, timeout
     )
-    headers = {"X-aws-ec2-metadata-token": token}
+    return endpoint, {"X-aws-ec2-metadata-token": token}
+
+
+def fetch_instance_id(timeout: float) -> str:
+    """This instance's id, through IMDSv2 (a compute node's start action reads its own registration entry)."""
+    endpoint, headers = _imds_session(timeout)
+    return _imds_call("GET", endpoint + "/latest/meta-data/instance-id", headers, timeout).strip()
+
+
+def fetch_role_credentials(timeout: float) -> Credentials:
+    """The instance role's credentials through IMDSv2: a session token first, then the role's keys."""
+    endpoint, headers = _imds_session(timeout)
     base = endpoint + "/latest/meta-data/iam/security-credentials/"
     roles = _imds_call("GET", base, headers, timeout).split()
     if not roles:
@@ -77,10 +88,11 @@ def fetch_role_credentials(timeout: float) -> Credentials:
 class CredentialProvider:
     """Environment variables if set, else the instance role, refreshed before it expires."""
 
-    def __init__(self, timeout: float, clock: Clock = time.time) -> None:
+    def __init__(self, timeout: float, clock: Clock = time.time, *, quiet: bool = False) -> None:
         self._timeout = timeout
         self._clock = clock
         self._role: Optional[Credentials] = None
+        self._quiet = quiet  # a node's start action logs one line, whatever it fetched
 
     def get(self) -> Credentials:
         access_key = os.environ.get("AWS_ACCESS_KEY_ID")
@@ -90,5 +102,6 @@ class CredentialProvider:
         role = self._role
         if role is None or role.expires_at is None or role.expires_at - self._clock() < CREDENTIAL_REFRESH_SECONDS:
             role = self._role = fetch_role_credentials(self._timeout)
-            log("credentials.refreshed", expires_at=role.expires_at)
+            if not self._quiet:
+                log("credentials.refreshed", expires_at=role.expires_at)
         return role

@@ -3,7 +3,8 @@
 It packs ``topokeeper/__init__.py``, ``topokeeper/wire.py``, ``topokeeper/headnode/``, ``topokeeper/agent/`` and
 ``topokeeper/computenode/``
 (standard library only, Python 3.8+) with a ``__main__.py`` that runs ``apply|dry-run|verify BUNDLE ...`` (the
-head-node program), ``agent ...`` (the pull agent) or ``hostfile ...`` (a job's nodes in topology order, on a
+head-node program), ``agent ...`` (the pull agent), ``node-start ...`` (a ParallelCluster compute node's start
+action: ``topokeeper.agent.node_start``) or ``hostfile ...`` (a job's nodes in topology order, on a
 compute node). Every channel ships these bytes: the SSM command, the
 agent's install script, ``verify --bundle-out``; the stack records their sha256 (output HeadNodeProgramSha256).
 
@@ -28,7 +29,8 @@ _SHEBANG = b"#!/usr/bin/env python3\n"
 _TIMESTAMP = (1980, 1, 1, 0, 0, 0)  # the earliest a zip entry can carry
 _FILE_MODE = 0o100644  # a regular file, rw-r--r--
 MAIN = '''"""topokeeper-head-node.pyz: MODE BUNDLE ... runs the head-node program; agent ... runs the pull agent;
-hostfile ... prints a job's nodes in topology order."""
+node-start ... hands a ParallelCluster compute node's topology to slurmd; hostfile ... prints a job's nodes in
+topology order."""
 
 import sys
 
@@ -36,6 +38,10 @@ if len(sys.argv) > 1 and sys.argv[1] == "agent":
     from topokeeper.agent.main import main as agent_main
 
     sys.exit(agent_main(sys.argv[2:]))
+if len(sys.argv) > 1 and sys.argv[1] == "node-start":
+    from topokeeper.agent.node_start import main as node_start_main
+
+    sys.exit(node_start_main(sys.argv[2:]))
 if len(sys.argv) > 1 and sys.argv[1] == "hostfile":
     from topokeeper.headnode.hostfile import main as hostfile_main
 

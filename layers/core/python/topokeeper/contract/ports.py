@@ -101,6 +101,8 @@ class ApplyResult(BaseModel):
     # Who else writes the live topology file ("parallelcluster": its generated topology.conf); apply refuses then.
     managed_by: Literal["parallelcluster"] | None = None
     powered_down: list[str] = Field(default_factory=empty_list)  # planned nodes that powered down since: written anyway
+    # Nodes the apply would place that slurmctld already served there (placed at registration): not updated.
+    nodes_placed_before: list[str] = Field(default_factory=empty_list)
     # Where the whole document went when stdout could not carry it: {key, bytes, sha256, error} (SSM channel)
     full_result: dict[str, Any] | None = None
 
@@ -285,6 +287,9 @@ class PendingDelivery(BaseModel):
     repair_moves: list[NodeMove] = Field(default_factory=empty_list)  # the live drift those rewrites undo
     waiting_receipt: str | None = None  # the reconcile message deferred behind this delivery, resumed by its result
     bundle_generation: int | None = None  # the generation its bundle is signed with
+    # Its plan's instances have registration entries (service/registration.py): a node the head node finds already
+    # placed as planned was placed at registration.
+    registration: bool = False
 
 
 class ClusterState(BaseModel):
@@ -366,11 +371,17 @@ class PlanStore(Protocol):
 
     def plan_document(self, cluster: str, sha256: str) -> dict[str, Any]: ...
 
+    # Registration entries, {instance id: entry JSON text} (service/registration.py; keys: wire.registration_key).
+    def put_registrations(self, cluster: str, entries: dict[str, str]) -> None: ...
+
 
 class NodeFactsCache(Protocol):
     def get_many(self, cluster: str, instance_ids: Iterable[str]) -> dict[str, dict[str, object]]: ...
 
     def put_many(self, cluster: str, items: dict[str, dict[str, object]], now: datetime) -> None: ...
+
+
+PlacementRoute = Literal["registration", "update", "file"]
 
 
 # The ``UpdatePartitionTopology`` record, schema ``topokeeper.audit/1`` (tests pin its JSON schema).
@@ -412,6 +423,11 @@ class AuditRecord(BaseModel):
     warnings: list[str] = Field(default_factory=empty_list)
     # Before Slurm 25.05 one cluster-wide topology serves every partition: how this partition was folded into it.
     folds: list[str] = Field(default_factory=empty_list)
+    # Which route placed the nodes this record adds or moves: "registration" (slurmd registered with the plan's
+    # topology, which the head node found live before it acted), "update" (scontrol update), "file" (the files and
+    # a reconfigure); none when nothing was loaded. Lists are cut at MAX_LISTED_NODES, counts are exact.
+    placed_by: dict[PlacementRoute, list[str]] = Field(default_factory=empty_dict)
+    placed_by_count: dict[PlacementRoute, int] = Field(default_factory=empty_dict)
     generation: int
     requested_at: datetime
     completed_at: datetime

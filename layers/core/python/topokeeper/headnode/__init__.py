@@ -31,7 +31,9 @@ plan_sha256, errors}), signature ("verified" with --trusted-key, else "unchecked
 signed bundle's, once verified: an apply's is recorded, a verify or dry-run's only echoed, binding the answer to
 its request), slurm_nodes ([[NodeName, NodeAddr, NodeHostName, "partition,..."], ...]),
 managed_by ("parallelcluster" when the live topology.conf carries ParallelCluster's generated header, else null),
-powered_down (planned nodes whose binding no longer holds because they powered down, see below) and full_result
+powered_down (planned nodes whose binding no longer holds because they powered down, see below),
+nodes_placed_before (nodes the apply would place that slurmctld already served there, placed at registration:
+not updated) and full_result
 (null, or where the whole document went when stdout could not carry it: {key, bytes, sha256, error}).
 
 Choices the callers can rely on:

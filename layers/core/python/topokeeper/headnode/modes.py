@@ -14,6 +14,8 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
+    Set,
+    Tuple,
 )
 
 from topokeeper.headnode.bundle import Bundle, parse_bundle
@@ -48,6 +50,7 @@ from topokeeper.headnode.grouping import grouping_drift, read_back, with_kinds
 from topokeeper.headnode.incremental import eligibility, update_live
 from topokeeper.headnode.output import new_result
 from topokeeper.headnode.proof import prove, refused_message
+from topokeeper.headnode.registered import placed_before
 from topokeeper.headnode.scontrol import (
     LiveTopologies,
     Scontrol,
@@ -78,6 +81,9 @@ from topokeeper.wire import (
     CONF_FORMAT,
     MIN_RECONFIGURE_SECONDS,
     RECONFIGURE_TIMEOUT,
+    YAML_FORMAT,
+    compress,
+    expand,
     format_for_version,
     node_rows,
     one_line,
@@ -227,6 +233,26 @@ def _proved(result: Dict[str, Any], conf: SlurmConf, steps: Sequence[Step], cont
     return not refused
 
 
+def _without(batches: Sequence[Tuple[str, str]], placed: Set[str]) -> List[Tuple[str, str]]:
+    """The update batches minus the nodes slurmctld already serves where planned (placed at registration)."""
+    if not placed:
+        return list(batches)
+    kept = [(compress(n for n in expand(hostlist) if n not in placed), value) for hostlist, value in batches]
+    return [(hostlist, value) for hostlist, value in kept if hostlist]
+
+
+def _note_placed_before(result: Dict[str, Any], bundle: Bundle, changes: Sequence[Change], context: Context) -> None:
+    """Before anything changes: the nodes this apply would place that slurmctld already serves there."""
+    topology = [change for change in changes if os.path.basename(change.path) == bundle.slurm_format]
+    if not topology or bundle.slurm_format != YAML_FORMAT:
+        return
+    try:
+        found = placed_before(topology[0].old, bundle.files[bundle.slurm_format], LiveTopologies(context.scontrol))
+    except Failed:  # a slow read only loses the route's name: the apply places the nodes anyway
+        return
+    result["nodes_placed_before"] = found
+
+
 def _incremental(
     result: Dict[str, Any], bundle: Bundle, changes: Sequence[Change], context: Context
 ) -> Optional[Callable[[], bool]]:
@@ -244,7 +270,7 @@ def _incremental(
     if batches is None:
         result["whole_file_reason"] = why
         return None
-    planned = batches
+    planned = _without(batches, set(result["nodes_placed_before"]))
 
     def live_update() -> bool:
         if not update_live(context.scontrol, planned, result, context.faults.crash):
@@ -291,6 +317,7 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
             steps = ordered_steps(conf, bundle, changes, transaction.config)
             if not _proved(result, conf, steps, context):
                 return
+            _note_placed_before(result, bundle, changes, context)
             live_update = _incremental(result, bundle, changes, context)
             if transaction.run(steps, bundle.plan_sha256, result, live_update):
                 if result["apply_path"] != "incremental":  # its read-back is done already

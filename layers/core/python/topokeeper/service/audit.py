@@ -12,7 +12,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from topokeeper.contract.ports import AuditRecord, NodeMove, Outcome, PendingDelivery
+from topokeeper.contract.ports import ApplyResult, AuditRecord, NodeMove, Outcome, PendingDelivery, PlacementRoute
 from topokeeper.engine.planner import FOLDED
 from topokeeper.render.bundle import leaf_units
 
@@ -43,6 +43,24 @@ def plan_moves(old: dict[str, Any] | None, new: dict[str, Any]) -> list[NodeMove
     ]
 
 
+def placement_routes(
+    nodes: list[str], delivery: PendingDelivery, result: ApplyResult | None
+) -> dict[PlacementRoute, list[str]]:
+    """{route: nodes} for the nodes a record adds or moves: registration where the plan's instances have entries and
+    the head node found the node already placed as planned; else how the apply loaded the rest."""
+    if result is None:
+        return {}
+    paths: dict[str | None, PlacementRoute] = {"incremental": "update", "whole_file": "file"}
+    loaded = paths.get(result.apply_path)
+    before = set(result.nodes_placed_before) if delivery.registration else set()
+    routes: dict[PlacementRoute, list[str]] = {}
+    for node in nodes:
+        route: PlacementRoute | None = "registration" if node in before else loaded
+        if route is not None:
+            routes.setdefault(route, []).append(node)
+    return routes
+
+
 def _audit_id(cluster: str, partition: str, plan_sha256: str, outcome: Outcome, reference: str) -> str:
     key = json.dumps([cluster, partition, plan_sha256, outcome.value, reference])
     return hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -57,6 +75,7 @@ def build_records(
     outcome: Outcome,
     error: str | None,
     completed_at: datetime,
+    result: ApplyResult | None = None,
 ) -> list[AuditRecord]:
     """One record per partition whose rendered content differs between the previous and desired plan,
     and per partition rewritten to repair live drift (its live content was not the plan's)."""
@@ -75,6 +94,8 @@ def build_records(
         else:
             moved = plan_moves(old, partition)
         warnings = [*desired.get("warnings", []), *partition.get("warnings", [])]
+        placed = placements(partition)  # a node written without topology was placed by no route
+        routes = placement_routes(sorted({*added, *(m.node for m in moved)} & placed.keys()), delivery, result)
         records.append(
             AuditRecord(
                 audit_id=_audit_id(cluster_name, name, desired["sha256"], outcome, delivery.handle.reference),
@@ -106,6 +127,8 @@ def build_records(
                 error=error,
                 warnings=[w[:MAX_WARNING_CHARS] for w in warnings][:MAX_WARNINGS],
                 folds=[w[:MAX_WARNING_CHARS] for w in warnings if f" partition {name} {FOLDED} " in w],
+                placed_by={route: nodes[:MAX_LISTED_NODES] for route, nodes in routes.items()},
+                placed_by_count={route: len(nodes) for route, nodes in routes.items()},
                 generation=delivery.generation,
                 requested_at=delivery.handle.sent_at,
                 completed_at=completed_at,

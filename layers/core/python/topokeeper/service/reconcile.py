@@ -55,6 +55,7 @@ from topokeeper.contract.ports import (
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances, with_node_table
 from topokeeper.render.bundle import RenderedPlan, render
+from topokeeper.service.registration import publish_registrations, registers
 from topokeeper.service.result import observed_fields
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
 from topokeeper.service.state import (
@@ -308,6 +309,7 @@ def reconcile_slurm(
     state = state.model_copy(update=learned)
     if rendered.sha256 != state.desired_sha256:  # plans are content-addressed: one put per new plan
         deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
+        publish_registrations(deps.plans, cluster, state, raw, rendered)
     missing = missing_topology(rendered)
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing)
 
@@ -444,6 +446,7 @@ def _claim_delivery(
         repair=state.repair_partitions,
         bundle_generation=next_generation(state.bundle_generation, now),
         repair_moves=state.repair_moves,
+        registration=registers(cluster, state, rendered),
     )
     try:
         # Conditional on the state read: a generation is never handed out twice.

@@ -281,6 +281,7 @@ def finish_delivery(
             outcome=result.outcome,
             error=result.error,
             completed_at=now,
+            result=result,
         )
     published = deps.audit.publish(records)
 
