@@ -10,9 +10,9 @@ import sys
 
 os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
 
-import yaml  # noqa: E402
-from marshmallow import ValidationError  # noqa: E402
-from pcluster.schemas.cluster_schema import ClusterSchema  # noqa: E402
+import yaml
+from marshmallow import ValidationError
+from pcluster.schemas.cluster_schema import ClusterSchema
 
 with open(sys.argv[1]) as config_file:
     config = yaml.safe_load(config_file)
