@@ -15,7 +15,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install install-system system-packages lint typecheck test unit slurm reliability bench clean synth demo
+.PHONY: install install-pcluster install-system system-packages lint typecheck test unit slurm reliability bench clean synth demo
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -24,6 +24,16 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
+
+# ParallelCluster's own config schema for the docs' cluster-config snippets, in a venv of its own (its CDK v1
+# and jsii pins cannot share the stack's); only what loading the schema needs, pinned.
+PCLUSTER_VENV := .venv-pcluster
+$(PCLUSTER_VENV)/.installed: tests/parallelcluster/schema-requirements.txt
+	$(PYTHON) -m venv $(PCLUSTER_VENV)
+	$(PCLUSTER_VENV)/bin/pip install -q --no-deps -r $<
+	touch $@
+
+install-pcluster: $(PCLUSTER_VENV)/.installed
 
 # The CDK CLI (npx cdk ...) and Mermaid for the simulation report, pinned in package.json; reinstalled only
 # when the pins or the lock change.
@@ -64,7 +74,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-test: install install-system lint typecheck
+test: install install-pcluster install-system lint typecheck
 	$(BIN)/pytest
 
 # The fast tier, in process: the applier, agent and head-node processes run in tests/integration.
@@ -109,4 +119,4 @@ bench: install install-system
 	$(BIN)/python -m bench.lambda_cold_start
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(PCLUSTER_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
