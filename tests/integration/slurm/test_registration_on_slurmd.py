@@ -33,12 +33,14 @@ TOPOLOGY_YAML = """---
 """
 BOOTING = "c5"
 PATH = "tt:spine1:leafD"
+UNRESUMED = "c6"  # its slurmd starts while slurmctld still has it powered down
 
 
 def _controller(root: Path, controllers: Callable[..., SlurmController]) -> tuple[SlurmController, SlurmdNodes]:
     controller = controllers(root)
-    daemons = SlurmdNodes(controller, [BOOTING])
-    controller.prepare(["c1"], {"q": (["c1", BOOTING], None)}, [*daemons.conf_lines(), "TopologyPlugin=topology/tree"])
+    daemons = SlurmdNodes(controller, [BOOTING, UNRESUMED])
+    partitions = {"q": (["c1", BOOTING, UNRESUMED], None)}
+    controller.prepare(["c1"], partitions, [*daemons.conf_lines(), "TopologyPlugin=topology/tree"])
     controller.write_file("topology.yaml", TOPOLOGY_YAML)
     daemons.install()
     daemons.set_topology(BOOTING, PATH)
@@ -47,16 +49,21 @@ def _controller(root: Path, controllers: Callable[..., SlurmController]) -> tupl
 
 
 def _resume_and_wait_for_registration(controller: SlurmController, daemons: SlurmdNodes) -> None:
-    """Power the node up as a job would; wait (a bound, not a measure) until its slurmd registered."""
+    """Power the node up as a job would (slurmctld runs the ResumeProgram, which starts its slurmd)."""
     controller.run("scontrol", "update", f"NodeName={BOOTING}", "State=POWER_UP", check=True)
+    _wait_for_registration(controller, daemons, BOOTING)
+
+
+def _wait_for_registration(controller: SlurmController, daemons: SlurmdNodes, node: str) -> None:
+    """Wait (a bound, not a measure) until the node's slurmd registered."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        state = controller.run("sinfo", "-h", "-p", "q", "-N", "-n", BOOTING, "-o", "%T").stdout.strip()
+        state = controller.run("sinfo", "-h", "-p", "q", "-N", "-n", node, "-o", "%T").stdout.strip()
         if state == "idle":  # no '#' (powering up) or '~' (powered down): registered
             return
         time.sleep(0.2)
     raise HarnessError(
-        f"{BOOTING} did not register: state {state!r}\n{daemons.log(BOOTING)[-2000:]}\n{controller.log_tail()}"
+        f"{node} did not register: state {state!r}\n{daemons.log(node)[-2000:]}\n{controller.log_tail()}"
     )
 
 
@@ -77,6 +84,10 @@ def test_on_25_11_a_resumed_cloud_node_is_placed_as_it_registers(
     assert "leafD" in parse_show_topology(controller.show_topology("tt"))["spine1"]["switches"]
     controller.run("scontrol", "reconfigure", check=True)  # a powered-up cloud node keeps its place
     assert _leaf_of(controller, BOOTING) == "leafD"
+    # A slurmd started while its node is powered down (the simulator's way to boot one) is placed too.
+    daemons.start(UNRESUMED, "tt:spine1:leafE")
+    _wait_for_registration(controller, daemons, UNRESUMED)
+    assert _leaf_of(controller, UNRESUMED) == "leafE"
 
 
 def test_on_26_05_a_resumed_cloud_node_is_not_placed_and_scontrol_update_places_it(
