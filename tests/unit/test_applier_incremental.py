@@ -100,9 +100,12 @@ def test_eligibility_gates_on_version_format_and_slurm_conf() -> None:
     assert eligibility((26, 5, 5), "topology.yaml", [], old, new)[0] == [
         ("p5-003", "tree-gpu:root:nn-spine0:nn-agg0:nn-leaf001")
     ]
-    assert eligibility((25, 11, 7), "topology.yaml", [], old, new) == (
+    assert eligibility((25, 11, 7), "topology.yaml", [], old, new)[0] == [
+        ("p5-003", "tree-gpu:root:nn-spine0:nn-agg0:nn-leaf001")
+    ]
+    assert eligibility((25, 5, 6), "topology.yaml", [], old, new) == (
         None,
-        "live topology updates are proven from Slurm 26.05 only",
+        "live topology updates are proven from Slurm 25.11 only",
     )
     assert eligibility((24, 11, 5), "topology.conf", [], old, new) == (
         None,

@@ -1,10 +1,10 @@
 """Incremental applies on a real slurmctld: live node updates instead of a reconfigure (issue 27 item 1).
 
-26.05 (sid): a move between existing leaves, a new leaf under a new intermediate switch, nodes joining an
-existing block are each loaded with `scontrol update NodeName=.. Topology=..` (slurmctld logs no reconfigure) and
-verify reads in_sync; a later `scontrol reconfigure` changes nothing. A new block needs a reconfigure, and so
-does an update slurmctld refuses or a read-back that differs after the updates. 24.11 (trixie, topology.conf)
-keeps the whole-file path.
+26.05 (sid) and 25.11 (built; ParallelCluster's series): a move between existing leaves, a new leaf under a new
+intermediate switch, nodes joining an existing block are each loaded with `scontrol update NodeName=.. Topology=..`
+(slurmctld logs no reconfigure) and verify reads in_sync; a later `scontrol reconfigure` changes nothing. A new block
+needs a reconfigure, and so does an update slurmctld refuses or a read-back that differs after the updates. 24.11
+(trixie, topology.conf) keeps the whole-file path.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from tests.helpers import gb200_nodes, node, p5_nodes
 from tests.integration.slurm.test_applier_on_slurmctld import _bundle, _cluster, _plan, _run, _start
 from topokeeper.domain.models import Node
-from topokeeper.sim.slurm_chroot import SlurmController
+from topokeeper.sim.slurm_chroot import SlurmController, installed_slurm_series
 from topokeeper.wire import parse_show_topology
 
 pytestmark = pytest.mark.slurm
@@ -54,17 +54,18 @@ def _assert_incremental(controller: SlurmController, bundle: dict[str, Any], upd
 
 
 def test_moves_new_switches_and_block_joins_are_applied_live_and_survive_a_reconfigure(
-    sid_root: Path, controllers
+    yaml_root: Path, controllers
 ) -> None:
+    version = installed_slurm_series(yaml_root)  # 26.05 and 25.11 (ParallelCluster's): both update nodes live
     gb = gb200_nodes(2)
-    first = _plan(_cluster(gb=gb[:16] + gb[18:34]))  # 4 gb nodes known to slurmctld, in no block yet
-    controller = controllers(sid_root)
+    first = _plan(_cluster(gb=gb[:16] + gb[18:34]), version=version)  # 4 gb nodes known to slurmctld, in no block yet
+    controller = controllers(yaml_root)
     _start(controller, first, nodes=[*first.plan.nodes, *(n.name for n in gb[16:18] + gb[34:])])
     code, document = _run(controller, "apply", _bundle(first))
     assert (code, document["apply_path"], document["whole_file_reason"]) == (0, "whole_file", "slurm.conf changes too")
 
     moved = _gpu(**{"p5-003": ("nn-spine0", "nn-agg0", "nn-leaf001")})
-    _assert_incremental(controller, _bundle(_plan(_cluster(gpu=moved, gb=gb[:16] + gb[18:34]))), 1)
+    _assert_incremental(controller, _bundle(_plan(_cluster(gpu=moved, gb=gb[:16] + gb[18:34]), version=version)), 1)
     assert parse_show_topology(controller.show_topology("tree-gpu"))["nn-leaf001"]["nodes"] == [
         "p5-003",
         "p5-004",
@@ -74,13 +75,13 @@ def test_moves_new_switches_and_block_joins_are_applied_live_and_survive_a_recon
     ]
 
     new_leaf = _gpu(**{"p5-003": ("nn-spine0", "nn-agg0", "nn-leaf001"), "p5-007": ("nn-spine0", "nn-agg2", "nn-l9")})
-    _assert_incremental(controller, _bundle(_plan(_cluster(gpu=new_leaf, gb=gb[:16] + gb[18:34]))), 1)
+    _assert_incremental(controller, _bundle(_plan(_cluster(gpu=new_leaf, gb=gb[:16] + gb[18:34]), version=version)), 1)
     assert parse_show_topology(controller.show_topology("tree-gpu"))["nn-l9"]["nodes"] == ["p5-007"]
 
-    joined = _bundle(_plan(_cluster(gpu=new_leaf, gb=gb)))
+    joined = _bundle(_plan(_cluster(gpu=new_leaf, gb=gb), version=version))
     _assert_incremental(controller, joined, 4)
 
-    final = _bundle(_plan(_cluster(gpu=[n for n in new_leaf if n.name != "p5-006"], gb=gb)))
+    final = _bundle(_plan(_cluster(gpu=[n for n in new_leaf if n.name != "p5-006"], gb=gb), version=version))
     _assert_incremental(controller, final, 1)  # out of every topology: Topology= with no value
     live_gpu = parse_show_topology(controller.show_topology("tree-gpu"))
     assert "p5-006" not in {name for unit in live_gpu.values() for name in unit["nodes"]}
@@ -134,11 +135,12 @@ def test_topology_conf_on_24_11_keeps_the_whole_file_path(trixie_root: Path, con
     assert "p5-003" in parse_show_topology(controller.show_topology("nn-leaf001"))["nn-leaf001"]["nodes"]
 
 
-def test_a_refused_update_or_a_differing_read_back_falls_back_to_reconfigure(sid_root: Path, controllers) -> None:
+def test_a_refused_update_or_a_differing_read_back_falls_back_to_reconfigure(yaml_root: Path, controllers) -> None:
     """The old file on disk is what the updates start from; a hand edit never loaded makes them wrong."""
-    first = _plan(_cluster())
-    three_blocks = _plan(_cluster(gb=gb200_nodes(3)))
-    controller = controllers(sid_root)
+    version = installed_slurm_series(yaml_root)
+    first = _plan(_cluster(), version=version)
+    three_blocks = _plan(_cluster(gb=gb200_nodes(3)), version=version)
+    controller = controllers(yaml_root)
     _start(controller, three_blocks)
     assert _run(controller, "apply", _bundle(first))[1]["outcome"] == "applied"
     topology = controller.etc / "topology.yaml"
@@ -166,7 +168,7 @@ def test_a_refused_update_or_a_differing_read_back_falls_back_to_reconfigure(sid
         .replace("p5-[004-007]", "p5-[003-007]")
     )
     reconfigures = _reconfigures(controller)
-    code, document = _run(controller, "apply", _bundle(_plan(_cluster(gpu=both, gb=gb200_nodes(3)))))
+    code, document = _run(controller, "apply", _bundle(_plan(_cluster(gpu=both, gb=gb200_nodes(3)), version=version)))
 
     assert (code, document["outcome"], document["apply_path"], document["nodes_updated"]) == (
         0,

@@ -27,7 +27,7 @@ from topokeeper.domain.models import PlannerConfig
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import build_snapshot, parse_scontrol_nodes, parse_snapshot_document, with_node_table
 from topokeeper.render.bundle import render
-from topokeeper.sim.slurm_chroot import SlurmController
+from topokeeper.sim.slurm_chroot import SlurmController, installed_slurm_series
 from topokeeper.wire import parse_show_topology, sha256_text
 
 pytestmark = pytest.mark.slurm
@@ -112,15 +112,16 @@ def test_hyperpod_head_node_partitions_in_an_included_file(
 
 
 def test_parallelcluster_head_node_is_planned_with_its_own_node_names(
-    sid_root: Path, controllers: Callable[..., SlurmController]
+    yaml_root: Path, controllers: Callable[..., SlurmController]
 ) -> None:
-    """Names from the head node's `scontrol show nodes --json`; the plan lands in pcluster/*.conf."""
-    example, controller = _parallelcluster_head_node(sid_root, controllers)
+    """Names from the head node's `scontrol show nodes --json`; the plan lands in pcluster/*.conf. On 25.11 (the
+    series ParallelCluster runs) Slurm itself is in /opt/slurm, built with sysconfdir /opt/slurm/etc."""
+    example, controller = _parallelcluster_head_node(yaml_root, controllers)
     _no_scontrol_without_a_login_shell(controller)
     for name, address in (("q1-dy-p5-1", "10.0.1.20"), ("q1-dy-p5-2", "10.0.1.21")):  # clustermgtd's resume
         _bind(controller, name, address)
     live_table = json.loads(controller.run("scontrol", "show", "nodes", "--json", check=True).stdout)["nodes"]
-    example["slurm"] = {"version": "26.05", "nodes": live_table}
+    example["slurm"] = {"version": installed_slurm_series(yaml_root), "nodes": live_table}
     rendered = render(plan(build_snapshot(parse_snapshot_document(example), PlannerConfig())))
     assert "instance i-05c1a000000000007 (10.0.1.30) is no Slurm node's NodeAddr; left out" in rendered.plan.warnings
     before = {path: path.read_text() for path in controller.etc.rglob("*.conf")}

@@ -24,7 +24,7 @@ from topokeeper.domain.models import Node, PartitionSettings
 from topokeeper.engine.planner import plan
 from topokeeper.headnode.proof import proof_dir_prefix
 from topokeeper.render.bundle import RenderedPlan, render
-from topokeeper.sim.slurm_chroot import SlurmController
+from topokeeper.sim.slurm_chroot import SlurmController, installed_slurm_series, installed_slurm_version
 from topokeeper.wire import MAX_STDOUT_CHARS, content_sha256, parse_show_topology, sha256_text
 
 pytestmark = pytest.mark.slurm
@@ -126,10 +126,10 @@ def _assert_applied(code: int, document: dict[str, Any]) -> None:
     assert all(entry["matches"] for entry in document["readback"].values())
 
 
-def test_first_apply_loads_and_reapply_changes_nothing(sid_root: Path, controllers) -> None:
-    rendered = _plan(_cluster())
+def test_first_apply_loads_and_reapply_changes_nothing(yaml_root: Path, controllers) -> None:
+    rendered = _plan(_cluster(), version=installed_slurm_series(yaml_root))
     bundle = _bundle(rendered)
-    controller = controllers(sid_root)
+    controller = controllers(yaml_root)
     _start(controller, rendered)
     conf = controller.etc / "slurm.conf"
     os.chown(conf, 64030, 64030)  # like HyperPod's slurm:slurm 0600
@@ -140,7 +140,10 @@ def test_first_apply_loads_and_reapply_changes_nothing(sid_root: Path, controlle
     code, document = _run(controller, "apply", bundle)
 
     _assert_applied(code, document)
-    assert (document["slurm_version"], document["slurm_format"]) == ("26.05.5", "topology.yaml")
+    assert (document["slurm_version"], document["slurm_format"]) == (
+        installed_slurm_version(yaml_root),
+        "topology.yaml",
+    )
     assert document["config_dir"] == f"{controller.inner_dir}/etc"
     assert document["readback"] == {
         name: {"units": len(units), "matches": True, "mismatches": [], "mismatches_dropped": 0}
@@ -214,31 +217,37 @@ def test_change_rewrites_only_what_changed(sid_root: Path, controllers) -> None:
     assert "nn-leaf002" not in parse_show_topology(controller.show_topology("tree-gpu"))
 
 
+_INVALID_BLOCK_SIZES = (
+    lambda text: text.replace("    block_sizes:\n      - 18\n", "    block_sizes:\n      - 18\n      - 54\n"),
+    "fatal: Invalid BlockSizes value in topology block-gb",
+)
+_DUPLICATE_SWITCH = (
+    lambda text: text + "      - switch: nn-leaf000\n        nodes: p5-001\n",
+    "fatal: Switch (nn-leaf000) has already been defined",
+)
+
+
 @pytest.mark.parametrize(
-    ("breakage", "logged"),
+    ("yaml_root", "breakage", "logged"),
     [
-        # 26.05.3+ validates topology.yaml block_sizes (base x 2^k).
-        (
-            lambda text: text.replace("    block_sizes:\n      - 18\n", "    block_sizes:\n      - 18\n      - 54\n"),
-            "fatal: Invalid BlockSizes value in topology block-gb",
-        ),
-        (
-            lambda text: text + "      - switch: nn-leaf000\n        nodes: p5-001\n",
-            "fatal: Switch (nn-leaf000) has already been defined",
-        ),
+        # 26.05.3+ validates topology.yaml block_sizes (base x 2^k); 25.11.7 loads 18 and 54 (seen here).
+        ("26.05", *_INVALID_BLOCK_SIZES),
+        ("26.05", *_DUPLICATE_SWITCH),
+        ("25.11", *_DUPLICATE_SWITCH),
     ],
-    ids=["invalid-block-sizes", "duplicate-switch"],
+    ids=["26.05-invalid-block-sizes", "26.05-duplicate-switch", "25.11-duplicate-switch"],
+    indirect=["yaml_root"],
 )
 def test_plan_slurmctld_rejects_is_refused_before_any_file_is_replaced(
-    sid_root: Path, controllers, breakage: Callable[[str], str], logged: str
+    yaml_root: Path, controllers, breakage: Callable[[str], str], logged: str
 ) -> None:
-    good = _plan(_cluster())
+    good = _plan(_cluster(), version=installed_slurm_series(yaml_root))
     moved = node("p5-008", path=("nn-spine0", "nn-agg0", "nn-leaf001"), partition="gpu")
-    changed = _plan(_cluster(gpu=[*p5_nodes(7), moved]))
+    changed = _plan(_cluster(gpu=[*p5_nodes(7), moved]), version=installed_slurm_series(yaml_root))
     broken_text = breakage(changed.topology_text)
     assert broken_text != changed.topology_text
     broken = _with_content(_bundle(changed), broken_text)
-    controller = controllers(sid_root)
+    controller = controllers(yaml_root)
     _start(controller, good)
     _assert_applied(*_run(controller, "apply", _bundle(good)))
     files = _etc_files(controller)
@@ -405,10 +414,10 @@ def test_topology_conf_bundle_on_24_11_sets_the_plugin_only(trixie_root: Path, c
     assert (code, again["outcome"], again["reconfigured"]) == (0, "unchanged", False)
 
 
-def test_verify_reports_file_then_topology_then_partition_drift(sid_root: Path, controllers) -> None:
-    rendered = _plan(_cluster())
+def test_verify_reports_file_then_topology_then_partition_drift(yaml_root: Path, controllers) -> None:
+    rendered = _plan(_cluster(), version=installed_slurm_series(yaml_root))
     bundle = _bundle(rendered)
-    controller = controllers(sid_root)
+    controller = controllers(yaml_root)
     _start(controller, rendered)
     _assert_applied(*_run(controller, "apply", bundle))
     assert _run(controller, "verify", bundle)[0] == 0

@@ -76,9 +76,9 @@ def test_mixed_cluster_yaml_loads_on_26_05(sid_root: Path, controllers) -> None:
     assert _unexpected_log_lines(controller) == []
 
 
-def test_mixed_cluster_places_jobs_by_topology(sid_root: Path, controllers) -> None:
+def test_mixed_cluster_places_jobs_by_topology(yaml_root: Path, controllers) -> None:
     rendered = plan_from_files(EXAMPLES / "mixed-cluster.json", None, None)
-    controller = controllers(sid_root)
+    controller = controllers(yaml_root)
     _load(controller, rendered)
     by_partition = {p.partition: p for p in rendered.plan.partitions}
 
@@ -114,11 +114,11 @@ def _expand(hostlist: str) -> list[str]:
     return expand(hostlist)
 
 
-def test_block_sizes_with_aggregation_and_orphans_load(sid_root: Path, controllers) -> None:
+def test_block_sizes_with_aggregation_and_orphans_load(yaml_root: Path, controllers) -> None:
     orphan = node("gb-900", "p6e-gb200.36xlarge", ("nn-gbspine", "nn-gbagg0", "nn-gbleaf0"), partition="gb")
     settings = {"gb": PartitionSettings(block_sizes=(17, 34))}
     rendered = render(plan(snapshot({"gb": [*gb200_nodes(4, size=17), orphan]}, settings=settings)))
-    controller = controllers(sid_root)
+    controller = controllers(yaml_root)
     _load(controller, rendered)
     topology = rendered.plan.partitions[0].topology
     assert isinstance(topology, BlockTopology)

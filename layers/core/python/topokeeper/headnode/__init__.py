@@ -70,7 +70,7 @@ Choices the callers can rely on:
   renames in an order whose every prefix loads, reconfigure, and a rollback of only what was
   replaced. A journal left by a killed run is rolled forward or back before anything else (apply, and
   verify when one is there). No link is followed and nothing outside the config directory written.
-* Incremental (incremental.py): on Slurm >= 26.05 with topology.yaml, when only nodes move within the
+* Incremental (incremental.py): on Slurm >= 25.11 with topology.yaml, when only nodes move within the
   existing topologies (tree: new switches under existing ones too; block: existing blocks), the files are
   written the same way and then ``scontrol update NodeName=<hostlist> Topology=<whole placement>`` per
   destination replaces the reconfigure; the read-back must then equal the plan, else the reconfigure runs.

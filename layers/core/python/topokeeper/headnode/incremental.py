@@ -3,8 +3,8 @@
 Slurm >= 25.05 moves a node live with ``scontrol update NodeName=<hostlist> Topology=<t>:<path>,<t2>:<block>``:
 the value is the node's whole placement (every topology it is in; a topology left out drops the node from it,
 src/interfaces/topology.c), tree paths are written from the top switch down and create missing switches
-under an existing one, and a block must exist (refused otherwise since 25.11). Proven on 26.05 in the
-project's chroots, so only from there. Anything the updates cannot express (a new topology or block, a
+under an existing one, and a block must exist (refused otherwise since 25.11). Proven on 25.11 and 26.05 in
+the project's chroots, so only from 25.11. Anything the updates cannot express (a new topology or block, a
 changed block order or block_sizes, a removed or re-parented switch, a file this parser does not read)
 takes the whole-file path with reconfigure.
 """
@@ -27,7 +27,7 @@ from topokeeper.headnode.failures import Failed, sample
 from topokeeper.headnode.scontrol import Scontrol
 from topokeeper.wire import RECONFIGURE_TIMEOUT, YAML_FORMAT, HostlistError, compress, expand, one_line
 
-FIRST_INCREMENTAL_VERSION = (26, 5)  # proven in the sid chroot; 25.05-25.11 only with a chroot that proves it
+FIRST_INCREMENTAL_VERSION = (25, 11)  # proven on 25.11.7 (built from source) and 26.05 (sid); 25.05 is not
 
 
 class ParsedTopology(NamedTuple):

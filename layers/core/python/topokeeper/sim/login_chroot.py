@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from topokeeper.sim.slurm_chroot import HarnessError, _file_lock, _run, cache_root, ensure_chroot, remove_chroot
+from topokeeper.sim.slurm_chroot import HarnessError, _run, ensure_derived_chroot
 
 BASE_SUITE = "trixie"
 LOGIN_PACKAGES = ("openssh-server",)
@@ -27,27 +27,15 @@ READY_MARKER = ".topokeeper-login-ready"
 
 def ensure_login_chroot(cache: Path | None = None) -> Path:
     """A cached chroot with sshd: a copy of the slurmctld harness's trixie chroot plus openssh-server."""
-    cache = cache or cache_root()
-    base = ensure_chroot(BASE_SUITE, cache)
-    root = cache / LOGIN_CHROOT
-    with _file_lock(cache / f"{LOGIN_CHROOT}.lock"):
-        if (root / READY_MARKER).exists():
-            return root
-        building = cache / f"{LOGIN_CHROOT}.building"
-        remove_chroot(building)
-        remove_chroot(root)
-        _run(["cp", "-a", "--reflink=auto", str(base), str(building)])
-        install = (
-            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-            "--no-install-recommends " + " ".join(LOGIN_PACKAGES)
-        )
-        _run(["chroot", str(building), "sh", "-c", install], timeout=1800)
-        # Host keys come from the installer under test, never from the package's postinst.
-        for key in (building / "etc/ssh").glob("ssh_host_*"):
-            key.unlink()
-        (building / READY_MARKER).write_text(" ".join(LOGIN_PACKAGES) + "\n")
-        building.rename(root)
-    return root
+    return ensure_derived_chroot(
+        BASE_SUITE, LOGIN_CHROOT, LOGIN_PACKAGES, READY_MARKER, cache=cache, finish=_remove_host_keys
+    )
+
+
+def _remove_host_keys(root: Path) -> None:
+    # Host keys come from the installer under test, never from the package's postinst.
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
 
 
 @dataclass

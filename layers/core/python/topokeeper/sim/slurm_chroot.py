@@ -1,8 +1,10 @@
 """A real slurmctld in a Debian chroot: the head node for tests, the demo and ``simulate``.
 
-Debian ships the Slurm versions we need: sid has 26.05 (topology.yaml), trixie has 24.11
+Debian ships two of the Slurm versions we need: sid has 26.05 (topology.yaml), trixie has 24.11
 (topology.conf). ``ensure_chroot`` builds one with debootstrap into a cache outside the clone and
-reuses it afterwards. ``SlurmController`` runs slurmctld daemonized, as on a head node, so that
+reuses it afterwards. The third, 25.11 (ParallelCluster's), is built from source into a chroot's own
+``/opt/slurm`` (``slurm_source``); a controller finds Slurm there (``built_slurm``).
+``SlurmController`` runs slurmctld daemonized, as on a head node, so that
 ``scontrol reconfigure`` keeps the old config when a new one fails. Nodes are ``State=CLOUD`` with
 ``ResumeProgram=/bin/true``: no slurmd and no munge are needed, and a job's allocation (chosen by the
 topology plugin) is visible while it is CONFIGURING.
@@ -32,7 +34,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,6 +170,40 @@ def ensure_chroot(suite: str, cache: Path | None = None) -> Path:
     return root
 
 
+def ensure_derived_chroot(
+    suite: str,
+    name: str,
+    packages: Iterable[str],
+    marker: str,
+    *,
+    cache: Path | None = None,
+    finish: Callable[[Path], None] | None = None,
+) -> Path:
+    """A cached copy of ``suite``'s chroot with ``packages`` added (and ``finish`` run on it), built once under
+    a file lock: a chroot for one purpose that leaves the shared ones as they are."""
+    cache = cache or cache_root()
+    base = ensure_chroot(suite, cache)
+    root = cache / name
+    with _file_lock(cache / f"{name}.lock"):
+        if (root / marker).exists():
+            return root
+        building = cache / f"{name}.building"
+        remove_chroot(building)
+        remove_chroot(root)
+        # --one-file-system: the base's /proc may be mounted by tests running now; its mount point is copied empty.
+        _run(["cp", "-a", "--one-file-system", "--reflink=auto", str(base), str(building)])
+        install = (
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+            "--no-install-recommends " + " ".join(packages)
+        )
+        _run(["chroot", str(building), "sh", "-c", install], timeout=1800)
+        if finish is not None:
+            finish(building)
+        (building / marker).write_text(" ".join(packages) + "\n")
+        building.rename(root)
+    return root
+
+
 def debootstrap_argv(suite: str, target: Path, environ: Mapping[str, str]) -> list[str]:
     """The debootstrap command for ``suite`` into ``target``: the mirror only when ``environ`` names one."""
     argv = ["debootstrap", "--variant=minbase", suite, str(target)]
@@ -188,9 +224,19 @@ def _marker_text(root: Path) -> str:
     return f"{version}\npackages: {' '.join(PACKAGES)}\n"
 
 
+def built_under_opt_slurm(root: Path) -> bool:
+    """Whether the chroot's Slurm was built into /opt/slurm (``slurm_source``) rather than installed by Debian."""
+    return (root / OPT_SLURM.lstrip("/") / "sbin" / "slurmctld").is_file()
+
+
 def installed_slurm_version(root: Path) -> str:
     """The Slurm version in a ready chroot, as ``slurmctld -V`` said when it was built (``26.05.5``)."""
     return (root / READY_MARKER).read_text().split("\n", 1)[0].split()[-1]
+
+
+def installed_slurm_series(root: Path) -> str:
+    """The series of the chroot's Slurm (``25.11`` for 25.11.7): the version a plan for it is made for."""
+    return ".".join(installed_slurm_version(root).split(".")[:2])
 
 
 def _marker_packages(marker: Path) -> set[str]:
@@ -252,6 +298,11 @@ class SlurmController:
         return self.style != "debian"
 
     @property
+    def built_slurm(self) -> bool:
+        """Slurm built into the chroot's own /opt/slurm (25.11, see ``slurm_source``), not Debian's packages."""
+        return built_under_opt_slurm(self.root)
+
+    @property
     def _base(self) -> Path:
         return self.root / self.inner_dir.lstrip("/")
 
@@ -288,7 +339,7 @@ class SlurmController:
         key = self.etc / "slurm.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        if self.under_opt_slurm:
+        if self.under_opt_slurm and not self.built_slurm:
             self._install_opt_slurm(base)
         self.write_slurm_conf(nodes, partitions, extra, addresses)
 
@@ -343,8 +394,12 @@ class SlurmController:
             "SuspendProgram=/bin/true",
             "SuspendTime=3600",
             "ResumeTimeout=3600",
-            *extra,
         ]
+        # A key given in ``extra`` replaces the default (slurmctld logs an error for a key given twice).
+        extra = list(extra)
+        given = {line.split("=", 1)[0].lower() for line in extra if "=" in line}
+        lines = [line for line in lines if line.split("=", 1)[0].lower() not in given]
+        lines.extend(extra)
         addresses = addresses or {}
         if self.style == "parallelcluster":
             self._write_parallelcluster(lines, node_list, partitions, addresses)
@@ -401,10 +456,12 @@ class SlurmController:
         the PATH of SSM's script and of a systemd unit, where no scontrol is found.
         """
         if self.under_opt_slurm:
-            environment = f"PATH={LOGIN_PATH if login else SYSTEM_PATH}"
+            environment = [f"PATH={LOGIN_PATH if login else SYSTEM_PATH}"]
         else:
-            environment = f"SLURM_CONF={self.slurm_conf_inner}"
-        inner = ["chroot", str(self.root), "env", environment, *argv]
+            environment = [f"SLURM_CONF={self.slurm_conf_inner}"]
+            if self.built_slurm:  # Slurm on PATH, as Debian's head node has it
+                environment.append(f"PATH={LOGIN_PATH}")
+        inner = ["chroot", str(self.root), "env", *environment, *argv]
         if self._anchor is None or self._anchor.poll() is not None:
             return inner
         return ["nsenter", f"--target={self._anchor.pid}", "--mount", "--", *inner]
@@ -437,8 +494,15 @@ class SlurmController:
         process holds the namespace (slurmctld changes pid on every reconfigure); ``command`` enters it.
         The paths travel as arguments, never inside the shell text.
         """
-        script = 'mkdir -p "$1/run/slurmctld" && mount -t tmpfs -o mode=0755 tmpfs "$1/run/slurmctld"'
-        if self.under_opt_slurm:
+        # /run/slurm too: a slurmd listens there, and clients ask it first (src/common/sack_api.c).
+        script = " && ".join(
+            f'mkdir -p "$1/run/{run}" && mount -t tmpfs -o mode=0755 tmpfs "$1/run/{run}"'
+            for run in ("slurmctld", "slurm")
+        )
+        if self.under_opt_slurm and self.built_slurm:
+            # The chroot's own /opt/slurm is Slurm; this controller's config becomes its sysconfdir.
+            script += f' && mount --bind "$2/etc" "$1{OPT_SLURM}/etc"'
+        elif self.under_opt_slurm:
             # This controller's directory is /opt/slurm, and Debian's scontrol is not there to be found.
             script += (
                 f' && mkdir -p "$1{OPT_SLURM}" && mount --bind "$2" "$1{OPT_SLURM}"'
