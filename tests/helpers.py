@@ -52,6 +52,7 @@ APPLIER_RESULT_KEYS = frozenset(
         "generation",
         "managed_by",
         "powered_down",
+        "deferred",
         "full_result",
     }
 )

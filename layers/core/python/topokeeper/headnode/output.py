@@ -52,6 +52,7 @@ def new_result(mode: Optional[str]) -> Dict[str, Any]:
         "slurm_nodes": None,
         "managed_by": None,
         "powered_down": [],
+        "deferred": [],
         "full_result": None,
     }
 
@@ -90,6 +91,7 @@ def _capped(result: Mapping[str, Any], caps: Caps) -> Any:
     document["drift"] = [{k: clip(v) for k, v in entry.items()} for entry in keep("drift", result["drift"])]
     document["partitions_changed"] = keep("partitions_changed", result["partitions_changed"])
     document["powered_down"] = keep("powered_down", result["powered_down"])
+    document["deferred"] = keep("deferred", result["deferred"])
     if result["slurm_nodes"]:
         document["slurm_nodes"] = keep("slurm_nodes", result["slurm_nodes"])
     live = result["partition_topologies"]
