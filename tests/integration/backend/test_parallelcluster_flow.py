@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from topokeeper.contract.ports import Metric
 from topokeeper.sim.aws.alarms import AlarmState
 from topokeeper.sim.head_node import ChrootHeadNode
 from topokeeper.sim.parallelcluster import CLUSTER_TAG, HEAD_NODE_TAG, QUEUE_TAG
-from topokeeper.sim.scenario import load_scenario
+from topokeeper.sim.scenario import Scenario, load_scenario
 from topokeeper.sim.simulator import play
 from topokeeper.sim.world import World, running
 from topokeeper.wire import parse_show_topology
@@ -124,3 +125,24 @@ def test_the_parallelcluster_scenario_names_and_places_nodes_as_slurmctld_binds_
         assert live["no-topology"] == sorted(f"q1-dy-p5-{n}" for n in range(4, 9))
         assert len([leaf for leaf in live if leaf != "no-topology"]) >= 2  # the replacement moved to another leaf
         assert world.head.controller.partition_topologies() == {"q1": "tree-q1", "cpu": None}
+
+
+def test_a_rolling_scale_up_is_never_refused_whole_for_nodes_bound_meanwhile() -> None:
+    """The resume program binds a node every 2 s, as long as SSM takes to deliver a plan: most applies find a node
+    bound since their plan. Each applies every other node and defers that one (no stale_bindings refusal of the
+    whole bundle), and the next plan places it: the scale-up ends with every node under its instance's leaf."""
+    document = yaml.safe_load(SCENARIO.read_text())
+    document["cluster"]["instance_groups"][1].update(dynamic=12)
+    document["steps"] = [{"scale": {"group": "p5", "to": 16, "over_seconds": 24}}, {"wait": {"seconds": 300}}]
+    scenario = Scenario.model_validate(document)
+    with running(scenario, head_node="chroot") as world:
+        result = play(world, scenario, lambda _: None)
+
+        _, scale, wait = result.steps
+        records = scale.audit_records + wait.audit_records
+        assert [r for r in records if r["outcome"] == "stale_bindings"] == []
+        deferred = {node for r in records for node in r["nodes_deferred"]}
+        assert deferred and deferred <= {f"q1-dy-p5-{n}" for n in range(1, 13)}  # it did happen, and was absorbed
+        assert all(r["outcome"] == "applied" for r in records)
+        assert wait.converged
+        assert _leaves(world, "q1") == _expected_leaves(world, "p5")
