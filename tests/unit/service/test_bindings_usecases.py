@@ -4,6 +4,8 @@ it assumed, and a stale_bindings answer replans at once with the fresh table."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.fakes import FakeFacts
 from tests.helpers import event_envelope
 from tests.unit.service.test_result_usecases import ssm_event
@@ -353,3 +355,23 @@ def test_an_apply_that_deferred_rebound_nodes_audits_what_moved_and_what_waits_a
     # The retry delivers even when the plan it makes is the same: the head node does not have all of it yet.
     assert reconcile(replan, controller.deps()).action == "delivered"
     assert controller.channel.delivered[-1].bindings == REBOUND
+
+
+@pytest.mark.parametrize(
+    ("fields", "moved"),
+    [
+        ({"outcome": "failed", "before_sha256": "a" * 64, "after_sha256": "a" * 64}, 0),  # lock busy: untouched
+        ({"outcome": "failed", "before_sha256": "a" * 64, "after_sha256": "a" * 64, "reconfigured": True}, 2),
+        ({"outcome": "failed", "before_sha256": "a" * 64, "after_sha256": "b" * 64}, 2),  # written: may have moved
+        ({"outcome": "rolled_back"}, 0),
+    ],
+)
+def test_a_failed_apply_audits_moves_only_when_its_document_shows_it_touched_the_head_node(
+    fields: dict[str, object], moved: int
+) -> None:
+    controller = _rebound_plan_delivered()
+
+    _finish(controller, str(fields["outcome"]), **{k: v for k, v in fields.items() if k != "outcome"})
+
+    (record,) = controller.audit.records.values()
+    assert record.nodes_moved_count == moved

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -273,7 +274,13 @@ def moved_on_head_node(result: ApplyResult) -> bool:
 
 
 def _audit_records(
-    cluster: ClusterConfig, pending: PendingDelivery, result: ApplyResult, deps: ResultDeps, desired: dict[str, Any]
+    cluster: ClusterConfig,
+    pending: PendingDelivery,
+    result: ApplyResult,
+    deps: ResultDeps,
+    desired: dict[str, Any],
+    *,
+    now: datetime,
 ) -> list[AuditRecord]:
     """What the delivery did to each partition on the head node (nothing to audit when unchanged)."""
     if result.outcome is Outcome.UNCHANGED:
@@ -288,7 +295,7 @@ def _audit_records(
         delivery=pending,
         outcome=result.outcome,
         error=result.error,
-        completed_at=deps.clock.now(),
+        completed_at=now,
         moved=moved_on_head_node(result),
         deferred={row[0] for row in result.deferred if row},
     )
@@ -304,7 +311,7 @@ def finish_delivery(
     desired = None
     if result.outcome is not Outcome.UNCHANGED or deferred:
         desired = deps.plans.plan_document(cluster.name, pending.handle.plan_sha256)
-    records = _audit_records(cluster, pending, result, deps, desired) if desired is not None else []
+    records = _audit_records(cluster, pending, result, deps, desired, now=now) if desired is not None else []
     published = deps.audit.publish(records)
 
     observed = observed_fields(result)
