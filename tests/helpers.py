@@ -53,6 +53,7 @@ APPLIER_RESULT_KEYS = frozenset(
         "managed_by",
         "powered_down",
         "nodes_placed_before",
+        "deferred",
         "full_result",
     }
 )

@@ -158,12 +158,14 @@ def test_a_result_too_large_for_one_event_keeps_its_summary() -> None:
         **agent_result("drift", "verify", "ab" * 32, "x" * 10_000),
         "drift": drift,
         "grouping_drift": True,
+        "deferred": [[f"q1-dy-p5-{i}", f"10.0.0.{i}", "10.0.9.9"] for i in range(150)],
     }
     bounded = bounded_result(result)
     assert len(json.dumps(bounded)) < MAX_DETAIL_BYTES
     assert (bounded["outcome"], bounded["plan_sha256"], bounded["truncated"]) == ("drift", "ab" * 32, True)
     assert bounded["grouping_drift"] is True
     assert bounded["drift"] == drift[:20] and len(bounded["error"]) == 2000
+    assert bounded["deferred"] == result["deferred"][:100]  # the nodes the backend must place again
     small = agent_result("in_sync", "verify", "ab" * 32, "")
     assert bounded_result(small) is small
 

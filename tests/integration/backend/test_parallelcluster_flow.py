@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from topokeeper.contract.ports import Metric
 from topokeeper.sim.aws.alarms import AlarmState
 from topokeeper.sim.head_node import ChrootHeadNode
 from topokeeper.sim.parallelcluster import CLUSTER_TAG, HEAD_NODE_TAG, QUEUE_TAG
-from topokeeper.sim.scenario import load_scenario
+from topokeeper.sim.scenario import Scenario, load_scenario
 from topokeeper.sim.simulator import play
 from topokeeper.sim.stack import BUCKET
 from topokeeper.sim.world import World, running
@@ -140,3 +141,25 @@ def test_the_parallelcluster_scenario_names_and_places_nodes_as_slurmctld_binds_
             assert entry.topology.endswith(":" + leaf_of[instance.slurm_name])
             checked.append(instance.slurm_name)
         assert len(checked) >= 4  # the static nodes at least
+
+
+def test_a_rolling_scale_up_is_never_refused_whole_for_nodes_bound_meanwhile() -> None:
+    """The resume program binds a node every second, while SSM takes 2 s to deliver a plan: an apply during the
+    scale-up finds nodes bound since its plan. It applies every other node and defers those (no stale_bindings
+    refusal of the whole bundle), and the next plan places them: every node ends under its instance's leaf."""
+    document = yaml.safe_load(SCENARIO.read_text())
+    document["cluster"]["instance_groups"][1].update(dynamic=40)
+    document["steps"] = [{"scale": {"group": "p5", "to": 44, "over_seconds": 40}}, {"wait": {"seconds": 300}}]
+    document["min_write_interval_seconds"] = 20  # writes during the scale-up, not only after it
+    scenario = Scenario.model_validate(document)
+    with running(scenario, head_node="chroot") as world:
+        result = play(world, scenario, lambda _: None)
+
+        _, scale, wait = result.steps
+        records = scale.audit_records + wait.audit_records
+        assert [r for r in records if r["outcome"] == "stale_bindings"] == []
+        deferred = {node for r in records for node in r["nodes_deferred"]}
+        assert deferred and deferred <= {f"q1-dy-p5-{n}" for n in range(1, 41)}  # it did happen, and was absorbed
+        assert all(r["outcome"] == "applied" for r in records)
+        assert wait.converged
+        assert _leaves(world, "q1") == _expected_leaves(world, "p5")

@@ -38,22 +38,37 @@ def test_every_result_carries_the_node_table(head_node: FakeHeadNode) -> None:
     assert len(document["slurm_nodes"]) == 8 and "slurm_nodes" not in document["dropped"]
 
 
-def test_a_node_rebound_since_the_plan_is_stale_bindings_and_nothing_is_written(head_node: FakeHeadNode) -> None:
+def test_a_node_rebound_since_the_plan_is_deferred_and_the_rest_would_apply(head_node: FakeHeadNode) -> None:
     bundle = _bound_bundle(ADDRESSES)
     head_node.serve(bundle, addresses={**ADDRESSES, "p5-003": "10.0.1.99"})  # resumed on another instance
+
+    code, document, _ = head_node.run("dry-run", bundle)
+
+    assert (code, document["outcome"], document["error"]) == (0, "would_apply", None)
+    assert document["deferred"] == [["p5-003", "10.0.1.13", "10.0.1.99"]]
+    assert "+        nodes: p5-[001-002]" in document["diff"].splitlines()  # no file had it: in no switch
+
+
+def test_a_rebound_node_alone_in_its_leaf_is_stale_bindings_and_nothing_is_written(head_node: FakeHeadNode) -> None:
+    """Without it the plan's leaf would hold no node: the whole bundle is refused, as before deferral."""
+    bundle = _bound_bundle(ADDRESSES)
+    head_node.serve(bundle, addresses={**ADDRESSES, "p5-008": "10.0.1.99"})  # alone in nn-leaf002
     before = head_node.files()
 
     for mode in ("dry-run", "apply"):
         code, document, _ = head_node.run(mode, bundle)
 
         assert (code, document["outcome"]) == (4, "stale_bindings")
-        assert document["error"] == "1 node(s) not at the NodeAddr planned: p5-003: 10.0.1.13, now 10.0.1.99"
-        assert ["p5-003", "10.0.1.99", "p5-003", ""] in document["slurm_nodes"]  # what to plan again with
+        assert document["error"] == (
+            "1 node(s) not at the NodeAddr planned: p5-008: 10.0.1.18, now 10.0.1.99; without them tree-gpu"
+            " nn-leaf002 would hold no node, so none is applied"
+        )
+        assert ["p5-008", "10.0.1.99", "p5-008", ""] in document["slurm_nodes"]  # what to plan again with
     assert head_node.files() == before and "reconfigure" not in head_node.calls()
 
     head_node.serve(addresses=ADDRESSES)
     code, document, _ = head_node.run("apply", bundle)
-    assert (code, document["outcome"]) == (0, "applied")
+    assert (code, document["outcome"], document["deferred"]) == (0, "applied", [])
 
 
 def test_bindings_are_hashed_apart_from_the_plan(head_node: FakeHeadNode) -> None:

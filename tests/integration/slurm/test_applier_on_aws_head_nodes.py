@@ -166,31 +166,42 @@ def test_the_cli_preview_names_parallelcluster_nodes_from_the_head_nodes_own_tab
     assert (code, document["outcome"], document["error"]) == (0, "would_apply", None)
 
 
-def test_a_dynamic_node_rebound_between_plan_and_apply_is_refused_and_the_replan_applies(
+def _planner(example: dict[str, Any], version: str) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+    def planned(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+        example["slurm"] = {"version": version, "nodes": nodes}
+        return render(plan(build_snapshot(parse_snapshot_document(example), PlannerConfig()))).bundle.document()
+
+    return planned
+
+
+def _live_table(controller: SlurmController) -> list[dict[str, Any]]:
+    return list(json.loads(controller.run("scontrol", "show", "nodes", "--json", check=True).stdout)["nodes"])
+
+
+def test_a_dynamic_node_rebound_between_plan_and_apply_is_deferred_and_the_replan_places_it(
     sid_root: Path, controllers: Callable[..., SlurmController]
 ) -> None:
     """The binding loop on a real slurmctld: a plan names nodes from the head node's table; clustermgtd
-    re-binds a dynamic node before the plan lands; the applier answers stale_bindings, writing nothing, with
-    the fresh table; the plan made from that table applies."""
+    re-binds a dynamic node before the plan lands; the applier applies every other node and defers that one
+    (the first write: no file had it, so it is in no switch), with the fresh table; the plan made from that
+    table places it."""
     example, controller = _parallelcluster_head_node(sid_root, controllers)
     table = example["slurm"]["nodes"]
-
-    def planned(nodes: list[dict[str, Any]]) -> dict[str, Any]:
-        example["slurm"] = {"version": "26.05", "nodes": nodes}
-        return render(plan(build_snapshot(parse_snapshot_document(example), PlannerConfig()))).bundle.document()
-
+    planned = _planner(example, "26.05")
     _bind(controller, "q1-dy-p5-1", "10.0.1.20")
-    first = planned(json.loads(controller.run("scontrol", "show", "nodes", "--json", check=True).stdout)["nodes"])
+    first = planned(_live_table(controller))
     assert first["bindings"]["q1-dy-p5-1"] == "10.0.1.20"
     _bind(controller, "q1-dy-p5-1", "10.0.1.30")  # powered down, then resumed on another instance (leaf ...0101)
-    before = {path: path.read_text() for path in controller.etc.rglob("*.conf")}
 
-    code, refused = _over_ssm(controller, "apply", first)
+    code, partial = _over_ssm(controller, "apply", first)
 
-    assert (code, refused["outcome"]) == (4, "stale_bindings")
-    assert refused["error"] == "1 node(s) not at the NodeAddr planned: q1-dy-p5-1: 10.0.1.20, now 10.0.1.30"
-    assert {path: path.read_text() for path in controller.etc.rglob("*.conf")} == before
-    fresh = ApplyResult.model_validate(refused).node_table()
+    assert (code, partial["outcome"], partial["error"]) == (0, "applied", None)
+    assert partial["deferred"] == [["q1-dy-p5-1", "10.0.1.20", "10.0.1.30"]]
+    assert partial["after_sha256"] != first["plan_sha256"]  # the subset of the signed plan, not all of it
+    live = parse_show_topology(controller.show_topology("tree-q1"))
+    assert live["nn-0a1b2c3d4e5f60102"]["nodes"] == ["q1-st-p5-3", "q1-st-p5-4"]  # not where the plan put it
+    assert all("q1-dy-p5-1" not in unit["nodes"] for unit in live.values())  # type: ignore[operator]
+    fresh = ApplyResult.model_validate(partial).node_table()
     assert fresh is not None and [r.name for r in fresh] == sorted(n["name"] for n in table)
     assert {r.name: (r.address, r.partitions) for r in fresh}["q1-dy-p5-3"] == ("q1-dy-p5-3", ["q1"])  # powered down
     second = planned([record.model_dump() for record in fresh])
@@ -198,9 +209,51 @@ def test_a_dynamic_node_rebound_between_plan_and_apply_is_refused_and_the_replan
 
     code, applied = _over_ssm(controller, "apply", second)
 
-    assert (code, applied["outcome"], applied["error"]) == (0, "applied", None)
+    assert (code, applied["outcome"], applied["error"], applied["deferred"]) == (0, "applied", None, [])
+    assert applied["after_sha256"] == second["plan_sha256"]
     live = parse_show_topology(controller.show_topology("tree-q1"))
     assert live["nn-0a1b2c3d4e5f60101"]["nodes"] == ["q1-dy-p5-1", "q1-st-p5-1", "q1-st-p5-2"]
+
+
+@pytest.mark.parametrize("version", ["26.05", "24.11"])
+def test_nodes_rebound_while_a_plan_is_on_its_way_stay_where_they_are_and_the_others_are_applied(
+    version: str, sid_root: Path, trixie_root: Path, controllers: Callable[..., SlurmController]
+) -> None:
+    """A rolling scale-up on ParallelCluster: between plan and apply the resume program binds one more node and
+    another is resumed on a new instance. The applier places the node whose binding holds (26.05: by a live update,
+    no reconfigure; 24.11: topology.conf, reconfigured) and leaves the re-bound one where slurmctld has it; the
+    read-back agrees, and the file on disk is what a restart would load."""
+    root = sid_root if version == "26.05" else trixie_root
+    example, controller = _parallelcluster_head_node(root, controllers)
+    planned = _planner(example, version)
+    name = "tree-q1" if version == "26.05" else None
+    _bind(controller, "q1-dy-p5-1", "10.0.1.20")
+    code, first = _over_ssm(controller, "apply", planned(_live_table(controller)))
+    assert (code, first["outcome"], first["deferred"]) == (0, "applied", [])
+    _bind(controller, "q1-dy-p5-1", "10.0.1.30")  # resumed on the instance of leaf ...0101
+    _bind(controller, "q1-dy-p5-2", "10.0.1.21")  # resumed on an instance of leaf ...0102
+    second = planned(_live_table(controller))
+    _bind(controller, "q1-dy-p5-1", "10.0.1.40")  # and again, before the plan lands: an instance EC2 told nothing of
+
+    code, partial = _over_ssm(controller, "apply", second)
+
+    assert (code, partial["outcome"], partial["error"]) == (0, "applied", None)
+    assert partial["deferred"] == [["q1-dy-p5-1", "10.0.1.30", "10.0.1.40"]]
+    assert partial["apply_path"] == ("incremental" if version == "26.05" else "whole_file")
+    assert partial["reconfigured"] is (version != "26.05")
+    live = parse_show_topology(controller.show_topology(name))
+    assert live["nn-0a1b2c3d4e5f60101"]["nodes"] == ["q1-st-p5-1", "q1-st-p5-2"]  # not where the plan put q1-dy-p5-1
+    assert live["nn-0a1b2c3d4e5f60102"]["nodes"] == ["q1-dy-p5-1", "q1-dy-p5-2", "q1-st-p5-3", "q1-st-p5-4"]
+    controller.run("scontrol", "reconfigure", check=True)  # the file holds the same subset
+    assert parse_show_topology(controller.show_topology(name)) == live
+    _, verified = _over_ssm(controller, "verify", second)  # against the whole plan: the deferred node differs
+    assert verified["outcome"] == "drift"
+
+    code, placed = _over_ssm(controller, "apply", planned(_live_table(controller)))
+
+    assert (code, placed["outcome"], placed["deferred"]) == (0, "applied", [])
+    live = parse_show_topology(controller.show_topology(name))
+    assert "q1-dy-p5-1" not in live["nn-0a1b2c3d4e5f60102"]["nodes"]  # no instance EC2 knows: no-topology
 
 
 def test_a_topology_parallelcluster_generated_is_reported_and_never_replaced(

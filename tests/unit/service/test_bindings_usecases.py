@@ -4,6 +4,8 @@ it assumed, and a stale_bindings answer replans at once with the fresh table."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.fakes import FakeFacts
 from tests.helpers import event_envelope
 from tests.unit.service.test_result_usecases import ssm_event
@@ -301,3 +303,75 @@ def test_a_read_remembers_only_the_instances_it_left_unnamed() -> None:
     pending.channel.verify_result = ApplyResult.from_channel(Outcome.PENDING, "no answer yet")
     reconcile(pending.change(), pending.deps())
     assert pending.now_state().table_read_for == []
+
+
+def _finish(controller: Controller, outcome: str, **fields: object) -> None:
+    """The delivery in flight answered with this result (and its node table, whole)."""
+    pending = controller.now_state().pending
+    assert pending is not None
+    document = {"outcome": outcome, "applier_version": "1.0.0", "slurm_nodes": _rows(REBOUND), **fields}
+    controller.ssm_results[pending.handle.reference] = ApplyResult.model_validate(document)
+    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+
+
+def _rebound_plan_delivered() -> Controller:
+    """BOUND applied, then a plan of REBOUND (q1-dy-p5-1 and q1-st-p5-4 swap leaves) in flight."""
+    controller = _parallelcluster()
+    reconcile(controller.change(), controller.deps())
+    _finish(controller, "applied", slurm_nodes=_rows(BOUND))
+    save_fields(controller.state, CLUSTER, {"slurm_nodes": _table(REBOUND)})
+    assert reconcile(controller.change("e-2"), controller.deps()).action == "delivered"
+    controller.audit.records.clear()
+    return controller
+
+
+def test_a_refused_apply_is_audited_with_nothing_moved_on_the_head_node() -> None:
+    controller = _rebound_plan_delivered()
+
+    _finish(controller, "stale_bindings", error="1 node(s) not at the NodeAddr planned: ...")
+
+    (record,) = controller.audit.records.values()
+    assert (record.outcome, record.reason) == (Outcome.STALE_BINDINGS, "plan-change")
+    assert (record.nodes_moved, record.nodes_moved_count) == ([], 0)
+    assert (record.nodes_added_count, record.nodes_removed_count, record.nodes_deferred) == (0, 0, [])
+
+
+def test_an_apply_that_deferred_rebound_nodes_audits_what_moved_and_what_waits_and_places_them_next() -> None:
+    controller = _rebound_plan_delivered()
+    delivered = controller.now_state().pending
+    assert delivered is not None
+
+    _finish(controller, "applied", deferred=[["q1-dy-p5-1", "10.0.0.3", "10.0.0.9"]])
+
+    (record,) = controller.audit.records.values()
+    assert record.outcome is Outcome.APPLIED
+    assert [(m.node, m.after) for m in record.nodes_moved] == [("q1-st-p5-4", "nn-leaf-1")]
+    assert (record.nodes_moved_count, record.nodes_deferred, record.nodes_deferred_count) == (1, ["q1-dy-p5-1"], 1)
+    state = controller.now_state()
+    assert (state.pending, state.applied_sha256) == (None, delivered.handle.plan_sha256)
+    assert controller.metrics.values(Metric.APPLY_FAILURES) == []
+    replan = controller.queue.sent[-1]
+    assert (replan.reason, state.triggers[-1].detail_type) == ("retry", "Slurm Node Bindings Changed")
+    # The retry delivers even when the plan it makes is the same: the head node does not have all of it yet.
+    assert reconcile(replan, controller.deps()).action == "delivered"
+    assert controller.channel.delivered[-1].bindings == REBOUND
+
+
+@pytest.mark.parametrize(
+    ("fields", "moved"),
+    [
+        ({"outcome": "failed", "before_sha256": "a" * 64, "after_sha256": "a" * 64}, 0),  # lock busy: untouched
+        ({"outcome": "failed", "before_sha256": "a" * 64, "after_sha256": "a" * 64, "reconfigured": True}, 2),
+        ({"outcome": "failed", "before_sha256": "a" * 64, "after_sha256": "b" * 64}, 2),  # written: may have moved
+        ({"outcome": "rolled_back"}, 0),
+    ],
+)
+def test_a_failed_apply_audits_moves_only_when_its_document_shows_it_touched_the_head_node(
+    fields: dict[str, object], moved: int
+) -> None:
+    controller = _rebound_plan_delivered()
+
+    _finish(controller, str(fields["outcome"]), **{k: v for k, v in fields.items() if k != "outcome"})
+
+    (record,) = controller.audit.records.values()
+    assert record.nodes_moved_count == moved

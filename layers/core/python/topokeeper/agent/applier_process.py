@@ -106,6 +106,7 @@ def bounded_result(result: Dict[str, Any]) -> Dict[str, Any]:
     summary["reconfigured"] = result.get("reconfigured")
     summary["error"] = str(result.get("error"))[:2000] if result.get("error") is not None else None
     summary["drift"] = list(result.get("drift") or [])[:20]
+    summary["deferred"] = list(result.get("deferred") or [])[:100]  # what the backend must place again
     summary["truncated"] = True
     if len(json.dumps(summary)) > MAX_DETAIL_BYTES - 4096:
         summary["drift"] = []

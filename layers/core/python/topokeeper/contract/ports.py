@@ -103,6 +103,9 @@ class ApplyResult(BaseModel):
     powered_down: list[str] = Field(default_factory=empty_list)  # planned nodes that powered down since: written anyway
     # Nodes the apply would place that slurmctld already served there (placed at registration): not updated.
     nodes_placed_before: list[str] = Field(default_factory=empty_list)
+    # Planned nodes bound to another NodeAddr now, [NodeName, planned, live]: left where they were, every other
+    # node applied (headnode/deferral.py); dropped.deferred counts a cut
+    deferred: list[list[str]] = Field(default_factory=empty_list)
     # Where the whole document went when stdout could not carry it: {key, bytes, sha256, error} (SSM channel)
     full_result: dict[str, Any] | None = None
 
@@ -408,6 +411,10 @@ class AuditRecord(BaseModel):
     # Nodes whose leaf switch or block changes (a replacement in another UltraServer, a hand edit undone).
     nodes_moved: list[NodeMove] = Field(default_factory=empty_list)
     nodes_moved_count: int = 0
+    # Nodes bound to another NodeAddr than the plan assumed when it landed: left where they were, placed by the
+    # next plan (every other node of the partition was applied).
+    nodes_deferred: list[str] = Field(default_factory=empty_list)
+    nodes_deferred_count: int = 0
     node_count: int
     switch_count: int
     block_count: int

@@ -31,10 +31,11 @@ plan_sha256, errors}), signature ("verified" with --trusted-key, else "unchecked
 signed bundle's, once verified: an apply's is recorded, a verify or dry-run's only echoed, binding the answer to
 its request), slurm_nodes ([[NodeName, NodeAddr, NodeHostName, "partition,..."], ...]),
 managed_by ("parallelcluster" when the live topology.conf carries ParallelCluster's generated header, else null),
-powered_down (planned nodes whose binding no longer holds because they powered down, see below),
+powered_down (planned nodes whose binding no longer holds because they powered down, see below), deferred
+([[NodeName, planned NodeAddr, live NodeAddr], ...]: nodes re-bound since the plan, left where they were),
 nodes_placed_before (nodes the apply would place that slurmctld already served there, placed at registration:
-not updated) and full_result
-(null, or where the whole document went when stdout could not carry it: {key, bytes, sha256, error}).
+not updated) and full_result (null, or where the whole document went when stdout could not carry it: {key, bytes,
+sha256, error}).
 
 Choices the callers can rely on:
 
@@ -49,9 +50,15 @@ Choices the callers can rely on:
   configured to let topokeeper replace it); dry-run and verify run as usual and report managed_by.
 
 * A bundle's optional ``bindings`` {NodeName: NodeAddr} (hashed by ``bindings_sha256``) are what its plan
-  assumed; apply and dry-run answer stale_bindings when one no longer holds. A node whose live NodeAddr is its
-  own NodeName has powered down (ParallelCluster unbinds it so): no instance to misplace, so that binding is not
-  stale; the plan is written and the node listed in powered_down.
+  assumed. A node bound to another NodeAddr now (re-bound between plan and apply) is deferred and every other
+  node applied (deferral.py): apply and dry-run take the subset of the signed plan whose bindings hold, the
+  plan's topology file with each deferred node where the file on disk has it (its leaf or block there when the
+  plan keeps that unit, else out of that topology), list it in deferred and end applied. The signature and
+  plan_sha256 cover the whole plan; the subset is what is proved, journaled, written, loaded (live updates or
+  reconfigure) and read back, and after_sha256 is its content hash (not plan_sha256). Only when a leaf or block
+  of the plan would hold no node without the deferred ones is the bundle refused whole, stale_bindings, nothing
+  written. A node whose live NodeAddr is its own NodeName has powered down (ParallelCluster unbinds it so): no
+  instance to misplace, so that binding holds; the plan places it and lists it in powered_down.
 
 * Config files: slurm.conf and the files it ``Include``s from its own directory or a directory below
   it (a relative path, or an absolute one that resolves there; a glob expands in sorted order, as

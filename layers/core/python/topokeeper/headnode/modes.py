@@ -35,9 +35,11 @@ from topokeeper.headnode.config_dir import (
     refuse_links,
     remove_own_temps,
 )
+from topokeeper.headnode.deferral import rebound, without_deferred
 from topokeeper.headnode.diff import unified_diff
 from topokeeper.headnode.disk import (
     Change,
+    DiskState,
     disk_drift,
     disk_sha256,
     managed_by,
@@ -54,7 +56,6 @@ from topokeeper.headnode.registered import placed_before
 from topokeeper.headnode.scontrol import (
     LiveTopologies,
     Scontrol,
-    check_bindings,
     check_cluster_knows,
     configured_slurm_conf,
     find_scontrol,
@@ -110,8 +111,15 @@ def _record_drift(
     result["grouping_drift"] = bool(grouping)
 
 
+def _applicable(result: Dict[str, Any], bundle: Bundle, state: DiskState) -> Bundle:
+    """What an apply makes live: the signed plan without the nodes re-bound since (deferral.py), each left where
+    the topology file on disk has it."""
+    return without_deferred(bundle, result["deferred"], state.files[bundle.slurm_format])
+
+
 def dry_run(result: Dict[str, Any], conf: SlurmConf, bundle: Bundle) -> None:
     state = read_disk_state(conf, bundle)
+    bundle = _applicable(result, bundle, state)
     if disk_sha256(bundle, state) == bundle.plan_sha256:
         result["outcome"], result["diff"] = "unchanged", ""
         return
@@ -303,6 +311,7 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
             refuse_links(transaction.config, _write_targets(transaction.config, conf_path, conf, bundle))
             state = read_disk_state(conf, bundle)
             result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, state)
+            bundle = _applicable(result, bundle, state)  # read under the lock, as what it keeps comes from disk
             if result["before_sha256"] == bundle.plan_sha256:
                 # Unchanged only when slurmctld serves the plan too; else load the files (with rollback).
                 _record_drift(result, context.scontrol, bundle)
@@ -382,7 +391,8 @@ def execute(
         if mode == "verify":
             verify(result, conf, bundle, scontrol)
         else:
-            result["powered_down"] = check_bindings(bundle, rows)
+            result["powered_down"], result["deferred"] = rebound(bundle, rows)
+            _applicable(result, bundle, read_disk_state(conf, bundle))  # a whole refusal comes before the lock
             check_cluster_knows(conf, bundle, {row[0] for row in rows})
             if mode == "dry-run":
                 config = ConfigDir(conf.directory)

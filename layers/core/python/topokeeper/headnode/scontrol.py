@@ -8,7 +8,6 @@ import subprocess
 import time
 from typing import (
     Dict,
-    List,
     Mapping,
     NamedTuple,
     Optional,
@@ -19,7 +18,7 @@ from typing import (
 
 from topokeeper.headnode.bundle import Bundle
 from topokeeper.headnode.config_dir import open_regular
-from topokeeper.headnode.failures import Failed, Refused, StaleBindings, sample
+from topokeeper.headnode.failures import Failed, Refused, sample
 from topokeeper.headnode.slurm_conf import SlurmConf
 from topokeeper.wire import (
     APPLIER_BUDGET_SECONDS,
@@ -128,18 +127,6 @@ def find_slurm_conf(environ: Mapping[str, str], scontrol: Scontrol) -> str:
             % (DEFAULT_SLURM_CONF)
         )
     return match.group(1)
-
-
-def check_bindings(bundle: Bundle, rows: List[List[str]]) -> List[str]:
-    """Raise StaleBindings for a planned node bound to another address now; return the planned nodes that
-    powered down instead (NodeAddr = NodeName: no instance, so none in the wrong place)."""
-    live = {row[0]: row[1] for row in rows}
-    changed = sorted(n for n, a in bundle.bindings.items() if live.get(n) != a)
-    powered_down = [n for n in changed if live.get(n) == n]
-    stale = ["%s: %s, now %s" % (n, bundle.bindings[n], live.get(n)) for n in changed if live.get(n) != n]
-    if stale:
-        raise StaleBindings("%d node(s) not at the NodeAddr planned: %s" % (len(stale), sample(stale)))
-    return powered_down
 
 
 def show_partitions(scontrol: Scontrol) -> str:

@@ -109,7 +109,8 @@ class Bundle(BaseModel):
     # The live read-back to expect, per topology name; Slurm < 25.05 has one, read without a name.
     topologies: dict[str, dict[str, ExpectedUnit]]
     # The NodeName -> NodeAddr bindings the plan assumed (ParallelCluster), hashed apart from plan_sha256:
-    # the applier answers stale_bindings when one no longer holds. Absent when nodes are named by host name.
+    # the applier defers a node whose binding no longer holds (headnode/deferral.py). Absent when nodes are named
+    # by host name.
     bindings: dict[str, str] | None = None
     bindings_sha256: str | None = None
     # Set at delivery for a cluster configured with replace_parallelcluster_topology: the applier may replace a

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,18 @@ from topokeeper.render.bundle import leaf_units
 
 MAX_LISTED_NODES = 200  # keeps a record well under EventBridge's 256 KB; counts are always exact
 MAX_WARNINGS, MAX_WARNING_CHARS = 20, 500
+# The head node wrote and loaded nothing of the plan: its records list no node as added, removed or moved.
+NOTHING_MOVED = frozenset(
+    {
+        Outcome.REFUSED,
+        Outcome.BAD_SIGNATURE,
+        Outcome.REPLAYED,
+        Outcome.STALE_BINDINGS,
+        Outcome.ROLLED_BACK,
+        Outcome.UNDELIVERABLE,
+        Outcome.AGENT_OUTDATED,
+    }
+)
 
 
 def _partitions(plan_document: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -76,9 +89,12 @@ def build_records(
     error: str | None,
     completed_at: datetime,
     result: ApplyResult | None = None,
+    moved: bool = True,
+    deferred: Collection[str] = (),
 ) -> list[AuditRecord]:
     """One record per partition whose rendered content differs between the previous and desired plan,
-    and per partition rewritten to repair live drift (its live content was not the plan's)."""
+    and per partition rewritten to repair live drift (its live content was not the plan's). Its nodes are what
+    moved on the head node: none when it moved nothing (``moved`` False), never a ``deferred`` one."""
     before = _partitions(previous)
     records = []
     for name, partition in sorted(_partitions(desired).items()):
@@ -88,14 +104,18 @@ def build_records(
             continue
         old_nodes = set(old["nodes"]) if old else set()
         new_nodes = set(partition["nodes"])
-        added, removed = sorted(new_nodes - old_nodes), sorted(old_nodes - new_nodes)
+        waiting = sorted(new_nodes & set(deferred)) if moved else []
+        added, removed = sorted(new_nodes - old_nodes - set(waiting)), sorted(old_nodes - new_nodes)
         if unchanged:  # a drift repair: what the verify found live, for this partition's nodes
-            moved = [move for move in delivery.repair_moves if move.node in new_nodes]
+            nodes_moved = [move for move in delivery.repair_moves if move.node in new_nodes]
         else:
-            moved = plan_moves(old, partition)
+            nodes_moved = plan_moves(old, partition)
+        nodes_moved = [move for move in nodes_moved if move.node not in waiting]
+        if not moved:
+            added, removed, nodes_moved = [], [], []
         warnings = [*desired.get("warnings", []), *partition.get("warnings", [])]
         placed = placements(partition)  # a node written without topology was placed by no route
-        routes = placement_routes(sorted({*added, *(m.node for m in moved)} & placed.keys()), delivery, result)
+        routes = placement_routes(sorted({*added, *(m.node for m in nodes_moved)} & placed.keys()), delivery, result)
         records.append(
             AuditRecord(
                 audit_id=_audit_id(cluster_name, name, desired["sha256"], outcome, delivery.handle.reference),
@@ -113,8 +133,10 @@ def build_records(
                 nodes_removed=removed[:MAX_LISTED_NODES],
                 nodes_added_count=len(added),
                 nodes_removed_count=len(removed),
-                nodes_moved=moved[:MAX_LISTED_NODES],
-                nodes_moved_count=len(moved),
+                nodes_moved=nodes_moved[:MAX_LISTED_NODES],
+                nodes_moved_count=len(nodes_moved),
+                nodes_deferred=waiting[:MAX_LISTED_NODES],
+                nodes_deferred_count=len(waiting),
                 node_count=len(new_nodes),
                 switch_count=len(partition.get("switches", [])),
                 block_count=len(partition.get("blocks", [])),

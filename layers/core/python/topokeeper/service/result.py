@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -25,6 +26,7 @@ from topokeeper.contract.event_schemas import (
 )
 from topokeeper.contract.ports import (
     ApplyResult,
+    AuditRecord,
     AuditSink,
     Channel,
     Clock,
@@ -38,7 +40,7 @@ from topokeeper.contract.ports import (
     WorkQueue,
 )
 from topokeeper.domain.models import SlurmVersion
-from topokeeper.service.audit import build_records
+from topokeeper.service.audit import NOTHING_MOVED, build_records
 from topokeeper.service.live import live_status
 from topokeeper.service.state import request_reconcile, save_fields, topology_owner_fields
 from topokeeper.wire import AGENT_DETAIL_TYPES, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE, agent_source_cluster
@@ -260,29 +262,57 @@ def _legacy_report(event: TopokeeperEvent, deps: ResultDeps) -> ResultReport:
     )
 
 
+def moved_on_head_node(result: ApplyResult) -> bool:
+    """Whether a delivery may have moved nodes on the head node: not when the head node refused it, rolled it
+    back or never got it, nor when it failed with its files and live topology as they were (its own document
+    says so). A channel's outcome (timed out, cancelled) cannot say: it may have."""
+    if result.outcome in NOTHING_MOVED:
+        return False
+    untouched = result.before_sha256 is not None and result.before_sha256 == result.after_sha256
+    loaded = result.reconfigured or result.nodes_updated > 0
+    return not (result.outcome is Outcome.FAILED and result.applier_version is not None and untouched and not loaded)
+
+
+def _audit_records(
+    cluster: ClusterConfig,
+    pending: PendingDelivery,
+    result: ApplyResult,
+    deps: ResultDeps,
+    desired: dict[str, Any],
+    *,
+    now: datetime,
+) -> list[AuditRecord]:
+    """What the delivery did to each partition on the head node (nothing to audit when unchanged)."""
+    if result.outcome is Outcome.UNCHANGED:
+        return []
+    previous = (
+        deps.plans.plan_document(cluster.name, pending.previous_plan_sha256) if pending.previous_plan_sha256 else None
+    )
+    return build_records(
+        cluster_name=cluster.name,
+        previous=previous,
+        desired=desired,
+        delivery=pending,
+        outcome=result.outcome,
+        error=result.error,
+        completed_at=now,
+        result=result,
+        moved=moved_on_head_node(result),
+        deferred={row[0] for row in result.deferred if row},
+    )
+
+
 def finish_delivery(
     cluster: ClusterConfig, state: ClusterState, pending: PendingDelivery, result: ApplyResult, deps: ResultDeps
 ) -> ResultReport:
     if result.outcome is Outcome.PENDING:
         return ResultReport(status="pending", cluster=cluster.name, outcome=result.outcome)
     now = deps.clock.now()
-    records = []
-    if result.outcome is not Outcome.UNCHANGED:
-        previous = (
-            deps.plans.plan_document(cluster.name, pending.previous_plan_sha256)
-            if pending.previous_plan_sha256
-            else None
-        )
-        records = build_records(
-            cluster_name=cluster.name,
-            previous=previous,
-            desired=deps.plans.plan_document(cluster.name, pending.handle.plan_sha256),
-            delivery=pending,
-            outcome=result.outcome,
-            error=result.error,
-            completed_at=now,
-            result=result,
-        )
+    deferred = {row[0] for row in result.deferred if row}
+    desired = None
+    if result.outcome is not Outcome.UNCHANGED or deferred:
+        desired = deps.plans.plan_document(cluster.name, pending.handle.plan_sha256)
+    records = _audit_records(cluster, pending, result, deps, desired, now=now) if desired is not None else []
     published = deps.audit.publish(records)
 
     observed = observed_fields(result)
@@ -290,6 +320,11 @@ def finish_delivery(
     # Stale bindings are planned again with the table the result brought; a cut one (over the applier's 200
     # rows) would bind the stored, stale table again and be refused again, in a loop: a failure instead.
     replan_bindings = result.outcome is Outcome.STALE_BINDINGS and "slurm_nodes" in observed
+    # Applied but for nodes re-bound since the plan: their partitions are written again even when the next plan is
+    # the same (the head node does not have all of it), planned at once when the table came whole.
+    waiting = sorted(p["name"] for p in (desired or {}).get("partitions", []) if deferred & set(p["nodes"]))
+    if result.outcome in SUCCESS and waiting:
+        replan_bindings = "slurm_nodes" in observed
     if result.outcome in SUCCESS:
         update["applied_sha256"] = pending.handle.plan_sha256
         if result.outcome is Outcome.APPLIED:
@@ -299,19 +334,21 @@ def finish_delivery(
         if result.outcome in AUTHENTICITY_REFUSALS:
             deps.metrics.emit(cluster.name, Metric.BUNDLE_REFUSALS, 1)
 
-    waiting: list[str] = []  # the reconcile message deferred behind this delivery
+    receipts: list[str] = []  # the reconcile message deferred behind this delivery
 
     def finished(fresh: ClusterState) -> dict[str, object]:
-        waiting.clear()
+        receipts.clear()
         # Only the delivery still in flight is finished: a late result of an older one must not undo a newer.
         if fresh.pending is None or not _same_delivery(fresh.pending, pending):
             return observed
         if fresh.pending.waiting_receipt:
-            waiting.append(fresh.pending.waiting_receipt)
+            receipts.append(fresh.pending.waiting_receipt)
+        if result.outcome in SUCCESS and waiting:
+            return {**update, "pending": None, "repair_partitions": sorted({*fresh.repair_partitions, *waiting})}
         return {**update, "pending": None}
 
     save_fields(deps.state, cluster.name, finished)
-    for receipt in waiting:
+    for receipt in receipts:
         deps.queue.resume(receipt)
 
     # A plan rendered for the other Slurm format is refused; now that the head node told us its
@@ -322,7 +359,9 @@ def finish_delivery(
     if result.outcome is Outcome.REFUSED and update.get("slurm_version") not in (None, state.slurm_version):
         retry = "Slurm Version Learned", f"head node runs Slurm {update['slurm_version']}"
     elif replan_bindings:
-        retry = "Slurm Node Bindings Changed", (result.error or "stale bindings")[:200]
+        listed = ", ".join(sorted(deferred)[:5])
+        why = result.error or f"{len(deferred)} node(s) re-bound since the plan deferred: {listed}"
+        retry = "Slurm Node Bindings Changed", why[:200]
     if retry is not None:
         request_reconcile(
             deps.state, deps.queue, cluster.name, now, reason="retry", detail_type=retry[0], summary=retry[1]
