@@ -23,8 +23,8 @@ from moto.ssm.models import ssm_backends
 
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.events import SSM, EventEmitter
-from topokeeper.sim.aws.identity_policy import allows
 from topokeeper.sim.aws.ids import IdFactory
+from topokeeper.sim.aws.policy import allows
 from topokeeper.sim.aws.protocol import (
     ApiError,
     ApiRequest,
