@@ -1,0 +1,174 @@
+"""The stack's own IAM, enforced: every request of the functions and the head node in a simulation is authorized with
+the synthesized template's roles, identity policies, bucket, queue and key policies (topokeeper.sim.stack_iam).
+
+A planted missing permission fails the simulation with AccessDenied naming it. And every statement is needed: with
+each Allow statement of each policy removed in turn, some request of a simulation is refused on an action the
+statement grants. The sweep replays a run's recorded requests without the statement: the evaluation is a function of
+the statements and the request alone, so a run without it goes as recorded up to exactly that refusal (the planted
+test shows a real run failing there). ``make test`` sweeps the full-story scenario; ``make reliability``
+(TOPOKEEPER_RELIABILITY_FULL=1) every shipped scenario and the agent channel, and requires every statement needed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.integration.backend.conftest import small_scenario
+from topokeeper.adapters.aws import client
+from topokeeper.contract.config import Settings
+from topokeeper.sim.aws.policy import matches
+from topokeeper.sim.scenario import Scenario, load_scenario
+from topokeeper.sim.simulator import play
+from topokeeper.sim.slurm_chroot import HarnessError
+from topokeeper.sim.stack_iam import synthesized_template
+from topokeeper.sim.world import World, running
+
+FULL = os.environ.get("TOPOKEEPER_RELIABILITY_FULL") == "1"
+SCENARIOS = Path(__file__).resolve().parents[3] / "layers/core/python/topokeeper/sim/scenarios"
+Template = dict[str, Any]
+Key = tuple[str, str]  # (whose policy, the statement as JSON)
+
+# Allow statements no simulated request needs, and why (AWS acts there without a request of the stack's roles).
+NOT_EXERCISED = {
+    "logs:CreateLogStream": "Lambda's runtime writes each function's logs, not the handler",
+}
+# Needed, but only by scenarios the full sweep plays (make reliability): what make test's sample leaves unproven.
+ELSEWHERE = {
+    ("topokeeper-ingest", "sagemaker:DescribeCluster"),
+    ("topokeeper-ingest", "ec2:DescribeInstances"),
+    ("topokeeper-reconcile", "s3:ListBucket"),
+    ("topokeeper-reconcile", "sqs:SendMessage"),
+    ("topokeeper-reconcile", "s3:GetObject"),
+    ("topokeeper-result", "s3:ListBucket"),
+    ("topokeeper-result", "sqs:SendMessage"),
+    ("topokeeper-result", "kms:Decrypt"),
+    ("topokeeper-drift", "s3:ListBucket"),
+    ("topokeeper-drift", "s3:GetObject"),
+}
+
+
+def _actions(statement: dict[str, Any]) -> list[str]:
+    actions = statement.get("Action", [])
+    return [actions] if isinstance(actions, str) else list(actions)
+
+
+def _reconcile_policy(template: Template) -> list[dict[str, Any]]:
+    for resource in template["Resources"].values():
+        roles = resource["Properties"].get("Roles", [{}]) if resource["Type"] == "AWS::IAM::Policy" else [{}]
+        if str(roles[0].get("Ref", "")).startswith("FunctionsReconcileRole"):
+            statements: list[dict[str, Any]] = resource["Properties"]["PolicyDocument"]["Statement"]
+            return statements
+    raise AssertionError("the template has no reconcile role policy")
+
+
+def test_a_planted_missing_kms_generate_data_key_fails_the_simulation_naming_it() -> None:
+    """The reconcile function's kms:GenerateDataKey through S3 taken out of the synthesized template: its first
+    plan write is refused, and the simulation fails saying so."""
+
+    def planted(settings: Settings) -> Template:
+        template = copy.deepcopy(synthesized_template(settings))
+        (through_s3,) = [
+            s
+            for s in _reconcile_policy(template)
+            if "kms:GenerateDataKey" in s["Action"] and "s3." in json.dumps(s.get("Condition"))
+        ]
+        through_s3["Action"] = [a for a in through_s3["Action"] if a != "kms:GenerateDataKey"]
+        return template
+
+    scenario = small_scenario()
+    with running(scenario, head_node="file", template=planted) as world, pytest.raises(HarnessError) as refused:
+        play(world, scenario, lambda _: None)
+
+    message = str(refused.value)
+    assert "AccessDenied" in message
+    assert "assumed-role/topokeeper-reconcile/" in message
+    assert "is not authorized to perform: kms:GenerateDataKey on resource: arn:aws:kms:" in message
+    assert message.endswith("because no identity-based policy allows the kms:GenerateDataKey action")
+
+
+def test_the_bucket_policy_denies_a_write_by_any_other_role_whatever_its_own_policy_allows() -> None:
+    scenario = small_scenario()
+    with running(scenario, head_node="file") as world:
+        iam = world.emulator.iam
+        intruder = f"arn:aws:iam::{world.emulator.account_id}:role/intruder"
+        iam.add_role(intruder, [{"Effect": "Allow", "Action": ["s3:*", "kms:*"], "Resource": "*"}])
+        with iam.acting_as(intruder), pytest.raises(ClientError) as denied:
+            client("s3").put_object(Bucket=world.stack.deployment.bucket, Key="clusters/x/bundle.json", Body=b"{}")
+        with iam.acting_as(world.iam.function_roles["reconcile"]):  # a writer the policy names
+            client("s3").put_object(Bucket=world.stack.deployment.bucket, Key="clusters/x/bundle.json", Body=b"{}")
+
+    error = denied.value.response["Error"]
+    assert error["Code"] == "AccessDenied"
+    assert error["Message"].endswith("with an explicit deny in a resource-based policy")
+    assert "s3:PutObject on resource: arn:aws:s3:::topokeeper-plans-sim/clusters/x/bundle.json" in error["Message"]
+
+
+def _scenarios() -> list[tuple[str, Callable[[], Scenario], dict[str, Any]]]:
+    sample: list[tuple[str, Callable[[], Scenario], dict[str, Any]]] = [
+        ("full-story", lambda: load_scenario(SCENARIOS / "full-story.yaml"), {"head_node": "file"})
+    ]
+    if not FULL:
+        return sample
+    shipped = ["demo", "verify-mode", "login", "burst-1000"]
+    sample += [(name, lambda n=name: load_scenario(SCENARIOS / f"{n}.yaml"), {"head_node": "file"}) for name in shipped]
+    sample += [
+        ("parallelcluster", lambda: load_scenario(SCENARIOS / "parallelcluster.yaml"), {}),
+        ("agent-channel", lambda: small_scenario(channel="agent"), {"head_node": "file"}),
+    ]
+    return sample
+
+
+def _owner(world: World, arn: str) -> str:
+    if arn == world.stack.data_key_arn:
+        return "data-key"
+    if arn == world.stack.deployment.signing_key_id:
+        return "signing-key"
+    return arn.rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+
+
+def _sweep(world: World) -> dict[Key, str | None]:
+    """Each Allow statement for the account's principals: the action a run without it is refused first on."""
+    iam = world.emulator.iam
+    found: dict[Key, str | None] = {}
+
+    def needed(statement: dict[str, Any], refused: Any) -> str | None:
+        granted = refused is not None and matches(_actions(statement), refused.action, ignore_case=True)
+        return refused.action if granted else None
+
+    for role in iam.roles.values():
+        for index, statement in enumerate(role.statements):
+            refused = iam.replay({role.arn: role.statements[:index] + role.statements[index + 1 :]}, {})
+            found[(_owner(world, role.arn), json.dumps(statement, sort_keys=True))] = needed(statement, refused)
+    for arn, policy in [*iam.resource_policies.items(), *iam.key_policies.items()]:
+        for index, statement in enumerate(policy):
+            if statement["Effect"] != "Allow" or "Service" in statement.get("Principal", {}):
+                continue  # a Deny grants nothing; a service's statement is the service's (docs/proven.md)
+            refused = iam.replay({}, {id(policy): policy[:index] + policy[index + 1 :]})
+            found[(_owner(world, arn), json.dumps(statement, sort_keys=True))] = needed(statement, refused)
+    return found
+
+
+def test_every_statement_is_needed_by_a_simulation() -> None:
+    needed: dict[Key, set[str]] = {}
+    for _, make, options in _scenarios():
+        scenario = make()
+        with running(scenario, **options) as world:
+            world.emulator.iam.record = True
+            play(world, scenario, lambda _: None)  # raises on any refusal: the stack's IAM is enough
+            for key, action in _sweep(world).items():
+                needed.setdefault(key, set()).update([action] if action else [])
+
+    unneeded = set()
+    for (owner, statement), actions in needed.items():
+        first = _actions(json.loads(statement))[0]
+        if not actions and first not in NOT_EXERCISED:
+            unneeded.add((owner, first))
+    assert unneeded == (set() if FULL else ELSEWHERE)
