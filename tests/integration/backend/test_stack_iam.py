@@ -49,6 +49,7 @@ ELSEWHERE = {
     ("topokeeper-reconcile", "s3:GetObject"),
     ("topokeeper-result", "s3:ListBucket"),
     ("topokeeper-result", "sqs:SendMessage"),
+    ("topokeeper-result", "sqs:ChangeMessageVisibility"),
     ("topokeeper-result", "kms:Decrypt"),
     ("topokeeper-drift", "s3:ListBucket"),
     ("topokeeper-drift", "s3:GetObject"),

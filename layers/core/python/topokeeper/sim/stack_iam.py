@@ -169,9 +169,15 @@ def _physical(emulator: AwsEmulator, stack: SimStack, template: Template) -> tup
     return refs, arns
 
 
-def install_stack_iam(emulator: AwsEmulator, stack: SimStack, settings: Settings, template: Template) -> StackIam:
-    """Every role, identity policy and resource policy of ``template`` enforced by ``emulator``'s IAM."""
+def install_stack_iam(
+    emulator: AwsEmulator, stack: SimStack, settings: Settings, template: Template, target_group: str | None = None
+) -> StackIam:
+    """Every role, identity policy and resource policy of ``template`` enforced by ``emulator``'s IAM;
+    ``target_group``: the simulated cluster's login endpoint target group (a world simulates one cluster)."""
     refs, arns = _physical(emulator, stack, template)
+    if target_group is not None:
+        for logical in _by_type(template, "AWS::ElasticLoadBalancingV2::TargetGroup"):
+            refs[logical], arns[logical] = target_group, target_group
     resolve = _Resolver(emulator, refs, arns)
     iam = emulator.iam
     installed = StackIam(template)

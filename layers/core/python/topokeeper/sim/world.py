@@ -174,7 +174,9 @@ class World:
             self._launch_parallelcluster_head_node()
         self.stack: SimStack = create_stack(self.settings)
         # Every request of the functions and the head node is authorized with the stack's own IAM.
-        self.iam = install_stack_iam(self.emulator, self.stack, self.settings, self._template(self.settings))
+        target_group = self.login.target_group_arn if self.login is not None else None
+        template = self._template(self.settings)
+        self.iam = install_stack_iam(self.emulator, self.stack, self.settings, template, target_group)
         self.emulator.network.new_instance_delay_seconds = self.scenario.timing.topology_report_delay_seconds
         if self.parallelcluster is not None and self._binding_head is not None:
             set_network_layouts(self.emulator, self.scenario.cluster)
@@ -328,7 +330,9 @@ class World:
         """A function waits: time passes and whatever falls due meanwhile runs."""
         self._asleep += 1
         try:
-            self.advance(seconds)
+            # What falls due is the world's (or another invocation, under its own role), not the sleeper's.
+            with self.emulator.iam.as_harness():
+                self.advance(seconds)
         finally:
             self._asleep -= 1
 

@@ -180,6 +180,7 @@ class IamModel:
             "events": self._events,
             "sagemaker": self._sagemaker,
             "ssm": self._ssm,
+            "elasticloadbalancing": self._elbv2,
         }
         ask = by_service.get(request.service)
         if ask is not None:
@@ -273,6 +274,11 @@ class IamModel:
         name = str(_json(request).get("ClusterName", "*"))
         arn = name if name.startswith("arn:") else f"arn:aws:sagemaker:{self.region}:{self.account_id}:cluster/{name}"
         return [Question(f"sagemaker:{request.operation}", arn)]
+
+    def _elbv2(self, request: ApiRequest) -> list[Question]:
+        form = parse_qs(request.body.decode("utf-8", "replace"))
+        target_group = form.get("TargetGroupArn", ["*"])[0]
+        return [Question(f"elasticloadbalancing:{request.operation}", target_group)]
 
     def _ssm(self, request: ApiRequest) -> list[Question]:
         if request.operation != "SendCommand":
