@@ -58,6 +58,9 @@ class Role:
     arn: str
     statements: list[Statement]
     session: str
+    # Reads a missing object as absent whether S3 answers 404 or, without s3:ListBucket, 403 (the agent does):
+    # that 403 is S3's answer, not a failure of the run.
+    missing_as_forbidden: bool = False
 
     @property
     def caller(self) -> str:
@@ -75,6 +78,7 @@ class Question:
     context: Mapping[str, ContextValue] = field(default_factory=dict)
     policy: Sequence[Statement] | None = None
     key_policy: bool = False
+    missing_object: bool = False  # s3:ListBucket asked by a read of an object that does not exist
 
 
 @dataclass
@@ -96,12 +100,15 @@ class IamModel:
     record: bool = False  # keep every authorized question in ``asked`` (for ``replay``)
     asked: list[tuple[Request, Question]] = field(default_factory=list)  # the allowed ones, in order
 
-    def add_role(self, arn: str, statements: Sequence[Statement], session: str = "") -> ReadOnlyCredentials:
+    def add_role(
+        self, arn: str, statements: Sequence[Statement], session: str = "", *, missing_as_forbidden: bool = False
+    ) -> ReadOnlyCredentials:
         """The role ``arn`` with its identity ``statements``; its credentials (a key of its own)."""
         digest = hashlib.sha256(arn.encode()).hexdigest().upper()
         access_key, secret = f"ASIA{digest[:16]}", digest[16:56]
         with self.lock:
-            self.roles[access_key] = Role(arn, list(statements), session or arn.rsplit("/", 1)[-1])
+            name = session or arn.rsplit("/", 1)[-1]
+            self.roles[access_key] = Role(arn, list(statements), name, missing_as_forbidden)
             self.secrets[access_key] = secret
         return ReadOnlyCredentials(access_key, secret, None)
 
@@ -150,8 +157,9 @@ class IamModel:
                     f"User: {role.caller} is not authorized to perform: {question.action} on resource: "
                     f"{question.resource} because {decision.reason}"
                 )
-                with self.lock:
-                    self.refused.append(message)
+                if not (question.missing_object and role.missing_as_forbidden):
+                    with self.lock:
+                        self.refused.append(message)
                 code = "AccessDenied" if request.service in ("s3", "sqs") else "AccessDeniedException"
                 raise ApiError(code, message, 403)
 
@@ -207,7 +215,7 @@ class IamModel:
             if self.object_exists(bucket, key):
                 return asked + self._kms_use(self.bucket_keys.get(bucket), "kms:Decrypt", "s3")
             # S3 answers NoSuchKey only to a caller who may list the bucket; to any other AccessDenied.
-            return [*asked, Question("s3:ListBucket", bucket_arn, context, policy)]
+            return [*asked, Question("s3:ListBucket", bucket_arn, context, policy, missing_object=True)]
         if operation == "PutObject":
             headers = {k.lower(): v for k, v in request.headers.items()}
             sse = {name: headers[h] for h, name in _SSE_HEADERS.items() if h in headers}
