@@ -91,6 +91,8 @@ reliability: install install-system
 	rm -f $(RELIABILITY_RECORDS)
 	TOPOKEEPER_RELIABILITY_FULL=1 TOPOKEEPER_RELIABILITY_OUT=$(RELIABILITY_RECORDS) \
 	  $(BIN)/pytest tests/integration/slurm/test_applier_crash_matrix.py tests/unit/service/test_aws_fault_matrix.py
+	# Every Allow statement of the stack's policies against every shipped scenario (docs/security.md).
+	TOPOKEEPER_RELIABILITY_FULL=1 $(BIN)/pytest -q tests/integration/backend/test_stack_iam.py
 	TOPOKEEPER_FUZZ_EXAMPLES=1000 TOPOKEEPER_RELIABILITY_OUT=$(RELIABILITY_RECORDS) \
 	  $(BIN)/pytest -q tests/unit/test_hostile_input.py tests/unit/test_agent_hostile_input.py
 	$(BIN)/python -m tests.integration.slurm.reliability_report $(RELIABILITY_RECORDS) docs/reliability.md

@@ -162,6 +162,7 @@ class Functions(Construct):
             max_concurrency=spec.RECONCILE_MAX_CONCURRENCY,
         )
         queues.grant_consume_work(self._role(self.reconcile))
+        queues.grant_resume_work(self._role(self.result))
         for function in (self.ingest, self.result):
             self._dead_letter_async_failures(function, queues, _ASYNC_RETRIES)
         # The schedule runs drift again soon anyway; a retry would check every cluster a second time.

@@ -66,6 +66,12 @@ class Queues(Construct):
     def grant_send_event_dead_letters(self, role: iam.IRole) -> None:
         self._grant_send(role, self.event_dlq)
 
+    def grant_resume_work(self, role: iam.IRole) -> None:
+        """A delivery's result makes the reconcile message deferred behind it visible at once."""
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["sqs:ChangeMessageVisibility"], resources=[self.work.queue_arn])
+        )
+
     def grant_consume_work(self, role: iam.IRole) -> None:
         """What the reconcile function's SQS event source mapping calls with the function's role."""
         role.add_to_principal_policy(

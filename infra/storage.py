@@ -24,6 +24,14 @@ _CHANGE_OBJECTS = [
     "s3:ReplicateDelete",
 ]
 
+_SSE = "s3:x-amz-server-side-encryption"
+_SSE_KEY = "s3:x-amz-server-side-encryption-aws-kms-key-id"
+
+
+def _asked_for_another(header: str, value: str) -> dict[str, Any]:
+    """The write names ``header`` with another value than ``value`` (a write without it is not matched)."""
+    return {"StringNotEquals": {header: value}, "Null": {header: "false"}}
+
 
 class PlanBucket(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, key: DataKey, noncurrent_days: int) -> None:
@@ -74,18 +82,14 @@ class PlanBucket(Construct):
         """Deny, whatever identity policies allow: changing objects to every principal but ``writers`` and the
         operator role (any s3:PutObject in the account could otherwise put a bundle on a head node), and
         writes that ask for another encryption than the stack's key. Writes that ask for none get the
-        bucket's default, this key. TLS only is enforce_ssl's statement."""
+        bucket's default, this key: so each denial holds only when its header is present (Null false), as
+        ...IfExists would not do: IAM evaluates an absent key as true there, denying every write without the
+        headers (the functions' and the head node's presigned ones). TLS only is enforce_ssl's statement."""
         allowed = [role.role_arn for role in writers] + ([operator_role_arn] if operator_role_arn else [])
         denials: dict[str, tuple[list[str], dict[str, Any]]] = {
             "OnlyTopokeeperChangesObjects": (_CHANGE_OBJECTS, {"ArnNotEquals": {"aws:PrincipalArn": allowed}}),
-            "OnlySseKms": (
-                ["s3:PutObject"],
-                {"StringNotEqualsIfExists": {"s3:x-amz-server-side-encryption": "aws:kms"}},
-            ),
-            "OnlyTheStackKey": (
-                ["s3:PutObject"],
-                {"StringNotEqualsIfExists": {"s3:x-amz-server-side-encryption-aws-kms-key-id": self._key.key.key_arn}},
-            ),
+            "OnlySseKms": (["s3:PutObject"], _asked_for_another(_SSE, "aws:kms")),
+            "OnlyTheStackKey": (["s3:PutObject"], _asked_for_another(_SSE_KEY, self._key.key.key_arn)),
             "NoCustomerProvidedKeys": (
                 ["s3:PutObject"],
                 {"Null": {"s3:x-amz-server-side-encryption-customer-algorithm": "false"}},

@@ -413,7 +413,8 @@ def test_each_function_role_holds_only_what_its_adapters_call(example: Synthesiz
         | table
         | key
         | bucket_read
-        | {"sqs:SendMessage", "events:PutEvents", "ssm:GetCommandInvocation"},
+        # ChangeMessageVisibility: a result resumes the reconcile message deferred behind its delivery.
+        | {"sqs:SendMessage", "sqs:ChangeMessageVisibility", "events:PutEvents", "ssm:GetCommandInvocation"},
         c.DRIFT: logs | table | key | bucket_read | {"s3:PutObject", "sqs:SendMessage"} | facts | commands | sign,
     }
     for name, function in example.stack.functions.by_name.items():

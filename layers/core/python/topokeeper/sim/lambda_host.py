@@ -20,6 +20,7 @@ import json
 import os
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,13 +158,18 @@ class LambdaHost:
 
         context = LambdaContext(function, timeout_millis=timeout * 1000, elapsed_seconds=elapsed)
         try:
-            return self.handlers[function](event, context)
+            with self.acting_as(function):
+                return self.handlers[function](event, context)
         finally:
             if elapsed() > timeout:
                 raise FunctionTimedOut(
                     f"the {function} function ran {elapsed():.1f} s of simulated time from t={started:.1f} s, over "
                     f"its {timeout} s timeout: Lambda would have killed it"
                 )
+
+    def acting_as(self, function: str) -> AbstractContextManager[None]:
+        """Requests made meanwhile carry ``function``'s role credentials, as Lambda gives each function its own."""
+        return self._world.emulator.iam.acting_as(self._world.iam.function_roles[function])
 
     def drain(self) -> int:
         return self._drain_inbox(spec.INGEST) + self._drain_inbox(spec.RESULT) + self._drain_work()
@@ -221,13 +227,14 @@ class LambdaHost:
         if not self._has_visible_messages(queue_url):
             return 0
         sqs = client("sqs")
-        response = sqs.receive_message(
-            QueueUrl=queue_url,
-            MaxNumberOfMessages=10,
-            VisibilityTimeout=43_200,  # the host decides when a failed or deferred message returns
-            AttributeNames=["All"],
-            MessageAttributeNames=["All"],
-        )
+        with self.acting_as(spec.RECONCILE):  # Lambda's event source polls with the function's role
+            response = sqs.receive_message(
+                QueueUrl=queue_url,
+                MaxNumberOfMessages=10,
+                VisibilityTimeout=43_200,  # the host decides when a failed or deferred message returns
+                AttributeNames=["All"],
+                MessageAttributeNames=["All"],
+            )
         messages = response.get("Messages", [])
         if not messages:
             return 0
@@ -235,7 +242,8 @@ class LambdaHost:
         self.deferred.clear()
         result = self.invoke("reconcile", event)
         failed = {item["itemIdentifier"] for item in result.get("batchItemFailures", [])}
-        _delete(sqs, queue_url, [m for m in messages if m["MessageId"] not in failed])
+        with self.acting_as(spec.RECONCILE):
+            _delete(sqs, queue_url, [m for m in messages if m["MessageId"] not in failed])
         for message in messages:
             receipt = message["ReceiptHandle"]
             if message["MessageId"] not in failed:
@@ -251,6 +259,7 @@ class LambdaHost:
 
     def _make_visible(self, receipt: str) -> None:
         self.returns.pop(receipt, None)
+        # What SQS does when the visibility timeout ends: no request of the account's.
         client("sqs").change_message_visibility(
             QueueUrl=self._world.stack.queue_url, ReceiptHandle=receipt, VisibilityTimeout=0
         )

@@ -50,19 +50,21 @@ class SimMetrics:
         if alarm is None:
             return  # only alarmed metrics go to the emulated CloudWatch; the rest stay in ``points``
         now = world.clock.now()
-        client("cloudwatch").put_metric_data(
-            Namespace=METRICS_NAMESPACE,
-            MetricData=[
-                {
-                    "MetricName": metric.value,
-                    "Dimensions": [{"Name": METRICS_DIMENSION, "Value": cluster}],
-                    "Timestamp": now,
-                    "Value": value,
-                }
-            ],
-        )
-        self._datapoints[alarm.name].append((now.timestamp(), value))
-        self._evaluate(alarm)
+        # The functions publish metrics as EMF lines in their logs: no request of their roles (Lambda's own).
+        with world.emulator.iam.as_harness():
+            client("cloudwatch").put_metric_data(
+                Namespace=METRICS_NAMESPACE,
+                MetricData=[
+                    {
+                        "MetricName": metric.value,
+                        "Dimensions": [{"Name": METRICS_DIMENSION, "Value": cluster}],
+                        "Timestamp": now,
+                        "Value": value,
+                    }
+                ],
+            )
+            self._datapoints[alarm.name].append((now.timestamp(), value))
+            self._evaluate(alarm)  # CloudWatch's own evaluation
 
     def state(self, cluster: str, metric: Metric) -> AlarmState:
         return self._states[self._alarms[(cluster, metric)].name]

@@ -27,6 +27,7 @@ from topokeeper.sim.eks import KueueStep, final_view, step_view
 from topokeeper.sim.latency import NodeLatency, summarize
 from topokeeper.sim.login_endpoint import LoginStep
 from topokeeper.sim.scenario import Scenario, Step
+from topokeeper.sim.slurm_chroot import HarnessError
 
 if TYPE_CHECKING:
     from topokeeper.sim.parallelcluster import ParallelCluster
@@ -311,6 +312,9 @@ def play(
         if result is not None:
             steps.append(result)
             on_step(result)
+    refused = world.emulator.iam.refused
+    if refused:  # the stack's own IAM refused a request: on AWS the same run would fail there
+        raise HarnessError(f"AccessDenied ({len(refused)} requests refused); the first: {refused[0]}")
     latencies, unplaced = world.latency.between(0.0, world.clock.monotonic())
     totals = {
         "simulated_seconds": round(world.clock.monotonic(), 3),

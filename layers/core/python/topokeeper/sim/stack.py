@@ -39,6 +39,7 @@ class ClusterAlarm:
 class SimStack:
     deployment: Deployment
     dead_letter_urls: dict[str, str]  # stack_spec.WORK_DLQ / EVENT_DLQ -> queue URL
+    data_key_arn: str  # the stack's data key: the bucket's default encryption, the queues'
     inboxes: dict[str, str] = field(default_factory=dict)  # function -> the queue its rules target
     alarms: list[ClusterAlarm] = field(default_factory=list)
 
@@ -60,8 +61,13 @@ def create_stack(settings: Settings) -> SimStack:
     create_state_table(client("dynamodb"), TABLE)
     s3.create_bucket(Bucket=BUCKET)
     s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
-    # Like the stack's bucket: KMS by default, so the emulator refuses a SigV2 read as S3 does.
-    s3.put_bucket_encryption(Bucket=BUCKET, ServerSideEncryptionConfiguration=KMS_DEFAULT_ENCRYPTION)
+    # Like the stack's bucket: KMS by default with the stack's data key, so the emulator refuses a SigV2 read as
+    # S3 does, and a read or write needs the caller's use of the key through S3.
+    data_key = client("kms").create_key(Description="topokeeper data key")["KeyMetadata"]["Arn"]
+    default = {**KMS_DEFAULT_ENCRYPTION["Rules"][0]["ApplyServerSideEncryptionByDefault"], "KMSMasterKeyID": data_key}
+    s3.put_bucket_encryption(
+        Bucket=BUCKET, ServerSideEncryptionConfiguration={"Rules": [{"ApplyServerSideEncryptionByDefault": default}]}
+    )
     dead_letters = {
         name: sqs.create_queue(
             QueueName=queue,
@@ -97,6 +103,7 @@ def create_stack(settings: Settings) -> SimStack:
             settings=settings,
         ),
         dead_letters,
+        data_key,
     )
     head_nodes = [c.head_node for c in settings.clusters if c.effective_channel is Channel.SSM and c.head_node]
     for function, rules in spec.rule_patterns(head_nodes).items():

@@ -52,10 +52,11 @@ from topokeeper.sim.lambda_host import FunctionTimedOut, LambdaHost
 from topokeeper.sim.latency import LatencyTracker, topology_node_names
 from topokeeper.sim.login_endpoint import SimLoginEndpoint
 from topokeeper.sim.monitoring import SimMetrics
-from topokeeper.sim.parallelcluster import DISCOVERY, NEEDS_SLURMCTLD, ParallelCluster
+from topokeeper.sim.parallelcluster import DISCOVERY, HEAD_NODE_TAG, NEEDS_SLURMCTLD, ParallelCluster
 from topokeeper.sim.scenario import Scenario
 from topokeeper.sim.slurm_chroot import HarnessError
 from topokeeper.sim.stack import BUCKET, SimStack, create_stack, create_state_table
+from topokeeper.sim.stack_iam import install_stack_iam, synthesized_template
 from topokeeper.sim.stop_signals import ending_signals_raise, signals_held
 from topokeeper.wire import AGENT_SOURCE
 from topokeeper.wiring.runtime import Runtime, install_runtime
@@ -85,8 +86,10 @@ class World:
         configured_slurm_version: str | None = None,
         head_node: str | None = None,
         baseline: Baseline | None = None,
+        template: Callable[[Settings], dict[str, Any]] = synthesized_template,
     ) -> None:
         self.scenario = scenario
+        self._template = template  # the stack's synthesized template for the settings (a test may edit it)
         self.baseline = baseline
         spec = scenario.cluster
         self.clock = ManualClock()
@@ -170,6 +173,10 @@ class World:
         if self.scenario.cluster.orchestrator == "parallelcluster":
             self._launch_parallelcluster_head_node()
         self.stack: SimStack = create_stack(self.settings)
+        # Every request of the functions and the head node is authorized with the stack's own IAM.
+        target_group = self.login.target_group_arn if self.login is not None else None
+        template = self._template(self.settings)
+        self.iam = install_stack_iam(self.emulator, self.stack, self.settings, template, target_group)
         self.emulator.network.new_instance_delay_seconds = self.scenario.timing.topology_report_delay_seconds
         if self.parallelcluster is not None and self._binding_head is not None:
             set_network_layouts(self.emulator, self.scenario.cluster)
@@ -187,7 +194,8 @@ class World:
         install_runtime(self.runtime)
         self.emulator.ssm.on_command = self._on_command
         if self.parallelcluster is None:
-            self.emulator.ssm.register_managed_instance(self.head_node_id)
+            # The operator tags the head node so the stack's SendCommand statement admits it (docs/deploy.md).
+            self.emulator.ssm.register_managed_instance(self.head_node_id, {HEAD_NODE_TAG: "true"})
         self.metrics.start()
         self._schedule_drift()
         if self.cluster.effective_channel is Channel.AGENT:
@@ -322,7 +330,9 @@ class World:
         """A function waits: time passes and whatever falls due meanwhile runs."""
         self._asleep += 1
         try:
-            self.advance(seconds)
+            # What falls due is the world's (or another invocation, under its own role), not the sleeper's.
+            with self.emulator.iam.as_harness():
+                self.advance(seconds)
         finally:
             self._asleep -= 1
 
@@ -402,6 +412,9 @@ class World:
             environment = {
                 k: v for k, v in self.emulator.env().items() if k.startswith("AWS_") and k != "AWS_ENDPOINT_URL"
             }
+            # The head node's instance role, which carries the cluster's agent policy.
+            credentials = self.emulator.iam.credentials(self.iam.head_node_roles[self.cluster.name])
+            environment.update(AWS_ACCESS_KEY_ID=credentials.access_key, AWS_SECRET_ACCESS_KEY=credentials.secret_key)
             self.head.run_agent_once(self._agent_config, environment)
             self.agenda.add(self.clock.monotonic() + self.scenario.timing.agent_poll_seconds, poll, periodic=True)
 

@@ -15,7 +15,7 @@ from typing import Any
 from moto.core.utils import utcnow
 from moto.ssm.models import Parameter, ssm_backends
 
-from topokeeper.sim.aws.identity_policy import allows
+from topokeeper.sim.aws.policy import allows
 from topokeeper.sim.aws.protocol import ApiError, ApiRequest, json_params, operation_model, validate_input
 
 

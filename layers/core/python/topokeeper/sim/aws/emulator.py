@@ -24,12 +24,15 @@ from typing import Any
 
 import boto3
 import botocore.handlers
+from moto.kms.models import kms_backends
+from moto.s3.models import s3_backends
 
 from topokeeper.sim.aws import moto_patches
 from topokeeper.sim.aws.account import ServiceQuotas, publish_public_parameter
 from topokeeper.sim.aws.clock import Clock, RateLimits, SystemClock
 from topokeeper.sim.aws.events import EventEmitter, refuse_oversized_put_events
 from topokeeper.sim.aws.hyperpod import HyperPodApi, HyperPodModel
+from topokeeper.sim.aws.iam import IamModel
 from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.kms import KmsSigning
 from topokeeper.sim.aws.load_balancing import TargetHealth
@@ -112,6 +115,11 @@ class AwsEmulator:
         )
         self.target_health = TargetHealth()
         self.quotas = ServiceQuotas(self.account_id, region, self._lock)
+        self.iam = IamModel(self.account_id, region, self._lock)
+        self.iam.secrets[ACCESS_KEY] = SECRET_KEY
+        self.iam.key_ids = self._key_arn
+        self.iam.object_exists = self._object_exists
+        self.iam.instance_tags = self.ssm.instance_tags
         self._host = host
         self._server: EmulatorServer | None = None
         self._endpoint_url: str | None = None
@@ -145,7 +153,11 @@ class AwsEmulator:
                     calls=self.calls,
                     rate_limits=self.rate_limits,
                     ids=self.ids,
-                    refusals=[S3Refusals(self.account_id, {ACCESS_KEY: SECRET_KEY}).check, refuse_oversized_put_events],
+                    refusals=[
+                        S3Refusals(self.account_id, self.iam.secrets).check,
+                        self.iam.check,
+                        refuse_oversized_put_events,
+                    ],
                 )
 
             self._server = EmulatorServer(wrap, host=self._host)
@@ -240,6 +252,18 @@ class AwsEmulator:
         url = f"{self.endpoint_url}/moto-api/reset"  # our own server on 127.0.0.1
         with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=30):  # noqa: S310
             pass
+
+    def _key_arn(self, key_id: str) -> str | None:
+        """A KMS KeyId (id, ARN, alias name or ARN) as the key's ARN, from moto's keys."""
+        backend = kms_backends[self.account_id][self.region]
+        try:
+            return str(backend.describe_key(key_id).arn)
+        except Exception:
+            return None
+
+    def _object_exists(self, bucket: str, key: str) -> bool:
+        found = s3_backends[self.account_id]["aws"].buckets.get(bucket)
+        return found is not None and key in found.keys
 
     def publish_public_parameter(self, name: str, value: str) -> None:
         publish_public_parameter(self.account_id, self.region, name, value)

@@ -106,7 +106,7 @@ class S3Refusals:
 
     def __init__(self, account_id: str, secrets: Mapping[str, str] | None = None) -> None:
         self._account_id = account_id
-        self._secrets = dict(secrets or {})
+        self._secrets = secrets if secrets is not None else {}  # the emulator's, as roles get their keys
 
     def check(self, request: ApiRequest) -> None:
         query = parse_qs(request.query)

@@ -55,6 +55,7 @@ from werkzeug.serving import ThreadedWSGIServer
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from topokeeper.sim.aws.clock import RateLimits
+from topokeeper.sim.aws.iam import acting_credentials
 from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.protocol import (
     ApiError,
@@ -533,6 +534,7 @@ class ScopeOnlySigning:
     ``apply`` replaces the two entries of botocore's signer table with subclasses; ``restore`` puts them back."""
 
     _VERSIONS = ("v4", "s3v4")
+    _PRESIGNERS = ("v4-query", "s3v4-query")
 
     def __init__(self, answers: Callable[[str], bool]) -> None:
         self._answers = answers
@@ -544,6 +546,10 @@ class ScopeOnlySigning:
             if issubclass(original, SigV4Auth):  # botocore's own signer (not awscrt's)
                 self._originals[version] = original
                 botocore.auth.AUTH_TYPE_MAPS[version] = _scope_only(original, self._answers)
+        for version in self._PRESIGNERS:
+            original = botocore.auth.AUTH_TYPE_MAPS[version]
+            self._originals[version] = original
+            botocore.auth.AUTH_TYPE_MAPS[version] = _acting(original)
 
     def restore(self) -> None:
         for version, original in self._originals.items():
@@ -554,6 +560,7 @@ class ScopeOnlySigning:
 def _scope_only(signer: type[SigV4Auth], answers: Callable[[str], bool]) -> type[SigV4Auth]:
     class ScopeOnly(signer):  # type: ignore[misc]
         def add_auth(self, request: AWSRequest) -> None:
+            self.credentials: Any = acting_credentials.get() or self.credentials
             if not answers(request.url):
                 super().add_auth(request)
                 return
@@ -566,6 +573,18 @@ def _scope_only(signer: type[SigV4Auth], answers: Callable[[str], bool]) -> type
 
     ScopeOnly.__name__ = ScopeOnly.__qualname__ = f"ScopeOnly{signer.__name__}"
     return ScopeOnly
+
+
+def _acting(signer: type[SigV4Auth]) -> type[SigV4Auth]:
+    """A presigner that signs with the credentials of the role acting in this thread (iam.acting_as), if any."""
+
+    class Acting(signer):  # type: ignore[misc]
+        def add_auth(self, request: AWSRequest) -> None:
+            self.credentials: Any = acting_credentials.get() or self.credentials
+            super().add_auth(request)
+
+    Acting.__name__ = Acting.__qualname__ = f"Acting{signer.__name__}"
+    return Acting
 
 
 def _text(value: str | bytes) -> str:

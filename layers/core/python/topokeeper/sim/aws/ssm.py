@@ -23,8 +23,8 @@ from moto.ssm.models import ssm_backends
 
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.events import SSM, EventEmitter
-from topokeeper.sim.aws.identity_policy import allows
 from topokeeper.sim.aws.ids import IdFactory
+from topokeeper.sim.aws.policy import allows
 from topokeeper.sim.aws.protocol import (
     ApiError,
     ApiRequest,
@@ -124,15 +124,25 @@ class SsmRunCommand:
         self._events = events
         self._lock = lock
         self._managed: set[str] = set()
+        self._managed_tags: dict[str, dict[str, str]] = {}
         self._ping: dict[str, str] = {}  # PingStatus other than Online, by instance id
         self._pending: dict[tuple[str, str], CommandInvocationRequest] = {}
         self._times: dict[tuple[str, str], _Times] = {}
 
     # ------------------------------------------------------------ control
 
-    def register_managed_instance(self, instance_id: str) -> None:
+    def register_managed_instance(self, instance_id: str, tags: Mapping[str, str] | None = None) -> None:
         with self._lock:
             self._managed.add(instance_id)
+            self._managed_tags[instance_id] = dict(tags or {})
+
+    def instance_tags(self, instance_id: str) -> dict[str, str]:
+        """An EC2 instance's tags, or a registered managed node's (what ``ssm:resourceTag/...`` reads)."""
+        with self._lock:
+            if instance_id in self._managed_tags:
+                return dict(self._managed_tags[instance_id])
+        found = {i.id: i for i in ec2_backends[self._account_id][self._region].all_instances()}.get(instance_id)
+        return {tag["key"]: tag["value"] for tag in found.get_tags()} if found is not None else {}
 
     def set_ping_status(self, instance_id: str, status: str) -> None:
         """What DescribeInstanceInformation reports for a managed instance: Online, ConnectionLost or Inactive."""
@@ -404,11 +414,9 @@ class SsmRunCommand:
         return response
 
     def _authorize(self, region: str, document: str, instance_ids: list[str]) -> None:
-        instances = {i.id: i for i in ec2_backends[self._account_id][region].all_instances()}
         resources: list[tuple[str, dict[str, str]]] = [(f"arn:aws:ssm:{region}::document/{document}", {})]
         for instance_id in instance_ids:
-            instance = instances.get(instance_id)
-            tags = {tag["key"]: tag["value"] for tag in instance.get_tags()} if instance is not None else {}
+            tags = self.instance_tags(instance_id)
             resources.append((f"arn:aws:ec2:{region}:{self._account_id}:instance/{instance_id}", tags))
         for arn, tags in resources:
             if not allows(self.caller_policy or [], "ssm:SendCommand", arn, tags):
