@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from topokeeper.cli import nccl_check
+from topokeeper.cli import nccl_check, placement
 from topokeeper.cli.options import add_endpoint_option, apply_endpoint_option
 from topokeeper.cli.planning import plan_from_files, plan_table
 from topokeeper.computenode.hostfile import HostfileError, job_nodelist, order_hosts, read_topology_file, render
@@ -27,7 +27,7 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FLUSH_FAILED = 120  # as Python exits when flushing its output fails
 # Commands that plan from a file: with one of these first, the others (which import botocore, ~0.5 s) stay unloaded.
-PLANNING_COMMANDS = frozenset({"plan", "show", "head-node-program", "hostfile", "nccl-check"})
+PLANNING_COMMANDS = frozenset({"plan", "show", "head-node-program", "hostfile", "nccl-check", "placement"})
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -109,6 +109,12 @@ def build_parser(operator_commands: bool = True) -> argparse.ArgumentParser:
     )
     nccl_check.add_arguments(nccl_parser)
     nccl_parser.set_defaults(run=nccl_check.run)
+
+    placement_parser = commands.add_parser(
+        "placement", help="where jobs landed, the largest job one leaf or block can start now, why a job waits"
+    )
+    placement.add_arguments(placement_parser)
+    placement_parser.set_defaults(run=placement.run)
     if operator_commands:
         _register_operator_commands(parser, commands)
     return parser
