@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from topokeeper.computenode.hostfile import unit_order
+from topokeeper.computenode.hostfile import unit_names
 from topokeeper.wire import HostlistError, compress, expand, parse_show_topology
 
 # One class per node, for the counts per leaf and block (NODE_CLASSES order is the tables' column order).
@@ -170,7 +170,9 @@ def topology_from_text(name: str, text: str) -> Topology:
     except ValueError as error:
         raise PlacementError(f"topology {name}: unreadable scontrol output: {error}") from None
     kind = "block" if any(unit["kind"] == "block" for unit in units.values()) else "tree"
-    ordered = tuple((unit, tuple(nodes)) for unit, nodes in unit_order(units) if nodes)
+    # The nodes' order inside a leaf or block does not change a figure: parse_show_topology's sorted names.
+    members: dict[str, list[str]] = {unit: units[unit]["nodes"] for unit in unit_names(units)}  # type: ignore[misc]
+    ordered = tuple((unit, tuple(nodes)) for unit, nodes in members.items() if nodes)
     if not ordered:
         raise PlacementError(f"topology {name}: no switch or block with nodes")
     return Topology(name=name, kind=kind, units=ordered)
