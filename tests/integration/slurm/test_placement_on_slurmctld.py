@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import node, snapshot
+from tests.helpers import head_node_program, node, snapshot
 from tests.integration.slurm.test_hostfile_on_slurmctld import _interleaved
 from topokeeper.cli.main import main
+from topokeeper.contract.head_node_program import PROGRAM_NAME
 from topokeeper.engine.planner import plan
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.sim.slurm_chroot import SlurmController
@@ -78,11 +80,24 @@ def _placement(controller: SlurmController, tmp_path: Path, *args: str, capsys: 
     for partition, topology in sorted(controller.partition_topologies().items()):
         if partition != "dev":
             (tmp_path / f"{partition}.txt").write_text(controller.show_topology(topology) + "\n")
-            topology_args += ["--topology", f"{topology or partition}={tmp_path / partition}.txt"]
+            topology_args += ["--topology", f"{topology or 'default'}={tmp_path / partition}.txt"]
     argv = ["placement", "--squeue", str(tmp_path / "squeue.json"), "--nodes", str(tmp_path / "nodes.json")]
     capsys.readouterr()
     assert main([*argv, *topology_args, "--json", *args]) == 0
     return json.loads(capsys.readouterr().out)
+
+
+def _compact_figures(controller: SlurmController, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    """``topokeeper placement --json --facts`` on what the head-node program's ``placement-facts`` printed."""
+    shutil.copy(head_node_program(), controller.root / controller.inner_dir.lstrip("/") / PROGRAM_NAME)
+    result = controller.run("python3", f"{controller.inner_dir}/{PROGRAM_NAME}", "placement-facts")
+    assert (result.returncode, result.stderr) == (0, ""), result.stdout
+    assert "wrap" not in result.stdout  # the jobs' names (sbatch --wrap's) are never asked for
+    (tmp_path / "facts.json").write_text(result.stdout)
+    capsys.readouterr()
+    assert main(["placement", "--facts", str(tmp_path / "facts.json"), "--json"]) == 0
+    found = {item["partition"]: item for item in json.loads(capsys.readouterr().out)["partitions"]}
+    return {name: found[name] for name in ("tree", "block") if name in found}
 
 
 def _set_state(controller: SlurmController, node_name: str, state: str) -> None:
@@ -115,6 +130,8 @@ def test_largest_placeable_equals_slurms_test_only_answer_on_26_05(
     assert 0 < figures["tree"]["largest_placeable"] < 4 and 0 < figures["block"]["largest_placeable"] < 18
     assert figures["tree"]["largest_placeable_without_resume"] == 0  # no CLOUD node here ever powers up
     assert figures["tree"]["jobs_spread_beyond_need"] == 1
+    # The head node's compact facts give the same figures as slurmctld's JSON.
+    assert _compact_figures(controller, tmp_path, capsys) == {name: figures[name] for name in ("tree", "block")}
     job = _placement(controller, tmp_path, "--job", spread, capsys=capsys)
     assert (job["spans"], job["fewest"], job["beyond_need"]) == (2, 1, True)
 
@@ -145,3 +162,4 @@ def test_largest_placeable_equals_slurms_test_only_answer_on_24_11(
     figures = {item["partition"]: item for item in _placement(controller, tmp_path, capsys=capsys)["partitions"]}
     assert figures["tree"]["largest_placeable"] == _slurms_largest(controller, "tree")
     assert 0 < figures["tree"]["largest_placeable"] < 4
+    assert _compact_figures(controller, tmp_path, capsys) == {"tree": figures["tree"]}

@@ -40,6 +40,7 @@ def _escape(ch: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
+    add("--facts", type=Path, metavar="FILE", help="`topokeeper-head-node.pyz placement-facts` output")
     add("--squeue", type=Path, metavar="FILE", help="`squeue --json` output")
     add("--nodes", type=Path, metavar="FILE", help="`scontrol show nodes --json` output")
     add(
@@ -86,8 +87,10 @@ def offline_facts(args: argparse.Namespace) -> Any:
     from topokeeper.contract.operator_files import read_mapping  # noqa: PLC0415 (pydantic-core: only when used)
     from topokeeper.domain import placement  # noqa: PLC0415
 
+    if args.facts is not None:
+        return placement.facts_from_compact(read_mapping(args.facts, "--facts"), f"--facts {args.facts}")
     if args.squeue is None or args.nodes is None:
-        raise InputError("placement", "give --squeue FILE and --nodes FILE (or --cluster NAME)")
+        raise InputError("placement", "give --squeue FILE and --nodes FILE, or --facts FILE")
     squeue = read_mapping(args.squeue, "--squeue")
     nodes = read_mapping(args.nodes, "--nodes")
     topologies = []

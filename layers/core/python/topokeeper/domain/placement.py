@@ -39,7 +39,7 @@ _HOLDING_FLAGS = frozenset(
         "RESERVED",
     }
 )
-RUNNING_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING"})
+RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING"})  # squeue -O: CONFIGURING
 MAX_TEXT = 64  # characters of a Slurm-supplied string (a reason, a state) kept in the facts
 
 
@@ -411,6 +411,39 @@ def facts_from_json(
         topologies=assign_topologies(node_facts, topologies),
         now=now,
     )
+
+
+# --- The head node's compact facts (``topokeeper-head-node.pyz placement-facts``) -> facts ---------------------
+
+FACTS_SCHEMA = "topokeeper.placement-facts/1"
+
+
+def facts_from_compact(document: object, source: str = "placement-facts") -> Facts:
+    """Facts from the head-node program's compact document (see ``topokeeper.headnode.placement``)."""
+    if not isinstance(document, dict) or document.get("schema") != FACTS_SCHEMA:
+        raise PlacementError(f"{source}: not a {FACTS_SCHEMA} document")
+    if document.get("error"):
+        raise PlacementError(f"{source}: the head node could not read slurmctld: {_bounded(str(document['error']))}")
+    try:
+        kinds = document["topology_kinds"]
+        topologies = {
+            name: Topology(name or "default", kinds[name], tuple((u, tuple(expand(h))) for u, h in units))
+            for name, units in document["topologies"].items()
+        }
+        nodes = tuple(
+            Node(name, tuple(state.split("+")), tuple(filter(None, partitions.split(","))))
+            for state, partitions, hostlist in document["nodes"]
+            for name in expand(hostlist)
+        )
+        jobs = tuple(
+            Job(str(i), p, state, tuple(expand(h)) if h else (), size, switches, segment, reason, since)
+            for i, p, state, size, h, switches, segment, since, reason in document["jobs"]
+        )
+        named = {p: topologies[t or ""] for p, t in document["partition_topologies"].items() if (t or "") in topologies}
+        fallback = assign_topologies(nodes, [topologies[name] for name in sorted(topologies)])
+        return Facts(jobs=jobs, nodes=nodes, topologies={**fallback, **named}, now=int(document["now"]))
+    except (KeyError, TypeError, ValueError) as error:  # a hostlist error is a ValueError
+        raise PlacementError(f"{source}: malformed facts: {_bounded(str(error))}") from None
 
 
 # --- Documents: what ``topokeeper placement --json`` prints, and what its tables are drawn from --------------
