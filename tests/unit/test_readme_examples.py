@@ -47,7 +47,7 @@ def test_every_readme_command_parses(command) -> None:  # type: ignore[no-untype
 
 def _local(command) -> bool:  # type: ignore[no-untyped-def]
     """A local command on the checkout's files (``plan --snapshot snap.json`` after a live ``snapshot`` is not)."""
-    files = ("--snapshot", "--nodes", "--squeue")
+    files = ("--snapshot", "--nodes", "--squeue", "--facts")
     inputs = [command.argv[i + 1] for i, word in enumerate(command.argv[:-1]) if word in files]
     return command.argv[0] in LOCAL and all((ROOT / path).is_file() for path in inputs)
 
