@@ -249,3 +249,43 @@ def test_safe_keeps_names_and_escapes_the_rest() -> None:
 def test_unreadable_topology_is_named() -> None:
     with pytest.raises(PlacementError, match="topology t: no switch or block with nodes"):
         topology_from_text("t", "nothing here\n")
+
+
+# --- the head node's compact facts ------------------------------------------------------------------------------
+
+
+def test_head_node_parsers_take_each_nodes_own_fields_and_the_reason_last() -> None:
+    from topokeeper.headnode.placement import parse_jobs, parse_nodes, squeue_argv
+
+    assert squeue_argv(segment=False)[-1] == (
+        "JobID:0|,Partition:0|,State:0|,NumNodes:0|,NodeList:0|,ReqSwitch:0|,EligibleTime:0|,StartTime:0|,Reason:0"
+    )
+    # A drain reason is anyone's text with a health check: its State= and Partitions= are not the node's.
+    nodes = parse_nodes(
+        "NodeName=n01 State=IDLE+DRAIN Partitions=gpu Reason=State=IDLE Partitions=evil [root@2026]\n"
+        "NodeName=n02 State=IDLE+CLOUD+POWERED_DOWN Partitions=gpu,dev\n"
+        "NodeName=n03 State=IDLE+CLOUD+POWERED_DOWN Partitions=gpu,dev\n"
+    )
+    assert nodes == [["IDLE+CLOUD+POWERED_DOWN", "gpu,dev", "n[02-03]"], ["IDLE+DRAIN", "gpu", "n01"]]
+    jobs = parse_jobs(
+        "7|gpu|CONFIGURING|2|n[04,08]|0|N/A|1796401306|1796401309|None\n"
+        "8|gpu|PENDING|4||1|N/A|1796401300|N/A|ReqNodeNotAvail, a|b\x1b[2J\n"
+        "squeue: warning: something\n",
+        segment=True,
+    )
+    assert jobs == [
+        ["7", "gpu", "CONFIGURING", 2, "n[04,08]", 0, 0, 1796401309, "None"],
+        ["8", "gpu", "PENDING", 4, "", 1, 0, 1796401300, "ReqNodeNotAvail, a|b\x1b[2J"],
+    ]
+
+
+def test_compact_facts_refused_in_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps({"schema": "topokeeper.placement-facts/1", "error": "scontrol ping: down"}))
+    assert main(["placement", "--facts", str(facts)]) == 2
+    assert capsys.readouterr().err == (
+        f"topokeeper: error: placement: --facts {facts}: the head node could not read slurmctld: scontrol ping: down\n"
+    )
+    facts.write_text(json.dumps({"schema": "topokeeper.placement-facts/1", "jobs": [[1]]}))
+    assert main(["placement", "--facts", str(facts)]) == 2
+    assert f"--facts {facts}: malformed facts" in capsys.readouterr().err
