@@ -119,6 +119,8 @@ bench: install install-system
 	$(BIN)/python -m bench.simulate_scale
 	# Handler cold imports in Python 3.14, layer sizes, the applier's CPU and memory at 20,000 nodes.
 	$(BIN)/python -m bench.lambda_cold_start
+	# topokeeper placement on 20,000 nodes and 10,000 jobs, the whole process (goal: under 5 s).
+	$(BIN)/python -m bench.placement_scaling
 
 clean:
 	rm -rf $(VENV) $(PCLUSTER_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -18,7 +18,7 @@ from topokeeper.contract.config import Settings
 
 COMMANDS = commands()
 # Run here, with their shown output where a page shows it (the demo's: tests/e2e/test_demo_story.py).
-LOCAL = ("plan", "show", "labels", "kueue")
+LOCAL = ("plan", "show", "labels", "kueue", "placement")
 
 
 def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
@@ -47,7 +47,8 @@ def test_every_readme_command_parses(command) -> None:  # type: ignore[no-untype
 
 def _local(command) -> bool:  # type: ignore[no-untyped-def]
     """A local command on the checkout's files (``plan --snapshot snap.json`` after a live ``snapshot`` is not)."""
-    inputs = [command.argv[i + 1] for i, word in enumerate(command.argv[:-1]) if word in ("--snapshot", "--nodes")]
+    files = ("--snapshot", "--nodes", "--squeue", "--facts")
+    inputs = [command.argv[i + 1] for i, word in enumerate(command.argv[:-1]) if word in files]
     return command.argv[0] in LOCAL and all((ROOT / path).is_file() for path in inputs)
 
 

@@ -20,7 +20,7 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FLUSH_FAILED = 120  # as Python exits when flushing its output fails
 # Commands that plan from a file: run without cycle collection, outside botocore's error translation.
-PLANNING_COMMANDS = frozenset({"plan", "show", "head-node-program", "hostfile", "nccl-check"})
+PLANNING_COMMANDS = frozenset({"plan", "show", "head-node-program", "hostfile", "nccl-check", "placement"})
 _MAIN = "topokeeper.cli.main"
 # Every command: the function that registers it ("module:function", called with the subparsers; it registers all
 # the commands it is named for here) and its line in ``topokeeper --help``. Only the module of the command run is
@@ -40,6 +40,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "nccl-check": (
         f"{_MAIN}:register_nccl_check",
         "write an all_reduce_perf sbatch script per leaf and block; --results: flag the slow ones",
+    ),
+    "placement": (
+        f"{_MAIN}:register_placement",
+        "where jobs landed, the largest job one leaf or block can start now, why a job waits",
     ),
     "snapshot": ("topokeeper.cli.operator_commands:register", "write a snapshot file from live AWS APIs"),
     "diff": ("topokeeper.cli.operator_commands:register", "desired vs last applied vs live"),
@@ -172,6 +176,14 @@ def register_nccl_check(commands: argparse._SubParsersAction[argparse.ArgumentPa
     nccl_parser = _add_command(commands, "nccl-check")
     nccl_check.add_arguments(nccl_parser)
     nccl_parser.set_defaults(run=nccl_check.run)
+
+
+def register_placement(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from topokeeper.cli import placement  # noqa: PLC0415
+
+    placement_parser = _add_command(commands, "placement")
+    placement.add_arguments(placement_parser)
+    placement_parser.set_defaults(run=placement.run)
 
 
 def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:

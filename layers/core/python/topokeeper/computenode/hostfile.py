@@ -54,11 +54,15 @@ def _tree_leaves(units: Mapping[str, Dict[str, object]]) -> List[str]:
     return leaves + [name for name in switches if name not in seen and not children[name]]
 
 
+def unit_names(units: Mapping[str, Dict[str, object]]) -> List[str]:
+    """The leaves (tree) or blocks, in topology order."""
+    blocks = [name for name, unit in units.items() if unit["kind"] == "block"]
+    return blocks if blocks else _tree_leaves(units)
+
+
 def unit_order(units: Mapping[str, Dict[str, object]]) -> List[Tuple[str, List[str]]]:
     """The leaves (tree) or blocks, in topology order, each with its nodes in Slurm's hostlist order."""
-    blocks = [name for name, unit in units.items() if unit["kind"] == "block"]
-    names = blocks if blocks else _tree_leaves(units)
-    return [(name, expand(compress(units[name]["nodes"]))) for name in names]  # type: ignore[arg-type]
+    return [(name, expand(compress(units[name]["nodes"]))) for name in unit_names(units)]  # type: ignore[arg-type]
 
 
 def order_hosts(nodelist: str, units: Mapping[str, Dict[str, object]]) -> List[Tuple[str, str]]:

@@ -30,7 +30,7 @@ _TIMESTAMP = (1980, 1, 1, 0, 0, 0)  # the earliest a zip entry can carry
 _FILE_MODE = 0o100644  # a regular file, rw-r--r--
 MAIN = '''"""topokeeper-head-node.pyz: MODE BUNDLE ... runs the head-node program; agent ... runs the pull agent;
 node-start ... hands a ParallelCluster compute node's topology to slurmd; hostfile ... prints a job's nodes in
-topology order."""
+topology order; placement-facts prints what topokeeper placement needs."""
 
 import sys
 
@@ -46,6 +46,10 @@ if len(sys.argv) > 1 and sys.argv[1] == "hostfile":
     from topokeeper.headnode.hostfile import main as hostfile_main
 
     sys.exit(hostfile_main(sys.argv[2:]))
+if len(sys.argv) > 1 and sys.argv[1] == "placement-facts":
+    from topokeeper.headnode.placement import main as placement_main
+
+    sys.exit(placement_main(sys.argv[2:]))
 from topokeeper.headnode.main import main
 
 sys.exit(main())
