@@ -1,0 +1,146 @@
+"""Issue 27 item 3: a change the head node applies live (``scontrol update NodeName= Topology=``, no reconfigure) is
+not held back by ``min_write_interval_seconds``, which exists to space reconfigures; the debounce still coalesces a
+burst, one delivery is in flight at a time, and a 20,000-node burst is a handful of commands. A change that needs a
+reconfigure keeps today's pacing."""
+
+from __future__ import annotations
+
+from tests.fakes import FakeFacts
+from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper.contract.ports import ClusterState
+from topokeeper.service.controller import reconcile
+from topokeeper.service.reconcile import MIN_LIVE_WRITE_SECONDS, live_update_problem, plan_facts
+
+
+def _applied(controller: Controller, slurm_version: str, nodes: int = 8) -> None:
+    """The head node (``slurm_version``) applied the plan of ``nodes`` nodes; its result came back."""
+    controller.facts = FakeFacts(nodes)
+    controller.state.save(ClusterState(cluster=CLUSTER, slurm_version=slurm_version))
+    request = controller.change("first")
+    controller.clock.advance(controller.debounce_seconds)
+    assert reconcile(request, controller.deps()).action == "delivered"
+    state = controller.now_state()
+    assert state.pending is not None
+    controller.state.save(state.model_copy(update={"pending": None, "applied_sha256": state.desired_sha256}))
+
+
+def _paced() -> Controller:
+    return Controller(debounce_seconds=10, max_wait_seconds=30, min_write_interval_seconds=60)
+
+
+def test_a_node_joining_an_existing_leaf_is_written_without_waiting_for_the_write_interval() -> None:
+    controller = _paced()
+    _applied(controller, "26.05")
+    controller.facts.nodes = 9  # the new node lands on leaf 1, which exists
+    controller.facts.move(8, 1)
+    controller.clock.advance(5)
+    request = controller.change("launch")
+    controller.clock.advance(10)  # quiet for the debounce, 15 s after the last write
+    report = reconcile(request, controller.deps())
+    assert (report.action, report.reason) == ("delivered", "")
+    assert len(controller.channel.delivered) == 2
+
+
+def test_a_new_leaf_under_an_existing_switch_is_written_live_too() -> None:
+    controller = _paced()
+    _applied(controller, "26.05")
+    controller.facts.nodes = 9
+    controller.facts.move(8, 2)  # leaf 2 is new, under the existing block switch
+    controller.clock.advance(15)
+    request = controller.change("launch")
+    controller.clock.advance(10)
+    assert reconcile(request, controller.deps()).action == "delivered"
+
+
+def test_the_debounce_still_coalesces_a_live_change() -> None:
+    controller = _paced()
+    _applied(controller, "26.05")
+    controller.facts.nodes = 9
+    controller.facts.move(8, 1)
+    controller.clock.advance(15)
+    request = controller.change("launch")
+    controller.clock.advance(3)
+    report = reconcile(request, controller.deps())
+    assert (report.action, report.defer_seconds) == ("deferred", 7)
+
+
+def test_live_writes_are_spaced_even_without_a_debounce() -> None:
+    controller = Controller(min_write_interval_seconds=60)
+    _applied(controller, "26.05")
+    controller.facts.nodes = 9
+    controller.facts.move(8, 1)
+    controller.clock.advance(2)
+    request = controller.change("launch")
+    report = reconcile(request, controller.deps())
+    assert (report.action, report.defer_seconds) == ("deferred", MIN_LIVE_WRITE_SECONDS - 2)
+    controller.clock.advance(MIN_LIVE_WRITE_SECONDS - 2)
+    assert reconcile(request, controller.deps()).action == "delivered"
+
+
+def test_slurm_24_11_keeps_the_write_interval() -> None:
+    """topology.conf is loaded by reconfigure only: today's pacing."""
+    controller = _paced()
+    _applied(controller, "24.11")
+    controller.facts.nodes = 9
+    controller.facts.move(8, 1)
+    controller.clock.advance(15)
+    request = controller.change("launch")
+    controller.clock.advance(10)
+    report = reconcile(request, controller.deps())
+    assert (report.action, report.reason) == ("deferred", "minimum interval between writes")
+    assert report.defer_seconds == 5  # half the interval after the write, the changes having stopped
+    assert len(controller.channel.delivered) == 1
+
+
+def test_a_removed_switch_needs_a_reconfigure_and_keeps_the_write_interval() -> None:
+    controller = _paced()
+    _applied(controller, "26.05")
+    controller.facts.nodes = 4  # leaf 1 loses all its nodes: the switch leaves the file
+    controller.clock.advance(15)
+    request = controller.change("terminated")
+    controller.clock.advance(10)
+    report = reconcile(request, controller.deps())
+    assert (report.action, report.reason) == ("deferred", "minimum interval between writes")
+
+
+def test_the_backend_reads_the_rule_the_head_node_applies() -> None:
+    """One rule (headnode/incremental.py's): the backend asks it of the two plans' bundles."""
+    controller = _paced()
+    _applied(controller, "26.05")
+    previous = controller.plans.bundle(CLUSTER, controller.now_state().applied_sha256 or "")
+    controller.facts.nodes = 4
+    smaller = plan_facts(controller.cluster, controller.now_state(), controller.facts.read(CLUSTER)).bundle
+    assert live_update_problem(previous, previous, "26.05.5") == ""
+    assert live_update_problem(previous, smaller, "26.05.5") == "topology tree-gpu removes switches (nn-leaf-1)"
+    assert "from Slurm 26.05 only" in live_update_problem(previous, previous, "25.11.2")
+    assert live_update_problem(smaller, previous, "26.05.5") == ""  # a new leaf under an existing switch
+
+
+def test_a_20000_node_burst_is_a_handful_of_commands() -> None:
+    """20,000 nodes launch over a minute, one change a second; each delivery's result comes 5 s after it is sent
+    (a message behind it is resumed then). Default pacing; Slurm 26.05: every change is written live."""
+    controller = Controller(debounce_seconds=10, max_wait_seconds=30, min_write_interval_seconds=60)
+    _applied(controller, "26.05")
+    controller.clock.advance(120)
+    due, results = 0.0, []  # when the cycle's message is received next; when the delivery's result arrives
+    for second in range(120):
+        if second < 60:
+            controller.facts.nodes = 8 + (second + 1) * 20_000 // 60
+            controller.facts.leaf_of.update({i: i // 16 for i in range(len(controller.facts.leaf_of), 20_008)})
+            request = controller.change(f"launch-{second}")
+        if results and results[0] <= second:
+            results.pop(0)
+            state = controller.now_state()
+            assert state.pending is not None
+            done = {"pending": None, "applied_sha256": state.pending.handle.plan_sha256}
+            controller.state.save(state.model_copy(update=done))
+            due = second
+        if due <= second and controller.now_state().has_unreconciled_changes:
+            report = reconcile(request, controller.deps())
+            if report.action == "delivered":
+                results.append(second + 5)
+            due = second + (report.defer_seconds or 0)
+        controller.clock.advance(1)
+    delivered = controller.channel.delivered[1:]
+    assert len(delivered[-1].nodes) == 20_008
+    assert len(delivered) <= 3, [len(bundle.nodes) for bundle in delivered]
