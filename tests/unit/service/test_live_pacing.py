@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from tests.fakes import FakeFacts
 from tests.unit.service.usecase_support import CLUSTER, Controller
-from topokeeper.contract.ports import ClusterState
+from topokeeper.contract.ports import ApplyResult, ClusterState, Outcome
 from topokeeper.service.controller import reconcile
-from topokeeper.service.reconcile import MIN_LIVE_WRITE_SECONDS, live_update_problem, plan_facts
+from topokeeper.service.live_writes import live_update_problem
+from topokeeper.service.reconcile import MIN_LIVE_WRITE_SECONDS, ReconcileReport, plan_facts
+from topokeeper.service.result import finish_delivery
 
 
 def _applied(controller: Controller, slurm_version: str, nodes: int = 8) -> None:
@@ -144,3 +146,43 @@ def test_a_20000_node_burst_is_a_handful_of_commands() -> None:
     delivered = controller.channel.delivered[1:]
     assert len(delivered[-1].nodes) == 20_008
     assert len(delivered) <= 3, [len(bundle.nodes) for bundle in delivered]
+
+
+def _result(controller: Controller, **fields: object) -> None:
+    """The head node's result for the delivery in flight: applied, by ``fields``' path."""
+    state = controller.now_state()
+    assert state.pending is not None
+    result = ApplyResult(outcome=Outcome.APPLIED, applier_version="1.0.0", slurm_version="26.05.5", **fields)
+    finish_delivery(controller.cluster, state, state.pending, result, controller.result_deps())
+
+
+def _launch(controller: Controller, nodes: int) -> ReconcileReport:
+    """A node joins leaf 1; the changes stop; 25 s after the last write, the reconcile."""
+    controller.facts.nodes = nodes
+    controller.facts.move(nodes - 1, 1)
+    controller.clock.advance(15)
+    request = controller.change(f"launch-{nodes}")
+    controller.clock.advance(10)
+    report = reconcile(request, controller.deps())
+    if report.action == "deferred":
+        controller.clock.advance(report.defer_seconds or 0)
+        assert reconcile(request, controller.deps()).action == "delivered"
+    return report
+
+
+def test_a_head_node_that_reconfigured_instead_is_paced_as_for_reconfigures_until_it_goes_live_again() -> None:
+    """The rule said live, the head node fell back to the whole file (an update refused): later writes keep the
+    interval, so such a head node is not reconfigured at the live writes' pace. An apply that goes live lifts it."""
+    controller = _paced()
+    _applied(controller, "26.05")
+    assert _launch(controller, 9).action == "delivered"
+    reason = "scontrol update NodeName=x Topology=t: refused"
+    _result(controller, apply_path="whole_file", reconfigured=True, whole_file_reason=reason)
+    assert controller.now_state().live_write_refused == reason
+
+    paced = _launch(controller, 10)
+    assert (paced.action, paced.reason) == ("deferred", "minimum interval between writes")
+    _result(controller, apply_path="incremental")
+    assert controller.now_state().live_write_refused is None
+
+    assert _launch(controller, 11).action == "delivered"

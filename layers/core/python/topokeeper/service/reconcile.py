@@ -54,8 +54,8 @@ from topokeeper.contract.ports import (
 )
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances, with_node_table
-from topokeeper.headnode.incremental import eligibility
-from topokeeper.render.bundle import Bundle, RenderedPlan, render
+from topokeeper.render.bundle import RenderedPlan, render
+from topokeeper.service.live_writes import live_update_problem
 from topokeeper.service.result import observed_fields
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
 from topokeeper.service.state import (
@@ -66,7 +66,6 @@ from topokeeper.service.state import (
     request_reconcile,
     save_fields,
 )
-from topokeeper.wire import parse_slurm_version
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
 # ...and no sooner than this after the reconcile that found it missing, whatever the pacing settings: without a
@@ -170,26 +169,6 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
         wait = max(wait, interval / EARLY_WRITE_CHECKS)
     paced = _wait(min(wait, interval - since_write), "minimum interval between writes")
     return replace(paced, live_write_in=max(0.0, min(interval, MIN_LIVE_WRITE_SECONDS) - since_write))
-
-
-def live_update_problem(previous: Bundle, new: Bundle, slurm_version: str) -> str:
-    """Why a head node running ``slurm_version`` and serving ``previous`` would need a reconfigure to load ``new``
-    ("" when it applies it by live node updates). The head node's own rule (headnode/incremental.py), asked of the
-    two plans: their topology files, and slurm.conf, which changes when a partition's Topology= does."""
-    other = (
-        ["slurm.conf"]
-        if (previous.partitions, previous.topology_plugin) != (new.partitions, new.topology_plugin)
-        else []
-    )
-    old = previous.files.get(previous.slurm_format.value) if previous.slurm_format is new.slurm_format else None
-    batches, why = eligibility(
-        parse_slurm_version(slurm_version),
-        new.slurm_format.value,
-        other,
-        None if old is None else old.content,
-        new.files[new.slurm_format.value].content,
-    )
-    return why if batches is None else ""
 
 
 @dataclass
@@ -332,6 +311,8 @@ def held_back(
         return None
     if state.repair_partitions or state.applied_sha256 is None or state.slurm_version is None:
         return verdict  # a repair reloads the files; without the head node's last plan and version, no telling
+    if state.live_write_refused:
+        return verdict  # the head node reconfigured instead last time: paced as it will likely do it again
     previous = deps.plans.bundle(cluster.name, state.applied_sha256)
     return verdict if live_update_problem(previous, rendered.bundle, state.slurm_version) else None
 
