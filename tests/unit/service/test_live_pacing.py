@@ -6,6 +6,7 @@ reconfigure keeps today's pacing."""
 from __future__ import annotations
 
 from tests.fakes import FakeFacts
+from tests.unit.service.test_reconcile_usecases import LastNodeNotReported
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.contract.ports import ApplyResult, ClusterState, Outcome
 from topokeeper.service.controller import reconcile
@@ -186,3 +187,19 @@ def test_a_head_node_that_reconfigured_instead_is_paced_as_for_reconfigures_unti
     assert controller.now_state().live_write_refused is None
 
     assert _launch(controller, 11).action == "delivered"
+
+
+def test_a_live_write_does_not_wait_the_full_interval_for_nodes_ec2_has_not_reported() -> None:
+    """The early write (half an interval after the last, the changes stopped) waits for the full interval when EC2
+    has not reported a new node yet, so as not to reconfigure twice; a live write goes, and the node follows with
+    its topology retry."""
+    controller = _paced()
+    _applied(controller, "26.05")
+    controller.facts = LastNodeNotReported(10)
+    controller.facts.move(8, 1)
+    controller.facts.move(9, 1)
+    controller.clock.advance(25)
+    request = controller.change("launch")
+    controller.clock.advance(10)  # quiet, 35 s after the write: an early write
+    report = reconcile(request, controller.deps())
+    assert (report.action, report.nodes_without_topology) == ("delivered", 1)

@@ -302,9 +302,10 @@ def early_but_incomplete(verdict: Verdict, missing: int, elapsed: timedelta) -> 
 def held_back(
     deps: ControllerDeps, cluster: ClusterConfig, state: ClusterState, verdict: Verdict, rendered: RenderedPlan
 ) -> Verdict | None:
-    """The write interval's wait, for a plan decided before it passed (``Verdict.live_write_in``), unless writing
-    it costs slurmctld no reconfigure: nothing to write, nothing written (verify), or a change the head node
-    applies live (that interval spaces reconfigures). None: go on."""
+    """``verdict``'s wait (the write interval's, for a plan decided before it passed: ``Verdict.live_write_in``; or
+    an early write's for nodes EC2 has not reported), unless writing ``rendered`` costs slurmctld no reconfigure:
+    nothing to write, nothing written (verify), or a change the head node applies live (the interval spaces
+    reconfigures). None: go on."""
     if verdict.decision is not Decision.DEFERRED or cluster_mode(cluster, state) is Mode.VERIFY:
         return None
     if rendered.sha256 == state.applied_sha256 and not state.repair_partitions:
@@ -326,7 +327,9 @@ def reconcile_slurm(
     now = deps.clock.now()
     raw = deps.facts(cluster).read(cluster.name)
     rendered = plan_facts(cluster, state, raw)
-    if (incomplete := early_but_incomplete(verdict, missing_topology(rendered), deps.clock.now() - now)) is not None:
+    incomplete = early_but_incomplete(verdict, missing_topology(rendered), deps.clock.now() - now)
+    # The wait spares a second reconfigure for the nodes EC2 reports later: a live write need not.
+    if incomplete is not None and held_back(deps, cluster, state, incomplete, rendered) is not None:
         return deferred_report(cluster.name, request, incomplete)
     # What the read learned is saved with this reconcile's fields (the claim too), conditional on the state read.
     learned, rendered, awaiting_table = read_node_table(deps, cluster, state, raw, rendered)
