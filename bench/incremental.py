@@ -3,12 +3,12 @@ real slurmctld 26.05, with a probe of slurmctld's responsiveness during each run
 
 Each story (bench/latency.py's 1,000-node rolling scale-up over 5 minutes and 1,000-node burst in one minute,
 HyperPod-style; a ParallelCluster-style rolling scale-up of 900 dynamic nodes,
-bench/scenarios/parallelcluster-1000.yaml) runs once per report delay in each mode: "incremental" is topokeeper as it ships (the
-head node applies a plan that only places, moves or removes nodes by ``scontrol update NodeName= Topology=``, and
-the backend does not hold such writes back by the write interval); "whole-file" is the same topokeeper with the
-head node's live path switched off (TOPOKEEPER_APPLIER_WHOLE_FILE=1): every write is a reconfigure, and the backend,
-seeing the head node reconfigure, paces as for reconfigures (as before issue 27; its first write after the creation
-goes at the live pace, before the result that tells).
+bench/scenarios/parallelcluster-1000.yaml) runs once per report delay in each mode. "incremental" is topokeeper
+as it ships: the head node applies a plan that only places, moves or removes nodes by ``scontrol update
+NodeName= Topology=``, and the backend does not hold such writes back by the write interval. "whole-file" is the
+same topokeeper with the head node's live path switched off (TOPOKEEPER_APPLIER_WHOLE_FILE=1): every write is a
+reconfigure, and the backend, seeing the head node reconfigure, paces as for reconfigures, as before issue 27 (its
+first write after the creation goes at the live pace, before the result that tells).
 
 The probe: while the steps after the cluster's creation play, a thread runs ``scontrol ping`` and ``squeue``
 alternately every 100 ms of wall time against the run's slurmctld (inside its chroot), and counts the RPCs that
