@@ -50,6 +50,7 @@ MODES = ("incremental", "whole-file")
 PROBE_PERIOD = 0.1
 SLOW_RPC_SECONDS = 1.0
 PROBE_TIMEOUT = 10.0
+MAX_ERRORS_KEPT = 3
 PROBES = (("scontrol", "ping"), ("squeue", "--noheader"))
 # Issue 27's goals: rolling at delay 0 (p50, max, reconfigures after the first write), at 30 s (p50); the burst
 # (max beyond the API floor, deliveries); the incremental runs' failed probe RPCs.
@@ -63,6 +64,7 @@ class Probe:
     def __init__(self, head: ChrootHeadNode) -> None:
         self.head = head
         self.samples: list[tuple[float, bool]] = []  # (seconds, failed)
+        self.errors: list[str] = []  # the first failures' messages
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -87,8 +89,11 @@ class Probe:
                     check=False,
                 )
                 failed = done.returncode != 0 or "DOWN" in done.stdout
+                why = f"{' '.join(argv)}: exit {done.returncode}: {' | '.join((done.stderr or done.stdout).split())}"
             except subprocess.TimeoutExpired:
-                failed = True
+                failed, why = True, f"{' '.join(argv)}: no answer in {PROBE_TIMEOUT:g} s"
+            if failed and len(self.errors) < MAX_ERRORS_KEPT:
+                self.errors.append(why[:200])
             self.samples.append((time.monotonic() - started, failed))
             tick += PROBE_PERIOD
             self._stop.wait(max(0.0, tick - time.monotonic()))
@@ -107,6 +112,7 @@ class Probe:
             "p50": at(0.5),
             "p99": at(0.99),
             "max": round(seconds[-1], 3) if seconds else None,
+            "errors": self.errors,
         }
 
 
@@ -177,6 +183,7 @@ FIGURES = (
     ("failed probe RPCs", lambda e: e["probe"]["failed"]),
     (f"probe RPCs slower than {SLOW_RPC_SECONDS:g} s", lambda e: e["probe"]["slow"]),
     ("probe RPC p50 / p99 / max (s)", lambda e: " / ".join(str(e["probe"][k]) for k in ("p50", "p99", "max"))),
+    ("first failed probe RPCs", lambda e: "; ".join(e["probe"].get("errors", [])).replace("|", "/") or "-"),
     ("simulated s / wall s", lambda e: f"{e['simulated_seconds']} / {e['wall_seconds']}"),
 )
 
