@@ -115,6 +115,8 @@ bench: install install-system
 	TOPOKEEPER_REPORT_NODES=10000 $(BIN)/pytest -q tests/e2e/test_report_in_chromium.py -k scale
 	$(BIN)/python -m bench.scale --simulate
 	$(BIN)/python -m bench.latency
+	# Incremental (live node updates) against whole-file applies on the real slurmctld, with a probe of its RPCs.
+	$(BIN)/python -m bench.incremental
 	# The simulator's own speed: the 1,000-node rolling scale-up make test plays (goal: under 20 s).
 	$(BIN)/python -m bench.simulate_scale
 	# Handler cold imports in Python 3.14, layer sizes, the applier's CPU and memory at 20,000 nodes.

@@ -212,8 +212,9 @@ def section(entries: list[dict[str, Any]]) -> str:
         "  intermediate switch of a tree, new ones under an existing switch included, and into an existing block;",
         "  a powered-up CLOUD node keeps that placement across a reconfigure and loses it at power-down. On 26.05",
         "  the applier uses it when a plan only places, moves or removes nodes (the files are still written, so a",
-        "  restart reads the same): no reconfigure. The figures above still pace every write like a reconfigure;",
-        "  pacing cheap changes apart is issue 27's next step.",
+        "  restart reads the same): no reconfigure. Such a write waits for the debounce and 10 s since the last",
+        "  write, not for `min_write_interval_seconds` (which spaces reconfigures); one is in flight at a time. The",
+        '  section "Incremental against whole-file applies" measures both paths side by side.',
         "",
         *delay_bound(entries),
     ]

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENT = ROOT / "docs" / "performance.md"
 SECTIONS = ROOT / "docs" / "performance"
-ORDER = ("latency", "scale", "simulator", "lambda")  # the rest follow by name
+ORDER = ("latency", "incremental", "scale", "simulator", "lambda")  # the rest follow by name
 
 HEADER = """\
 # Performance

@@ -323,6 +323,9 @@ class ClusterState(BaseModel):
     table_read_for: list[str] = Field(default_factory=empty_list)
     # Set once a head node reported a topology file another tool writes: the cluster is verify from then on.
     managed_by: str | None = None
+    # The head node reconfigured for a change it could have applied live (its reason): writes are paced as
+    # reconfigures until an apply takes the live path again (service/live_writes.py).
+    live_write_refused: str | None = None
     version: int = 0  # optimistic concurrency
 
     @field_validator("last_verify", mode="before")

@@ -38,6 +38,8 @@ JOURNAL = "journal.json"
 MANIFEST = "manifest.json"
 CRASH_ENV = "TOPOKEEPER_APPLIER_CRASH_AT"  # a step name: the applier SIGKILLs itself there (tests)
 FAULT_ENV = "TOPOKEEPER_APPLIER_FAULT_AT"  # "point=ERRNO": that write fails with that errno (tests)
+# "1": every apply takes the whole-file path (reconfigure), as before live updates: the bench's baseline
+WHOLE_FILE_ENV = "TOPOKEEPER_APPLIER_WHOLE_FILE"
 BACKUP_NAME = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}\Z")
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -52,6 +54,7 @@ class Faults:
         self.crash_at = environ.get(CRASH_ENV, "")
         point, _, name = environ.get(FAULT_ENV, "").partition("=")
         self.fault_at, self.fault_errno = point, getattr(errno, name, 0) if name.isupper() else 0
+        self.whole_file_only = environ.get(WHOLE_FILE_ENV) == "1"
 
     def crash(self, step: str) -> None:
         if step and step == self.crash_at:

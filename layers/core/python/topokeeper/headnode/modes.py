@@ -26,6 +26,7 @@ from topokeeper.headnode.config_dir import (
     MANIFEST,
     O_DIRECTORY,
     O_NOFOLLOW,
+    WHOLE_FILE_ENV,
     Budget,
     ConfigDir,
     Faults,
@@ -266,6 +267,9 @@ def _incremental(
 ) -> Optional[Callable[[], bool]]:
     """What brings slurmctld to the new files by live node updates, then reads back as verify does; None (and
     result["whole_file_reason"]) when only a reconfigure can."""
+    if context.faults.whole_file_only:
+        result["whole_file_reason"] = "%s=1 asks for the whole-file path" % WHOLE_FILE_ENV
+        return None
     topology = [change for change in changes if os.path.basename(change.path) == bundle.slurm_format]
     others = [os.path.basename(change.path) for change in changes if change not in topology]
     batches, why = eligibility(

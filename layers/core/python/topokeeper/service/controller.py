@@ -6,6 +6,7 @@ call these; the providers never do.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -13,7 +14,7 @@ from topokeeper.contract.config import ClusterConfig
 from topokeeper.contract.errors import InputError, Permanent, Retryable
 from topokeeper.contract.ports import ClusterState, ReconcileRequest, Trigger
 from topokeeper.service.drift import DriftReport
-from topokeeper.service.orchestrators import drift_checker, reconciler
+from topokeeper.service.orchestrators import drift_checker, reconciler, writes_live
 from topokeeper.service.reconcile import (
     ControllerDeps,
     Decision,
@@ -34,7 +35,12 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
         return ReconcileReport(cluster=request.cluster, generation=request.generation, action="ignored")
     state = deps.state.get(cluster.name)
     verdict = decide(state, request, deps.clock.now(), deps.settings)
-    if verdict.decision is not Decision.PROCEED:
+    live = verdict.live_write_in if writes_live(cluster.orchestrator) else None
+    if live:  # back when a live write may go: the plan then tells whether this is one
+        return deferred_report(
+            cluster.name, request, replace(verdict, defer_seconds=min(live, verdict.defer_seconds or live))
+        )
+    if verdict.decision is not Decision.PROCEED and live is None:
         return _not_now(deps, cluster.name, request, verdict)
     return reconciler(cluster.orchestrator)(cluster, state, request, deps, verdict)
 

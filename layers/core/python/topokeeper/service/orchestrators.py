@@ -32,9 +32,14 @@ class Provider:
 
     reconcile: str  # (cluster, state, request, deps, verdict) -> ReconcileReport, once the reconcile proceeds
     check_drift: str  # (cluster, deps, requested_by) -> DriftReport
+    # Its reconcile judges a write held back by the write interval alone (``Verdict.live_write_in``): a head node
+    # applies some changes live, with no reconfigure to space.
+    live_writes: bool = False
 
 
-HEAD_NODE = Provider("topokeeper.service.reconcile:reconcile_slurm", "topokeeper.service.drift:check_slurm_drift")
+HEAD_NODE = Provider(
+    "topokeeper.service.reconcile:reconcile_slurm", "topokeeper.service.drift:check_slurm_drift", live_writes=True
+)
 PROVIDERS: dict[Orchestrator, Provider] = {
     Orchestrator.HYPERPOD: HEAD_NODE,
     Orchestrator.EC2: HEAD_NODE,
@@ -49,6 +54,10 @@ def _load(reference: str) -> object:
 
 def reconciler(orchestrator: Orchestrator) -> ReconcileCluster:
     return cast("ReconcileCluster", _load(PROVIDERS[orchestrator].reconcile))
+
+
+def writes_live(orchestrator: Orchestrator) -> bool:
+    return PROVIDERS[orchestrator].live_writes
 
 
 def drift_checker(orchestrator: Orchestrator) -> CheckDrift:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -55,6 +55,7 @@ from topokeeper.contract.ports import (
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances, with_node_table
 from topokeeper.render.bundle import RenderedPlan, render
+from topokeeper.service.live_writes import live_update_problem
 from topokeeper.service.registration import publish_registrations, registers
 from topokeeper.service.result import observed_fields
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
@@ -80,6 +81,9 @@ CLAIM_RACE_SECONDS = 5  # another writer saved the state while this one planned:
 # waiting for that looks again at most EARLY_WRITE_CHECKS times an interval.
 EARLY_WRITE = 0.5
 EARLY_WRITE_CHECKS = 10
+# A write the head node applies live (no reconfigure) waits for no write interval, only this long after the last
+# write (and the debounce): at most six commands a minute per cluster, whatever the settings.
+MIN_LIVE_WRITE_SECONDS = 10
 # With EARLY_WRITE_CHECKS, a delivery's two and a topology retry's TOPOLOGY_RETRY_SECONDS (1 s apart at most):
 # under the queue's 50 receives.
 DEBOUNCE_CHECKS = 20
@@ -101,6 +105,9 @@ class Verdict:
     # Proceeding before the full min_write_interval (the changes stopped): the seconds left of it. A write that
     # would leave nodes without topology waits them out instead (``reconcile``).
     full_interval_in: float | None = None
+    # Deferred by min_write_interval alone: a write the head node applies live (no reconfigure) may go in this
+    # many seconds, 0 now (``MIN_LIVE_WRITE_SECONDS``); only a plan tells (``held_back``). None: no such write.
+    live_write_in: float | None = None
 
 
 def _wait(seconds: float, reason: str, *, behind_delivery: bool = False) -> Verdict:
@@ -161,7 +168,8 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
     wait = max(early - since_write, settings.debounce_seconds - quiet)
     if since_write >= early:
         wait = max(wait, interval / EARLY_WRITE_CHECKS)
-    return _wait(min(wait, interval - since_write), "minimum interval between writes")
+    paced = _wait(min(wait, interval - since_write), "minimum interval between writes")
+    return replace(paced, live_write_in=max(0.0, min(interval, MIN_LIVE_WRITE_SECONDS) - since_write))
 
 
 @dataclass
@@ -292,6 +300,25 @@ def early_but_incomplete(verdict: Verdict, missing: int, elapsed: timedelta) -> 
     return _wait(verdict.full_interval_in - elapsed.total_seconds(), reason)
 
 
+def held_back(
+    deps: ControllerDeps, cluster: ClusterConfig, state: ClusterState, verdict: Verdict, rendered: RenderedPlan
+) -> Verdict | None:
+    """``verdict``'s wait (the write interval's, for a plan decided before it passed: ``Verdict.live_write_in``; or
+    an early write's for nodes EC2 has not reported), unless writing ``rendered`` costs slurmctld no reconfigure:
+    nothing to write, nothing written (verify), or a change the head node applies live (the interval spaces
+    reconfigures). None: go on."""
+    if verdict.decision is not Decision.DEFERRED or cluster_mode(cluster, state) is Mode.VERIFY:
+        return None
+    if rendered.sha256 == state.applied_sha256 and not state.repair_partitions:
+        return None
+    if state.repair_partitions or state.applied_sha256 is None or state.slurm_version is None:
+        return verdict  # a repair reloads the files; without the head node's last plan and version, no telling
+    if state.live_write_refused:
+        return verdict  # the head node reconfigured instead last time: paced as it will likely do it again
+    previous = deps.plans.bundle(cluster.name, state.applied_sha256)
+    return verdict if live_update_problem(previous, rendered.bundle, state.slurm_version) else None
+
+
 def reconcile_slurm(
     cluster: ClusterConfig, state: ClusterState, request: ReconcileRequest, deps: ControllerDeps, verdict: Verdict
 ) -> ReconcileReport:
@@ -301,12 +328,18 @@ def reconcile_slurm(
     now = deps.clock.now()
     raw = deps.facts(cluster).read(cluster.name)
     rendered = plan_facts(cluster, state, raw)
-    if (incomplete := early_but_incomplete(verdict, missing_topology(rendered), deps.clock.now() - now)) is not None:
+    incomplete = early_but_incomplete(verdict, missing_topology(rendered), deps.clock.now() - now)
+    # The wait spares a second reconfigure for the nodes EC2 reports later: a live write need not.
+    if incomplete is not None and held_back(deps, cluster, state, incomplete, rendered) is not None:
         return deferred_report(cluster.name, request, incomplete)
-    count_coalesced(deps, cluster.name, state)
     # What the read learned is saved with this reconcile's fields (the claim too), conditional on the state read.
     learned, rendered, awaiting_table = read_node_table(deps, cluster, state, raw, rendered)
     state = state.model_copy(update=learned)
+    if not awaiting_table and (paced := held_back(deps, cluster, state, verdict, rendered)) is not None:
+        if learned:
+            save_fields(deps.state, cluster.name, learned)
+        return deferred_report(cluster.name, request, _wait(paced.defer_seconds or 0, paced.reason))
+    count_coalesced(deps, cluster.name, state)
     if rendered.sha256 != state.desired_sha256:  # plans are content-addressed: one put per new plan
         deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
         publish_registrations(deps.plans, cluster, state, raw, rendered)

@@ -42,6 +42,7 @@ from topokeeper.contract.ports import (
 from topokeeper.domain.models import SlurmVersion
 from topokeeper.service.audit import NOTHING_MOVED, build_records
 from topokeeper.service.live import live_status
+from topokeeper.service.live_writes import live_write_fields
 from topokeeper.service.state import request_reconcile, save_fields, topology_owner_fields
 from topokeeper.wire import AGENT_DETAIL_TYPES, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE, agent_source_cluster
 
@@ -327,6 +328,8 @@ def finish_delivery(
         replan_bindings = "slurm_nodes" in observed
     if result.outcome in SUCCESS:
         update["applied_sha256"] = pending.handle.plan_sha256
+        version = str(observed.get("slurm_version") or state.slurm_version or "") or None
+        update.update(live_write_fields(deps.plans, cluster.name, pending, result, version))
         if result.outcome is Outcome.APPLIED:
             deps.metrics.emit(cluster.name, Metric.TOPOLOGY_UPDATES, len(records))
     elif not replan_bindings:  # a failure, unless the plan is redone at once (below)
