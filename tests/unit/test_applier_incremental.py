@@ -7,8 +7,8 @@ import pytest
 from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
 from topokeeper.domain.models import Node, PartitionSettings
 from topokeeper.engine.planner import plan
-from topokeeper.headnode.incremental import eligibility, parse_topology_yaml, plan_updates
 from topokeeper.render.bundle import render
+from topokeeper.wire import eligibility, parse_topology_yaml, plan_updates
 
 
 def _text(gpu: list[Node] | None = None, gb: list[Node] | None = None, **settings: PartitionSettings) -> str:

@@ -13,12 +13,18 @@ from tests.unit.service.test_bindings_usecases import BOUND, _table
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.contract.ports import ApplyResult, Outcome
-from topokeeper.headnode.incremental import _placements, parse_topology_yaml
 from topokeeper.service.controller import reconcile
 from topokeeper.service.registration import placements
 from topokeeper.service.result import record_result
 from topokeeper.service.state import save_fields
-from topokeeper.wire import Registration, RegistrationError, parse_registration, registration_text
+from topokeeper.wire import (
+    Registration,
+    RegistrationError,
+    parse_registration,
+    parse_topology_yaml,
+    placements_by_node,
+    registration_text,
+)
 
 
 def _cluster(version: str = "25.11", mode: str = "enforce") -> Controller:
@@ -33,7 +39,7 @@ def test_each_running_bound_instance_gets_its_nodes_planned_topology() -> None:
     assert reconcile(controller.change(), controller.deps()).action == "delivered"
 
     (bundle,) = controller.channel.delivered
-    planned = _placements(parse_topology_yaml(bundle.files["topology.yaml"].content) or {})
+    planned = placements_by_node(parse_topology_yaml(bundle.files["topology.yaml"].content) or {})
     assert planned and placements(bundle) == planned  # the update route's values, from the same plan
     entries = controller.plans.registrations
     # FakeFacts' eight instances (10.0.0.0-7) back the four static and four bound dynamic nodes; q1-dy-p5-5 is

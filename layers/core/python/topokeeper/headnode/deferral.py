@@ -24,8 +24,8 @@ from typing import (
 )
 
 from topokeeper.headnode.bundle import Bundle, ExpectedUnit
-from topokeeper.headnode.failures import StaleBindings, sample
-from topokeeper.wire import CONF_FORMAT, HostlistError, compress, content_sha256, expand
+from topokeeper.headnode.failures import StaleBindings
+from topokeeper.wire import CONF_FORMAT, HostlistError, compress, content_sha256, expand, sample
 
 _TOPOLOGY = re.compile(r"- topology: (\S+)$")
 _UNIT = re.compile(r"      - (?:switch|block): (\S+)$")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 from typing import (
     Optional,
-    Sequence,
 )
 
 
@@ -37,10 +36,6 @@ class NotRegularFile(OSError):
 
     def __str__(self) -> str:
         return "%s is %s: topokeeper reads and locks only regular files; remove it" % (self.filename, self.strerror)
-
-
-def sample(names: Sequence[str], limit: int = 5) -> str:
-    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
 
 
 def shown_value(value: Optional[str]) -> str:

@@ -17,10 +17,9 @@ from typing import (
 )
 
 from topokeeper.headnode.bundle import Bundle, ExpectedUnit
-from topokeeper.headnode.failures import sample, shown_value
-from topokeeper.headnode.incremental import parse_topology_yaml
+from topokeeper.headnode.failures import shown_value
 from topokeeper.headnode.scontrol import LiveTopologies
-from topokeeper.wire import CONF_FORMAT, YAML_FORMAT
+from topokeeper.wire import CONF_FORMAT, YAML_FORMAT, parse_topology_yaml, sample
 
 
 def _difference(expected: Sequence[str], live: Sequence[str]) -> str:

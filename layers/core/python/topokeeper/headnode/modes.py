@@ -50,7 +50,7 @@ from topokeeper.headnode.disk import (
 )
 from topokeeper.headnode.failures import Failed, NotRegularFile, Refused
 from topokeeper.headnode.grouping import grouping_drift, read_back, with_kinds
-from topokeeper.headnode.incremental import eligibility, update_live
+from topokeeper.headnode.incremental import update_live
 from topokeeper.headnode.output import new_result
 from topokeeper.headnode.proof import prove, refused_message
 from topokeeper.headnode.registered import placed_before
@@ -85,6 +85,7 @@ from topokeeper.wire import (
     RECONFIGURE_TIMEOUT,
     YAML_FORMAT,
     compress,
+    eligibility,
     expand,
     format_for_version,
     node_rows,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from topokeeper.headnode.incremental import _paths, _placements, parse_topology_yaml
 from topokeeper.headnode.scontrol import LiveTopologies
+from topokeeper.wire import parse_topology_yaml, placements_by_node, switch_paths
 
 
 def _live_paths(units: Dict[str, Dict[str, object]]) -> Optional[Dict[str, str]]:
@@ -24,7 +24,7 @@ def _live_paths(units: Dict[str, Dict[str, object]]) -> Optional[Dict[str, str]]
     for name, unit in units.items():
         children = list(unit["switches"])  # type: ignore[call-overload]
         tree[name] = ([] if children else list(unit["nodes"]), children)  # type: ignore[call-overload]
-    return _paths(tree)
+    return switch_paths(tree)
 
 
 def placed_before(old_text: Optional[str], new_text: str, topologies: LiveTopologies) -> List[str]:
@@ -32,8 +32,8 @@ def placed_before(old_text: Optional[str], new_text: str, topologies: LiveTopolo
     exactly where the new one says (every topology they are in), sorted; [] when either file is not topokeeper's."""
     new = parse_topology_yaml(new_text)
     old = parse_topology_yaml(old_text) if old_text else {}
-    after = _placements(new) if new is not None else None
-    before = _placements(old) if old is not None else None
+    after = placements_by_node(new) if new is not None else None
+    before = placements_by_node(old) if old is not None else None
     if after is None or before is None:
         return []
     changed = {node: value for node, value in after.items() if before.get(node) != value}

@@ -18,7 +18,7 @@ from typing import (
 
 from topokeeper.headnode.bundle import Bundle
 from topokeeper.headnode.config_dir import open_regular
-from topokeeper.headnode.failures import Failed, Refused, sample
+from topokeeper.headnode.failures import Failed, Refused
 from topokeeper.headnode.slurm_conf import SlurmConf
 from topokeeper.wire import (
     APPLIER_BUDGET_SECONDS,
@@ -28,6 +28,7 @@ from topokeeper.wire import (
     parse_show_topology,
     parse_slurm_version,
     partition_topologies,
+    sample,
 )
 
 DEFAULT_SLURM_CONF = "/opt/slurm/etc/slurm.conf"  # HyperPod: /opt/slurm links to the active version

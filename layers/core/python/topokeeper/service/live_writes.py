@@ -7,9 +7,8 @@ applied plan and the new one, and learns from each result whether the head node 
 from __future__ import annotations
 
 from topokeeper.contract.ports import ApplyResult, Outcome, PendingDelivery, PlanStore
-from topokeeper.headnode.incremental import eligibility
 from topokeeper.render.bundle import Bundle
-from topokeeper.wire import parse_slurm_version
+from topokeeper.wire import eligibility, parse_slurm_version
 
 REFUSED_FIELD = "live_write_refused"
 
