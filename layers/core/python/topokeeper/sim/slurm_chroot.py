@@ -641,8 +641,8 @@ def _node_lines(
         address = f" NodeAddr={default_address}" if default_address else ""
         lines.append(f"NodeName={compress(rest)}{address} CPUs=4 RealMemory=1000 State=CLOUD")
     for node in own:
-        address = addresses.get(node, default_address)
-        at = f" NodeAddr={address}" if address else ""
+        node_address = addresses.get(node) or default_address
+        at = f" NodeAddr={node_address}" if node_address else ""
         lines.append(f"NodeName={node}{at} {settings[node]} State=CLOUD")
     return lines
 
