@@ -31,6 +31,7 @@ steps:
         "eks.yaml",
         "login.yaml",
         "parallelcluster.yaml",
+        "parallelcluster-registration.yaml",
     ],
 )
 def test_shipped_scenarios_load(name: str) -> None:
@@ -135,11 +136,19 @@ def test_a_slurm_version_the_simulator_does_not_run_is_refused(tmp_path: Path, v
     assert "24.11" in str(error.value) and "26.05" in str(error.value)
 
 
-@pytest.mark.parametrize("version", ["24.11", "26.05", "24.11.5"])
+@pytest.mark.parametrize("version", ["24.11", "25.11", "26.05", "24.11.5"])
 def test_the_slurm_versions_the_simulator_runs_load(tmp_path: Path, version: str) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(GOOD.replace("  name: demo", f'  name: demo\n  slurm_version: "{version}"'))
     assert load_scenario(path).cluster.slurm_version == version
+
+
+def test_booting_slurmd_nodes_are_refused_outside_parallelcluster(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace("  name: demo", "  name: demo\n  slurmd: true"))
+    with pytest.raises(InputError) as error:
+        load_scenario(path)
+    assert "slurmd: real slurmd for booting nodes is modelled for orchestrator parallelcluster only" in str(error.value)
 
 
 def test_hyperpods_misplacing_bug_needs_the_topology_it_manages(tmp_path: Path) -> None:

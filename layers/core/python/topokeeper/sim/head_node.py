@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
 from topokeeper.contract.head_node_program import PROGRAM_NAME, write_program
-from topokeeper.domain.models import SlurmFormat, SlurmNodeRecord
+from topokeeper.domain.models import SlurmFormat, SlurmNodeRecord, SlurmVersion
 from topokeeper.render.bundle import Bundle
 from topokeeper.sim.aws.hyperpod.managed_topology import ManagedFiles
 from topokeeper.sim.slurm_chroot import (
@@ -37,6 +37,8 @@ from topokeeper.sim.slurm_chroot import (
     installed_slurm_version,
     proc_mounted,
 )
+from topokeeper.sim.slurm_source import SOURCE_SERIES, ensure_source_chroot
+from topokeeper.sim.slurmd_nodes import ensure_slurmd_chroot
 from topokeeper.wire import compress, expand, node_rows, partition_topologies
 
 PROGRAM = f"/opt/topokeeper/{PROGRAM_NAME}"  # where the agent's install puts it on a head node
@@ -166,11 +168,21 @@ class HeadNode(ABC):
         return live
 
 
+def head_node_root(slurm_version: str, *, slurmd: bool = False) -> Path:
+    """The chroot for a Slurm version: Debian's (sid 26.05, trixie 24.11; with slurmd when booting nodes run
+    one) or 25.11 built from source (slurmd included)."""
+    version = SlurmVersion.parse(slurm_version)
+    if f"{version.major}.{version.minor:02d}" == SOURCE_SERIES:
+        return ensure_source_chroot()
+    suite = SUITE_FOR_FORMAT[version.format.value]
+    return ensure_slurmd_chroot(suite) if slurmd else ensure_chroot(suite)
+
+
 class ChrootHeadNode(HeadNode):
     controller: SlurmController
 
-    def __init__(self, slurm_format: SlurmFormat, name: str, style: str = "debian") -> None:
-        self.root = ensure_chroot(SUITE_FOR_FORMAT[slurm_format.value])
+    def __init__(self, slurm_format: SlurmFormat, name: str, style: str = "debian", root: Path | None = None) -> None:
+        self.root = root or ensure_chroot(SUITE_FOR_FORMAT[slurm_format.value])
         # The chroot is shared by every session on this machine: the pid keeps two runs of one world apart.
         self.controller = SlurmController(root=self.root, name=f"{name}-{os.getpid()}", style=style)
         self.description = f"slurmctld {installed_slurm_version(self.root)} in a Debian chroot"
@@ -179,13 +191,19 @@ class ChrootHeadNode(HeadNode):
         self.partitions: dict[str, list[str]] = {}
         self._mounts = contextlib.ExitStack()
 
-    def start(self, partitions: Mapping[str, Iterable[str]], addresses: Mapping[str, str] | None = None) -> None:
-        """``addresses``: NodeAddr of the nodes slurm.conf binds (ParallelCluster's static nodes)."""
+    def start(
+        self,
+        partitions: Mapping[str, Iterable[str]],
+        addresses: Mapping[str, str] | None = None,
+        extra: Iterable[str] = (),
+    ) -> None:
+        """``addresses``: NodeAddr of the nodes slurm.conf binds (ParallelCluster's static nodes); ``extra``: more
+        slurm.conf lines (see ``SlurmController.write_slurm_conf``)."""
         self.partitions = {name: sorted(nodes) for name, nodes in partitions.items()}
         nodes = [node for members in self.partitions.values() for node in members]
         self._mounts.enter_context(proc_mounted(self.root))
         self.controller.prepare(
-            nodes, {name: (members, None) for name, members in self.partitions.items()}, addresses=addresses
+            nodes, {name: (members, None) for name, members in self.partitions.items()}, extra, addresses
         )
         self.controller.start()
 

@@ -51,6 +51,10 @@ NEEDS_SLURMCTLD = (
 Bind = Callable[[str, str, str], None]  # NodeName, NodeAddr, NodeHostName: scontrol update on the head node
 
 
+def _nothing(_: Instance) -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class Instance:
     """A running instance and the Slurm node it backs (``replaces``: the instance it replaced, if any)."""
@@ -82,6 +86,7 @@ class ParallelCluster:
     spec: ClusterSpec
     bind: Bind
     head_node_id: str | None = None
+    resumed: Callable[[Instance], None] = _nothing  # after the resume program bound a dynamic node (it boots)
     _nodes: dict[str, SlurmNode] = field(default_factory=dict)
     _addresses: int = 0
     _image: str | None = None
@@ -127,6 +132,10 @@ class ParallelCluster:
         """NodeAddr of every bound node."""
         return {n.name: n.instance.private_ip for n in self._nodes.values() if n.instance is not None}
 
+    def dynamic_nodes(self) -> list[str]:
+        """Every dynamic node's name (those the resume program powers up)."""
+        return sorted(n.name for n in self._nodes.values() if not n.static)
+
     def nodes(self, group: str | None = None) -> list[Instance]:
         """The running instances and their nodes, by node name."""
         return [
@@ -171,6 +180,7 @@ class ParallelCluster:
         """The resume program: launch, then bind the node to the instance at once."""
         node.instance = self._launch_for(node)
         self.bind(node.name, node.instance.private_ip, node.instance.hostname)
+        self.resumed(node.instance)
 
     def _power_down(self, node: SlurmNode) -> None:
         """clustermgtd: the node's address back to its name, then the instance terminated."""

@@ -19,7 +19,7 @@ from topokeeper.domain.catalog import CATALOG, HYPERPOD_PREFIX, hyperpod_offers
 from topokeeper.domain.models import ClusterName, SlurmVersion
 from topokeeper.domain.names import SlurmName
 
-SIMULATED_SLURM_VERSIONS = ("24.11", "26.05")
+SIMULATED_SLURM_VERSIONS = ("24.11", "25.11", "26.05")
 
 # Every number a scenario holds is finite and has a maximum: what the simulator can play on a small machine, not
 # what a file can say (an unbounded wait ran until killed, a scale to 10^8 nodes ended in a MemoryError at 3.8 GB).
@@ -110,14 +110,17 @@ class ClusterSpec(_Strict):
     seed: int = Field(7, ge=0, le=2**64 - 1)
     # An NLB's IP target group the functions keep equal to the running login nodes (the login group's).
     login_endpoint: bool = False
+    # ParallelCluster only: a real slurmd for each dynamic node that boots, started as the node-side step would
+    # (with the topology of its registration entry, if the backend published one in time; see sim/booting_nodes).
+    slurmd: bool = False
 
     @field_validator("slurm_version")
     @classmethod
     def _runnable_version(cls, text: str) -> str:
         version = str(SlurmVersion.parse(text))
         if version not in SIMULATED_SLURM_VERSIONS:
-            # The head node is a real slurmctld from Debian (trixie 24.11, sid 26.05); another version would
-            # silently run on one of these.
+            # The head node is a real slurmctld from Debian (trixie 24.11, sid 26.05) or built from source
+            # (25.11, sim/slurm_source); another version would silently run on one of these.
             raise ValueError(
                 f"{text} is not a Slurm version the simulator runs; use {' or '.join(SIMULATED_SLURM_VERSIONS)}"
             )
@@ -134,6 +137,8 @@ class ClusterSpec(_Strict):
         parallelcluster = self.orchestrator == "parallelcluster"
         if parallelcluster != (self.head_node_style == "parallelcluster"):
             raise ValueError("head_node_style parallelcluster goes with orchestrator parallelcluster, and only it")
+        if self.slurmd and not parallelcluster:
+            raise ValueError("slurmd: real slurmd for booting nodes is modelled for orchestrator parallelcluster only")
         for index, group in enumerate(self.instance_groups):
             if group.dynamic and not (parallelcluster and group.role == "compute"):
                 raise ValueError(f"instance_groups[{index}] ({group.name}): dynamic nodes are ParallelCluster's")
@@ -246,6 +251,10 @@ class Timing(_Strict):
     # EC2's DescribeInstanceTopology answers a new instance without network nodes for this long after launch
     # ("not yet available"); it shapes every node-to-topology latency, so reports state it beside them.
     topology_report_delay_seconds: float = Field(0.0, ge=0, le=MAX_LATENCY_SECONDS)
+    # ParallelCluster with slurmd: from the resume program's launch to the node-side step running on the instance,
+    # and how long that step waits for the node's registration entry before starting slurmd without one.
+    node_boot_seconds: float = Field(60.0, ge=0, le=MAX_LATENCY_SECONDS)
+    registration_wait_seconds: float = Field(60.0, ge=0, le=MAX_LATENCY_SECONDS)
 
 
 def _as_in_settings(name: str) -> Any:

@@ -282,6 +282,9 @@ class SlurmController:
     style: str = "debian"  # one of HEAD_NODE_STYLES
     port: int = field(default_factory=free_port)
     pid: int | None = None
+    # A node's own line settings instead of the default CPUs/RealMemory (a real slurmd's node: its Port=, and
+    # no more CPUs or memory than this machine has). See topokeeper.sim.slurmd_nodes.
+    node_settings: dict[str, str] = field(default_factory=dict)
     _anchor: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -404,7 +407,7 @@ class SlurmController:
         if self.style == "parallelcluster":
             self._write_parallelcluster(lines, node_list, partitions, addresses)
             return
-        lines.extend(_node_lines(node_list, addresses, default_address="127.0.0.1"))
+        lines.extend(_node_lines(node_list, addresses, "127.0.0.1", self.node_settings))
         partition_lines = [
             _partition_line(name, members, topology) for name, (members, topology) in sorted(partitions.items())
         ]
@@ -433,7 +436,7 @@ class SlurmController:
         for partition, (members, topology) in sorted(partitions.items()):
             own = sorted(set(members) - placed)
             placed.update(own)
-            queue_lines = _node_lines(own, addresses, default_address=None)
+            queue_lines = _node_lines(own, addresses, None, self.node_settings)
             member_list = sorted(set(members))
             if member_list:
                 queue_lines.append(f"NodeSet={partition}_nodes Nodes={compress(member_list)}")
@@ -442,7 +445,7 @@ class SlurmController:
             (pcluster / name).write_text("\n".join(queue_lines) + "\n")
             includes.append(f"include {OPT_SLURM}/etc/pcluster/{name}")
         unplaced = [node for node in node_list if node not in placed]
-        parallelcluster = [*_node_lines(unplaced, addresses, default_address=None), *includes]
+        parallelcluster = [*_node_lines(unplaced, addresses, None, self.node_settings), *includes]
         self.write_file("slurm_parallelcluster.conf", "\n".join(parallelcluster) + "\n")
         (self.etc / "slurm.conf").write_text("\n".join([*lines, "include slurm_parallelcluster.conf"]) + "\n")
 
@@ -620,8 +623,13 @@ def config_texts(etc: Path) -> str:
     return "\n".join(path.read_text() for path in paths if path.is_file())
 
 
-def _node_lines(nodes: list[str], addresses: Mapping[str, str], default_address: str | None) -> list[str]:
-    """CLOUD node lines: those with an address first (``NodeAddr=`` in hostlist order), then the rest."""
+def _node_lines(
+    nodes: list[str], addresses: Mapping[str, str], default_address: str | None, settings: Mapping[str, str]
+) -> list[str]:
+    """CLOUD node lines: those with an address first (``NodeAddr=`` in hostlist order), then the rest, then one
+    line for each node with its own ``settings``."""
+    own = [node for node in nodes if node in settings]
+    nodes = [node for node in nodes if node not in settings]
     addressed = [node for node in nodes if node in addresses]
     rest = [node for node in nodes if node not in addresses]
     lines = []
@@ -632,6 +640,10 @@ def _node_lines(nodes: list[str], addresses: Mapping[str, str], default_address:
     if rest:
         address = f" NodeAddr={default_address}" if default_address else ""
         lines.append(f"NodeName={compress(rest)}{address} CPUs=4 RealMemory=1000 State=CLOUD")
+    for node in own:
+        node_address = addresses.get(node) or default_address
+        at = f" NodeAddr={node_address}" if node_address else ""
+        lines.append(f"NodeName={node}{at} {settings[node]} State=CLOUD")
     return lines
 
 

@@ -101,18 +101,25 @@ class SlurmdNodes:
     def conf_lines(self) -> list[str]:
         """slurm.conf lines: the nodes (each with its own port, on 127.0.0.1), the daemons' files per node (%n),
         and the ResumeProgram that starts them."""
-        lines = [
+        settings = self.node_settings()
+        return [
+            *self.daemon_lines(),
+            f"ResumeProgram={self._inner}/{RESUME_SCRIPT}",
+            *(f"NodeName={node} NodeAddr=127.0.0.1 {settings[node]} State=CLOUD" for node in self.nodes),
+        ]
+
+    def daemon_lines(self) -> list[str]:
+        """The daemons' files per node (%n): slurm.conf lines for a controller whose ResumeProgram is another's."""
+        return [
             f"SlurmdSpoolDir={self._inner}/slurmd/%n",
             f"SlurmdPidFile={self._inner}/slurmd/%n.pid",
             f"SlurmdLogFile={self._inner}/log/slurmd-%n.log",
-            f"ResumeProgram={self._inner}/{RESUME_SCRIPT}",
         ]
-        # Fewer CPUs and less memory than this machine has: a node reporting less than its config is drained.
-        lines += [
-            f"NodeName={node} NodeAddr=127.0.0.1 Port={self.ports[node]} CPUs=1 RealMemory=100 State=CLOUD"
-            for node in self.nodes
-        ]
-        return lines
+
+    def node_settings(self) -> dict[str, str]:
+        """Each node's line settings (``SlurmController.node_settings``): its own port, and fewer CPUs and less
+        memory than this machine has (a node reporting less than its config is drained)."""
+        return {node: f"Port={self.ports[node]} CPUs=1 RealMemory=100" for node in self.nodes}
 
     def install(self) -> None:
         """The ResumeProgram, cgroup.conf and the per-node directories, in the prepared controller's directory."""
@@ -140,7 +147,9 @@ class SlurmdNodes:
         """Start ``node``'s slurmd now (it daemonizes, in the controller's namespace)."""
         if node not in self.ports:
             raise HarnessError(f"node {node!r} is not one of this controller's slurmd nodes")
-        self.controller.run(*slurmd_argv(node, topology), check=True)
+        # SLURM_CONF: under /opt/slurm a Debian slurmd would read /etc/slurm (only the client tools default to it).
+        conf = f"SLURM_CONF={self.controller.slurm_conf_inner}"
+        self.controller.run("env", conf, *slurmd_argv(node, topology), check=True)
 
     def log(self, node: str) -> str:
         path = self.controller.root / self._inner.lstrip("/") / "log" / f"slurmd-{node}.log"

@@ -44,10 +44,11 @@ from topokeeper.sim.aws.emulator import AwsEmulator
 from topokeeper.sim.aws.events import HYPERPOD
 from topokeeper.sim.aws.hyperpod.managed_topology import ManagedFiles
 from topokeeper.sim.aws.ssm import CommandInvocationRequest, CommandOutcome
+from topokeeper.sim.booting_nodes import BootingNodes
 from topokeeper.sim.cluster import ClusterMember, create_hyperpod_cluster, set_network_layouts, slurm_partitions
 from topokeeper.sim.eks import NoHeadNode
 from topokeeper.sim.file_head_node import FileHeadNode
-from topokeeper.sim.head_node import ChrootHeadNode, HeadNode, choose_head_node
+from topokeeper.sim.head_node import ChrootHeadNode, HeadNode, choose_head_node, head_node_root
 from topokeeper.sim.lambda_host import FunctionTimedOut, LambdaHost
 from topokeeper.sim.latency import LatencyTracker, topology_node_names
 from topokeeper.sim.login_endpoint import SimLoginEndpoint
@@ -121,8 +122,10 @@ class World:
                 raise HarnessError(NEEDS_SLURMCTLD)
             self.head = FileHeadNode(SlurmVersion.parse(spec.slurm_version), node_name)
         else:
-            self.head = ChrootHeadNode(self.slurm_format, node_name, spec.head_node_style)
+            root = head_node_root(spec.slurm_version, slurmd=spec.slurmd)
+            self.head = ChrootHeadNode(self.slurm_format, node_name, spec.head_node_style, root)
             self._binding_head = self.head
+        self.booting: BootingNodes | None = None  # ParallelCluster's dynamic nodes with a real slurmd each
         # An SSM hybrid managed node (HyperPod); a ParallelCluster head node is an EC2 instance (see start).
         self.head_node_id = f"mi-{self._ids.getrandbits(68):017x}"[:20]
         cluster = ClusterConfig(name=spec.name, orchestrator=Orchestrator.EKS) if spec.orchestrator == "eks" else None
@@ -181,7 +184,10 @@ class World:
         if self.parallelcluster is not None and self._binding_head is not None:
             set_network_layouts(self.emulator, self.scenario.cluster)
             self.parallelcluster.create()
-            self._binding_head.start(self.partitions(), self.parallelcluster.addresses())
+            extra = self.booting.extra_lines() if self.booting else []
+            self._binding_head.start(self.partitions(), self.parallelcluster.addresses(), extra)
+            if self.booting is not None:
+                self.booting.install()
         else:
             create_hyperpod_cluster(self.emulator, self.scenario.cluster)
             self.head.start(self.partitions())
@@ -231,6 +237,9 @@ class World:
         """ParallelCluster's head node is an EC2 instance: its id is the SSM target the stack's rules name."""
         assert self._binding_head is not None  # noqa: S101 - __init__ refused the file-only head node
         self.parallelcluster = ParallelCluster(self.emulator, self.scenario.cluster, self._binding_head.bind)
+        if self.scenario.cluster.slurmd:
+            self.booting = BootingNodes(self, self._binding_head, self.parallelcluster.dynamic_nodes())
+            self.parallelcluster.resumed = self.booting.resumed
         self.head_node_id = self.parallelcluster.launch_head_node()
         if self.cluster.effective_channel is Channel.SSM:
             self.cluster = self.cluster.model_copy(update={"head_node": self.head_node_id})

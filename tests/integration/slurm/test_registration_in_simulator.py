@@ -1,0 +1,71 @@
+"""The ParallelCluster scenario with a real slurmd for each booting node (issue 32, scenario
+``parallelcluster-registration.yaml``): the backend publishes each instance's registration entry, the node-side
+step reads it when the instance has booted and starts slurmd with it (``topokeeper.sim.booting_nodes``).
+
+On 25.11 a node whose slurmd registered with its entry before the head node's apply reached it is placed by
+slurmctld as it registers, and the audit record says ``registration`` for exactly those nodes; a node whose
+slurmd started after the apply had placed it (the race) is the apply's. On 26.05 the same nodes register
+unplaced and the head node's apply places every one of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from topokeeper.sim.booting_nodes import Boot
+from topokeeper.sim.scenario import load_scenario
+from topokeeper.sim.simulator import play
+from topokeeper.sim.world import running
+
+pytestmark = pytest.mark.slurm
+
+SCENARIO = Path(__file__).parents[3] / "layers/core/python/topokeeper/sim/scenarios/parallelcluster-registration.yaml"
+APPLY_ROUTES = ("update", "file")
+
+
+def _play(version: str) -> tuple[list[Boot], dict[str, set[str]], bool]:
+    """The boots, {route: nodes} over every audit record, and whether the last step converged."""
+    scenario = load_scenario(SCENARIO)
+    cluster = scenario.cluster.model_copy(update={"slurm_version": version})
+    scenario = scenario.model_copy(update={"cluster": cluster})
+    with running(scenario, head_node="chroot") as world:
+        result = play(world, scenario, lambda _: None)
+        assert world.booting is not None
+        boots = list(world.booting.boots)
+    routes: dict[str, set[str]] = {}
+    for step in result.steps:
+        for record in step.audit_records:
+            for route, nodes in record["placed_by"].items():
+                routes.setdefault(route, set()).update(nodes)
+    return boots, routes, result.steps[-1].converged
+
+
+def test_on_25_11_nodes_registering_with_their_entry_are_placed_by_registration(slurm2511_root: Path) -> None:
+    boots, routes, converged = _play("25.11")
+    assert len(boots) == 8
+    assert all(boot.entry is not None for boot in boots), [b.entry_error for b in boots]
+    registered = {boot.node for boot in boots if boot.placed_at_registration}
+    assert registered, "no node was placed at registration"
+    assert routes.get("registration", set()) == registered
+    # The race: a node whose slurmd started after the head node's apply had placed it is the apply's.
+    first = {boot.node for boot in boots if boot.placed_by_head_node_first}
+    assert first == {boot.node for boot in boots} - registered
+    assert first <= set().union(*(routes.get(route, set()) for route in APPLY_ROUTES))
+    assert all(boot.leaf_after_registration == boot.entry_leaf for boot in boots)
+    assert converged
+
+
+def test_on_26_05_nodes_register_unplaced_and_the_head_node_places_them(sid_slurmd_root: Path) -> None:
+    boots, routes, converged = _play("26.05")
+    assert len(boots) == 8
+    assert all(boot.entry is not None for boot in boots)  # published there too: harmless
+    assert "registration" not in routes
+    assert not any(boot.placed_at_registration for boot in boots)
+    unplaced = [boot for boot in boots if not boot.placed_by_head_node_first]
+    assert unplaced, "every node's slurmd started after the apply: the fallback was not exercised"
+    assert all(boot.leaf_after_registration != boot.entry_leaf for boot in unplaced)
+    applied = set().union(*(routes.get(route, set()) for route in APPLY_ROUTES))
+    assert {boot.node for boot in boots} <= applied
+    assert converged
