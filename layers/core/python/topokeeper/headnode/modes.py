@@ -17,6 +17,7 @@ from typing import (
 )
 
 from topokeeper.headnode.bundle import Bundle, parse_bundle
+from topokeeper.headnode.cloud import place_cloud_nodes, set_aside_powered_down
 from topokeeper.headnode.config_dir import (
     BACKUP_DIR,
     BACKUP_NAME,
@@ -78,6 +79,7 @@ from topokeeper.wire import (
     CONF_FORMAT,
     MIN_RECONFIGURE_SECONDS,
     RECONFIGURE_TIMEOUT,
+    YAML_FORMAT,
     format_for_version,
     node_rows,
     one_line,
@@ -94,10 +96,16 @@ def _record_drift(
     Grouping entries come first: they are what matters on a cluster whose topology HyperPod writes, and
     what a cut list keeps.
     """
-    topologies = LiveTopologies(scontrol)
+    topologies: LiveTopologies = LiveTopologies(scontrol)
+    aside: Dict[str, List[str]] = {}
+    if bundle.slurm_format == YAML_FORMAT:  # dynamic topology: Slurm >= 25.05
+        show_nodes = scontrol.output("-o", "show", "nodes")
+        bundle, topologies, aside = set_aside_powered_down(bundle, topologies, show_nodes)
     listing = show_partitions(scontrol)
     partitions = partition_topologies(listing)
     result["readback"], named = read_back(bundle, topologies, partitions)
+    for name, nodes in aside.items():
+        result["readback"][name]["powered_down_elsewhere"] = nodes
     grouping, differing = grouping_drift(bundle, topologies, partitions, partition_nodes(listing))
     result["partition_topologies"] = partitions
     result["drift"] = grouping + with_kinds([*disk_entries, *named], bundle, differing)
@@ -154,6 +162,18 @@ def _check_replay(transaction: Transaction, bundle: Bundle, context: Context) ->
         check_generation(bundle, last_generation(transaction.backup_fd, recorded))
 
 
+def _read_back_reconfigured(result: Dict[str, Any], scontrol: Scontrol, faults: Faults, bundle: Bundle) -> None:
+    """After a reconfigure: the powered-up CLOUD nodes it left on their dynamic topology are put where the file
+    says (cloud.py), then the read-back is judged."""
+    failed = ""
+    if bundle.slurm_format == YAML_FORMAT:
+        failed = place_cloud_nodes(scontrol, bundle.files[bundle.slurm_format], result, faults.crash)
+    _record_drift(result, scontrol, bundle)
+    _judge_read_back(result)
+    if failed and result["drift"]:
+        result["error"] += "; %s" % failed
+
+
 def _judge_read_back(result: Dict[str, Any]) -> None:
     result["outcome"] = "failed" if result["drift"] else "applied"
     if result["drift"]:
@@ -191,8 +211,7 @@ def _reload_disk(transaction: Transaction, result: Dict[str, Any], bundle: Bundl
     )
     result["reconfigured"], result["reconfigure_exit_code"] = True, code
     if code == 0:
-        _record_drift(result, transaction.scontrol, bundle)
-        _judge_read_back(result)
+        _read_back_reconfigured(result, transaction.scontrol, transaction.faults, bundle)
         return
     journal = _newest_backup_of(transaction, bundle.plan_sha256)
     if journal is None:
@@ -282,8 +301,8 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
                 _record_drift(result, context.scontrol, bundle)
                 if not result["drift"]:
                     result["outcome"] = "applied" if result["reconfigured"] else "unchanged"
-                elif result["reconfigured"]:
-                    _judge_read_back(result)  # the recovery just loaded them
+                elif result["reconfigured"]:  # the recovery just loaded them
+                    _read_back_reconfigured(result, context.scontrol, context.faults, bundle)
                 else:
                     _reload_disk(transaction, result, bundle)
                 return
@@ -293,9 +312,10 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
                 return
             live_update = _incremental(result, bundle, changes, context)
             if transaction.run(steps, bundle.plan_sha256, result, live_update):
-                if result["apply_path"] != "incremental":  # its read-back is done already
-                    _record_drift(result, context.scontrol, bundle)
-                _judge_read_back(result)
+                if result["apply_path"] == "incremental":  # its read-back is done already
+                    _judge_read_back(result)
+                else:
+                    _read_back_reconfigured(result, context.scontrol, context.faults, bundle)
     finally:  # measured, never assumed: also when the read-back itself fails
         if result["reconfigured"] and result["apply_path"] is None:
             result["apply_path"] = "whole_file"

@@ -1,0 +1,48 @@
+"""Which powered-up CLOUD nodes the applier re-places after a reconfigure (headnode/cloud.py)."""
+
+from __future__ import annotations
+
+from topokeeper.headnode.cloud import cloud_nodes, stray_batches
+
+_FILE = """- topology: tree-gpu
+  cluster_default: false
+  tree:
+    switches:
+      - switch: root
+        children: leaf0,leaf1
+      - switch: leaf0
+        nodes: n[1-2]
+      - switch: leaf1
+        nodes: n3
+"""
+
+
+def _line(name: str, state: str, topology: str | None = None) -> str:
+    tail = "" if topology is None else " Topology=%s" % topology
+    return "NodeName=%s NodeAddr=%s State=%s Partitions=gpu%s" % (name, name, state, tail)
+
+
+def test_only_powered_up_cloud_nodes_off_the_file_are_re_placed() -> None:
+    show = "\n".join(
+        [
+            _line("n1", "IDLE+CLOUD+POWERING_UP", "tree-gpu:root:leaf1"),  # moved live, the file says leaf0
+            _line("n2", "IDLE+CLOUD", "tree-gpu:root:leaf0"),  # dynamic, where the file says
+            _line("n3", "IDLE+CLOUD+POWERED_DOWN", "tree-gpu:root:leaf0"),  # Slurm resets it at power-down
+            _line("n4", "IDLE+CLOUD", "tree-gpu:root:leaf1"),  # the file no longer places it
+            _line("n5", "IDLE", "tree-gpu:root:leaf1"),  # not CLOUD: a reconfigure placed it
+            _line("n6", "ALLOCATED+CLOUD"),  # no dynamic topology: the files place it
+            _line("n7", "IDLE+CLOUD+POWERING_DOWN", "tree-gpu:root:leaf0"),
+        ]
+    )
+
+    assert stray_batches(show, _FILE) == [("n1", "tree-gpu:root:leaf0"), ("n4", "")]
+    assert cloud_nodes(show)["n7"] == (False, "tree-gpu:root:leaf0")
+    assert "n5" not in cloud_nodes(show)
+
+
+def test_a_placement_in_several_topologies_compares_as_a_set_and_another_layout_is_left_to_reconfigure() -> None:
+    two = _FILE + "- topology: block-x\n  cluster_default: false\n  block:\n    blocks:\n      - block: b0\n        nodes: n1\n"
+    show = _line("n1", "IDLE+CLOUD", "block-x:b0,tree-gpu:root:leaf0")
+
+    assert stray_batches(show, two) == []
+    assert stray_batches(show, "NodeName=n1 Topology=hand-written\n") == []
