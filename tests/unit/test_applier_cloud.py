@@ -18,8 +18,8 @@ _FILE = """- topology: tree-gpu
 
 
 def _line(name: str, state: str, topology: str | None = None) -> str:
-    tail = "" if topology is None else " Topology=%s" % topology
-    return "NodeName=%s NodeAddr=%s State=%s Partitions=gpu%s" % (name, name, state, tail)
+    tail = "" if topology is None else f" Topology={topology}"
+    return f"NodeName={name} NodeAddr={name} State={state} Partitions=gpu{tail}"
 
 
 def test_only_powered_up_cloud_nodes_off_the_file_are_re_placed() -> None:
@@ -41,7 +41,9 @@ def test_only_powered_up_cloud_nodes_off_the_file_are_re_placed() -> None:
 
 
 def test_a_placement_in_several_topologies_compares_as_a_set_and_another_layout_is_left_to_reconfigure() -> None:
-    two = _FILE + "- topology: block-x\n  cluster_default: false\n  block:\n    blocks:\n      - block: b0\n        nodes: n1\n"
+    block = "- topology: block-x\n  cluster_default: false\n  block:\n    blocks:\n      - block: b0\n"
+    block += "        nodes: n1\n"
+    two = _FILE + block
     show = _line("n1", "IDLE+CLOUD", "block-x:b0,tree-gpu:root:leaf0")
 
     assert stray_batches(show, two) == []

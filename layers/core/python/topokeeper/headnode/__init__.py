@@ -21,8 +21,9 @@ outcome, mode, plan_sha256, before_sha256 and after_sha256 (the live content has
 before and after), partitions_changed, reconfigured, reconfigure_exit_code, apply_path ("incremental":
 loaded by live node updates, "whole_file": by reconfigure, null: nothing loaded), nodes_updated,
 whole_file_reason (why an apply could not take the incremental path), readback ({topology:
-{units, matches, mismatches, mismatches_dropped, and when some are: moved, powered_down_elsewhere}}), partition_topologies (live Topology= per
-partition), drift ([{what: grouping|file|partition|topology|plugin, name, detail, kind: grouping|naming}]),
+{units, matches, mismatches, mismatches_dropped, and when there are some: moved, powered_down_elsewhere}}),
+partition_topologies (live Topology= per partition), drift ([{what: grouping|file|partition|topology|plugin,
+name, detail, kind: grouping|naming}]),
 grouping_drift (true when some entry's kind is grouping), diff (dry-run), slurm_version, slurm_format,
 config_dir, scontrol (the path of the scontrol it ran), backup_dir, duration_seconds, error, dropped
 ({field: how many list items or characters were cut to stay under the cap}), applier_version and recovery

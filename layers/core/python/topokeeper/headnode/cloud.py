@@ -58,7 +58,7 @@ def place_cloud_nodes(
 ) -> str:
     """After a reconfigure: put every powered-up CLOUD node whose dynamic topology differs from the file where
     the file says, adding them to result["nodes_updated"]; "" or why an update failed (the read-back shows it)."""
-    batches = stray_batches(scontrol.output("-o", "show", "nodes"), topology_yaml)
+    batches = stray_batches(scontrol.output("-o", "--future", "show", "nodes"), topology_yaml)
     if not batches:
         return ""
     done: Dict[str, Any] = {"nodes_updated": 0}  # its own count: an incremental attempt's is kept
@@ -98,9 +98,10 @@ class WithoutNodes(LiveTopologies):
 def set_aside_powered_down(
     bundle: Bundle, topologies: LiveTopologies, show_nodes: str
 ) -> Tuple[Bundle, LiveTopologies, Dict[str, List[str]]]:
-    """(bundle, live topologies) without the powered-down or powering-down CLOUD nodes that are not where the plan
-    puts them, and {topology: those nodes}. Such a node runs no job, Slurm puts it back on its configured or
-    original topology, not the file's, and the reconcile its resume triggers places it: it is not drift."""
+    """(bundle, live topologies) without the powered-down or powering-down CLOUD nodes that a live leaf or block
+    holds other than the plan's (or that the plan places nowhere), and {topology: those nodes}. Such a node runs
+    no job, Slurm puts it back on its configured or original topology, not the file's, and the reconcile its
+    resume triggers places it: it is not drift."""
     down = frozenset(name for name, (powered_up, _) in cloud_nodes(show_nodes).items() if not powered_up)
     aside: Dict[str, List[str]] = {}
     for name, expected in sorted(bundle.topologies.items()):
@@ -109,7 +110,9 @@ def set_aside_powered_down(
             continue
         planned = {node for unit in expected.values() if not unit.switches for node in unit.nodes}
         found = {node for unit in _without(live.units, frozenset()).values() for node in unit["nodes"]}
-        off = {str(entry["node"]) for entry in moved_nodes(expected, live.units)} | (found - planned)
+        # In another leaf or block, or in one the plan does not give it; a planned node in none stays drift.
+        moved = {str(entry["node"]) for entry in moved_nodes(expected, live.units) if entry["live"] is not None}
+        off = moved | (found - planned)
         if off & down:
             aside[name] = sorted(off & down)
     if not aside:

@@ -99,7 +99,7 @@ def _record_drift(
     topologies: LiveTopologies = LiveTopologies(scontrol)
     aside: Dict[str, List[str]] = {}
     if bundle.slurm_format == YAML_FORMAT:  # dynamic topology: Slurm >= 25.05
-        show_nodes = scontrol.output("-o", "show", "nodes")
+        show_nodes = scontrol.output("-o", "--future", "show", "nodes")
         bundle, topologies, aside = set_aside_powered_down(bundle, topologies, show_nodes)
     listing = show_partitions(scontrol)
     partitions = partition_topologies(listing)
