@@ -622,7 +622,7 @@ def test_a_kill_during_the_recoverys_own_reconfigure_keeps_rolling_forward(
 # 26.05, a whole-file apply with two powered-up CLOUD nodes on a dynamic topology: after its reconfigure, two
 # live updates put them where the file says (headnode/cloud.py). Killed before or between them, the next apply
 # (its files equal the plan, slurmctld differs; or it finds the journal) reloads the files and places them.
-CLOUD_STEPS = ("after-reconfigure", "cloud-after-update:0", "cloud-after-update:1")
+CLOUD_STEPS = ("after-reconfigure", "cloud-after-update:0", "cloud-after-update:1", "during-cloud-reconfigure")
 
 
 @pytest.mark.parametrize("step", [s for s in CLOUD_STEPS if FULL or s == "cloud-after-update:0"])
@@ -642,11 +642,9 @@ def test_a_kill_around_the_cloud_node_updates_after_a_reconfigure_ends_with_live
     code, verified = _run(controller, "verify", _bundle(three_blocks))
     code, applied = _run(controller, "apply", _bundle(three_blocks))
 
-    assert (applied["error"], code, applied["outcome"], applied["reconfigured"]) == (None, 0, "applied", True), (
-        applied["drift"],
-        applied["readback"],
-        applied["nodes_updated"],
-    )
+    assert (applied["error"], code) == (None, 0), applied["drift"]
+    # Killed in the last reconfigure, slurmctld may already serve the file: nothing left to do.
+    assert applied["outcome"] == ("unchanged" if step == "during-cloud-reconfigure" else "applied")
     assert (_leaf_of(controller, "p5-003"), _leaf_of(controller, "p5-007")) == ("nn-leaf000", "nn-leaf001")
     assert _run(controller, "verify", _bundle(three_blocks))[1]["outcome"] == "in_sync"
     assert _restarts(controller) == ""

@@ -49,7 +49,8 @@ Choices the callers can rely on:
 
 * Powered-up CLOUD nodes (topology.yaml, Slurm >= 25.05) keep a topology set by ``scontrol update`` over the
   files across a reconfigure; after every reconfigure an apply makes, it updates those whose live placement
-  differs from the file (counted in nodes_updated), then reads back. A powered-down or powering-down CLOUD node
+  differs from the file (counted in nodes_updated), then reads back (and reconfigures once more when switches
+  made for their old paths are left). A powered-down or powering-down CLOUD node
   goes back to its configured or original topology, not the file's: verify and the read-back leave such a node
   out of the comparison when it is not where the plan says (or the plan places it nowhere: it left its
   partition), listing it in readback's powered_down_elsewhere instead of drift; powered up again, it is drift
