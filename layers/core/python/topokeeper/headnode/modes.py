@@ -89,16 +89,20 @@ from topokeeper.wire import (
 
 
 def _record_drift(
-    result: Dict[str, Any], scontrol: Scontrol, bundle: Bundle, disk_entries: Sequence[Dict[str, str]] = ()
+    result: Dict[str, Any],
+    scontrol: Scontrol,
+    bundle: Bundle,
+    disk_entries: Sequence[Dict[str, str]] = (),
+    set_aside: bool = True,
 ) -> None:
     """Compare what is live with the bundle, by name and by grouping, into readback, drift and grouping_drift.
 
     Grouping entries come first: they are what matters on a cluster whose topology HyperPod writes, and
-    what a cut list keeps.
+    what a cut list keeps. ``set_aside``: powered-down CLOUD nodes off the plan are not drift (cloud.py).
     """
     topologies: LiveTopologies = LiveTopologies(scontrol)
     aside: Dict[str, List[str]] = {}
-    if bundle.slurm_format == YAML_FORMAT:  # dynamic topology: Slurm >= 25.05
+    if set_aside and bundle.slurm_format == YAML_FORMAT:  # dynamic topology: Slurm >= 25.05
         show_nodes = scontrol.output("-o", "--future", "show", "nodes")
         bundle, topologies, aside = set_aside_powered_down(bundle, topologies, show_nodes)
     listing = show_partitions(scontrol)
@@ -280,7 +284,8 @@ def _incremental(
     def live_update() -> bool:
         if not update_live(context.scontrol, planned, result, context.faults.crash):
             return False
-        _record_drift(result, context.scontrol, bundle)
+        # Strict: a node the updates left off the file, powered down or not, is for the reconfigure to place.
+        _record_drift(result, context.scontrol, bundle, set_aside=False)
         if result["drift"]:
             result["whole_file_reason"] = "after %d live update(s) slurmctld differs from the plan (%d differences)" % (
                 len(planned),
