@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from topokeeper.headnode.cloud import cloud_nodes, stray_batches
+from topokeeper.headnode.bundle import Bundle, ExpectedUnit
+from topokeeper.headnode.cloud import cloud_nodes, set_aside_powered_down, stray_batches
+from topokeeper.headnode.scontrol import LiveTopologies, LiveTopology
 
 _FILE = """- topology: tree-gpu
   cluster_default: false
@@ -48,3 +50,34 @@ def test_a_placement_in_several_topologies_compares_as_a_set_and_another_layout_
 
     assert stray_batches(show, two) == []
     assert stray_batches(show, "NodeName=n1 Topology=hand-written\n") == []
+
+
+def test_verify_sets_aside_powered_down_cloud_nodes_in_another_leaf_but_not_ones_in_none() -> None:
+    expected = {
+        "root": ExpectedUnit("switch", ["n1", "n2", "n3"], ["leaf0", "leaf1"]),
+        "leaf0": ExpectedUnit("switch", ["n1", "n2"], []),
+        "leaf1": ExpectedUnit("switch", ["n3"], []),
+    }
+    bundle = Bundle("sha", "topology.yaml", None, {}, {"gpu": "t"}, ["n1", "n2", "n3"], {"t": expected}, {})
+    live = LiveTopologies(None)  # type: ignore[arg-type]
+    live.shown_value["t"] = LiveTopology(
+        {
+            "root": {"kind": "switch", "level": 1, "nodes": ["n2", "n3", "n9"], "switches": ["leaf0", "leaf1"]},
+            "leaf0": {"kind": "switch", "level": 0, "nodes": ["n2"], "switches": []},
+            "leaf1": {"kind": "switch", "level": 0, "nodes": ["n3", "n9"], "switches": []},
+        },
+        "",
+    )
+    show = "\n".join(
+        [
+            _line("n1", "IDLE+CLOUD+POWERED_DOWN"),  # planned, in no live leaf: still drift
+            _line("n9", "IDLE+CLOUD+POWERED_DOWN"),  # placed nowhere by the plan, in leaf1 live: set aside
+            _line("n3", "IDLE+CLOUD"),
+        ]
+    )
+
+    stripped, topologies, aside = set_aside_powered_down(bundle, live, show)
+
+    assert aside == {"t": ["n9"]}
+    assert topologies.get("t").units["leaf1"]["nodes"] == ["n3"]
+    assert stripped.topologies["t"]["leaf0"].nodes == ["n1", "n2"]
