@@ -67,6 +67,11 @@ the rest rather than rolling back because no slurmctld answers the reconfigure; 
   two live node updates leaves slurmctld serving part of the old and part of the new placement until the next
   run, which finds the journal and reloads the files already on disk (a restart reads them too); the window is
   as long as the updates take (one `scontrol update` per destination, each bounded by the run's budget).
+- After a reconfigure, powered-up CLOUD nodes stay on the topology `scontrol update` gave them (Slurm keeps it
+  over the files) until the applier's updates that follow put them where the file says; killed before or
+  between those updates (the journal already closed), the next run finds the files equal to the plan and
+  slurmctld differing, reloads them and places those nodes. A restart in between places them from the files
+  only when slurmctld starts clean (`-c`); it keeps them otherwise.
 """
 
 CRASH_COLUMNS = (

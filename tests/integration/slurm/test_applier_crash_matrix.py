@@ -34,6 +34,7 @@ import pytest
 
 from tests.helpers import gb200_nodes, node, p5_nodes
 from tests.integration.head_node.test_applier_transaction import FAULT_POINTS
+from tests.integration.slurm.test_applier_cloud_nodes_on_slurmctld import _leaf_of, _power
 from tests.integration.slurm.test_applier_on_slurmctld import (
     _applier_command,
     _bundle,
@@ -612,6 +613,52 @@ def test_a_kill_during_the_recoverys_own_reconfigure_keeps_rolling_forward(
         served_after_kill=after_kill,
         loads_after_restart=True,
         recovery="rolled_forward",
+        next_verify=verified["outcome"],
+        next_apply=applied["outcome"],
+        end="new",
+    )
+
+
+# 26.05, a whole-file apply with two powered-up CLOUD nodes on a dynamic topology: after its reconfigure, two
+# live updates put them where the file says (headnode/cloud.py). Killed before or between them, the next apply
+# (its files equal the plan, slurmctld differs; or it finds the journal) reloads the files and places them.
+CLOUD_STEPS = ("after-reconfigure", "cloud-after-update:0", "cloud-after-update:1", "during-cloud-reconfigure")
+
+
+@pytest.mark.parametrize("step", [s for s in CLOUD_STEPS if FULL or s == "cloud-after-update:0"])
+def test_a_kill_around_the_cloud_node_updates_after_a_reconfigure_ends_with_live_equal_to_the_file(
+    sid_root: Path, controllers, step: str
+) -> None:
+    first, moved, three_blocks = _plan(_cluster()), _two_moves(), _plan(_cluster(gb=gb200_nodes(3)))
+    controller = controllers(sid_root)
+    _start(controller, three_blocks)
+    assert _run(controller, "apply", _bundle(first))[1]["outcome"] == "applied"
+    _power(controller, "p5-[003,007]", "POWER_UP", "!POWERED_DOWN")
+    assert _run(controller, "apply", _bundle(moved))[1]["apply_path"] == "incremental"
+
+    _crash(controller, _bundle(three_blocks), step)
+    after_kill = _served(controller, _bundle(moved), _bundle(three_blocks))  # the new files, those nodes not yet
+    # No restart first: the harness's slurmctld starts clean (-c), which would place them from the files.
+    code, verified = _run(controller, "verify", _bundle(three_blocks))
+    code, applied = _run(controller, "apply", _bundle(three_blocks))
+
+    assert (applied["error"], code) == (None, 0), applied["drift"]
+    # Killed in the last reconfigure, slurmctld may already serve the file: nothing left to do.
+    assert applied["outcome"] == ("unchanged" if step == "during-cloud-reconfigure" else "applied")
+    assert (_leaf_of(controller, "p5-003"), _leaf_of(controller, "p5-007")) == ("nn-leaf000", "nn-leaf001")
+    assert _run(controller, "verify", _bundle(three_blocks))[1]["outcome"] == "in_sync"
+    assert _restarts(controller) == ""
+    assert not _leftovers(controller)
+    _record(
+        "crash",
+        slurm=installed_slurm_version(sid_root),
+        scenario="yaml-cloud-nodes",
+        step=step,
+        order=CLOUD_STEPS.index(step),
+        killed=True,
+        served_after_kill=after_kill,
+        loads_after_restart=True,
+        recovery=(verified["recovery"] or {}).get("action", "none"),
         next_verify=verified["outcome"],
         next_apply=applied["outcome"],
         end="new",

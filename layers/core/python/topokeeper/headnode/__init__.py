@@ -21,8 +21,9 @@ outcome, mode, plan_sha256, before_sha256 and after_sha256 (the live content has
 before and after), partitions_changed, reconfigured, reconfigure_exit_code, apply_path ("incremental":
 loaded by live node updates, "whole_file": by reconfigure, null: nothing loaded), nodes_updated,
 whole_file_reason (why an apply could not take the incremental path), readback ({topology:
-{units, matches, mismatches, mismatches_dropped}}), partition_topologies (live Topology= per
-partition), drift ([{what: grouping|file|partition|topology|plugin, name, detail, kind: grouping|naming}]),
+{units, matches, mismatches, mismatches_dropped, and when there are some: moved, powered_down_elsewhere}}),
+partition_topologies (live Topology= per partition), drift ([{what: grouping|file|partition|topology|plugin,
+name, detail, kind: grouping|naming}]),
 grouping_drift (true when some entry's kind is grouping), diff (dry-run), slurm_version, slurm_format,
 config_dir, scontrol (the path of the scontrol it ran), backup_dir, duration_seconds, error, dropped
 ({field: how many list items or characters were cut to stay under the cap}), applier_version and recovery
@@ -48,6 +49,15 @@ Choices the callers can rely on:
   belongs to ParallelCluster, which rewrites it on ``update-cluster``: apply refuses and writes nothing
   (the error names the file) unless the bundle says ``"replace_managed": "parallelcluster"`` (the cluster was
   configured to let topokeeper replace it); dry-run and verify run as usual and report managed_by.
+
+* Powered-up CLOUD nodes (topology.yaml, Slurm >= 25.05) keep a topology set by ``scontrol update`` over the
+  files across a reconfigure; after every reconfigure an apply makes, it updates those whose live placement
+  differs from the file (counted in nodes_updated), then reads back (and reconfigures once more when switches
+  made for their old paths are left). A powered-down or powering-down CLOUD node
+  goes back to its configured or original topology, not the file's: verify and the read-back leave such a node
+  out of the comparison when it is not where the plan says (or the plan places it nowhere: it left its
+  partition), listing it in readback's powered_down_elsewhere instead of drift; powered up again, it is drift
+  until the next apply (the reconcile its resume triggers) places it.
 
 * A bundle's optional ``bindings`` {NodeName: NodeAddr} (hashed by ``bindings_sha256``) are what its plan
   assumed. A node bound to another NodeAddr now (re-bound between plan and apply) is deferred and every other

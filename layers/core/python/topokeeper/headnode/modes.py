@@ -19,6 +19,7 @@ from typing import (
 )
 
 from topokeeper.headnode.bundle import Bundle, parse_bundle
+from topokeeper.headnode.cloud import place_cloud_nodes, set_aside_powered_down
 from topokeeper.headnode.config_dir import (
     BACKUP_DIR,
     BACKUP_NAME,
@@ -96,17 +97,27 @@ from topokeeper.wire import (
 
 
 def _record_drift(
-    result: Dict[str, Any], scontrol: Scontrol, bundle: Bundle, disk_entries: Sequence[Dict[str, str]] = ()
+    result: Dict[str, Any],
+    scontrol: Scontrol,
+    bundle: Bundle,
+    disk_entries: Sequence[Dict[str, str]] = (),
+    set_aside: bool = True,
 ) -> None:
     """Compare what is live with the bundle, by name and by grouping, into readback, drift and grouping_drift.
 
     Grouping entries come first: they are what matters on a cluster whose topology HyperPod writes, and
-    what a cut list keeps.
+    what a cut list keeps. ``set_aside``: powered-down CLOUD nodes off the plan are not drift (cloud.py).
     """
-    topologies = LiveTopologies(scontrol)
+    topologies: LiveTopologies = LiveTopologies(scontrol)
+    aside: Dict[str, List[str]] = {}
+    if set_aside and bundle.slurm_format == YAML_FORMAT:  # dynamic topology: Slurm >= 25.05
+        show_nodes = scontrol.output("-o", "--future", "show", "nodes")
+        bundle, topologies, aside = set_aside_powered_down(bundle, topologies, show_nodes)
     listing = show_partitions(scontrol)
     partitions = partition_topologies(listing)
     result["readback"], named = read_back(bundle, topologies, partitions)
+    for name, nodes in aside.items():
+        result["readback"][name]["powered_down_elsewhere"] = nodes
     grouping, differing = grouping_drift(bundle, topologies, partitions, partition_nodes(listing))
     result["partition_topologies"] = partitions
     result["drift"] = grouping + with_kinds([*disk_entries, *named], bundle, differing)
@@ -170,6 +181,30 @@ def _check_replay(transaction: Transaction, bundle: Bundle, context: Context) ->
         check_generation(bundle, last_generation(transaction.backup_fd, recorded))
 
 
+def _read_back_reconfigured(result: Dict[str, Any], transaction: Transaction, bundle: Bundle) -> None:
+    """After a reconfigure: the powered-up CLOUD nodes it left on their dynamic topology are put where the file
+    says (cloud.py), then the read-back is judged."""
+    failed, before = "", result["nodes_updated"]
+    if bundle.slurm_format == YAML_FORMAT:
+        topology = bundle.files[bundle.slurm_format]
+        failed = place_cloud_nodes(transaction.scontrol, topology, result, transaction.faults.crash)
+    _record_drift(result, transaction.scontrol, bundle)
+    if result["drift"] and result["nodes_updated"] > before and not failed:
+        # The switches slurmctld made for their old paths outlive the moves (checked on 26.05); every CLOUD node's
+        # topology now equals the file's, so one more reload builds exactly the file.
+        code, message = transaction.faults.crash_during(
+            "during-cloud-reconfigure",
+            lambda: reconfigure(transaction.scontrol, transaction.log_path, transaction.budget.left()),
+        )
+        if code == 0:
+            _record_drift(result, transaction.scontrol, bundle)
+        else:
+            failed = "the reconfigure after re-placing powered-up CLOUD nodes exited %d: %s" % (code, message)
+    _judge_read_back(result)
+    if failed and result["drift"]:
+        result["error"] += "; %s" % failed
+
+
 def _judge_read_back(result: Dict[str, Any]) -> None:
     result["outcome"] = "failed" if result["drift"] else "applied"
     if result["drift"]:
@@ -207,8 +242,7 @@ def _reload_disk(transaction: Transaction, result: Dict[str, Any], bundle: Bundl
     )
     result["reconfigured"], result["reconfigure_exit_code"] = True, code
     if code == 0:
-        _record_drift(result, transaction.scontrol, bundle)
-        _judge_read_back(result)
+        _read_back_reconfigured(result, transaction, bundle)
         return
     journal = _newest_backup_of(transaction, bundle.plan_sha256)
     if journal is None:
@@ -288,7 +322,8 @@ def _incremental(
     def live_update() -> bool:
         if not update_live(context.scontrol, planned, result, context.faults.crash):
             return False
-        _record_drift(result, context.scontrol, bundle)
+        # Strict: a node the updates left off the file, powered down or not, is for the reconfigure to place.
+        _record_drift(result, context.scontrol, bundle, set_aside=False)
         if result["drift"]:
             result["whole_file_reason"] = "after %d live update(s) slurmctld differs from the plan (%d differences)" % (
                 len(planned),
@@ -322,8 +357,8 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
                 _record_drift(result, context.scontrol, bundle)
                 if not result["drift"]:
                     result["outcome"] = "applied" if result["reconfigured"] else "unchanged"
-                elif result["reconfigured"]:
-                    _judge_read_back(result)  # the recovery just loaded them
+                elif result["reconfigured"]:  # the recovery just loaded them
+                    _read_back_reconfigured(result, transaction, bundle)
                 else:
                     _reload_disk(transaction, result, bundle)
                 return
@@ -334,9 +369,10 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
             _note_placed_before(result, bundle, changes, context)
             live_update = _incremental(result, bundle, changes, context)
             if transaction.run(steps, bundle.plan_sha256, result, live_update):
-                if result["apply_path"] != "incremental":  # its read-back is done already
-                    _record_drift(result, context.scontrol, bundle)
-                _judge_read_back(result)
+                if result["apply_path"] == "incremental":  # its read-back is done already
+                    _judge_read_back(result)
+                else:
+                    _read_back_reconfigured(result, transaction, bundle)
     finally:  # measured, never assumed: also when the read-back itself fails
         if result["reconfigured"] and result["apply_path"] is None:
             result["apply_path"] = "whole_file"

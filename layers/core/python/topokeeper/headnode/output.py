@@ -116,6 +116,8 @@ def _capped(result: Mapping[str, Any], caps: Caps) -> Any:
         }
         if "moved" in entry:
             document["readback"][name]["moved"] = entry["moved"][:items]
+        if "powered_down_elsewhere" in entry:
+            document["readback"][name]["powered_down_elsewhere"] = entry["powered_down_elsewhere"][:items]
     text = result["diff"]
     if isinstance(text, str) and len(text) > diff:
         cut = text.rfind("\n", 0, diff) + 1

@@ -1,0 +1,83 @@
+"""Which powered-up CLOUD nodes the applier re-places after a reconfigure (headnode/cloud.py)."""
+
+from __future__ import annotations
+
+from topokeeper.headnode.bundle import Bundle, ExpectedUnit
+from topokeeper.headnode.cloud import cloud_nodes, set_aside_powered_down, stray_batches
+from topokeeper.headnode.scontrol import LiveTopologies, LiveTopology
+
+_FILE = """- topology: tree-gpu
+  cluster_default: false
+  tree:
+    switches:
+      - switch: root
+        children: leaf0,leaf1
+      - switch: leaf0
+        nodes: n[1-2]
+      - switch: leaf1
+        nodes: n3
+"""
+
+
+def _line(name: str, state: str, topology: str | None = None) -> str:
+    tail = "" if topology is None else f" Topology={topology}"
+    return f"NodeName={name} NodeAddr={name} State={state} Partitions=gpu{tail}"
+
+
+def test_only_powered_up_cloud_nodes_off_the_file_are_re_placed() -> None:
+    show = "\n".join(
+        [
+            _line("n1", "IDLE+CLOUD+POWERING_UP", "tree-gpu:root:leaf1"),  # moved live, the file says leaf0
+            _line("n2", "IDLE+CLOUD", "tree-gpu:root:leaf0"),  # dynamic, where the file says
+            _line("n3", "IDLE+CLOUD+POWERED_DOWN", "tree-gpu:root:leaf0"),  # Slurm resets it at power-down
+            _line("n4", "IDLE+CLOUD", "tree-gpu:root:leaf1"),  # the file no longer places it
+            _line("n5", "IDLE", "tree-gpu:root:leaf1"),  # not CLOUD: a reconfigure placed it
+            _line("n6", "ALLOCATED+CLOUD"),  # no dynamic topology: the files place it
+            _line("n7", "IDLE+CLOUD+POWERING_DOWN", "tree-gpu:root:leaf0"),
+        ]
+    )
+
+    assert stray_batches(show, _FILE) == [("n1", "tree-gpu:root:leaf0"), ("n4", "")]
+    assert cloud_nodes(show)["n7"] == (False, "tree-gpu:root:leaf0")
+    assert "n5" not in cloud_nodes(show)
+
+
+def test_a_placement_in_several_topologies_compares_as_a_set_and_another_layout_is_left_to_reconfigure() -> None:
+    block = "- topology: block-x\n  cluster_default: false\n  block:\n    blocks:\n      - block: b0\n"
+    block += "        nodes: n1\n"
+    two = _FILE + block
+    show = _line("n1", "IDLE+CLOUD", "block-x:b0,tree-gpu:root:leaf0")
+
+    assert stray_batches(show, two) == []
+    assert stray_batches(show, "NodeName=n1 Topology=hand-written\n") == []
+
+
+def test_verify_sets_aside_powered_down_cloud_nodes_in_another_leaf_but_not_ones_in_none() -> None:
+    expected = {
+        "root": ExpectedUnit("switch", ["n1", "n2", "n3"], ["leaf0", "leaf1"]),
+        "leaf0": ExpectedUnit("switch", ["n1", "n2"], []),
+        "leaf1": ExpectedUnit("switch", ["n3"], []),
+    }
+    bundle = Bundle("sha", "topology.yaml", None, {}, {"gpu": "t"}, ["n1", "n2", "n3"], {"t": expected}, {})
+    live = LiveTopologies(None)  # type: ignore[arg-type]
+    live.shown_value["t"] = LiveTopology(
+        {
+            "root": {"kind": "switch", "level": 1, "nodes": ["n2", "n3", "n9"], "switches": ["leaf0", "leaf1"]},
+            "leaf0": {"kind": "switch", "level": 0, "nodes": ["n2"], "switches": []},
+            "leaf1": {"kind": "switch", "level": 0, "nodes": ["n3", "n9"], "switches": []},
+        },
+        "",
+    )
+    show = "\n".join(
+        [
+            _line("n1", "IDLE+CLOUD+POWERED_DOWN"),  # planned, in no live leaf: still drift
+            _line("n9", "IDLE+CLOUD+POWERED_DOWN"),  # placed nowhere by the plan, in leaf1 live: set aside
+            _line("n3", "IDLE+CLOUD"),
+        ]
+    )
+
+    stripped, topologies, aside = set_aside_powered_down(bundle, live, show)
+
+    assert aside == {"t": ["n9"]}
+    assert topologies.get("t").units["leaf1"]["nodes"] == ["n3"]
+    assert stripped.topologies["t"]["leaf0"].nodes == ["n1", "n2"]
