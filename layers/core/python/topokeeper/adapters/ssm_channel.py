@@ -45,7 +45,7 @@ from topokeeper.contract.constants import (
 from topokeeper.contract.errors import InputError, Permanent
 from topokeeper.contract.head_node_program import PROGRAM_NAME, program_bytes, program_sha256
 from topokeeper.contract.ports import ApplyResult, Channel, DeliveryHandle, Outcome, log
-from topokeeper.wire import CHANNEL_TIMEOUT_SECONDS, MAX_FULL_RESULT_BYTES, sha256_text
+from topokeeper.wire import CHANNEL_TIMEOUT_SECONDS, MAX_FULL_RESULT_BYTES, one_line, sha256_text
 
 if TYPE_CHECKING:  # in signatures only: the functions that deliver load it at init (service.reconcile)
     from topokeeper.render.bundle import Bundle
@@ -70,7 +70,7 @@ def refuse(error):
 with open(os.path.join(work, "payload"), "rb") as handle:
     payload = json.loads(zlib.decompress(base64.b64decode(handle.read()), 16 + zlib.MAX_WBITS))
 mode = payload["mode"]
-if mode not in ("apply", "dry-run", "verify"):
+if mode not in ("apply", "dry-run", "verify", "placement-facts"):
     refuse("unknown mode")
 def fetched(name):
     inline = payload.get(name)
@@ -87,8 +87,11 @@ def fetched(name):
         refuse(name + " sha256 mismatch")
     return data
 program = os.path.join(work, "{PROGRAM_NAME}")
-files = [(program, fetched("program")), (os.path.join(work, "bundle.json"), fetched("bundle"))]
-argv = [sys.executable, program, mode, os.path.join(work, "bundle.json")]
+files = [(program, fetched("program"))]
+argv = [sys.executable, program, mode]
+if mode != "placement-facts":  # the read of jobs and nodes takes no bundle
+    files.append((os.path.join(work, "bundle.json"), fetched("bundle")))
+    argv.append(os.path.join(work, "bundle.json"))
 if payload.get("trusted_key"):
     files.append((os.path.join(work, "trusted-key.json"), payload["trusted_key"].encode()))
     argv += ["--trusted-key", os.path.join(work, "trusted-key.json")]
@@ -181,25 +184,28 @@ class SsmChannel:
         self._now = now
         self._sleep = sleep
 
-    def payload(self, bundle: Bundle, mode: str, token: str | None = None) -> list[str]:
-        """The command's lines; ``token`` names its result key (``command_comment`` carries it too)."""
-        document = json.dumps(bundle.document(), sort_keys=True)
+    def payload(self, bundle: Bundle | None, mode: str, token: str | None = None) -> list[str]:
+        """The command's lines; ``token`` names its result key (``command_comment`` carries it too). Without a
+        bundle (``placement-facts``) the program alone travels."""
         payload: dict[str, Any] = {
             "mode": mode,
             "program": base64.b64encode(program_bytes()).decode("ascii"),
             "program_sha256": program_sha256(),
-            "bundle": document,
-            "bundle_sha256": sha256_text(document),
-            "trusted_key": None if self._trusted_key is None else json.dumps(self._trusted_key(), sort_keys=True),
             "result_key": self._result_key(token or secrets.token_hex(16)),
         }
         payload["result_url"] = self._presign("put_object", payload["result_key"])
+        cluster = self._cluster if bundle is None else bundle.cluster_name
+        staged = [("program", ssm_program_key(cluster, payload["program_sha256"]), "application/zip")]
+        bodies = {"program": program_bytes()}
+        if bundle is not None:
+            document = json.dumps(bundle.document(), sort_keys=True)
+            payload["bundle"], payload["bundle_sha256"] = document, sha256_text(document)
+            payload["trusted_key"] = (
+                None if self._trusted_key is None else json.dumps(self._trusted_key(), sort_keys=True)
+            )
+            staged.append(("bundle", ssm_payload_key(cluster, payload["bundle_sha256"]), "application/json"))
+            bodies["bundle"] = document.encode()
         commands = build_commands(payload)
-        staged = (
-            ("program", ssm_program_key(bundle.cluster_name, payload["program_sha256"]), "application/zip"),
-            ("bundle", ssm_payload_key(bundle.cluster_name, payload["bundle_sha256"]), "application/json"),
-        )
-        bodies = {"program": program_bytes(), "bundle": document.encode()}
         for field, key, content_type in staged:  # the program (the larger) to S3 first, then the bundle too
             if command_size(commands) <= INLINE_LIMIT_BYTES:
                 return commands
@@ -222,7 +228,7 @@ class SsmChannel:
             )
         )
 
-    def _send(self, bundle: Bundle, mode: str) -> str:
+    def _send(self, bundle: Bundle | None, mode: str) -> str:
         """SendCommand, sent again only after a throttling answer (no command was created). Any other answer
         is raised translated (the reconcile releases its claim); a timeout or a lost connection is raised as
         botocore raised it, never resent: the command may exist, and the claim waits for its result."""
@@ -236,7 +242,7 @@ class SsmChannel:
                     "executionTimeout": [str(EXECUTION_TIMEOUT_SECONDS)],
                 },
                 "TimeoutSeconds": EXECUTION_TIMEOUT_SECONDS,
-                "Comment": command_comment(mode, bundle, token),
+                "Comment": command_comment(mode, bundle, token, self._cluster),
             }
         attempt, backoff = 1, SEND_BACKOFF_SECONDS
         while True:
@@ -278,6 +284,60 @@ class SsmChannel:
             self._sleep(poll)
             waited += poll
 
+    def placement_facts(self, timeout: float = 120, poll: float = 2) -> dict[str, Any]:
+        """Run the program's read-only ``placement-facts`` and return its document (``topokeeper.headnode.
+        placement``), the whole one from S3 when stdout could not carry it. A head node that does not answer,
+        or answers no facts, raises ``Permanent`` with the reason in one line."""
+        command_id = self._send(None, "placement-facts")
+        waited = 0.0
+        while True:
+            with aws_errors():
+                try:
+                    invocation = self._ssm.get_command_invocation(CommandId=command_id, InstanceId=self._target)
+                except ClientError as error:
+                    if error_code(error) != "InvocationDoesNotExist":
+                        raise
+                    invocation = {"Status": "Pending"}
+            channel = parse_invocation(invocation)  # a channel outcome (pending, timed out) or FAILED: no document
+            if channel.outcome is not Outcome.PENDING and channel.outcome is not Outcome.FAILED:
+                raise Permanent(f"head node {self._target}: {channel.error}")
+            if channel.outcome is Outcome.FAILED or waited >= timeout:
+                break
+            self._sleep(poll)
+            waited += poll
+        if channel.outcome is Outcome.PENDING:
+            raise Permanent(f"head node {self._target}: no answer to placement-facts in {timeout:.0f}s")
+        return self._facts_document(invocation)
+
+    def _facts_document(self, invocation: Mapping[str, Any]) -> dict[str, Any]:
+        stdout = str(invocation.get("StandardOutputContent", ""))
+        for line in reversed(stdout.strip().splitlines()):
+            try:
+                document = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(document, dict) and "schema" in document:
+                break
+        else:
+            stderr = one_line(str(invocation.get("StandardErrorContent", "")).strip())[-300:]
+            raise Permanent(
+                f"head node {self._target}: placement-facts printed no document (SSM {invocation.get('Status')},"
+                f" exit {invocation.get('ResponseCode')}): {stderr}"
+            )
+        pointer = document.get("full_result")
+        if not isinstance(pointer, dict) or not pointer.get("sha256"):
+            return document  # the facts themselves, or an error the reader reports
+        issued = _ISSUED_TOKEN.search(str(invocation.get("Comment", "")))
+        with aws_errors():
+            body, problem = whole_body(self._s3, self._bucket, self._result_key(issued[1]) if issued else None, pointer)
+        if body is None:
+            raise Permanent(f"head node {self._target}: the whole placement facts are not used: {problem}")
+        try:
+            whole: dict[str, Any] = json.loads(body)
+        except (ValueError, RecursionError) as error:
+            raise Permanent(f"head node {self._target}: the whole placement facts are no JSON: {error}") from None
+        return whole
+
     @aws_errors()
     def result(self, command_id: str) -> ApplyResult:
         try:
@@ -296,12 +356,13 @@ class SsmChannel:
 _ISSUED_TOKEN = re.compile(r" result ([0-9a-f]{32})\Z")
 
 
-def command_comment(mode: str, bundle: Bundle, token: str) -> str:
+def command_comment(mode: str, bundle: Bundle | None, token: str, cluster: str = "") -> str:
     """SendCommand's Comment (at most 100 characters): what the command is for, then the token of the result key
     it issued, which GetCommandInvocation returns with the output. Only whoever may send the command (root on the
     head node) can set it, so it is as trusted as the command."""
     suffix = f" result {token}"
-    return f"topokeeper {mode} {bundle.cluster_name} {bundle.plan_sha256[:12]}"[: 100 - len(suffix)] + suffix
+    what = f"{cluster}" if bundle is None else f"{bundle.cluster_name} {bundle.plan_sha256[:12]}"
+    return f"topokeeper {mode} {what}"[: 100 - len(suffix)] + suffix
 
 
 _ANSWERS = frozenset({Outcome.IN_SYNC, Outcome.DRIFT, Outcome.WOULD_APPLY, Outcome.UNCHANGED})
@@ -326,36 +387,44 @@ def read_full_result(s3: Any, bucket: str, issued_key: str | None, cut: ApplyRes
     mode, plan and generation. One that is gone, or fails a check, leaves the cut document, with the reason in
     ``full_result.error`` (its node table is then not stored: see node_table)."""
     pointer = dict(cut.full_result or {})
-    key, size, digest = pointer.get("key"), pointer.get("bytes"), pointer.get("sha256")
-    problem = _pointer_problem(key, size, issued_key)
+    key = pointer.get("key")
+    body, problem = whole_body(s3, bucket, issued_key, pointer)
     whole: ApplyResult | None = None
-    if problem is None:
+    if body is not None:
         try:
-            response = s3.get_object(Bucket=bucket, Key=key)
-        except ClientError as error:
-            if error_code(error) not in ("NoSuchKey", "404"):
-                raise
-            problem = "the object is gone (its lifecycle expires it after a day)"
-        else:
-            body: bytes = response["Body"].read(MAX_FULL_RESULT_BYTES + 1)
-            if len(body) != size or hashlib.sha256(body).hexdigest() != digest:
-                problem = f"{len(body)} bytes, not the {size} bytes of sha256 {str(digest)[:64]} the command printed"
-            else:
-                try:
-                    whole = ApplyResult.model_validate(json.loads(body))
-                except (ValueError, RecursionError) as error:  # pydantic's ValidationError is a ValueError
-                    problem = f"not an applier document: {str(error)[:200]}"
-                if whole is not None and (whole.outcome, whole.mode, whole.plan_sha256, whole.generation) != (
-                    cut.outcome,
-                    cut.mode,
-                    cut.plan_sha256,
-                    cut.generation,
-                ):
-                    problem, whole = "its outcome, mode, plan or generation differs from the command's output", None
+            whole = ApplyResult.model_validate(json.loads(body))
+        except (ValueError, RecursionError) as error:  # pydantic's ValidationError is a ValueError
+            problem = f"not an applier document: {str(error)[:200]}"
+        if whole is not None and (whole.outcome, whole.mode, whole.plan_sha256, whole.generation) != (
+            cut.outcome,
+            cut.mode,
+            cut.plan_sha256,
+            cut.generation,
+        ):
+            problem, whole = "its outcome, mode, plan or generation differs from the command's output", None
     if whole is None:
         log.warning("the applier's whole document %s is not used: %s", str(key)[:200], problem)
         return cut.model_copy(update={"full_result": {**pointer, "error": problem}})
     return whole.model_copy(update={"full_result": pointer})
+
+
+def whole_body(s3: Any, bucket: str, issued_key: str | None, pointer: Mapping[str, Any]) -> tuple[bytes | None, str]:
+    """The whole document a command PUT under the key it was issued (``full_result``: key, bytes, sha256), checked
+    against that pointer; else None and why not."""
+    key, size, digest = pointer.get("key"), pointer.get("bytes"), pointer.get("sha256")
+    problem = _pointer_problem(key, size, issued_key)
+    if problem is not None:
+        return None, problem
+    try:
+        response = s3.get_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        if error_code(error) not in ("NoSuchKey", "404"):
+            raise
+        return None, "the object is gone (its lifecycle expires it after a day)"
+    body: bytes = response["Body"].read(MAX_FULL_RESULT_BYTES + 1)
+    if len(body) != size or hashlib.sha256(body).hexdigest() != digest:
+        return None, f"{len(body)} bytes, not the {size} bytes of sha256 {str(digest)[:64]} the command printed"
+    return body, ""
 
 
 def _pointer_problem(key: Any, size: Any, issued_key: str | None) -> str | None:

@@ -39,7 +39,14 @@ def _escape(ch: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from topokeeper.cli.options import add_endpoint_option  # noqa: PLC0415
+
     add = parser.add_argument
+    add("--cluster", help="live: run placement-facts on this deployment's cluster's head node (SSM, read-only)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--stack-name", help="with --cluster: the deployed topokeeper stack")
+    where.add_argument("--deployment", type=Path, help="with --cluster: deployment JSON (the simulator writes one)")
+    add_endpoint_option(parser, argparse.SUPPRESS)  # also after the subcommand
     add("--facts", type=Path, metavar="FILE", help="`topokeeper-head-node.pyz placement-facts` output")
     add("--squeue", type=Path, metavar="FILE", help="`squeue --json` output")
     add("--nodes", type=Path, metavar="FILE", help="`scontrol show nodes --json` output")
@@ -87,6 +94,10 @@ def offline_facts(args: argparse.Namespace) -> Any:
     from topokeeper.contract.operator_files import read_mapping  # noqa: PLC0415 (pydantic-core: only when used)
     from topokeeper.domain import placement  # noqa: PLC0415
 
+    if args.cluster is not None:
+        if args.facts or args.squeue or args.nodes or args.topology:
+            raise InputError("--cluster", "reads the head node: not with --facts, --squeue, --nodes or --topology")
+        return placement.facts_from_compact(live_facts(args), f"--cluster {args.cluster}")
     if args.facts is not None:
         return placement.facts_from_compact(read_mapping(args.facts, "--facts"), f"--facts {args.facts}")
     if args.squeue is None or args.nodes is None:
@@ -99,6 +110,29 @@ def offline_facts(args: argparse.Namespace) -> Any:
     return placement.facts_from_json(
         squeue, nodes, topologies, _now(squeue, args.now), (f"--squeue {args.squeue}", f"--nodes {args.nodes}")
     )
+
+
+def live_facts(args: argparse.Namespace) -> Any:
+    """The head node's ``placement-facts`` document, over SSM Run Command (the program only reads; nothing from
+    the cluster is in the command, and a document too large for SSM's stdout comes back through the plan bucket)."""
+    from topokeeper.adapters.aws import aws_setup_errors  # noqa: PLC0415 (boto3: only when used)
+    from topokeeper.cli.operator_commands import _runtime_and_cluster  # noqa: PLC0415
+    from topokeeper.contract.errors import Permanent  # noqa: PLC0415
+    from topokeeper.contract.ports import Channel  # noqa: PLC0415
+
+    with aws_setup_errors():
+        runtime, cluster = _runtime_and_cluster(args)
+        if cluster.effective_channel is not Channel.SSM:
+            raise InputError(
+                "--cluster",
+                f"{cluster.name} uses the {cluster.effective_channel.value} channel, which runs no command on demand:"
+                " run `python3 topokeeper-head-node.pyz placement-facts > facts.json` on its controller and give"
+                " --facts facts.json",
+            )
+        try:
+            return runtime.ssm_channel(cluster).placement_facts()
+        except Permanent as error:
+            raise InputError("--cluster", str(error)) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ Strings are bounded (a reason to 64 characters); nothing is run through a shell.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from topokeeper.computenode.hostfile import unit_names
 from topokeeper.headnode.failures import Failed
+from topokeeper.headnode.output import put_object, read_upload_target
 from topokeeper.headnode.scontrol import (
     LiveTopologies,
     Scontrol,
@@ -33,7 +35,15 @@ from topokeeper.headnode.scontrol import (
     find_scontrol,
     live_partitions,
 )
-from topokeeper.wire import FIRST_YAML_VERSION, compress, one_line, parse_slurm_version
+from topokeeper.wire import (
+    FIRST_YAML_VERSION,
+    MAX_FULL_RESULT_BYTES,
+    MAX_STDOUT_CHARS,
+    UPLOAD_TIMEOUT_SECONDS,
+    compress,
+    one_line,
+    parse_slurm_version,
+)
 
 SCHEMA = "topokeeper.placement-facts/1"
 MAX_TEXT = 64
@@ -161,14 +171,35 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         description="Print the jobs, node states and topologies topokeeper placement needs (read-only, compact).",
     )
     parser.add_argument("--scontrol", metavar="PATH", help="the scontrol to run (default: found as the applier does)")
+    parser.add_argument("--upload-result", metavar="PATH", help="where a document too large for stdout goes (SSM)")
     args = parser.parse_args(argv)
     try:
         document = collect(os.environ if environ is None else environ, args.scontrol)
     except Failed as error:
         print(json.dumps({"schema": SCHEMA, "error": one_line(str(error))[:300]}))
         return 1
-    print(json.dumps(document, separators=(",", ":")))
+    text = json.dumps(document, separators=(",", ":"))
+    if args.upload_result is not None and len(text) > MAX_STDOUT_CHARS:
+        # SSM keeps 24,000 characters of stdout: the whole document goes where the command said, as the applier's.
+        text = json.dumps(uploaded(text.encode(), args.upload_result))
+    print(text)
     return 0
+
+
+def uploaded(body: bytes, target_path: str) -> Dict[str, object]:
+    """PUT the whole document to the command's presigned URL; what stdout says instead (``full_result``)."""
+    pointer: Dict[str, object] = {"key": None, "bytes": len(body), "sha256": None, "error": None}
+    try:
+        target = read_upload_target(target_path)
+        pointer["key"] = target.key
+        if len(body) > MAX_FULL_RESULT_BYTES:
+            raise ValueError("%d bytes, over the %d this program uploads" % (len(body), MAX_FULL_RESULT_BYTES))
+        put_object(target.url, body, UPLOAD_TIMEOUT_SECONDS)
+        pointer["sha256"] = hashlib.sha256(body).hexdigest()
+    except Exception as error:  # http.client's errors are no OSError; stdout must still say what happened
+        pointer["error"] = one_line("upload: %s" % error)[:300]
+    error_text = None if pointer["sha256"] else "the facts do not fit stdout and %s" % pointer["error"]
+    return {"schema": SCHEMA, "error": error_text, "full_result": pointer}
 
 
 if __name__ == "__main__":
