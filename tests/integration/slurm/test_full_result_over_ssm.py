@@ -106,7 +106,9 @@ def test_a_5000_node_table_comes_back_whole_through_the_bucket_and_the_replan_us
         f"results/{CLUSTER}/{controller.cluster.head_node}-"
     )
     assert stale.full_result["error"] is None and stale.full_result["bytes"] > 10 * MAX_STDOUT_CHARS
-    assert (report.outcome, stale.dropped, len(stale.slurm_nodes or [])) == (Outcome.STALE_BINDINGS, {}, 5000)
+    # The re-bound node is deferred, every other node applied; the retry plans it with the table that came back.
+    assert (report.outcome, stale.dropped, len(stale.slurm_nodes or [])) == (Outcome.APPLIED, {}, 5000)
+    assert [row[0] for row in stale.deferred] == ["gpu-st-p5-1"]
     state = controller.now_state()
     assert len(state.slurm_nodes or []) == 5000
     assert {r.name: r.address for r in state.slurm_nodes or []}["gpu-st-p5-1"] == "10.0.0.9"
