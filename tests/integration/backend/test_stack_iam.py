@@ -55,18 +55,16 @@ ELSEWHERE: set[Brief] = {
     ("topokeeper-drift", "s3:GetObject", PROVISIONING),
 }
 # Not shown needed by any simulation (make reliability's full sweep), each with why it stays: AWS needs it on a
-# path the simulator does not build, or two statements grant it (removing either alone refuses nothing).
+# path the simulator does not build.
 UNPROVEN: dict[Brief, str] = {
     ("topokeeper-drift", "s3:GetObject", PROVISIONING): "legacy clusters (no SlurmConfig) keep the partition mapping "
-    "there; the simulator builds SlurmConfig clusters only. With a login endpoint LegacyLoginGroup grants it again",
-    ("topokeeper-ingest", "s3:GetObject", PROVISIONING): "LegacyLoginGroup: a legacy cluster's login group is named "
-    "there; the simulator builds SlurmConfig clusters only",
+    "and login group there; the simulator builds SlurmConfig clusters only",
+    ("topokeeper-ingest", "s3:GetObject", PROVISIONING): "a legacy cluster's login group is named there; the "
+    "simulator builds SlurmConfig clusters only",
     ("topokeeper-reconcile", "s3:GetObject", PROVISIONING): "legacy clusters' partition mapping; the simulator "
     "builds SlurmConfig clusters only",
-    ("topokeeper-drift", "sagemaker:DescribeCluster", "cluster/*"): "LoginNodes, attached to drift with a login "
-    "endpoint, repeats the three actions drift's own facts statement grants",
-    ("topokeeper-ingest", "sagemaker:DescribeCluster", "cluster/*"): "the simulated HyperPod clusters all have a "
-    "login endpoint, whose LoginNodes grants ingest DescribeCluster again",
+    ("topokeeper-ingest", "sagemaker:DescribeCluster", "cluster/*"): "a CloudTrail record naming a configured "
+    "cluster by its ARN (cluster_name_of_arn); the simulated calls name clusters by name",
     ("topokeeper-drift", "ec2:DescribeInstanceTopology", "*"): "drift plans from the node-facts cache reconcile "
     "filled; AWS needs it when an entry is missing (expired, table rebuilt), which no scenario plays before drift",
     ("topokeeper-drift", "kms:Decrypt", "<data-key>"): "drift reading the plan bucket with no write of its own "
