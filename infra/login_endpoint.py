@@ -288,7 +288,10 @@ class LoginTargetSync(Construct):
         *,
         endpoints: dict[str, LoginEndpoint],
         functions: list[lambda_.Function],
+        node_readers: list[lambda_.Function],
     ) -> None:
+        """``node_readers``: those of ``functions`` whose own policy does not already read HyperPod's nodes and
+        a legacy cluster's provisioning_parameters.json (drift's does): a second grant proves nothing needed."""
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         groups = {name: endpoint.target_group.ref for name, endpoint in sorted(endpoints.items())}
@@ -309,22 +312,6 @@ class LoginTargetSync(Construct):
                     sid="TargetHealth", actions=["elasticloadbalancing:DescribeTargetHealth"], resources=["*"]
                 ),
                 iam.PolicyStatement(
-                    sid="LoginNodes",
-                    actions=[
-                        "sagemaker:DescribeCluster",
-                        "sagemaker:ListClusterNodes",
-                        "sagemaker:DescribeClusterNode",
-                    ],
-                    resources=[arn("sagemaker", "cluster/*")],
-                ),
-                iam.PolicyStatement(
-                    sid="LegacyLoginGroup",
-                    actions=["s3:GetObject"],
-                    resources=[f"arn:{Aws.PARTITION}:s3:::{PROVISIONING_PARAMETERS_OBJECTS}"],
-                    # Bucket ARNs name no account: without this, any account's sagemaker-* bucket would do.
-                    conditions={"StringEquals": {"s3:ResourceAccount": Aws.ACCOUNT_ID}},
-                ),
-                iam.PolicyStatement(
                     sid="AuditEvents",
                     actions=["events:PutEvents"],
                     resources=[arn("events", f"event-bus/{EVENT_BUS_NAME}")],
@@ -336,24 +323,46 @@ class LoginTargetSync(Construct):
             function.add_environment(LOGIN_TARGET_GROUPS_ENV, stack.to_json_string(groups))
             if function.role is not None:
                 self.policy.attach_to_role(function.role)
+        for function in node_readers:
+            if function.role is not None:
+                _grant_login_node_reads(function.role, arn("sagemaker", "cluster/*"))
         acknowledge(
             self.policy,
             "IAM5[Resource::*]",
             "No resource-level permissions exist for elasticloadbalancing:DescribeTargetHealth (Service "
             "Authorization Reference); read-only",
         )
-        acknowledge(
-            self.policy,
-            "IAM5[Resource::arn:<AWS::Partition>:sagemaker:<AWS::Region>:<AWS::AccountId>:cluster/*]",
-            "HyperPod cluster ARNs carry a generated id, not the configured name; read-only Describe/List calls "
-            "that find the login group's nodes and their IPs",
+
+
+def _grant_login_node_reads(role: iam.IRole, clusters: str) -> None:
+    """Find the login group's nodes and their IPs: in the role's own policy, where CDK merges the Describe/List
+    calls with a DescribeCluster the role already has."""
+    role.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["sagemaker:DescribeCluster", "sagemaker:ListClusterNodes", "sagemaker:DescribeClusterNode"],
+            resources=[clusters],
         )
-        acknowledge(
-            self.policy,
-            "IAM5[Resource::arn:<AWS::Partition>:s3:::sagemaker-*/*provisioning_parameters.json]",
-            "Legacy HyperPod clusters name their login group in provisioning_parameters.json in a lifecycle "
-            "bucket HyperPod requires to be named sagemaker-*; read-only, and only that file name",
+    )
+    role.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["s3:GetObject"],
+            resources=[f"arn:{Aws.PARTITION}:s3:::{PROVISIONING_PARAMETERS_OBJECTS}"],
+            # Bucket ARNs name no account: without this, any account's sagemaker-* bucket would do.
+            conditions={"StringEquals": {"s3:ResourceAccount": Aws.ACCOUNT_ID}},
         )
+    )
+    acknowledge(
+        role,
+        "IAM5[Resource::arn:<AWS::Partition>:sagemaker:<AWS::Region>:<AWS::AccountId>:cluster/*]",
+        "HyperPod cluster ARNs carry a generated id, not the configured name; read-only Describe/List calls "
+        "that find the login group's nodes and their IPs",
+    )
+    acknowledge(
+        role,
+        "IAM5[Resource::arn:<AWS::Partition>:s3:::sagemaker-*/*provisioning_parameters.json]",
+        "Legacy HyperPod clusters name their login group in provisioning_parameters.json in a lifecycle "
+        "bucket HyperPod requires to be named sagemaker-*; read-only, only that file name, only in this account",
+    )
 
 
 def installer_statements(

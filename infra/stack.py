@@ -119,6 +119,7 @@ class TopokeeperStack(Stack):
                 "LoginTargetSync",
                 endpoints=self.login_endpoints,
                 functions=[self.functions.ingest, self.functions.drift],
+                node_readers=[self.functions.ingest],
             )
             outputs["DataKeyArn"] = (self.key.key.key_arn, "topokeeper login rotate-host-keys --kms-key-id")
         if ec2_login_clusters(settings.clusters) and self.functions.ingest.role is not None:

@@ -218,8 +218,33 @@ class LambdaHost:
             self._world.note(
                 "error", f"{function} failed on {event.get('detail-type')}: {type(error).__name__}: {error}"
             )
+            self._send_to_on_failure_destination(function, event, error)
             return
         self._world.handled(function, event, result)
+
+    def _send_to_on_failure_destination(self, function: str, event: dict[str, Any], error: Exception) -> None:
+        """What Lambda does with an asynchronous event that still fails: it sends an invocation record to the
+        function's on-failure destination (the event dead-letter queue) with the function's role. The simulator
+        runs each invocation once, where Lambda would have retried it first."""
+        world = self._world
+        record = {
+            "version": "1.0",
+            "timestamp": world.now().isoformat(),
+            "requestContext": {
+                "requestId": str(uuid.uuid4()),
+                "functionArn": f"arn:aws:lambda:{world.emulator.region}:{world.emulator.account_id}:function:"
+                f"topokeeper-{function}:$LATEST",
+                "condition": "RetriesExhausted",
+                "approximateInvokeCount": 1,
+            },
+            "requestPayload": event,
+            "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
+            "responsePayload": {"errorMessage": str(error), "errorType": type(error).__name__},
+        }
+        with self.acting_as(function):
+            client("sqs").send_message(
+                QueueUrl=world.stack.dead_letter_urls[spec.EVENT_DLQ], MessageBody=json.dumps(record, default=str)
+            )
 
     def _drain_work(self) -> int:
         world = self._world
