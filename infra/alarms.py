@@ -21,7 +21,7 @@ _PERIOD = Duration.seconds(spec.ALARM_PERIOD_SECONDS)
 _ROW_HEIGHT = 6
 _LABEL_WIDTH = 4
 _GRAPH_WIDTH = 4  # five graphs and the label fill the dashboard's 24 columns
-_PLACEMENT_WIDTH = 20 // 3  # the placement row: the label and three graphs
+_PLACEMENT_WIDTH = 5  # the placement row: the label and four graphs
 
 
 def cluster_metric(metric: Metric, cluster: str, statistic: str, period: Duration = _PERIOD) -> cloudwatch.Metric:
@@ -209,4 +209,10 @@ class Monitoring(Construct):
             graph("Largest job one leaf or block can start", Metric.LARGEST_PLACEABLE_JOB_NODES, "Minimum"),
             graph("Running jobs spread beyond need", Metric.JOBS_SPREAD_BEYOND_NEED, "Maximum"),
             graph("Longest wait on topology (s)", Metric.TOPOLOGY_PENDING_SECONDS, "Maximum"),
+            cloudwatch.GraphWidget(
+                title="Placement facts not read",
+                left=[cluster_metric(Metric.PLACEMENT_FACTS_FAILURES, cluster, "Sum")],
+                width=_PLACEMENT_WIDTH,
+                height=_ROW_HEIGHT,
+            ),
         ]
