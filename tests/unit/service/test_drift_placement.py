@@ -8,9 +8,12 @@ import pytest
 
 from tests.unit.service.test_drift_usecases import _applied
 from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper.contract.config import Settings
 from topokeeper.contract.errors import Permanent
 from topokeeper.contract.ports import Metric
 from topokeeper.service.controller import check_drift
+from topokeeper.wiring import runtime as runtime_module
+from topokeeper.wiring.runtime import PLACEMENT_FACTS_SECONDS, LambdaEnvironment, Runtime
 
 NOW = 1_796_400_000
 # Two leaves of four; job 7 runs on one node of each (one leaf would do), job 8 waits 600 s for 4 nodes in
@@ -94,3 +97,32 @@ def test_a_cluster_that_did_not_opt_in_is_not_asked() -> None:
     check_drift(controller.cluster, deps)
     assert asked == []
     assert controller.metrics.values(Metric.PLACEMENT_FACTS_FAILURES) == []
+
+
+def test_the_drift_function_reads_the_facts_over_its_ssm_channel_in_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[tuple[str, float]] = []
+
+    class Channel:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def placement_facts(self, timeout: float) -> dict[str, Any]:
+            asked.append((self.name, timeout))
+            return FACTS
+
+    monkeypatch.setattr(Runtime, "ssm_channel", lambda self, cluster, deadline=None: Channel(cluster.name))
+    cluster = {"name": "pc", "orchestrator": "ec2", "head_node": "i-0123456789abcdef0", "placement_metrics": True}
+    settings = Settings.model_validate({"clusters": [cluster]})
+    env = LambdaEnvironment(
+        TOPOKEEPER_CONFIG=settings.to_env(),
+        TABLE_NAME="topokeeper-state",
+        BUCKET_NAME="topokeeper-plans",
+        QUEUE_URL="https://sqs.us-east-1.amazonaws.com/123456789012/topokeeper-work.fifo",
+    )
+    monkeypatch.setattr(runtime_module, "client", lambda service, region=None: object())
+    deps = Runtime(env=env, settings=settings).drift_deps()
+    assert deps.placement_facts is not None
+    assert deps.placement_facts(settings.clusters[0]) is FACTS
+    assert asked == [("pc", PLACEMENT_FACTS_SECONDS)]
