@@ -15,12 +15,13 @@ from infra.encryption import DataKey
 from infra.functions import Functions
 from topokeeper.contract import stack_spec as spec
 from topokeeper.contract.config import Settings
-from topokeeper.contract.ports import METRICS_DIMENSION, METRICS_NAMESPACE, Metric
+from topokeeper.contract.ports import METRICS_DIMENSION, METRICS_NAMESPACE, METRICS_PARTITION_DIMENSION, Metric
 
 _PERIOD = Duration.seconds(spec.ALARM_PERIOD_SECONDS)
 _ROW_HEIGHT = 6
 _LABEL_WIDTH = 4
 _GRAPH_WIDTH = 4  # five graphs and the label fill the dashboard's 24 columns
+_PLACEMENT_WIDTH = 5  # the placement row: the label and four graphs
 
 
 def cluster_metric(metric: Metric, cluster: str, statistic: str, period: Duration = _PERIOD) -> cloudwatch.Metric:
@@ -30,6 +31,31 @@ def cluster_metric(metric: Metric, cluster: str, statistic: str, period: Duratio
         dimensions_map={METRICS_DIMENSION: cluster},
         statistic=statistic,
         period=period,
+    )
+
+
+def partition_metric(
+    metric: Metric, cluster: str, partition: str, statistic: str, period: Duration
+) -> cloudwatch.Metric:
+    return cloudwatch.Metric(
+        namespace=METRICS_NAMESPACE,
+        metric_name=metric.value,
+        dimensions_map={METRICS_DIMENSION: cluster, METRICS_PARTITION_DIMENSION: partition},
+        statistic=statistic,
+        period=period,
+    )
+
+
+def every_partition(metric: Metric, cluster: str, statistic: str) -> cloudwatch.MathExpression:
+    """One line per partition: partitions are discovered, not configured, so the dashboard searches for them.
+    Cluster names and metric names are validated to ``[A-Za-z0-9._-]``: nothing to escape in the search."""
+    dimensions = f"{METRICS_NAMESPACE},{METRICS_DIMENSION},{METRICS_PARTITION_DIMENSION}"
+    search = f'{{{dimensions}}} MetricName="{metric.value}" {METRICS_DIMENSION}="{cluster}"'
+    return cloudwatch.MathExpression(
+        expression=f"SEARCH('{search}', '{statistic}', {spec.ALARM_PERIOD_SECONDS})",
+        using_metrics={},
+        label=metric.value,
+        period=_PERIOD,
     )
 
 
@@ -69,6 +95,10 @@ class Monitoring(Construct):
             "bucket, or the head node trusts another signing key",
             Metric.NODES_WITHOUT_TOPOLOGY_DATA: "nodes lacked the network layers their Kueue Topology needs in "
             "{periods} checks (not reported yet, partial capacity-reservation topology, or not describable)",
+            Metric.LARGEST_PLACEABLE_JOB_NODES: "the largest job one leaf or block of partition {partition} can "
+            "start stayed under {threshold:g} nodes in {periods} drift checks (`topokeeper placement`)",
+            Metric.TOPOLOGY_PENDING_SECONDS: "a job of partition {partition} waited on topology over {threshold:g} s"
+            " in {periods} drift checks (`topokeeper placement`)",
         }
         for cluster in settings.clusters:
             for metric, alarm in spec.cluster_alarms(settings, cluster).items():
@@ -76,6 +106,17 @@ class Monitoring(Construct):
                     f"{cluster.name}-{metric}",
                     cluster_metric(metric, cluster.name, alarm.statistic, Duration.seconds(alarm.period_seconds)),
                     f"{cluster.name}: " + descriptions[metric].format(periods=alarm.evaluation_periods),
+                    alarm,
+                )
+            for partition, metric, alarm in spec.placement_alarms(settings, cluster):
+                period = Duration.seconds(alarm.period_seconds)
+                self._alarm(
+                    f"{cluster.name}-{partition}-{metric}",
+                    partition_metric(metric, cluster.name, partition, alarm.statistic, period),
+                    f"{cluster.name}: "
+                    + descriptions[metric].format(
+                        partition=partition, threshold=alarm.threshold, periods=alarm.evaluation_periods
+                    ),
                     alarm,
                 )
         depth = spec.DEAD_LETTER_DEPTH_ALARM
@@ -108,6 +149,8 @@ class Monitoring(Construct):
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=f"{self._prefix}-clusters")
         for cluster in settings.clusters:
             self.dashboard.add_widgets(*self._cluster_row(cluster.name))
+            if cluster.placement_metrics:
+                self.dashboard.add_widgets(*self._placement_row(cluster.name))
 
     def _alarm(self, name: str, metric: cloudwatch.IMetric, description: str, alarm: spec.AlarmSpec) -> None:
         created = cloudwatch.Alarm(
@@ -149,4 +192,27 @@ class Monitoring(Construct):
                 cluster_metric(Metric.RECONCILE_SECONDS, cluster, "Maximum"),
             ),
             graph("Events coalesced", cluster_metric(Metric.EVENTS_COALESCED, cluster, "Sum")),
+        ]
+
+    @staticmethod
+    def _placement_row(cluster: str) -> list[cloudwatch.IWidget]:
+        def graph(title: str, metric: Metric, statistic: str) -> cloudwatch.GraphWidget:
+            return cloudwatch.GraphWidget(
+                title=title,
+                left=[every_partition(metric, cluster, statistic)],
+                width=_PLACEMENT_WIDTH,
+                height=_ROW_HEIGHT,
+            )
+
+        return [
+            cloudwatch.TextWidget(markdown=f"### {cluster}: placement", width=_LABEL_WIDTH, height=_ROW_HEIGHT),
+            graph("Largest job one leaf or block can start", Metric.LARGEST_PLACEABLE_JOB_NODES, "Minimum"),
+            graph("Running jobs spread beyond need", Metric.JOBS_SPREAD_BEYOND_NEED, "Maximum"),
+            graph("Longest wait on topology (s)", Metric.TOPOLOGY_PENDING_SECONDS, "Maximum"),
+            cloudwatch.GraphWidget(
+                title="Placement facts not read",
+                left=[cluster_metric(Metric.PLACEMENT_FACTS_FAILURES, cluster, "Sum")],
+                width=_PLACEMENT_WIDTH,
+                height=_ROW_HEIGHT,
+            ),
         ]

@@ -172,8 +172,12 @@ class MemoryAuditSink:
 class MemoryMetrics:
     def __init__(self) -> None:
         self.points: list[tuple[str, Metric, float]] = []
+        self.partition_points: list[tuple[str, str, Metric, float]] = []  # (cluster, partition, metric, value)
 
-    def emit(self, cluster: str, metric: Metric, value: float) -> None:
+    def emit(self, cluster: str, metric: Metric, value: float, partition: str | None = None) -> None:
+        if partition is not None:
+            self.partition_points.append((cluster, partition, metric, value))
+            return
         self.points.append((cluster, metric, value))
 
     def values(self, metric: Metric) -> list[float]:

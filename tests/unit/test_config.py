@@ -4,7 +4,7 @@ from pydantic import ValidationError
 from topokeeper.contract.config import MAX_CONFIG_BYTES, ClusterConfig, Mode, Settings
 from topokeeper.contract.errors import InputError
 from topokeeper.contract.ports import Channel, Metric
-from topokeeper.contract.stack_spec import Comparison, cluster_alarms
+from topokeeper.contract.stack_spec import Comparison, cluster_alarms, placement_alarms
 
 
 def test_hyperpod_defaults_to_verify_through_the_agent() -> None:
@@ -154,3 +154,64 @@ def test_a_head_node_id_of_the_wrong_shape_says_what_is_wrong_with_it(head_node:
     converted = InputError.from_validation(error.value)
     assert converted.field == "clusters[0].head_node"
     assert says in converted.message and "HyperPod" not in converted.message, converted.message
+
+
+_EC2 = {"name": "pc", "orchestrator": "ec2", "head_node": "i-0123456789abcdef0"}
+
+
+@pytest.mark.parametrize(
+    ("cluster", "field", "message"),
+    [
+        ({"name": "hp", "placement_metrics": True}, "clusters[0]", "placement_metrics: only for channel ssm clusters"),
+        (
+            {**_EC2, "placement_alarms": {"gpu": {"largest_placeable_below": 8}}},
+            "clusters[0]",
+            "placement_alarms: set placement_metrics true too",
+        ),
+        (
+            {**_EC2, "placement_metrics": True, "placement_alarms": {"gpu": {}}},
+            "clusters[0].placement_alarms.gpu",
+            "give largest_placeable_below, topology_pending_seconds_above or both",
+        ),
+        (
+            {**_EC2, "placement_metrics": True, "placement_alarms": {"gpu": {"largest_placable_below": 8}}},
+            "clusters[0].placement_alarms.gpu.largest_placable_below",
+            "did you mean 'largest_placeable_below'?",
+        ),
+        ({**_EC2, "placment_metrics": True}, "clusters[0].placment_metrics", "did you mean 'placement_metrics'?"),
+    ],
+)
+def test_placement_metrics_are_for_ssm_clusters_and_their_alarms_need_them(
+    cluster: dict, field: str, message: str
+) -> None:
+    with pytest.raises(ValidationError) as error:
+        Settings.model_validate({"clusters": [cluster]})
+    converted = InputError.from_validation(error.value, model=Settings)
+    assert converted.field == field and message in converted.message, converted
+
+
+def test_placement_alarms_follow_the_drift_check() -> None:
+    settings = Settings.model_validate(
+        {
+            "clusters": [
+                {
+                    **_EC2,
+                    "placement_metrics": True,
+                    "placement_alarms": {
+                        "gpu": {"largest_placeable_below": 8, "topology_pending_seconds_above": 3600},
+                        "dev": {"topology_pending_seconds_above": 600},
+                    },
+                }
+            ]
+        }
+    )
+    assert Settings.model_validate_json(settings.to_env()) == settings
+    alarms = [
+        (p, m, a.statistic, a.threshold, a.comparison) for p, m, a in placement_alarms(settings, settings.clusters[0])
+    ]
+    assert alarms == [
+        ("dev", Metric.TOPOLOGY_PENDING_SECONDS, "Maximum", 600, Comparison.GREATER_THAN_THRESHOLD),
+        ("gpu", Metric.LARGEST_PLACEABLE_JOB_NODES, "Minimum", 8, Comparison.LESS_THAN_THRESHOLD),
+        ("gpu", Metric.TOPOLOGY_PENDING_SECONDS, "Maximum", 3600, Comparison.GREATER_THAN_THRESHOLD),
+    ]
+    assert placement_alarms(settings, Settings.model_validate({"clusters": [_EC2]}).clusters[0]) == []

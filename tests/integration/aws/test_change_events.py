@@ -41,7 +41,7 @@ class Metrics:
     def __init__(self) -> None:
         self.points: list[tuple[str, str, float]] = []
 
-    def emit(self, cluster: str, metric: Metric, value: float) -> None:
+    def emit(self, cluster: str, metric: Metric, value: float, partition: str | None = None) -> None:
         self.points.append((cluster, metric.value, value))
 
 

@@ -34,7 +34,7 @@ TABLE = "topokeeper-state"
 class RecordedMetrics:
     values: list[tuple[str, Metric, float]] = field(default_factory=list)
 
-    def emit(self, cluster: str, metric: Metric, value: float) -> None:
+    def emit(self, cluster: str, metric: Metric, value: float, partition: str | None = None) -> None:
         self.values.append((cluster, metric, value))
 
     def last(self, metric: Metric) -> float:

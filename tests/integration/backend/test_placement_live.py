@@ -99,3 +99,26 @@ def test_live_placement_errors_in_one_line(world_factory, tmp_path: Path, capsys
     assert main(["placement", "--cluster", world.cluster.name, "--deployment", deployment]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "mi-0123456789abcdef0" in error, error
+
+
+def test_the_drift_check_emits_the_figures_placement_shows(
+    world_factory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``placement_metrics``: the drift function reads the same facts over SSM and emits, per partition, what
+    ``topokeeper placement`` shows for them."""
+    world = world_factory(small_scenario(placement_metrics=True))
+    world.settle()
+    world.head.controller.submit("ml-p5", 2, "--hold", f"--job-name={HOSTILE}")
+    world.metrics.partition_points.clear()
+    world.functions.invoke("drift", {})
+    emitted = {(partition, metric): value for _, _, partition, metric, value in world.metrics.partition_points}
+    shown = _offline(world, tmp_path, capsys)["partitions"]
+    assert shown and emitted, (shown, emitted)
+    assert {p: v for (p, m), v in emitted.items() if m == "LargestPlaceableJobNodes"} == {
+        item["partition"]: item["largest_placeable"] for item in shown
+    }
+    assert {p: v for (p, m), v in emitted.items() if m == "JobsSpreadBeyondNeed"} == {
+        item["partition"]: item["jobs_spread_beyond_need"] for item in shown
+    }
+    assert [v for (p, m), v in emitted.items() if m == "TopologyPendingSeconds"] == [0] * len(shown)
+    assert not (world.head.controller.root / "tmp" / "pwned").exists()

@@ -182,6 +182,20 @@ class LoginEndpointConfig(BaseModel):
         return self
 
 
+class PlacementAlarm(BaseModel):
+    """Alarms on one partition's placement metrics (docs/placement.md); each threshold optional."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    largest_placeable_below: int | None = Field(None, ge=1)  # LargestPlaceableJobNodes under this: alarm
+    topology_pending_seconds_above: int | None = Field(None, ge=0)  # TopologyPendingSeconds over this: alarm
+
+    @model_validator(mode="after")
+    def _some_threshold(self) -> PlacementAlarm:
+        if self.largest_placeable_below is None and self.topology_pending_seconds_above is None:
+            raise ValueError("give largest_placeable_below, topology_pending_seconds_above or both")
+        return self
+
+
 class ClusterConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -200,9 +214,13 @@ class ClusterConfig(BaseModel):
     # Enforce over ParallelCluster's own generated topology.conf: replace it, and repair its regeneration as drift.
     replace_parallelcluster_topology: StrictBool = False
     login: LoginEndpointConfig = LoginEndpointConfig()
+    # Per-partition placement metrics from the head node's placement facts, read at each drift check (SSM only).
+    placement_metrics: StrictBool = False
+    placement_alarms: dict[SlurmName, PlacementAlarm] = Field(default_factory=empty_dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> ClusterConfig:
+        self._placement_consistent()
         if self.replace_parallelcluster_topology and (
             self.orchestrator is not Orchestrator.EC2 or self.effective_mode is not Mode.ENFORCE
         ):
@@ -239,6 +257,17 @@ class ClusterConfig(BaseModel):
                 "as an SSM hybrid managed node and give its mi- id"
             )
         return self
+
+    def _placement_consistent(self) -> None:
+        if self.placement_alarms and not self.placement_metrics:
+            raise ValueError("placement_alarms: set placement_metrics true too (the alarms watch its metrics)")
+        if self.placement_metrics and (
+            self.orchestrator is Orchestrator.EKS or self.effective_channel is not Channel.SSM
+        ):
+            raise ValueError(
+                "placement_metrics: only for channel ssm clusters for now (the agent channel does not read "
+                "placement facts yet)"
+            )
 
     @property
     def effective_mode(self) -> Mode:

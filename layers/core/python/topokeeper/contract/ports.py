@@ -190,6 +190,7 @@ class Clock(Protocol):
 
 METRICS_NAMESPACE = "topokeeper"
 METRICS_DIMENSION = "cluster"
+METRICS_PARTITION_DIMENSION = "partition"
 
 
 class Metric(StrEnum):
@@ -209,10 +210,17 @@ class Metric(StrEnum):
     MANAGED_TOPOLOGY_UPDATES = "ManagedTopologyUpdates"  # HyperPod's own UpdatePartitionTopology records
     # EKS: nodes with no network layers, or fewer than their flavor's Kueue Topology needs
     NODES_WITHOUT_TOPOLOGY_DATA = "NodesWithoutTopologyData"
+    # Per partition (dimension ``partition`` too), for clusters with ``placement_metrics`` (docs/placement.md):
+    LARGEST_PLACEABLE_JOB_NODES = "LargestPlaceableJobNodes"  # the largest job one leaf or block can start now
+    JOBS_SPREAD_BEYOND_NEED = "JobsSpreadBeyondNeed"  # running jobs over more leaves or blocks than their size needs
+    TOPOLOGY_PENDING_SECONDS = "TopologyPendingSeconds"  # the longest wait of a job pending on topology (0: none)
+    PLACEMENT_FACTS_FAILURES = "PlacementFactsFailures"  # the head node's placement facts could not be read
 
 
 class Metrics(Protocol):
-    def emit(self, cluster: str, metric: Metric, value: float) -> None: ...
+    def emit(self, cluster: str, metric: Metric, value: float, partition: str | None = None) -> None:
+        """``partition``: a second dimension (``METRICS_PARTITION_DIMENSION``), for the per-partition metrics."""
+        ...
 
 
 class RateLimiter(Protocol):

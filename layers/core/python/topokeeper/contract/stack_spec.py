@@ -194,6 +194,35 @@ def cluster_alarms(settings: Settings, cluster: ClusterConfig) -> dict[Metric, A
     return alarms
 
 
+def placement_alarms(settings: Settings, cluster: ClusterConfig) -> list[tuple[str, Metric, AlarmSpec]]:
+    """The alarms ``placement_alarms`` asks for: (partition, metric, spec), on the metrics with dimensions cluster
+    and partition. One per drift check like the drift alarm; no data (facts not read) keeps the last verdict."""
+    period = drift_alarm_period_seconds(settings)
+    alarms: list[tuple[str, Metric, AlarmSpec]] = []
+    for partition, wanted in sorted(cluster.placement_alarms.items()):
+        if wanted.largest_placeable_below is not None:
+            below = AlarmSpec(
+                "Minimum",
+                period,
+                evaluation_periods=settings.drift_alarm_periods,
+                threshold=wanted.largest_placeable_below,
+                comparison=Comparison.LESS_THAN_THRESHOLD,
+                missing=MissingData.MISSING,
+            )
+            alarms.append((partition, Metric.LARGEST_PLACEABLE_JOB_NODES, below))
+        if wanted.topology_pending_seconds_above is not None:
+            above = AlarmSpec(
+                "Maximum",
+                period,
+                evaluation_periods=settings.drift_alarm_periods,
+                threshold=wanted.topology_pending_seconds_above,
+                comparison=Comparison.GREATER_THAN_THRESHOLD,
+                missing=MissingData.MISSING,
+            )
+            alarms.append((partition, Metric.TOPOLOGY_PENDING_SECONDS, above))
+    return alarms
+
+
 def cluster_alarm_name(prefix: str, cluster: str, metric: Metric) -> str:
     return f"{prefix}-{cluster}-{metric.value}"
 

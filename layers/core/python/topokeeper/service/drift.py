@@ -18,7 +18,9 @@ from typing import Literal
 from pydantic import BaseModel
 
 from topokeeper.contract.config import ClusterConfig, Mode, Settings
-from topokeeper.contract.ports import ApplyResult, ClusterState, Metric, NodeMove, Outcome, Trigger
+from topokeeper.contract.errors import TopokeeperError
+from topokeeper.contract.ports import ApplyResult, ClusterState, Metric, NodeMove, Outcome, Trigger, log
+from topokeeper.domain import placement
 from topokeeper.render.bundle import Bundle
 from topokeeper.service.live import live_status
 from topokeeper.service.reconcile import (
@@ -149,6 +151,8 @@ def check_slurm_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     aws = aws_status(state, rendered.sha256, now, deps.settings)
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing_topology(rendered))
+    if cluster.placement_metrics:
+        emit_placement_metrics(cluster, deps)
 
     drift: int | None = 1 if live == "drift" or aws == "changed" else (0 if live in ("in_sync", "pending") else None)
     if drift is not None:
@@ -172,6 +176,28 @@ def check_slurm_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by
         requested_by=requested_by,
         verify_request=request if not writing else None,
     )
+
+
+def emit_placement_metrics(cluster: ClusterConfig, deps: ControllerDeps) -> None:
+    """Each partition's placement figures (docs/placement.md) as metrics. They are a view, not the drift
+    verdict: a head node that cannot give its facts is logged and counted, and the check goes on."""
+    try:
+        if deps.placement_facts is None:
+            raise TopokeeperError("this function cannot read placement facts (channel ssm only)")
+        facts = placement.facts_from_compact(deps.placement_facts(cluster), f"{cluster.name}: placement-facts")
+    # A view only: whatever stops it (a lost connection too) never fails the drift check.
+    except Exception as error:
+        log.warning("placement metrics of %s not emitted: %s", cluster.name, error)
+        deps.metrics.emit(cluster.name, Metric.PLACEMENT_FACTS_FAILURES, 1)
+        return
+    deps.metrics.emit(cluster.name, Metric.PLACEMENT_FACTS_FAILURES, 0)
+    for figure in placement.figures(facts):
+        name = figure.partition
+        deps.metrics.emit(cluster.name, Metric.LARGEST_PLACEABLE_JOB_NODES, figure.largest, partition=name)
+        spread = sum(job.beyond_need for job in figure.spread)
+        deps.metrics.emit(cluster.name, Metric.JOBS_SPREAD_BEYOND_NEED, spread, partition=name)
+        waits = [job.seconds for job in figure.pending if job.on_topology]
+        deps.metrics.emit(cluster.name, Metric.TOPOLOGY_PENDING_SECONDS, max(waits, default=0), partition=name)
 
 
 DriftAction = Literal["none", "reported", "reconcile-requested"]

@@ -188,6 +188,8 @@ class ControllerDeps:
     # EKS clusters only: their Kueue files and the audit of each change (service/eks.py).
     kueue: KueueStore | None = None
     audit: AuditSink | None = None
+    # Channel-ssm clusters with placement_metrics: the head node's placement-facts document (the drift check's).
+    placement_facts: Callable[[ClusterConfig], object] | None = None
 
 
 class ReconcileReport(BaseModel):

@@ -28,6 +28,8 @@ class SimMetrics:
     def __init__(self, world: World) -> None:
         self._world = world
         self.points: list[tuple[float, str, str, float]] = []  # (simulated seconds, cluster, metric, value)
+        # (simulated seconds, cluster, partition, metric, value): per-partition points, which no alarm here watches
+        self.partition_points: list[tuple[float, str, str, str, float]] = []
         self.alarm_states: list[tuple[float, str, AlarmState]] = []  # (simulated seconds, alarm, new state)
         self._alarms = {(a.cluster, a.metric): a for a in world.stack.alarms}
         self._datapoints: dict[str, list[tuple[float, float]]] = {a.name: [] for a in world.stack.alarms}
@@ -41,8 +43,11 @@ class SimMetrics:
         for period in sorted({a.spec.period_seconds for a in self._alarms.values()}):
             self._schedule_boundary(period)
 
-    def emit(self, cluster: str, metric: Metric, value: float) -> None:
+    def emit(self, cluster: str, metric: Metric, value: float, partition: str | None = None) -> None:
         world = self._world
+        if partition is not None:
+            self.partition_points.append((world.clock.monotonic(), cluster, partition, metric.value, value))
+            return
         self.points.append((world.clock.monotonic(), cluster, metric.value, value))
         if metric is Metric.RECONCILE_SECONDS:
             world.counters.reconciles += 1

@@ -106,6 +106,8 @@ class ClusterSpec(_Strict):
     # HyperPod writes the topology itself after node changes (emulated, see sim/aws/hyperpod/managed_topology)
     # and records each change in CloudTrail: what verify mode watches.
     managed_topology: bool = False
+    # The drift check reads the head node's placement facts and emits the per-partition placement metrics.
+    placement_metrics: bool = False
     instance_groups: list[InstanceGroup] = Field(min_length=1, max_length=100)
     seed: int = Field(7, ge=0, le=2**64 - 1)
     # An NLB's IP target group the functions keep equal to the running login nodes (the login group's).

@@ -138,6 +138,7 @@ class World:
             head_node=self.head_node_id if spec.channel is Channel.SSM else None,
             # What the operator configured; the head node may run another version (it reports its own).
             slurm_version=configured_slurm_version or spec.slurm_version,
+            placement_metrics=spec.placement_metrics,
             **({"ec2": DISCOVERY} if parallelcluster else {}),
         )
         # The full-rescan baseline reacts to every event at once (see _rescan_everything).

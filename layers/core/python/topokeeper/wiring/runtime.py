@@ -52,6 +52,8 @@ if TYPE_CHECKING:  # each function loads only its own use case and adapters (its
 AFTER_DISCOVERY_SECONDS = 40
 # The drift function (10 minutes) gives each cluster's discovery this long; what is left, reconcile continues.
 DRIFT_DISCOVERY_SECONDS = 120
+# How long the drift check waits for the head node's placement facts (placement_metrics), per cluster.
+PLACEMENT_FACTS_SECONDS = 60
 # What a reconcile needs after it read the head node's node table (ParallelCluster): planning again, the plan to
 # S3, the claim, SendCommand, the state. The read stops waiting for an answer this long before the invocation ends.
 AFTER_READ_SECONDS = 20
@@ -294,9 +296,13 @@ class Runtime:
     def drift_deps(self) -> ControllerDeps:
         # One ``<function>_deps`` per Lambda; drift reads what reconcile reads, each cluster's discovery
         # bounded on its own (the function checks every cluster, and waits for each verify).
-        return self._controller_deps(
+        deps = self._controller_deps(
             lambda cluster: self.facts(cluster, self.clock.now() + timedelta(seconds=DRIFT_DISCOVERY_SECONDS))
         )
+        deps.placement_facts = lambda cluster: self.ssm_channel(cluster).placement_facts(
+            timeout=PLACEMENT_FACTS_SECONDS
+        )
+        return deps
 
 
 _installed: Runtime | None = None
