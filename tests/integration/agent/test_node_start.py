@@ -6,6 +6,7 @@ fails because of topokeeper) with one log line; only a valid entry of its own wr
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -265,3 +266,28 @@ def test_bad_arguments_never_fail_the_bootstrap(tmp_path: Path) -> None:
 
     assert completed.returncode == 0
     assert json.loads(completed.stderr.splitlines()[-1])["event"] == "node_start.refused"
+
+
+def test_a_full_etc_leaves_no_drop_in_and_no_partial_file(tmp_path: Path, serve: Callable[..., Endpoint]) -> None:
+    # A real tmpfs over the drop-in directory, filled to its last page: the drop-in's write fails.
+    drop_in_dir = tmp_path / "etc" / "systemd" / "system" / "slurmd.service.d"
+    drop_in_dir.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(drop_in_dir)], check=True, timeout=30)
+    try:
+        descriptor = os.open(drop_in_dir / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            while os.write(descriptor, b"x" * 4096):
+                pass
+        except OSError as error:
+            assert error.errno == errno.ENOSPC
+        finally:
+            os.close(descriptor)
+        endpoint = serve(lambda n: (200, entry()))
+
+        completed, _ = run(tmp_path, endpoint)
+
+        record = one_line(completed)
+        assert record["event"] == "node_start.refused" and "No space left" in str(record["reason"])
+        assert sorted(path.name for path in drop_in_dir.iterdir()) == ["filler"]  # nothing half-written left
+    finally:
+        subprocess.run(["umount", str(drop_in_dir)], check=True, timeout=30)

@@ -131,3 +131,32 @@ def test_the_audit_record_names_the_route_that_placed_each_node(
     (record,) = controller.audit.records.values()
     assert {route: sorted(nodes) for route, nodes in record.placed_by.items()} == expected
     assert record.placed_by_count == {route: len(nodes) for route, nodes in expected.items()}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team: publish_registrations diffs against the previous plan through today's instances and IPs, "
+    "so an instance that took a terminated one's address (same leaf) is taken as already published",
+)
+def test_a_new_instance_that_reuses_a_terminated_ones_address_gets_its_entry() -> None:
+    # EC2 hands a terminated instance's private IP to the next launch in the subnet. The new instance's node
+    # may be placed where the old one's was (same leaf: the same value): it still has no entry yet.
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    read = controller.facts.read
+
+    def replaced(cluster: str):  # type: ignore[no-untyped-def]
+        raw = read(cluster)
+        old, new = f"i-{1:017x}", f"i-{255:017x}"  # 10.0.0.0's instance terminated; its address reused by new
+        for node in raw.nodes:
+            node.InstanceId = new if node.InstanceId == old else node.InstanceId
+        for topology in raw.instance_topology:
+            topology.InstanceId = new if topology.InstanceId == old else topology.InstanceId
+        return raw
+
+    controller.facts.read = replaced  # type: ignore[method-assign]
+    controller.facts.move(7, 0)  # and something else changes, so a plan is published
+    save_fields(controller.state, CLUSTER, {"pending": None})
+    reconcile(controller.change(), controller.deps())
+
+    assert (CLUSTER, f"i-{255:017x}") in controller.plans.registrations

@@ -21,6 +21,7 @@ without a topology and the head node's ``scontrol update`` places the node.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
@@ -77,12 +78,17 @@ def write_drop_in(directory: str, text: str) -> str:
     os.makedirs(directory, mode=0o755, exist_ok=True)
     path = os.path.join(directory, DROP_IN_NAME)
     temporary = path + ".new"
-    with open(temporary, "w", encoding="ascii") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.chmod(temporary, 0o644)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="ascii") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # a full /etc keeps no partial file beside the units
+            os.unlink(temporary)
+        raise
     return path
 
 
