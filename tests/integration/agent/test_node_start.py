@@ -222,6 +222,26 @@ def test_a_denied_read_ends_at_once(tmp_path: Path, serve: Callable[..., Endpoin
     assert endpoint.gets == 1 and not drop_in.exists()
 
 
+def test_a_refused_entry_removes_a_drop_in_left_from_an_earlier_boot(
+    tmp_path: Path, serve: Callable[..., Endpoint]
+) -> None:
+    # An image baked from a placed node carries its drop-in: on 25.11 a powering-up CLOUD node takes any
+    # --conf topology= as it registers, so left in place it would place this node where that one was.
+    drop_in_dir = tmp_path / "etc" / "systemd" / "system" / "slurmd.service.d"
+    drop_in_dir.mkdir(parents=True)
+    stale = drop_in_dir / "topokeeper-topology.conf"
+    stale.write_text(
+        "[Service]\nExecStart=\nExecStart=/opt/slurm/sbin/slurmd -D $SLURMD_OPTIONS --conf topology=t:old\n"
+    )
+    endpoint = serve(lambda n: (403, b"<Error><Code>AccessDenied</Code></Error>"))
+
+    completed, drop_in = run(tmp_path, endpoint)
+
+    record = one_line(completed)
+    assert record["event"] == "node_start.refused" and "slurmd starts without a topology" in str(record["reason"])
+    assert not drop_in.exists()
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

@@ -165,7 +165,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         entry = wait_for_entry(args)
         path = write_drop_in(args.drop_in_dir, drop_in_text(args.slurmd, entry.topology))
     except (Refused, RegistrationError, AgentError, OSError) as error:
-        log("node_start.refused", level="warning", reason="%s; slurmd starts without a topology" % error)
+        reason = "%s; slurmd starts without a topology" % error
+        try:  # an image baked from a placed node carries its drop-in: 25.11 would place this node with it
+            os.unlink(os.path.join(args.drop_in_dir, DROP_IN_NAME))
+            if not args.no_daemon_reload:
+                _daemon_reload(REQUEST_SECONDS)
+            reason += " (removed the drop-in an earlier boot left)"
+        except FileNotFoundError:
+            pass
+        except (OSError, AgentError) as removal:
+            reason = "%s; the drop-in an earlier boot left stays: %s" % (error, str(removal)[:200])
+        log("node_start.refused", level="warning", reason=reason)
         return 0
     except Exception as error:  # a bug here must not fail the node either
         log("node_start.crashed", level="error", reason=repr(error)[:300])
