@@ -12,6 +12,7 @@ import pytest
 from tests.unit.service.test_bindings_usecases import BOUND, _table
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
+from topokeeper.contract.errors import Permanent, Retryable
 from topokeeper.contract.ports import ApplyResult, Outcome
 from topokeeper.service.controller import reconcile
 from topokeeper.service.registration import placements
@@ -160,3 +161,17 @@ def test_a_new_instance_that_reuses_a_terminated_ones_address_gets_its_entry() -
     reconcile(controller.change(), controller.deps())
 
     assert (CLUSTER, f"i-{255:017x}") in controller.plans.registrations
+
+
+@pytest.mark.parametrize("error", [Retryable("SlowDown", code="SlowDown"), Permanent("denied", code="AccessDenied")])
+def test_entries_that_s3_refuses_do_not_hold_back_the_plan(error: Exception) -> None:
+    # Entries only spare nodes a wait: a throttled or denied PutObject (20,000 of them on a large cluster's
+    # first plan) must not keep the plan itself from the head node.
+    controller = _cluster()
+
+    def refuse(cluster: str, entries: dict[str, str]) -> None:
+        raise error
+
+    controller.plans.put_registrations = refuse  # type: ignore[method-assign]
+
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"

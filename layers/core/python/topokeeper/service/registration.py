@@ -100,5 +100,9 @@ def publish_registrations(
         except RegistrationError as error:  # refused at the source too: the node's slurmd never sees it
             log.warning("registration entry for %s not published: %s", instance, error)
     if entries:
-        plans.put_registrations(cluster.name, entries)
+        try:
+            plans.put_registrations(cluster.name, entries)
+        except TopokeeperError as error:  # entries only spare a wait: the plan goes on, the update route places
+            log.warning("registration entries of %s not published: %s", cluster.name, error)
+            return 0
     return len(entries)
