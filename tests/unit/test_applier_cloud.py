@@ -81,3 +81,16 @@ def test_verify_sets_aside_powered_down_cloud_nodes_in_another_leaf_but_not_ones
     assert aside == {"t": ["n9"]}
     assert topologies.get("t").units["leaf1"]["nodes"] == ["n3"]
     assert stripped.topologies["t"]["leaf0"].nodes == ["n1", "n2"]
+
+
+def test_a_reason_that_quotes_a_state_or_a_name_is_not_the_nodes_own() -> None:
+    # Reason=, Comment= and Extra= are free text printed after State= (src/api/node_info.c); Topology= is last.
+    show = "\n".join(
+        [
+            "NodeName=n3 NodeAddr=n3 State=IDLE+CLOUD+POWERED_DOWN Partitions=gpu"
+            " Reason=resume failed, was State=IDLE+CLOUD NodeName=n9 [root@2026-12-04T17:00:00]"
+            " Topology=tree-gpu:root:leaf0",
+        ]
+    )
+
+    assert cloud_nodes(show) == {"n3": (False, "tree-gpu:root:leaf0")}

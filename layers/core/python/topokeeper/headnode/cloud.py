@@ -26,7 +26,10 @@ def cloud_nodes(show_nodes: str) -> Dict[str, Tuple[bool, Optional[str]]]:
     """``scontrol -o show nodes`` -> {CLOUD node: (powered up, its dynamic Topology= or None when it has none)}."""
     found: Dict[str, Tuple[bool, Optional[str]]] = {}
     for line in show_nodes.splitlines():
-        fields = dict(_FIELDS.findall(line))
+        fields: Dict[str, str] = {}
+        for key, value in _FIELDS.findall(line):
+            # NodeName= and State= come first, free text (Reason=, Comment=, Extra=) later, Topology= last.
+            fields[key] = value if key == "Topology" else fields.get(key, value)
         flags = fields.get("State", "").split("+")
         if fields.get("NodeName") and "CLOUD" in flags:
             powered_up = not any(flag in POWERED_OFF for flag in flags)
