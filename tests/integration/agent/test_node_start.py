@@ -311,3 +311,32 @@ def test_a_full_etc_leaves_no_drop_in_and_no_partial_file(tmp_path: Path, serve:
         assert sorted(path.name for path in drop_in_dir.iterdir()) == ["filler"]  # nothing half-written left
     finally:
         subprocess.run(["umount", str(drop_in_dir)], check=True, timeout=30)
+
+
+def test_a_python3_that_cannot_import_it_still_never_fails_the_bootstrap(tmp_path: Path) -> None:
+    # ParallelCluster runs the action with the image's python3 (RHEL 8 and Rocky 8: 3.6, which refuses
+    # `from __future__ import annotations` with a SyntaxError at import); a non-zero exit fails the node.
+    program = agent_program(tmp_path / "program")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Old:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.startswith('topokeeper.'):\n"
+        "            raise SyntaxError('future feature annotations is not defined')\n"
+        "sys.meta_path.insert(0, Old())\n"
+    )
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+
+    completed = subprocess.run(
+        [sys.executable, str(program), "node-start", "--cluster", CLUSTER, "--bucket", BUCKET, "--region", "r"],
+        capture_output=True,
+        text=True,
+        env={**environment, "PYTHONPATH": str(site)},
+        timeout=60,
+        check=False,
+    )
+
+    record = one_line(completed)
+    assert record["event"] == "node_start.crashed" and "SyntaxError" in str(record["reason"])

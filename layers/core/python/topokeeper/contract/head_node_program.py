@@ -39,8 +39,15 @@ if len(sys.argv) > 1 and sys.argv[1] == "agent":
 
     sys.exit(agent_main(sys.argv[2:]))
 if len(sys.argv) > 1 and sys.argv[1] == "node-start":
-    from topokeeper.agent.node_start import main as node_start_main
+    # A node's bootstrap never fails for topokeeper, even where this python3 cannot import it (RHEL 8: 3.6).
+    try:
+        from topokeeper.agent.node_start import main as node_start_main
+    except BaseException as error:
+        import json
 
+        reason = "%r; slurmd starts without a topology (the program needs Python 3.8+)" % (error,)
+        sys.stderr.write(json.dumps({"level": "error", "event": "node_start.crashed", "reason": reason[:300]}) + "\\n")
+        sys.exit(0)
     sys.exit(node_start_main(sys.argv[2:]))
 if len(sys.argv) > 1 and sys.argv[1] == "hostfile":
     from topokeeper.headnode.hostfile import main as hostfile_main
