@@ -175,3 +175,16 @@ def test_entries_that_s3_refuses_do_not_hold_back_the_plan(error: Exception) -> 
     controller.plans.put_registrations = refuse  # type: ignore[method-assign]
 
     assert reconcile(controller.change(), controller.deps()).action == "delivered"
+
+
+def test_an_address_two_nodes_are_bound_to_gets_no_entry() -> None:
+    # A powered-down node's binding not yet reset while its old address already backs another node's instance:
+    # which node the instance runs as is not known, so it gets no entry (the update route places it).
+    controller = Controller(orchestrator="ec2", mode="enforce")
+    table = BOUND | {"q1-dy-p5-5": "10.0.0.0"}  # q1-st-p5-1's address too
+    save_fields(controller.state, CLUSTER, {"slurm_nodes": _table(table), "slurm_version": "25.11"})
+
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"
+
+    assert (CLUSTER, f"i-{1:017x}") not in controller.plans.registrations
+    assert len(controller.plans.registrations) == 7

@@ -55,8 +55,12 @@ def placements(bundle: Bundle) -> dict[str, str]:
 
 def instance_values(bundle: Bundle, raw: AwsSnapshot) -> dict[str, str]:
     """{instance id: its node's Topology= value} for each present instance the bundle binds to a placed node
-    (by NodeAddr: ParallelCluster binds a node to its instance's private IP)."""
-    node_of = {address: node for node, address in (bundle.bindings or {}).items()}
+    (by NodeAddr: ParallelCluster binds a node to its instance's private IP; none for an address two nodes hold)."""
+    bound: dict[str, list[str]] = {}
+    for node, address in (bundle.bindings or {}).items():
+        bound.setdefault(address, []).append(node)
+    # An address two nodes are bound to (one's binding not yet reset): which node the instance runs as is unknown.
+    node_of = {address: nodes[0] for address, nodes in bound.items() if len(nodes) == 1}
     placed = placements(bundle)
     values: dict[str, str] = {}
     for instance in raw.nodes:
