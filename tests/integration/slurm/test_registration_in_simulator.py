@@ -60,12 +60,11 @@ def test_on_25_11_nodes_registering_with_their_entry_are_placed_by_registration(
 def test_on_26_05_nodes_register_unplaced_and_the_head_node_places_them(sid_slurmd_root: Path) -> None:
     boots, routes, converged = _play("26.05")
     assert len(boots) == 8
-    assert all(boot.entry is not None for boot in boots)  # published there too: harmless
+    # No entries on 26.05 (its slurmctld ignores a resumed node's slurmd-supplied topology: see
+    # test_registration_on_slurmd.py): node-start waits its bound and slurmd starts without one.
+    assert all(boot.entry is None for boot in boots)
     assert "registration" not in routes
     assert not any(boot.placed_at_registration for boot in boots)
-    unplaced = [boot for boot in boots if not boot.placed_by_head_node_first]
-    assert unplaced, "every node's slurmd started after the apply: the fallback was not exercised"
-    assert all(boot.leaf_after_registration != boot.entry_leaf for boot in unplaced)
     applied = set().union(*(routes.get(route, set()) for route in APPLY_ROUTES))
     assert {boot.node for boot in boots} <= applied
     assert converged

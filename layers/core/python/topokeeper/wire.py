@@ -490,7 +490,9 @@ def _encodes(text: str) -> bool:
 # registration) reads its own and hands it to slurmd. 26.05.x ignores it for resumed nodes (slurmd-supplied fields
 # apply only when boot_time > last_response), so there the head node's ``scontrol update`` places them.
 REGISTRATION_SCHEMA = "topokeeper.registration/1"
-FIRST_REGISTRATION_VERSION = (25, 11)  # slurmd --conf "topology=..." appeared in 25.11
+# The Slurm series whose slurmctld places a resumed CLOUD node where its slurmd says (slurmd --conf "topology=...",
+# 25.11): 26.05 ignores a resumed node's slurmd-supplied fields (boot_time <= last_response), so no entry there.
+REGISTRATION_SERIES = ((25, 11),)
 MAX_REGISTRATION_BYTES = 16 * 1024
 MAX_TOPOLOGY_VALUE_CHARS = 4096
 # Only what Slurm allows in topology, switch and block names (domain/names.py's charset, 64 characters): the

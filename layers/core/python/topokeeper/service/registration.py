@@ -18,7 +18,7 @@ from topokeeper.contract.errors import TopokeeperError
 from topokeeper.contract.ports import ClusterState, PlanStore, log
 from topokeeper.domain.models import PRESENT_STATUSES, SlurmFormat
 from topokeeper.service.state import cluster_mode
-from topokeeper.wire import FIRST_REGISTRATION_VERSION, Registration, RegistrationError, registration_text
+from topokeeper.wire import REGISTRATION_SERIES, Registration, RegistrationError, registration_text
 
 if TYPE_CHECKING:
     from topokeeper.engine.snapshot import AwsSnapshot
@@ -72,13 +72,13 @@ def instance_values(bundle: Bundle, raw: AwsSnapshot) -> dict[str, str]:
 
 def registers(cluster: ClusterConfig, state: ClusterState, rendered: RenderedPlan) -> bool:
     """Entries only for ParallelCluster clusters topokeeper writes (never in verify mode: a node placed at
-    registration is a write), on a Slurm whose slurmd takes a topology (25.11 and later)."""
+    registration is a write), on the Slurm series whose slurmctld places a resumed node as its slurmd says (25.11)."""
     version = rendered.plan.slurm_version
     return (
         cluster.orchestrator is Orchestrator.EC2
         and cluster_mode(cluster, state) is Mode.ENFORCE
         and rendered.plan.slurm_format is SlurmFormat.YAML
-        and (version.major, version.minor) >= FIRST_REGISTRATION_VERSION
+        and (version.major, version.minor) in REGISTRATION_SERIES
     )
 
 
