@@ -56,7 +56,8 @@ Choices the callers can rely on:
   made for their old paths are left). A powered-down or powering-down CLOUD node
   goes back to its configured or original topology, not the file's: verify and the read-back leave such a node
   out of the comparison when it is not where the plan says (or the plan places it nowhere: it left its
-  partition), listing it in readback's powered_down_elsewhere instead of drift; powered up again, it is drift
+  partition) while the files on disk are the plan's, listing it in readback's powered_down_elsewhere instead of
+  drift; powered up again, it is drift
   until the next apply (the reconcile its resume triggers) places it.
 
 * A bundle's optional ``bindings`` {NodeName: NodeAddr} (hashed by ``bindings_sha256``) are what its plan

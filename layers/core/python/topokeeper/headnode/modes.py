@@ -106,11 +106,12 @@ def _record_drift(
     """Compare what is live with the bundle, by name and by grouping, into readback, drift and grouping_drift.
 
     Grouping entries come first: they are what matters on a cluster whose topology HyperPod writes, and
-    what a cut list keeps. ``set_aside``: powered-down CLOUD nodes off the plan are not drift (cloud.py).
+    what a cut list keeps. ``set_aside``: powered-down CLOUD nodes off the plan are not drift (cloud.py), while
+    the files on disk are the plan's; where they differ (``disk_entries``), a live difference may be theirs.
     """
     topologies: LiveTopologies = LiveTopologies(scontrol)
     aside: Dict[str, List[str]] = {}
-    if set_aside and bundle.slurm_format == YAML_FORMAT:  # dynamic topology: Slurm >= 25.05
+    if set_aside and not disk_entries and bundle.slurm_format == YAML_FORMAT:  # dynamic topology: Slurm >= 25.05
         show_nodes = scontrol.output("-o", "--future", "show", "nodes")
         bundle, topologies, aside = set_aside_powered_down(bundle, topologies, show_nodes)
     listing = show_partitions(scontrol)
