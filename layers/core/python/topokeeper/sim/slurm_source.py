@@ -70,7 +70,8 @@ def _repo_root() -> Path:
 
 
 def _clones() -> list[Path]:
-    """This clone, and the main checkout when this is a git worktree (its ``../shared`` is the one beside it)."""
+    """This clone, the main checkout when this is a git worktree, and the local checkout it was cloned from (each
+    one's ``../shared`` is looked for beside it)."""
     clones = [_repo_root()]
     result = subprocess.run(
         ["git", "-C", str(clones[0]), "rev-parse", "--path-format=absolute", "--git-common-dir"],
@@ -81,6 +82,15 @@ def _clones() -> list[Path]:
     common = Path(result.stdout.strip()) if result.returncode == 0 and result.stdout.strip() else None
     if common is not None and common.name == ".git" and common.parent not in clones:
         clones.append(common.parent)
+    # A clone of a local checkout (git clone /work/main /tmp/check, as CI makes): the checkout it came from.
+    origin = subprocess.run(
+        ["git", "-C", str(clones[0]), "config", "--get", "remote.origin.url"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if origin.startswith("/") and Path(origin).is_dir() and Path(origin).resolve() not in clones:
+        clones.append(Path(origin).resolve())
     return clones
 
 
