@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from topokeeper.sim.slurm_chroot import DEBIAN_MIRROR_ENV, debootstrap_argv, unexpected_log_lines
+import pytest
+
+from topokeeper.sim.slurm_chroot import DEBIAN_MIRROR_ENV, built_once, debootstrap_argv, unexpected_log_lines
 
 TARGET = Path("/var/cache/topokeeper/chroots/sid.building")
 
@@ -43,3 +45,28 @@ def test_real_errors_stay_problems_beside_timing_messages() -> None:
     assert unexpected_log_lines(log) == REAL_PROBLEMS
     # What a test expects is left out only where it appears.
     assert unexpected_log_lines(log, ("TOPOLOGY: no switch can reach all nodes",)) == REAL_PROBLEMS[:3]
+
+
+def test_a_chroot_is_built_once_and_a_failed_build_leaves_nothing_half_built(tmp_path: Path) -> None:
+    builds: list[Path] = []
+
+    def failing(building: Path) -> None:
+        building.mkdir()
+        (building / "half").write_text("")
+        raise RuntimeError("the mirror went away")
+
+    def build(building: Path) -> None:
+        builds.append(building)
+        building.mkdir()
+        (building / "ready").write_text("")
+
+    def ready(root: Path) -> bool:
+        return (root / "ready").exists()
+
+    with pytest.raises(RuntimeError, match="mirror"):
+        built_once(tmp_path, "sid", ready, failing)
+    assert not (tmp_path / "sid").exists()
+    root = built_once(tmp_path, "sid", ready, build)
+    assert root == tmp_path / "sid" and (root / "ready").exists() and not (tmp_path / "sid.building").exists()
+    assert built_once(tmp_path, "sid", ready, build) == root
+    assert builds == [tmp_path / "sid.building"]

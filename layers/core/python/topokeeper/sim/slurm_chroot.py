@@ -146,28 +146,23 @@ def ensure_chroot(suite: str, cache: Path | None = None) -> Path:
     ok, reason = can_run()
     if not ok:
         raise HarnessError(reason)
-    cache = cache or cache_root()
-    root = cache / suite
-    with _file_lock(cache / f"{suite}.lock"):
+
+    def ready(root: Path) -> bool:
         marker = root / READY_MARKER
-        if marker.exists():
-            if _marker_packages(marker) != set(PACKAGES):
-                _install_packages(root)  # the package list grew since this chroot was built
-                marker.write_text(_marker_text(root))
-            return root
-        building = cache / f"{suite}.building"
-        remove_chroot(building)
-        remove_chroot(root)
-        _run(debootstrap_argv(suite, building, os.environ), timeout=1800)
-        # The mirror's Release files can read as expired against this machine's clock.
-        (building / "etc/apt/apt.conf.d/99novaliduntil").write_text('Acquire::Check-Valid-Until "false";\n')
+        if marker.exists() and _marker_packages(marker) != set(PACKAGES):
+            apt_install(root, PACKAGES)  # the package list grew since this chroot was built
+            marker.write_text(_marker_text(root))
+        return marker.exists()
+
+    def build(building: Path) -> None:
+        debootstrap_into(suite, building)
         policy = building / "usr/sbin/policy-rc.d"
         policy.write_text("#!/bin/sh\nexit 101\n")  # packages must not start daemons in the chroot
         policy.chmod(0o755)
-        _install_packages(building)
+        apt_install(building, PACKAGES)
         (building / READY_MARKER).write_text(_marker_text(building))
-        building.rename(root)
-    return root
+
+    return built_once(cache or cache_root(), suite, ready, build)
 
 
 def ensure_derived_chroot(
@@ -183,25 +178,47 @@ def ensure_derived_chroot(
     a file lock: a chroot for one purpose that leaves the shared ones as they are."""
     cache = cache or cache_root()
     base = ensure_chroot(suite, cache)
+    packages = list(packages)
+
+    def build(building: Path) -> None:
+        # --one-file-system: the base's /proc may be mounted by tests running now; its mount point is copied empty.
+        _run(["cp", "-a", "--one-file-system", "--reflink=auto", str(base), str(building)])
+        apt_install(building, packages)
+        if finish is not None:
+            finish(building)
+        (building / marker).write_text(" ".join(packages) + "\n")
+
+    return built_once(cache, name, lambda root: (root / marker).exists(), build)
+
+
+def built_once(cache: Path, name: str, ready: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:
+    """``cache/name``, built by ``build`` into ``name.building`` and renamed when ``ready`` says it is not there,
+    under a file lock, so parallel tests wait for one build and none sees a half-built chroot."""
     root = cache / name
     with _file_lock(cache / f"{name}.lock"):
-        if (root / marker).exists():
+        if ready(root):
             return root
         building = cache / f"{name}.building"
         remove_chroot(building)
         remove_chroot(root)
-        # --one-file-system: the base's /proc may be mounted by tests running now; its mount point is copied empty.
-        _run(["cp", "-a", "--one-file-system", "--reflink=auto", str(base), str(building)])
-        install = (
-            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-            "--no-install-recommends " + " ".join(packages)
-        )
-        _run(["chroot", str(building), "sh", "-c", install], timeout=1800)
-        if finish is not None:
-            finish(building)
-        (building / marker).write_text(" ".join(packages) + "\n")
+        build(building)
         building.rename(root)
     return root
+
+
+def debootstrap_into(suite: str, target: Path) -> None:
+    """A minimal ``suite`` in ``target``, from the mirror the environment names (Debian's default otherwise)."""
+    _run(debootstrap_argv(suite, target, os.environ), timeout=1800)
+    # The mirror's Release files can read as expired against this machine's clock.
+    (target / "etc/apt/apt.conf.d/99novaliduntil").write_text('Acquire::Check-Valid-Until "false";\n')
+
+
+def apt_install(root: Path, packages: Iterable[str]) -> None:
+    install = (
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+        "--no-install-recommends " + " ".join(packages)
+    )
+    _run(["chroot", str(root), "sh", "-c", install], timeout=1800)
 
 
 def debootstrap_argv(suite: str, target: Path, environ: Mapping[str, str]) -> list[str]:
@@ -209,14 +226,6 @@ def debootstrap_argv(suite: str, target: Path, environ: Mapping[str, str]) -> li
     argv = ["debootstrap", "--variant=minbase", suite, str(target)]
     mirror = environ.get(DEBIAN_MIRROR_ENV, "").strip()
     return [*argv, mirror] if mirror else argv
-
-
-def _install_packages(root: Path) -> None:
-    install = (
-        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-        "--no-install-recommends " + " ".join(PACKAGES)
-    )
-    _run(["chroot", str(root), "sh", "-c", install], timeout=1800)
 
 
 def _marker_text(root: Path) -> str:

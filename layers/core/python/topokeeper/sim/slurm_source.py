@@ -20,12 +20,12 @@ from topokeeper.sim.slurm_chroot import (
     OPT_SLURM,
     READY_MARKER,
     HarnessError,
-    _file_lock,
     _run,
+    apt_install,
+    built_once,
     cache_root,
     can_run,
-    debootstrap_argv,
-    remove_chroot,
+    debootstrap_into,
 )
 
 SOURCE_SERIES = "25.11"
@@ -142,28 +142,17 @@ def ensure_source_chroot(cache: Path | None = None) -> Path:
     tarball, reason = source_tarball()
     if tarball is None:
         raise HarnessError(reason)
-    cache = cache or cache_root()
     digest = sha256_of(tarball)
-    name = chroot_name(build_key(digest))
-    root = cache / name
-    with _file_lock(cache / f"{name}.lock"):
-        if (root / READY_MARKER).exists():
-            return root
-        building = cache / f"{name}.building"
-        remove_chroot(building)
-        remove_chroot(root)
-        _run(debootstrap_argv(BASE_SUITE, building, os.environ), timeout=1800)
-        (building / "etc/apt/apt.conf.d/99novaliduntil").write_text('Acquire::Check-Valid-Until "false";\n')
-        install = (
-            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-            "--no-install-recommends " + " ".join(BUILD_PACKAGES)
-        )
-        _run(["chroot", str(building), "sh", "-c", install], timeout=1800)
+
+    def build(building: Path) -> None:
+        debootstrap_into(BASE_SUITE, building)
+        apt_install(building, BUILD_PACKAGES)
         _build_slurm(building, tarball)
         version = _run(["chroot", str(building), f"{OPT_SLURM}/sbin/slurmctld", "-V"]).stdout.strip()
         (building / READY_MARKER).write_text(f"{version}\nsource: {tarball.name} sha256 {digest}\n")
-        building.rename(root)
-    return root
+
+    name = chroot_name(build_key(digest))
+    return built_once(cache or cache_root(), name, lambda root: (root / READY_MARKER).exists(), build)
 
 
 def _build_slurm(root: Path, tarball: Path) -> None:
