@@ -37,6 +37,7 @@ MAX_BOXES = 24  # boxes per partition picture before leaves or blocks are drawn 
 _WIDE_FAN = 6  # children of one box beyond which a picture is drawn left to right
 _RUN = 3  # consecutive timeline entries of one kind beyond this fold into one row
 _LISTED = 200  # entries of a folded run listed on demand (result.json has them all)
+_JOBS_SHOWN = 50  # rows of the placement section's job table (result.json has every job)
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; color: #1f2328; margin: 0 auto; padding: 1.5rem; max-width: 1400px; }
@@ -382,7 +383,7 @@ def _jobs(seen: list[tuple[int, StepResult]]) -> list[str]:
         for job in (step.placement or {})["jobs"]:
             latest[job["job"]] = (index, step.step, job)
     rows = []
-    for index, step_name, job in list(latest.values())[:_LISTED]:
+    for index, step_name, job in list(latest.values())[:_JOBS_SHOWN]:
         asked = " ".join(f"--{key}={job[key]}" for key in ("switches", "segment") if job[key])
         if job["state"] == "PENDING":
             where = f"pending: {_text(job['reason'])}" + ("; <b>on topology</b>" if job["on_topology"] else "")
@@ -406,14 +407,14 @@ def _jobs(seen: list[tuple[int, StepResult]]) -> list[str]:
             ]
         )
     headers = ["job", "name", "partition", "nodes", "asked", "state", "leaves / blocks spanned", "where"]
-    shown = "" if len(latest) <= _LISTED else f"<p>{len(latest)} jobs; the first {_LISTED} shown.</p>"
+    shown = "" if len(latest) <= _JOBS_SHOWN else f"<p>{len(latest)} jobs; the first {_JOBS_SHOWN} shown.</p>"
     return ["<h3>Jobs</h3>", _table(headers, rows, numeric={3}) + shown]
 
 
 def _free_units(item: Mapping[str, Any]) -> list[str]:
     name, kind = _text(item["partition"]), item["kind"]
     if not kind:
-        return [f"<h3>{name}: no leaf or block</h3>", f"<p>{_text(item['free'])} nodes free, no topology.</p>"]
+        return [f"<h3>{name}: no leaf or block</h3>", f"<p>{_text(item['outside_topology'])} nodes, no topology.</p>"]
     noun = "blocks" if kind == "block" else "leaves"
     facts = [
         ("largest job now", _text(item["largest_placeable"])),
