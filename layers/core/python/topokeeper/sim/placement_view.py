@@ -109,8 +109,9 @@ def figures_text(document: Mapping[str, Any], before: Mapping[str, int]) -> str:
     for item in document["partitions"]:
         groups = " ".join(f"{group['free']}:{group['units']}" for group in item["by_free"][:12])
         more = f" +{len(item['by_free']) - 12} more" if len(item["by_free"]) > 12 else ""
-        largest = str(item["largest_placeable"]) if item["kind"] else "-"
-        row = [item["partition"], item["kind"] or "flat", largest, str(item["free"])]
+        # A flat partition has no leaf or block to start a job in, and its free nodes are counted in none.
+        figures = [str(item["largest_placeable"]), str(item["free"])] if item["kind"] else ["-", "-"]
+        row = [item["partition"], item["kind"] or "flat", *figures]
         rows.append([*row, str(item["pending_on_topology"]), (groups + more) or "-"])
     return "\n".join([f"largest job one leaf or block starts now: {changes}", *columns(rows)])
 
