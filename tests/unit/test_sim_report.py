@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers import powered_down_pcluster
 from tests.html_tree import Element, parse
+from tests.readme_examples import blocks, matches_shown
 from tests.report_at_scale import HOSTILE_JOB_NAME, synthetic_result
 from topokeeper.cli.planning import plan_from_files
 from topokeeper.sim.report import MAX_BOXES, partition_flowchart, render_report, write_report
@@ -371,3 +372,16 @@ def test_without_slurmctld_the_placement_section_says_why_it_is_empty() -> None:
     assert "no slurmctld on the file-only head node: no jobs submitted, no placement figures" in text
     result.scenario["steps"] = [step for step in result.scenario["steps"] if "submit" not in step]
     assert "No jobs in this story." in _section(render_report(result, BUNDLE)).text
+
+
+def test_the_placement_pages_demo_lines_are_the_fixtures() -> None:
+    """docs/placement.md "In the demo" shows lines of the demo on slurmctld: the fixture's run (regenerated with
+    the demo, see tests/e2e/test_simulate_json.py) prints them."""
+    page = Path(__file__).parents[2] / "docs" / "placement.md"
+    (shown,) = [block for block in blocks(page) if any("] placement largest job" in line for line in block.lines)]
+    printed = "".join(
+        f"[t={entry['t']:8.1f}s] {entry['kind']:<8} {entry['text']}".replace("\n", "\n" + " " * 22) + "\n"
+        for step in _result().steps
+        for entry in step.timeline
+    )
+    assert matches_shown(shown.lines, printed), f"{shown.where} no longer matches the demo fixture"

@@ -7,6 +7,9 @@ or block can start changes; the step's result keeps the figures for the report.
 The file-only head node has no slurmctld: nothing takes the jobs and nothing places them, so the timeline says
 so once and the steps have no figures (a stand-in answer here would be a made-up Slurm answer).
 
+How long a job has waited (``pending_seconds``, ``topology_pending_seconds``) is slurmctld's own clock, not the
+simulated time: the story's minutes pass in seconds there.
+
 Job names are the cluster user's text: they reach sbatch as one argv element and are never asked back from
 Slurm (the facts carry ids only); the names shown are the scenario's, escaped by the report like any text.
 """
