@@ -57,6 +57,7 @@ pre.mermaid { background: #fff; border: 1px solid #d0d7de; padding: .5rem; overf
 .audit { font-size: 13px; }
 .audit td, .audit th { white-space: nowrap; }
 .wide { overflow-x: auto; }
+.nowrap { white-space: nowrap; }
 .calls td, .calls th { padding: .05rem .4rem; font-size: 12px; }
 .yes { color: #1a7f37; font-weight: 600; }
 .no { color: #cf222e; font-weight: 600; }
@@ -400,7 +401,7 @@ def _jobs(seen: list[tuple[int, StepResult]]) -> list[str]:
                 _text(job["name"]),
                 _text(job["partition"]),
                 _text(job["nodes"]),
-                _text(asked or None),
+                f'<span class="mono nowrap">{_text(asked or None)}</span>',
                 f'{_text(job["state"].lower())} <small>after <a href="#step-{index}">{escape(step_name)}</a></small>',
                 spans,
                 where,
