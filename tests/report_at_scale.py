@@ -9,9 +9,11 @@ from typing import Any
 
 from tests.helpers import node, snapshot
 from topokeeper.contract.ports import Channel, DeliveryHandle, Outcome, PendingDelivery, Trigger
+from topokeeper.domain import placement
 from topokeeper.engine.planner import plan
-from topokeeper.render.bundle import render
+from topokeeper.render.bundle import leaf_units, render
 from topokeeper.service.audit import build_records
+from topokeeper.sim.placement_view import view
 from topokeeper.sim.simulator import SimulationResult, StepResult
 from topokeeper.wire import compress
 
@@ -87,6 +89,32 @@ def _step(name: str, started: float, timeline: list[dict[str, Any]], records: li
     )
 
 
+def synthetic_placement(document: dict[str, Any], jobs: int) -> dict[str, Any]:
+    """The simulator's placement view of the plan's partitions: ``jobs`` jobs of 3 nodes, one in each of the
+    first leaves (blocks) of each partition with a topology, the other nodes powered down; the first job's name
+    hostile."""
+    nodes, topologies, running = [], {}, []
+    for partition in document["partitions"]:
+        name, units = partition["name"], leaf_units(partition)
+        if units:
+            kind = "block" if partition.get("blocks") else "tree"
+            topologies[name] = placement.Topology(name, kind, tuple((unit, tuple(members)) for unit, members in units))
+        allocated = set()
+        for _unit, members in units[: jobs // 2]:
+            job = placement.Job(str(len(running) + 1), name, "RUNNING", tuple(members[:3]), 3, switches=1)
+            running.append(job)
+            allocated |= set(job.nodes)
+        for member in partition["nodes"]:
+            state = ("ALLOCATED",) if member in allocated else ("IDLE", "CLOUD", "POWERED_DOWN")
+            nodes.append(placement.Node(member, state, (name,)))
+    facts = placement.Facts(jobs=tuple(running), nodes=tuple(nodes), topologies=topologies, now=0)
+    names = {job.job_id: HOSTILE_JOB_NAME if job.job_id == "1" else f"job-{job.job_id}" for job in running}
+    return view(facts, names, [partition["name"] for partition in document["partitions"]])
+
+
+HOSTILE_JOB_NAME = "<img src=x onerror=alert(1)>; $(reboot)"
+
+
 def synthetic_result(nodes: int) -> SimulationResult:
     """A cluster of ``nodes`` (about 80 % p5, 20 % gb200, 16 CPU nodes) created with half its p5 nodes, then
     scaled up one event per node."""
@@ -139,6 +167,7 @@ def synthetic_result(nodes: int) -> SimulationResult:
         _step("scale", 300, [*joined, *applied], records(first, final, len(joined))),
     ]
     steps[-1].live_topology = _live(final)
+    steps[-1].placement = synthetic_placement(final, jobs=60)
     return SimulationResult(
         scenario={
             "cluster": {"name": "big", "slurm_version": "26.05", "mode": "enforce", "channel": "ssm"},

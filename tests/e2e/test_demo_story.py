@@ -13,6 +13,7 @@ import pytest
 from tests.readme_examples import blocks, matches_shown
 from topokeeper.cli.main import main
 from topokeeper.sim.head_node import HEAD_NODE_VARIABLE
+from topokeeper.sim.placement_view import NO_SLURMCTLD
 from topokeeper.sim.simulator import SimulationResult, StepResult
 from topokeeper.wire import expand
 
@@ -24,6 +25,7 @@ def _play(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, head_node: str) -> Si
 
 
 DEMO_LINE = "queued (BatchReplaceClusterNodes API call)"  # finds the README's demo output block
+HOSTILE_NAME = "eval; $(reboot) <script>alert(1)</script>"  # demo.yaml's last job: a user's name is hostile
 
 
 def _texts(step: StepResult, kind: str) -> list[str]:
@@ -51,7 +53,7 @@ def _leaf_names(table: str) -> list[str]:
 
 def _assert_the_story(result: SimulationResult) -> None:
     steps = {step.step: step for step in result.steps}
-    assert list(steps) == ["create", "scale", "replace", "delete", "tamper", "wait"]
+    assert list(steps) == ["create", "submit", "scale", "replace", "delete", "tamper", "wait"]
 
     create = steps["create"]
     assert create.converged and create.head_node_writes == 1
@@ -129,6 +131,40 @@ def test_the_demo_story_on_a_real_slurmctld(
     assert '{"level"' not in printed  # the story, not the functions' JSON logs
     report = (tmp_path / "report.html").read_text()
     assert report.count('class="mermaid"') == 3 and "drift-repair" in report
+    _assert_where_the_jobs_landed(result, report)
+
+
+def _largest(step: StepResult) -> dict[str, int]:
+    assert step.placement is not None
+    return {item["partition"]: item["largest_placeable"] for item in step.placement["partitions"]}
+
+
+def _assert_where_the_jobs_landed(result: SimulationResult, report: str) -> None:
+    """What slurmctld did with demo.yaml's jobs: p5 leaves hold 4 nodes, so three 3-node --switches=1 jobs
+    take one leaf each, the 4-node job the last whole leaf, and the last 3-node job waits on topology with 3
+    nodes free in 3 leaves; 24 nodes need 2 of the 18-node UltraServers."""
+    steps = {step.step: step for step in result.steps}
+    assert steps["create"].placement is None  # no job yet
+    submitted = steps["submit"].placement
+    assert submitted is not None
+    jobs = {job["name"]: job for job in submitted["jobs"]}
+    assert list(jobs) == ["pretrain-a", "pretrain-b", "pretrain-c", "finetune", "moe", HOSTILE_NAME]
+    leaves = [jobs[name]["placed"][0]["unit"] for name in ("pretrain-a", "pretrain-b", "pretrain-c", "finetune")]
+    for name in ("pretrain-a", "pretrain-b", "pretrain-c", "finetune"):
+        assert (jobs[name]["state"], jobs[name]["spans"], jobs[name]["fewest"]) == ("CONFIGURING", 1, 1), name
+    assert len(set(leaves)) == 4  # one leaf each
+    assert (jobs["moe"]["spans"], jobs["moe"]["fewest"], jobs["moe"]["beyond_need"]) == (2, 2, False)
+    waiting = jobs[HOSTILE_NAME]
+    assert (waiting["state"], waiting["on_topology"]) == ("PENDING", True)
+    (pending_line,) = [text for text in _texts(steps["submit"], "jobs") if text.startswith(f"job {waiting['job']} ")]
+    assert f"'{HOSTILE_NAME}'" in pending_line and "on topology" in pending_line
+    # The largest job one leaf (block) can start, before and after the scale-up added two leaves of 4.
+    assert _largest(steps["submit"]) == {"ml-p5": 1, "ml-p6e": 12, "preprocess": 0}
+    assert _largest(steps["scale"])["ml-p5"] == 4
+    assert "ml-p5 4 (was 1)" in _texts(steps["scale"], "placement")[0]
+    # The report shows the name as text: escaped, never markup.
+    assert HOSTILE_NAME not in report and "eval; $(reboot) &lt;script&gt;alert(1)&lt;/script&gt;" in report
+    assert '<h2 id="placement">' in report and "ml-p5: leaves by free nodes (tree)" in report
 
 
 def test_the_demo_story_on_the_file_only_head_node(
@@ -138,6 +174,9 @@ def test_the_demo_story_on_the_file_only_head_node(
     result = _play(tmp_path, monkeypatch, "file")
     assert result.head_node == "file-only stand-in for Slurm 26.05 (no slurmctld)"
     _assert_the_story(result)
+    # No slurmctld: nothing took the jobs, so no step has placement figures, and the timeline says why.
+    assert all(step.placement is None for step in result.steps)
+    assert _texts(result.steps[1], "jobs") == [NO_SLURMCTLD]
     printed = capsys.readouterr().out
     assert "topokeeper: using a file-only head node (no slurmctld), as requested\n" in printed
     assert "ml-p5: plan-change applied" in printed and "scontrol show topology (ml-p6e):" in printed
@@ -147,6 +186,7 @@ def test_the_demo_story_on_the_file_only_head_node(
     (shown,) = [block for block in blocks() if block.lang == "" and any(DEMO_LINE in line for line in block.lines)]
     assert matches_shown(shown.lines, printed), f"{shown.where} no longer matches `make demo`"
     # Printed as it plays: each step's record comes before the next step starts.
-    order = [printed.index(marker) for marker in ("== create:", "-- step 1:", "== scale:", "-- step 2:", "== replace:")]
+    order = [printed.index(marker) for marker in ("== create:", "-- step 1:", "== submit:", "-- step 2:", "== scale:")]
     assert order == sorted(order)
-    assert "file-only stand-in for Slurm 26.05 (no slurmctld)" in (tmp_path / "report.html").read_text()
+    report = (tmp_path / "report.html").read_text()
+    assert "file-only stand-in for Slurm 26.05 (no slurmctld)" in report and f"<p>{NO_SLURMCTLD}; " in report

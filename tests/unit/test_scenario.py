@@ -305,3 +305,23 @@ def _numbers_without_a_maximum(model: type[BaseModel], path: str) -> list[str]:
 
 def test_no_scenario_number_is_without_a_maximum() -> None:
     assert _numbers_without_a_maximum(Scenario, "scenario") == []
+
+
+@pytest.mark.parametrize(
+    ("job", "message"),
+    [
+        ("{partition: ml-p9, nodes: 2}", "steps[0].submit.jobs[0].partition: no partition 'ml-p9'"),
+        ('{partition: ml-p5, nodes: 2, name: "two\\nlines"}', "String should match pattern"),
+        ("{partition: ml-p5, nodes: 0}", "greater than or equal to 1"),
+    ],
+)
+def test_a_submitted_job_names_a_partition_and_a_one_line_name(tmp_path: Path, job: str, message: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace("  - scale: {group: p5, to: 8}", f"  - submit: {{jobs: [{job}]}}"))
+    with pytest.raises(InputError) as error:
+        load_scenario(path)
+    assert message in str(error.value), error.value
+    hostile = '{partition: ml-p5, nodes: 2, switches: 1, name: "$(reboot) <b>"}'
+    path.write_text(GOOD.replace("  - scale: {group: p5, to: 8}", f"  - submit: {{jobs: [{hostile}]}}"))
+    (request,) = load_scenario(path).steps[0].submit.jobs  # type: ignore[union-attr]
+    assert (request.name, request.switches, request.segment) == ("$(reboot) <b>", 1, None)

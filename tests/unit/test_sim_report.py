@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+from html import escape
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import powered_down_pcluster
 from tests.html_tree import Element, parse
+from tests.readme_examples import blocks, matches_shown
+from tests.report_at_scale import HOSTILE_JOB_NAME, synthetic_result
 from topokeeper.cli.planning import plan_from_files
 from topokeeper.sim.report import MAX_BOXES, partition_flowchart, render_report, write_report
 from topokeeper.sim.simulator import SimulationResult
@@ -59,7 +62,7 @@ def test_header_names_the_scenario_and_its_totals() -> None:
 def test_every_step_has_a_section_with_its_facts_timeline_and_calls() -> None:
     result = _result()
     page = _page(result)
-    assert len(page.find_all("section")) == len(result.steps) == 6
+    assert len(page.find_all("section")) == len(result.steps) == 7
     for index, step in enumerate(result.steps):
         section = page.by_id(f"step-{index}")
         assert section.find_all("h3")[0].text == f"{index}. {step.step}"
@@ -82,9 +85,9 @@ def test_every_step_has_a_section_with_its_facts_timeline_and_calls() -> None:
         assert sorted(tuple(pair) for pair in pairs if pair != ["", ""]) == sorted(
             (operation, str(count)) for operation, count in step.aws_calls.items()
         )
-    tamper, wait = page.by_id("step-4"), page.by_id("step-5")
+    tamper, wait = page.by_id("step-5"), page.by_id("step-6")
     assert "converged: no" in {item.text for item in tamper.find_all("li")}
-    last = result.steps[5]
+    last = result.steps[6]
     assert {f"converged: yes after {last.convergence_seconds:.2f} s", f"drift: {last.drift}"} <= {
         item.text for item in wait.find_all("li")
     }
@@ -102,11 +105,11 @@ def _runs(timeline: list[dict]) -> list[list[dict]]:
 
 def test_a_run_of_like_entries_folds_into_one_row() -> None:
     result = _result()
-    scale = result.steps[1]
+    scale = result.steps[2]
     runs = _runs(scale.timeline)
     # The eight scale events, in two runs: a live write (not held by the write interval) came between them.
     assert sorted(len(run) for run in runs if run[0]["kind"] == "event") == [3, 5]
-    rows = _page(result).by_id("step-1").find_all("table")[0].find_all("tr")[1:]
+    rows = _page(result).by_id("step-2").find_all("table")[0].find_all("tr")[1:]
     # A run of more than three entries of one kind is one row (sim/report.py): the five events fold, the three do not.
     assert (
         len(rows) == len(scale.timeline) - sum(len(run) - 1 for run in runs if len(run) > 3) == len(scale.timeline) - 4
@@ -153,7 +156,7 @@ def test_audit_table_tells_plan_changes_from_drift_repairs_and_shows_errors() ->
 
 def test_audit_table_names_the_nodes_and_the_triggers() -> None:
     result = _result()
-    create, replace = result.steps[0].audit_records[0], result.steps[2].audit_records[0]
+    create, replace = result.steps[0].audit_records[0], result.steps[3].audit_records[0]
     replace.update(
         nodes_moved=[{"node": "ip-10-1-10-141", "before": "us-a", "after": "us-b"}],
         nodes_moved_count=1,
@@ -164,7 +167,7 @@ def test_audit_table_names_the_nodes_and_the_triggers() -> None:
     assert first[10].startswith(f"+{create['nodes_added_count']} ") and create["nodes_added"][-1] in first[10]
     assert first[11].startswith(f"{create['trigger_count']} event(s): ")
     assert "SageMaker HyperPod Cluster State Change" in first[11]
-    moved = next(row for row in rows if row[2] == "ml-p6e" and row[0].startswith("2."))
+    moved = next(row for row in rows if row[2] == "ml-p6e" and row[0].startswith("3."))
     assert moved[9] == "1" and "moved 1: ip-10-1-10-141 us-a -> us-b" in moved[10]
     assert "folded: Slurm 24.11 has one cluster-wide topology" in moved[10]
     assert all(row[11] == "repairs live drift" for row in rows if row[3] == "drift-repair")
@@ -307,3 +310,78 @@ def test_the_timeline_tables_the_leaves_and_blocks_each_write_changed() -> None:
     assert lines[0].split() == ["PARTITION", "LEAF/BLOCK", "NODES", "CHANGE", "HOSTLIST"]
     assert ["ml-p6e", move["after"], "1", "new", move["node"]] in [line.split() for line in lines]
     assert any(line.split()[1:4] == [move["before"], "17", "-1"] for line in lines[1:])
+
+
+# ----------------------------------------------------------------------------- placement (where jobs landed)
+
+
+def _section(html: str) -> Element:
+    start, end = html.index('<h2 id="placement">'), html.index('<h2 id="timeline">')
+    return parse(f"<html><body>{html[start:end]}</body></html>")
+
+
+def test_the_placement_section_shows_the_largest_job_per_step_and_where_each_job_landed() -> None:
+    result = _result()  # demo.yaml on the real slurmctld: six jobs, the last one's name hostile
+    section = _section(render_report(result, BUNDLE))
+    largest, jobs, *units = section.find_all("table")
+    header = [cell.text for cell in largest.find_all("th")]
+    assert header == ["step", "ml-p5", "ml-p6e"]  # partitions with leaves or blocks
+    by_step = {_cells(row)[0]: _cells(row)[1:] for row in largest.find_all("tr")[1:]}
+    assert by_step["1. submit"][0].startswith("1") and by_step["2. scale"][0].startswith("4")  # before / after
+    rows = [_cells(row) for row in jobs.find_all("tr")[1:]]
+    submitted = result.steps[1].placement
+    assert submitted is not None and len(rows) == len(submitted["jobs"]) == 6
+    names = [row[1] for row in rows]
+    assert names[-1] == "eval; $(reboot) <script>alert(1)</script>"  # as text: parsed back from escaped HTML
+    assert not section.find_all("script")
+    assert rows[4][6] == "2 of the fewest 2" or "beyond need" in rows[4][6]  # moe: 24 nodes, 18 per UltraServer
+    # Each partition's leaves or blocks grouped by free nodes: the counts add up to every leaf or block.
+    assert len(units) == 2
+    final = result.steps[-1].placement
+    assert final is not None
+    for table, item in zip(units, [i for i in final["partitions"] if i["kind"]], strict=True):
+        counts = [int(_cells(row)[1]) for row in table.find_all("tr")[1:]]
+        assert sum(counts) == sum(group["units"] for group in item["by_free"])
+
+
+def test_the_placement_section_escapes_job_names_and_stays_short_at_10000_nodes() -> None:
+    result = synthetic_result(10_000)  # 60 jobs, one leaf or block each; the first one's name hostile
+    html = render_report(result, BUNDLE)
+    assert HOSTILE_JOB_NAME not in html and escape(HOSTILE_JOB_NAME) in html
+    section = _section(html)
+    assert not section.find_all("img")
+    _, jobs, *units = section.find_all("table")
+    assert len(jobs.find_all("tr")) == 1 + 50 and "60 jobs; the first 50 shown." in section.text
+    final = result.steps[-1].placement
+    assert final is not None
+    p5 = next(item for item in final["partitions"] if item["partition"] == "ml-p5")
+    leaves = sum(group["units"] for group in p5["by_free"])
+    assert leaves > 1900  # about 8,000 p5 nodes, 4 to a leaf: a few rows, the exact count in each
+    (p5_table, _) = units
+    rows = [_cells(row) for row in p5_table.find_all("tr")[1:]]
+    assert len(rows) == len(p5["by_free"]) <= 5 and sum(int(row[1]) for row in rows) == leaves
+    assert f"and {p5['by_free'][0]['units'] - 200} more" in rows[0][3]  # names listed up to 200, counted all
+
+
+def test_without_slurmctld_the_placement_section_says_why_it_is_empty() -> None:
+    result = _result()
+    result.head_node = "file-only stand-in for Slurm 26.05 (no slurmctld)"
+    for step in result.steps:
+        step.placement = None
+    text = _section(render_report(result, BUNDLE)).text
+    assert "no slurmctld on the file-only head node: no jobs submitted, no placement figures" in text
+    result.scenario["steps"] = [step for step in result.scenario["steps"] if "submit" not in step]
+    assert "No jobs in this story." in _section(render_report(result, BUNDLE)).text
+
+
+def test_the_placement_pages_demo_lines_are_the_fixtures() -> None:
+    """docs/placement.md "In the demo" shows lines of the demo on slurmctld: the fixture's run (regenerated with
+    the demo, see tests/e2e/test_simulate_json.py) prints them."""
+    page = Path(__file__).parents[2] / "docs" / "placement.md"
+    (shown,) = [block for block in blocks(page) if any("] placement largest job" in line for line in block.lines)]
+    printed = "".join(
+        f"[t={entry['t']:8.1f}s] {entry['kind']:<8} {entry['text']}".replace("\n", "\n" + " " * 22) + "\n"
+        for step in _result().steps
+        for entry in step.timeline
+    )
+    assert matches_shown(shown.lines, printed), f"{shown.where} no longer matches the demo fixture"

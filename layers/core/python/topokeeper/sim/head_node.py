@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -265,11 +266,34 @@ class ChrootHeadNode(HeadNode):
         """The applier's verify against ``bundle``: how the simulator checks convergence (changes nothing)."""
         inner = f"{self.controller.inner_dir}/probe-bundle.json"
         (self.root / inner.lstrip("/")).write_text(json.dumps(bundle.document()))
+        return self._program("verify", inner)
+
+    def placement_facts(self) -> dict[str, object]:
+        """The head-node program's ``placement-facts``: what the drift check and ``topokeeper placement`` read."""
+        return self._program("placement-facts")
+
+    def _program(self, *argv: str) -> dict[str, object]:
+        """The head-node program's last stdout line (a JSON document), run with the head node's python3."""
         program = f"{self.controller.inner_dir}/{PROGRAM_NAME}"
         write_program(self.root / program.lstrip("/"))
-        result = self.controller.run("python3", program, "verify", inner, timeout=300)
+        result = self.controller.run("python3", program, *argv, timeout=300)
         document: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
         return document
+
+    def submit_job(self, partition: str, nodes: int, name: str, options: Iterable[str]) -> str:
+        """``sbatch --exclusive`` as a cluster user submits it; its name is theirs, so it is one argv element
+        (never a shell word) and ``--job-name=`` keeps a leading '-' from reading as an option."""
+        return self.controller.submit(partition, nodes, "--exclusive", f"--job-name={name}", *options)
+
+    def scheduled(self, job_id: str, timeout: float = 20) -> None:
+        """Wait until slurmctld has placed the job, or given the reason it waits (not its first ``None``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.controller.run("squeue", "-h", "-j", job_id, "-o", "%T|%r").stdout.strip()
+            if state and state not in ("PENDING|None", "PENDING|"):
+                return
+            time.sleep(0.2)
+        raise HarnessError(f"slurmctld neither placed job {job_id} nor said why it waits within {timeout}s")
 
 
 _NODE_LIST = re.compile(r"(nodes: |Nodes=)(\S+)")

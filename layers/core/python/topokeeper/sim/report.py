@@ -1,7 +1,9 @@
 """The simulation report: one self-contained HTML page an operator reads after ``make demo``.
 
 Summary first (the scenario, the totals, one row per partition: kind, size, leaves or blocks, the largest
-job one leaf or block fits, what moved), then a timeline per step, every ``UpdatePartitionTopology`` audit
+job one leaf or block fits, what moved), then where the story's jobs landed on slurmctld (the largest job one
+leaf or block can start after each step, each job's leaves or blocks against the fewest it needs, leaves and
+blocks grouped by free nodes), then a timeline per step, every ``UpdatePartitionTopology`` audit
 record with what moved and why, the live ``scontrol show topology`` per partition, and per partition of the
 final plan a Mermaid picture and its leaf or block table. It stays readable at 10,000 nodes: runs of
 like timeline entries fold into one row, the picture shows switches and blocks with counts (collapsed
@@ -21,6 +23,7 @@ from typing import Any
 
 from topokeeper.render.bundle import leaf_units
 from topokeeper.render.narrate import largest_job, moves_text, nodes_text, triggers_text, unit_noun
+from topokeeper.sim.placement_view import NO_SLURMCTLD
 from topokeeper.sim.simulator import SimulationResult, StepResult
 from topokeeper.wire import compress
 
@@ -34,6 +37,7 @@ MAX_BOXES = 24  # boxes per partition picture before leaves or blocks are drawn 
 _WIDE_FAN = 6  # children of one box beyond which a picture is drawn left to right
 _RUN = 3  # consecutive timeline entries of one kind beyond this fold into one row
 _LISTED = 200  # entries of a folded run listed on demand (result.json has them all)
+_JOBS_SHOWN = 50  # rows of the placement section's job table (result.json has every job)
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; color: #1f2328; margin: 0 auto; padding: 1.5rem; max-width: 1400px; }
@@ -53,6 +57,7 @@ pre.mermaid { background: #fff; border: 1px solid #d0d7de; padding: .5rem; overf
 .audit { font-size: 13px; }
 .audit td, .audit th { white-space: nowrap; }
 .wide { overflow-x: auto; }
+.nowrap { white-space: nowrap; }
 .calls td, .calls th { padding: .05rem .4rem; font-size: 12px; }
 .yes { color: #1a7f37; font-weight: 600; }
 .no { color: #cf222e; font-weight: 600; }
@@ -80,6 +85,8 @@ def render_report(result: SimulationResult, mermaid_js: str) -> str:
         *_header(result),
         '<h2 id="partitions">Partitions of the final plan</h2>',
         _partitions(result),
+        '<h2 id="placement">Placement: where jobs landed (slurmctld)</h2>',
+        *_placement(result),
         '<h2 id="timeline">Timeline</h2>',
         *(line for index, step in enumerate(result.steps) for line in _step(index, step)),
         '<h2 id="audit">Audit records (UpdatePartitionTopology)</h2>',
@@ -332,6 +339,108 @@ def _live(topology: Mapping[str, str]) -> list[str]:
             f'<pre class="live">{escape(text) if text else "(no topology entries)"}</pre></details>'
         )
     return lines
+
+
+# ----------------------------------------------------------------------------- placement (sim/placement_view)
+
+
+def _placement(result: SimulationResult) -> list[str]:
+    """The largest job per partition after each step, every job the story submitted (where it landed, or why it
+    waits) and, after the last step, each partition's leaves or blocks grouped by free nodes: a row per free
+    count, not per leaf, so 10,000 nodes stay a short table."""
+    seen = [(index, step) for index, step in enumerate(result.steps) if step.placement]
+    if not seen:
+        submits = any("submit" in step for step in result.scenario.get("steps", []))
+        if submits and "no slurmctld" in result.head_node:
+            return [f"<p>{_text(NO_SLURMCTLD)}; the real head node (<code>make demo</code> as root) shows them.</p>"]
+        return ["<p>No jobs in this story.</p>"]
+    last = seen[-1][1].placement or {}
+    partitions = [item["partition"] for item in last["partitions"] if item["kind"]]
+    by_step = [
+        [f'<a href="#step-{index}">{index}. {escape(step.step)}</a>']
+        + [_largest(step.placement or {}, partition) for partition in partitions]
+        for index, step in seen
+    ]
+    lines = ["<h3>Largest job one leaf or block can start now, after each step</h3>"]
+    lines.append(_table(["step", *partitions], by_step, numeric=set(range(1, len(partitions) + 1))))
+    lines += _jobs(seen)
+    for item in last["partitions"]:
+        lines += _free_units(item)
+    return lines
+
+
+def _largest(placement: Mapping[str, Any], partition: str) -> str:
+    item = next((item for item in placement["partitions"] if item["partition"] == partition), None)
+    if item is None:
+        return _NONE
+    largest, cold = item["largest_placeable"], item["largest_placeable_without_resume"]
+    return _text(largest) + (f" <small>({_text(cold)} without resuming)</small>" if cold != largest else "")
+
+
+def _jobs(seen: list[tuple[int, StepResult]]) -> list[str]:
+    """Each job as the last step that saw it left it (a job that ended keeps its last row)."""
+    latest: dict[str, tuple[int, str, Mapping[str, Any]]] = {}
+    for index, step in seen:
+        for job in (step.placement or {})["jobs"]:
+            latest[job["job"]] = (index, step.step, job)
+    rows = []
+    for index, step_name, job in list(latest.values())[:_JOBS_SHOWN]:
+        asked = " ".join(f"--{key}={job[key]}" for key in ("switches", "segment") if job[key])
+        if job["state"] == "PENDING":
+            where = f"pending: {_text(job['reason'])}" + ("; <b>on topology</b>" if job["on_topology"] else "")
+            spans = _NONE
+        else:
+            units = ", ".join(_text(f"{place['unit'] or '-'} ({place['nodes']})") for place in job["placed"])
+            more = job["placed_count"] - len(job["placed"])
+            where = units + (f" and {more} more" if more > 0 else "")
+            beyond = ' <span class="no">beyond need</span>' if job["beyond_need"] else ""
+            spans = f"{_text(job['spans'])} of the fewest {_text(job['fewest'])}{beyond}"
+        rows.append(
+            [
+                _text(job["job"]),
+                _text(job["name"]),
+                _text(job["partition"]),
+                _text(job["nodes"]),
+                f'<span class="mono nowrap">{_text(asked or None)}</span>',
+                f'{_text(job["state"].lower())} <small>after <a href="#step-{index}">{escape(step_name)}</a></small>',
+                spans,
+                where,
+            ]
+        )
+    headers = ["job", "name", "partition", "nodes", "asked", "state", "leaves / blocks spanned", "where"]
+    shown = "" if len(latest) <= _JOBS_SHOWN else f"<p>{len(latest)} jobs; the first {_JOBS_SHOWN} shown.</p>"
+    return ["<h3>Jobs</h3>", _table(headers, rows, numeric={3}) + shown]
+
+
+def _free_units(item: Mapping[str, Any]) -> list[str]:
+    name, kind = _text(item["partition"]), item["kind"]
+    if not kind:
+        return [f"<h3>{name}: no leaf or block</h3>", f"<p>{_text(item['outside_topology'])} nodes, no topology.</p>"]
+    noun = "blocks" if kind == "block" else "leaves"
+    facts = [
+        ("largest job now", _text(item["largest_placeable"])),
+        ("without resuming powered-down nodes", _text(item["largest_placeable_without_resume"])),
+        ("free nodes", _text(item["free"])),
+        (f"free in {noun} too small for the typical job", _text(item["stranded_free"])),
+        ("fragmentation", _text(item["fragmentation"])),
+        ("jobs spread beyond need", _text(item["jobs_spread_beyond_need"])),
+        ("pending on topology", _text(item["pending_on_topology"])),
+    ]
+    rows = []
+    for group in item["by_free"]:
+        listed = ", ".join(group["names"])
+        more = group["units"] - len(group["names"])
+        names = listed + (f" and {more} more (result.json lists {len(group['names'])})" if more > 0 else "")
+        rows.append(
+            [
+                _text(group["free"]),
+                _text(group["units"]),
+                _text(group["nodes"]),
+                _on_demand(f"{group['units']} {noun}", names) if group["units"] > 1 else _text(names),
+            ]
+        )
+    table = _table(["free nodes", noun, "nodes in them", noun], rows, numeric={0, 1, 2})
+    return [f"<h3>{name}: {noun} by free nodes ({kind})</h3>", _facts(facts), table]
 
 
 # ----------------------------------------------------------------------------- partitions of the final plan

@@ -212,6 +212,24 @@ class WaitStep(_Strict):
     seconds: float = Field(gt=0, le=MAX_STEP_SECONDS)
 
 
+MAX_JOBS = 20  # jobs one submit step asks for: a few, to show placement, not to load slurmctld
+
+
+class JobRequest(_Strict):
+    """One ``sbatch --exclusive`` a cluster user submits; the name is theirs (hostile data: argv only, escaped)."""
+
+    partition: SlurmName
+    nodes: int = Field(ge=1, le=MAX_GROUP_NODES)
+    switches: int | None = Field(None, ge=1, le=MAX_GROUP_NODES)  # --switches=N (tree): N leaves at most
+    segment: int | None = Field(None, ge=1, le=MAX_GROUP_NODES)  # --segment=N (block)
+    # Slurm takes any text; a control character would break the timeline's one line per job.
+    name: str = Field("job", min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")
+
+
+class SubmitStep(_Strict):
+    jobs: list[JobRequest] = Field(min_length=1, max_length=MAX_JOBS)
+
+
 class Step(_Strict):
     """One story step: exactly one of the keys below."""
 
@@ -225,6 +243,8 @@ class Step(_Strict):
     tamper: TamperStep | None = None
     # The emulated HyperPod's bug: its next topology puts these nodes under another leaf or block.
     hyperpod_misplace: GroupCountStep | None = None
+    # Jobs submitted to the real slurmctld (the file-only head node has none to take them).
+    submit: SubmitStep | None = None
     wait: WaitStep | None = None
 
     @model_validator(mode="after")
@@ -286,6 +306,10 @@ class Scenario(_Strict):
                 raise ValueError(f"steps[{index}].{step.action}.group: no instance group {group!r}")
             if step.hyperpod_misplace is not None and not self.cluster.managed_topology:
                 raise ValueError(f"steps[{index}].hyperpod_misplace needs cluster.managed_topology: true")
+            partitions = {g.partition for g in self.cluster.instance_groups}
+            for number, job in enumerate(step.submit.jobs if step.submit else ()):
+                if job.partition not in partitions:
+                    raise ValueError(f"steps[{index}].submit.jobs[{number}].partition: no partition {job.partition!r}")
         if self.cluster.orchestrator == "parallelcluster":
             self._parallelcluster_steps()
         self._within_what_the_simulator_runs()

@@ -26,6 +26,7 @@ from topokeeper.sim.aws.alarms import AlarmState
 from topokeeper.sim.eks import KueueStep, final_view, step_view
 from topokeeper.sim.latency import NodeLatency, summarize
 from topokeeper.sim.login_endpoint import LoginStep
+from topokeeper.sim.placement_view import StoryJobs
 from topokeeper.sim.scenario import Scenario, Step
 from topokeeper.sim.slurm_chroot import HarnessError
 
@@ -71,6 +72,9 @@ class StepResult(BaseModel):
     # Launch to the live topology, for the nodes launched during the step (see topokeeper.sim.latency).
     node_latency_seconds: NodeLatency | None = None
     node_latencies: dict[str, float] = Field(default_factory=dict)  # node name -> seconds
+    # Where the story's jobs landed and the figures per partition after the step (sim/placement_view), once a
+    # step submitted jobs to a real slurmctld.
+    placement: dict[str, Any] | None = None
 
 
 class SimulationResult(BaseModel):
@@ -89,6 +93,7 @@ class Story:
         self.world = world
         self.progress = progress
         self._pending_filter: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None
+        self.jobs = StoryJobs(world)
 
     def play(self, index: int, step: Step) -> StepResult | None:
         world = self.world
@@ -151,6 +156,8 @@ class Story:
                 world.agenda.add(
                     world.clock.monotonic() + number * spacing, functools.partial(world.scale, group, count)
                 )
+        elif step.submit is not None:
+            self.jobs.submit(step.submit.jobs)
         elif world.parallelcluster is not None and step.tamper is None:
             self._act_parallelcluster(step, world.parallelcluster)
         elif step.replace is not None:
@@ -201,6 +208,7 @@ class Story:
 
     def measure(self, action: str, started: float, timeline_start: int) -> StepResult:
         world = self.world
+        placement = self.jobs.observe()  # its timeline lines belong to the step
         counters = world.counters
         state = world.runtime.state.get(world.cluster.name)
         kueue, seconds = None, None
@@ -251,6 +259,7 @@ class Story:
             login=world.login.step(started, lambda r, t: _after(r, world, t)) if world.login else None,
             node_latency_seconds=latency,
             node_latencies=latencies,
+            placement=placement,
         )
 
     def _convergence(self, desired: RenderedPlan, started: float) -> tuple[bool | None, float | None]:
