@@ -193,6 +193,7 @@ def test_an_agent_cluster_s_facts_reach_the_drift_metrics_and_placement_with_the
     world.advance(timing.agent_poll_seconds)
     world.functions.invoke("drift", {})
     assert _failures(world)[-1] == 1
+    capsys.readouterr()  # the functions' own log lines
     monkeypatch.setattr(SystemClock, "now", lambda self: world.clock.now())
     assert main(["placement", "--cluster", world.cluster.name, "--deployment", deployment]) == 2
     error = capsys.readouterr().err
