@@ -73,6 +73,18 @@ def test_hostile_strings_travel_escaped_in_ascii_json_and_read_back_the_same(tmp
     assert json.loads(body) == document
 
 
+def test_the_program_s_error_is_put_printable_and_without_facts(tmp_path: Path) -> None:
+    """slurmctld could not be read: the reason, whatever its bytes, reads back as printable ASCII in one line."""
+    document = _facts(error=HOSTILE + "\U0001f600", jobs=[["1", "p", "RUNNING", 1, "x", 0, 0, 0, HOSTILE]])
+    config = _program(tmp_path, json.dumps(document) + "\n", 1)
+
+    body, error = placement.facts_body(config)
+
+    expected = "\\x1b[31m$(touch /tmp/pwned)`id`\\u202e | <script>\\ud800\\U0001f600"
+    assert error == expected
+    assert json.loads(body) == {"schema": PLACEMENT_FACTS_SCHEMA, "error": expected}  # no facts beside an error
+
+
 @pytest.mark.parametrize(
     ("stdout", "exit_code", "says"),
     [

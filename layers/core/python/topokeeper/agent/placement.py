@@ -27,8 +27,23 @@ MAX_FACTS_BYTES = MAX_FULL_RESULT_BYTES
 FACTS_TIMEOUT_SECONDS = 120.0
 
 
+def _printable(text: str) -> str:
+    """One line of printable ASCII: a control character (an escape sequence) or any other as ``\\xNN``/``\\uNNNN``,
+    so an error read back and printed by whoever reads the facts cannot drive a terminal."""
+    return "".join(
+        ch
+        if " " <= ch <= "~"
+        else "\\x%02x" % ord(ch)
+        if ord(ch) < 0x100
+        else "\\u%04x" % ord(ch)
+        if ord(ch) < 0x10000
+        else "\\U%08x" % ord(ch)
+        for ch in one_line(text)
+    )
+
+
 def _refused(error: str) -> Dict[str, Any]:
-    return {"schema": PLACEMENT_FACTS_SCHEMA, "error": one_line(error)[:300] or "no reason given"}
+    return {"schema": PLACEMENT_FACTS_SCHEMA, "error": _printable(error)[:300] or "no reason given"}
 
 
 def facts_document(stdout: bytes, returncode: int, stderr: bytes) -> Dict[str, Any]:
@@ -41,6 +56,8 @@ def facts_document(stdout: bytes, returncode: int, stderr: bytes) -> Dict[str, A
     if not isinstance(document, dict) or document.get("schema") != PLACEMENT_FACTS_SCHEMA:
         tail = stderr.decode("utf-8", "replace").strip()[-300:]
         return _refused(f"placement-facts exited {returncode} without a {PLACEMENT_FACTS_SCHEMA} document: {tail}")
+    if document.get("error") is not None:  # slurmctld could not be read: the reason, printable, and no facts
+        return _refused(str(document["error"]))
     return document
 
 
