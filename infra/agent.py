@@ -17,11 +17,27 @@ from infra.encryption import DataKey
 from infra.storage import PlanBucket
 from topokeeper.contract.config import Settings
 from topokeeper.contract.ports import Channel
-from topokeeper.wire import AGENT_SOURCE, agent_bundle_key, agent_source, agent_verify_key, agent_verify_request_key
+from topokeeper.wire import (
+    AGENT_SOURCE,
+    agent_bundle_key,
+    agent_placement_facts_key,
+    agent_source,
+    agent_verify_key,
+    agent_verify_request_key,
+)
 
 
 def agent_clusters(settings: Settings) -> list[str]:
     return [cluster.name for cluster in settings.clusters if cluster.effective_channel is Channel.AGENT]
+
+
+def agent_facts_keys(settings: Settings) -> list[str]:
+    """The one key each agent cluster with placement_metrics puts (its placement facts): the only agent write."""
+    return [
+        agent_placement_facts_key(cluster.name)
+        for cluster in settings.clusters
+        if cluster.effective_channel is Channel.AGENT and cluster.placement_metrics
+    ]
 
 
 def agent_policy_output(cluster: str) -> str:
@@ -30,10 +46,18 @@ def agent_policy_output(cluster: str) -> str:
 
 
 class AgentPolicies(Construct):
-    """``policies[cluster]``: fetch that cluster's bundle and verify request; report as its own source."""
+    """``policies[cluster]``: fetch that cluster's bundle and verify request; report as its own source; put its
+    placement facts if ``facts_keys`` holds its key."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, clusters: list[str], plans: PlanBucket, key: DataKey
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        clusters: list[str],
+        plans: PlanBucket,
+        key: DataKey,
+        facts_keys: list[str] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         outputs = [agent_policy_output(cluster) for cluster in clusters]
@@ -43,14 +67,19 @@ class AgentPolicies(Construct):
                 f"{CONTEXT_KEY}.clusters: agent clusters whose names differ only in hyphens or case would share "
                 f"the stack output {', '.join(clashes)}; rename one"
             )
-        self.policies = {cluster: self._policy(cluster, plans, key) for cluster in clusters}
+        facts = set(facts_keys or [])
+        self.policies = {
+            cluster: self._policy(cluster, plans, key, agent_placement_facts_key(cluster) in facts)
+            for cluster in clusters
+        }
 
-    def _policy(self, cluster: str, plans: PlanBucket, key: DataKey) -> iam.ManagedPolicy:
+    def _policy(self, cluster: str, plans: PlanBucket, key: DataKey, puts_facts: bool) -> iam.ManagedPolicy:
         return iam.ManagedPolicy(
             self,
             cluster,
             description=f"topokeeper agent of {cluster}: attach to the ExecutionRole of its controller group only",
             statements=[
+                *(_facts_statements(cluster, plans, key) if puts_facts else []),
                 iam.PolicyStatement(
                     sid="FetchBundles",
                     actions=["s3:GetObject"],  # also HeadObject, which the agent polls
@@ -75,3 +104,20 @@ class AgentPolicies(Construct):
                 ),
             ],
         )
+
+
+def _facts_statements(cluster: str, plans: PlanBucket, key: DataKey) -> list[iam.PolicyStatement]:
+    """placement_metrics: put the one facts object, encrypted with the bucket's key (SSE-KMS asks for a data key)."""
+    return [
+        iam.PolicyStatement(
+            sid="PutPlacementFacts",
+            actions=["s3:PutObject"],
+            resources=[plans.bucket.arn_for_objects(agent_placement_facts_key(cluster))],
+        ),
+        iam.PolicyStatement(
+            sid="EncryptPlacementFacts",
+            actions=["kms:GenerateDataKey"],
+            resources=[key.key.key_arn],
+            conditions={"StringEquals": {"kms:ViaService": f"s3.{Aws.REGION}.amazonaws.com"}},
+        ),
+    ]

@@ -11,6 +11,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra import constants as c
+from infra.agent import agent_facts_keys
 from infra.encryption import SigningKey
 from infra.layers import Layers
 from infra.nag import acknowledge
@@ -139,7 +140,9 @@ class Functions(Construct):
         plans.grant_read_and_writes_to(self._role(self.drift), drift_writes(settings))
         plans.grant_read(self._role(self.result))
         # Only these two (and the operator) may change objects: every other principal is denied by the bucket.
-        plans.restrict_writes([self._role(self.reconcile), self._role(self.drift)], settings.operator_role_arn)
+        plans.restrict_writes(
+            [self._role(self.reconcile), self._role(self.drift)], settings.operator_role_arn, agent_facts_keys(settings)
+        )
         for function in self.by_name.values():
             queues.grant_send_work(self._role(function))
         queues.grant_send_work_dead_letters(self._role(self.reconcile))

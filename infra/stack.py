@@ -7,7 +7,7 @@ from typing import Any
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from infra.agent import AgentPolicies, agent_clusters, agent_policy_output
+from infra.agent import AgentPolicies, agent_clusters, agent_facts_keys, agent_policy_output
 from infra.alarms import Monitoring
 from infra.encryption import DataKey, SigningKey
 from infra.events import Triggers
@@ -77,7 +77,14 @@ class TopokeeperStack(Stack):
             # What the SSM channel sends and the agent install ships: check a copy with sha256sum before running it.
             "HeadNodeProgramSha256": (program_sha256(), f"sha256 of {PROGRAM_NAME}, the program head nodes run"),
         }
-        self.agent = AgentPolicies(self, "Agent", clusters=agent_clusters(settings), plans=self.plans, key=self.key)
+        self.agent = AgentPolicies(
+            self,
+            "Agent",
+            clusters=agent_clusters(settings),
+            plans=self.plans,
+            key=self.key,
+            facts_keys=agent_facts_keys(settings),
+        )
         for cluster, policy in self.agent.policies.items():
             outputs[agent_policy_output(cluster)] = (
                 policy.managed_policy_arn,

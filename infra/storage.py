@@ -78,10 +78,15 @@ class PlanBucket(Construct):
             "in the audit trail, and S3 data events in the account's CloudTrail record object access if required.",
         )
 
-    def restrict_writes(self, writers: list[iam.IRole], operator_role_arn: str | None) -> None:
+    def restrict_writes(
+        self, writers: list[iam.IRole], operator_role_arn: str | None, facts_keys: list[str] | None = None
+    ) -> None:
         """Deny, whatever identity policies allow: changing objects to every principal but ``writers`` and the
         operator role (any s3:PutObject in the account could otherwise put a bundle on a head node), and
-        writes that ask for another encryption than the stack's key. Writes that ask for none get the
+        writes that ask for another encryption than the stack's key. The agents' placement facts
+        (``facts_keys``) are left out of the first: the agent's role is the operator's, unknown at synth; its
+        policy grants it that one key, and what is there is only read as a view (metrics, the placement table),
+        never delivered to a head node. Writes that ask for none get the
         bucket's default, this key: so each denial holds only when its header is present (Null false), as
         ...IfExists would not do: IAM evaluates an absent key as true there, denying every write without the
         headers (the functions' and the head node's presigned ones). TLS only is enforce_ssl's statement."""
@@ -96,13 +101,16 @@ class PlanBucket(Construct):
             ),
         }
         for sid, (actions, condition) in denials.items():
+            everything = [self.bucket.arn_for_objects("*")]
+            exempt = sid == "OnlyTopokeeperChangesObjects" and facts_keys
             self.bucket.add_to_resource_policy(
                 iam.PolicyStatement(
                     sid=sid,
                     effect=iam.Effect.DENY,
                     principals=[iam.AnyPrincipal()],
                     actions=actions,
-                    resources=[self.bucket.arn_for_objects("*")],
+                    resources=[] if exempt else everything,
+                    not_resources=[self.bucket.arn_for_objects(key) for key in facts_keys or []] if exempt else [],
                     conditions=condition,
                 )
             )

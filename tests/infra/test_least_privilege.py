@@ -37,10 +37,17 @@ HYBRID_HEAD_NODE = "mi-0123456789abcdef0"
 
 @pytest.fixture(scope="module")
 def variant(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
-    """Two agent clusters (verify and enforce), an EC2 and a hybrid (mi-) SSM head node, an operator role."""
+    """Two agent clusters (verify, and enforce with placement metrics), an EC2 and a hybrid (mi-) SSM head node, an
+    operator role."""
     config = example_config()
     config["clusters"] += [
-        {"name": "vision", "orchestrator": "hyperpod", "mode": "enforce", "channel": "agent"},
+        {
+            "name": "vision",
+            "orchestrator": "hyperpod",
+            "mode": "enforce",
+            "channel": "agent",
+            "placement_metrics": True,
+        },
         {"name": "hp-hybrid", "orchestrator": "hyperpod", "channel": "ssm", "head_node": HYBRID_HEAD_NODE},
     ]
     config["operator_role_arn"] = OPERATOR_ROLE
@@ -245,7 +252,19 @@ def test_one_agent_policy_per_cluster_reaching_only_its_own_objects_and_event_so
     for cluster, policy in policies.items():
         document = variant.resource(policy)["Properties"]["PolicyDocument"]
         by_sid = {statement["Sid"]: statement for statement in document["Statement"]}
-        assert sorted(by_sid) == ["DecryptBundles", "FetchBundles", "ReportResults"]
+        # Only a cluster with placement_metrics puts anything: its one facts object, encrypted with the bucket's key.
+        facts = ["EncryptPlacementFacts", "PutPlacementFacts"] if cluster == "vision" else []
+        assert sorted(by_sid) == sorted(["DecryptBundles", "FetchBundles", "ReportResults", *facts])
+        if facts:
+            put, encrypt = by_sid["PutPlacementFacts"], by_sid["EncryptPlacementFacts"]
+            assert (put["Action"], put["Resource"]) == (
+                "s3:PutObject",
+                object_arn(variant, f"/clusters/{cluster}/placement-facts.json"),
+            )
+            assert (encrypt["Action"], list(encrypt["Condition"]["StringEquals"])) == (
+                "kms:GenerateDataKey",
+                ["kms:ViaService"],
+            )
         assert by_sid["FetchBundles"]["Resource"] == [
             object_arn(variant, f"/clusters/{cluster}/{name}")
             for name in ("bundle.json", "verify-request.json", "verify.json")
@@ -296,7 +315,12 @@ def test_only_reconcile_drift_and_the_operator_may_change_objects(which: str, re
 
     (deny,) = [s for s in bucket_policy(synthesized) if s.get("Sid") == "OnlyTopokeeperChangesObjects"]
 
-    assert (deny["Effect"], deny["Principal"], deny["Resource"]) == ("Deny", {"AWS": "*"}, everything)
+    if which == "variant":  # vision's agent puts its placement facts: that one object, under its own policy
+        facts = object_arn(synthesized, "/clusters/vision/placement-facts.json")
+        assert (deny["Effect"], deny["Principal"], deny["NotResource"]) == ("Deny", {"AWS": "*"}, facts)
+        assert "Resource" not in deny
+    else:
+        assert (deny["Effect"], deny["Principal"], deny["Resource"]) == ("Deny", {"AWS": "*"}, everything)
     assert {"s3:PutObject", "s3:DeleteObject", "s3:DeleteObjectVersion"} <= set(deny["Action"])
     functions = synthesized.stack.functions
     writers = [role_arn(synthesized, functions.reconcile), role_arn(synthesized, functions.drift)]

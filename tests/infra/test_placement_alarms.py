@@ -18,11 +18,13 @@ pytestmark = pytest.mark.infra
 
 def test_placement_alarms_watch_their_partition_and_the_dashboard_searches_every_one(tmp_path: Path) -> None:
     config = example_config()
-    ssm = config["clusters"][1]
+    agent, ssm = config["clusters"]
     ssm.update(
         placement_metrics=True,
         placement_alarms={"gpu": {"largest_placeable_below": 8, "topology_pending_seconds_above": 3600}},
     )
+    # The agent channel (HyperPod) reads the facts its agent puts: the same alarms, row and nag-clean template.
+    agent.update(placement_metrics=True, placement_alarms={"ml-p5": {"largest_placeable_below": 4}})
     synthesized = synthesize(tmp_path, config, nag=True)  # raises ValidationFailed on any unacknowledged finding
     alarms = {
         resource["Properties"]["AlarmName"].split("-", 1)[1]: resource["Properties"]
@@ -30,7 +32,11 @@ def test_placement_alarms_watch_their_partition_and_the_dashboard_searches_every
         if resource["Type"] == "AWS::CloudWatch::Alarm" and "partition" in json.dumps(resource["Properties"])
     }
     cluster = ssm["name"]
-    assert sorted(alarms) == [f"{cluster}-gpu-LargestPlaceableJobNodes", f"{cluster}-gpu-TopologyPendingSeconds"]
+    assert sorted(alarms) == [
+        f"{cluster}-gpu-LargestPlaceableJobNodes",
+        f"{cluster}-gpu-TopologyPendingSeconds",
+        f"{agent['name']}-ml-p5-LargestPlaceableJobNodes",
+    ]
     largest = alarms[f"{cluster}-gpu-LargestPlaceableJobNodes"]
     assert largest["Dimensions"] == [{"Name": "cluster", "Value": cluster}, {"Name": "partition", "Value": "gpu"}]
     assert (largest["Statistic"], largest["Threshold"], largest["ComparisonOperator"]) == (
@@ -39,9 +45,10 @@ def test_placement_alarms_watch_their_partition_and_the_dashboard_searches_every
         "LessThanThreshold",
     )
     body = json.dumps(synthesized.template.to_json())
-    for metric in ("LargestPlaceableJobNodes", "JobsSpreadBeyondNeed", "TopologyPendingSeconds"):
-        assert f'MetricName=\\\\\\"{metric}\\\\\\" cluster=\\\\\\"{cluster}\\\\\\"' in body, metric
-    assert f'"topokeeper","PlacementFactsFailures","cluster","{cluster}"' in body.replace("\\", "")
+    for name in (cluster, agent["name"]):
+        for metric in ("LargestPlaceableJobNodes", "JobsSpreadBeyondNeed", "TopologyPendingSeconds"):
+            assert f'MetricName=\\\\\\"{metric}\\\\\\" cluster=\\\\\\"{name}\\\\\\"' in body, metric
+        assert f'"topokeeper","PlacementFactsFailures","cluster","{name}"' in body.replace("\\", "")
     cfn_lint = Path(sys.executable).parent / "cfn-lint"
     template = tmp_path / f"{STACK_ID}.template.json"
     run = subprocess.run([str(cfn_lint), str(template)], cwd=REPO_ROOT, capture_output=True, text=True, check=False)

@@ -162,7 +162,11 @@ _EC2 = {"name": "pc", "orchestrator": "ec2", "head_node": "i-0123456789abcdef0"}
 @pytest.mark.parametrize(
     ("cluster", "field", "message"),
     [
-        ({"name": "hp", "placement_metrics": True}, "clusters[0]", "placement_metrics: only for channel ssm clusters"),
+        (
+            {"name": "k", "orchestrator": "eks", "placement_metrics": True},
+            "clusters[0]",
+            "placement_metrics: only for Slurm clusters",
+        ),
         (
             {**_EC2, "placement_alarms": {"gpu": {"largest_placeable_below": 8}}},
             "clusters[0]",
@@ -181,13 +185,19 @@ _EC2 = {"name": "pc", "orchestrator": "ec2", "head_node": "i-0123456789abcdef0"}
         ({**_EC2, "placment_metrics": True}, "clusters[0].placment_metrics", "did you mean 'placement_metrics'?"),
     ],
 )
-def test_placement_metrics_are_for_ssm_clusters_and_their_alarms_need_them(
+def test_placement_metrics_are_for_slurm_clusters_and_their_alarms_need_them(
     cluster: dict, field: str, message: str
 ) -> None:
     with pytest.raises(ValidationError) as error:
         Settings.model_validate({"clusters": [cluster]})
     converted = InputError.from_validation(error.value, model=Settings)
     assert converted.field == field and message in converted.message, converted
+
+
+def test_an_agent_cluster_takes_placement_metrics() -> None:
+    """The agent puts the facts the drift check reads (topokeeper.agent.placement): no SSM needed."""
+    (cluster,) = Settings.model_validate({"clusters": [{"name": "hp", "placement_metrics": True}]}).clusters
+    assert (cluster.effective_channel, cluster.placement_metrics) == (Channel.AGENT, True)
 
 
 def test_placement_alarms_follow_the_drift_check() -> None:

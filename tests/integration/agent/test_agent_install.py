@@ -164,6 +164,37 @@ def test_the_mode_follows_the_deployment(
     assert f'"mode": "{mode}"' in snippet
 
 
+@pytest.mark.parametrize(
+    ("settings", "flags", "seconds"),
+    [
+        ({}, [], 0),  # no placement_metrics: the agent puts no facts
+        ({"placement_metrics": True}, [], 900),  # each drift period (15 min)
+        ({"placement_metrics": True, "drift_schedule": "rate(5 minutes)"}, [], 300),
+        ({"placement_metrics": True, "drift_schedule": "rate(1 hour)"}, [], 900),  # half the 1800 s stale bound
+        ({"placement_metrics": True}, ["--placement-seconds", "120"], 120),
+        ({}, ["--placement-seconds", "0"], 0),
+    ],
+)
+def test_placement_facts_follow_the_deployment_s_placement_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], settings: dict[str, object], flags: list[str], seconds: int
+) -> None:
+    cluster = {"name": "llm-train-slurm", "channel": "agent", "placement_metrics": settings.get("placement_metrics")}
+    deployment = _deployment(tmp_path, {k: v for k, v in cluster.items() if v is not None})
+    if "drift_schedule" in settings:
+        document = json.loads(deployment.read_text())
+        document["settings"]["drift_schedule"] = settings["drift_schedule"]
+        deployment.write_text(json.dumps(document))
+    arguments = [*INSTALL_SCRIPT_BASE_ARGS, "--deployment", str(deployment), *flags]
+    snippet = _snippet_from(capsys, arguments)
+    assert f'"placement_facts_interval_seconds": {seconds}' in snippet
+
+
+def test_a_negative_placement_interval_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*INSTALL_SCRIPT_BASE_ARGS, "--mode", "verify", "--placement-seconds", "-1"]) == 2
+    error = capsys.readouterr().err
+    assert error == "topokeeper: error: --placement-seconds: must be 0 (never) or more\n"
+
+
 def test_an_enforce_agent_without_a_signing_key_is_refused_unless_asked_for(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

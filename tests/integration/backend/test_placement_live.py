@@ -1,10 +1,12 @@
 """``topokeeper placement --cluster``: the head node's ``placement-facts`` over SSM Run Command (emulated AWS, a real
-slurmctld in a chroot), the same figures as offline; a large answer through the plan bucket's full-result path."""
+slurmctld in a chroot), the same figures as offline; a large answer through the plan bucket's full-result path; for
+an agent cluster, the newest facts its agent put in the plan bucket, with their age."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from topokeeper.cli.main import main
 from topokeeper.contract.constants import ssm_result_key
 from topokeeper.contract.head_node_program import PROGRAM_NAME
 from topokeeper.sim.world import World
+from topokeeper.wiring.runtime import SystemClock
 
 pytestmark = pytest.mark.slurm
 HOSTILE = "$(touch /tmp/pwned)\x1b[31m"  # a job name: never asked for, never in a shell
@@ -122,3 +125,76 @@ def test_the_drift_check_emits_the_figures_placement_shows(
     }
     assert [v for (p, m), v in emitted.items() if m == "TopologyPendingSeconds"] == [0] * len(shown)
     assert not (world.head.controller.root / "tmp" / "pwned").exists()
+
+
+def _emitted(world: World) -> dict[tuple[str, str], float]:
+    return {(partition, metric): value for _, _, partition, metric, value in world.metrics.partition_points}
+
+
+def _failures(world: World) -> list[float]:
+    return [value for _, _, metric, value in world.metrics.points if metric == "PlacementFactsFailures"]
+
+
+def _interval_passed(world: World) -> None:
+    """The agent keeps its cadence by the head node's clock, which simulated time does not move: its interval
+    passes as a real one would, by setting its last put back in its state file."""
+    path = world.head.root / "var" / "lib" / "topokeeper" / world.head.controller.name / "state.json"
+    state = json.loads(path.read_text())
+    path.write_text(json.dumps({**state, "last_facts_at": 0.0}))
+
+
+def test_an_agent_cluster_s_facts_reach_the_drift_metrics_and_placement_with_their_age(
+    world_factory, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HyperPod's head node takes no Run Command: its agent runs placement-facts once per drift period and puts
+    them in the plan bucket under its own policy (the emulator enforces it and the bucket's), where the drift check
+    and ``topokeeper placement --cluster`` read the newest, with their age."""
+    world = world_factory(small_scenario(channel="agent", placement_metrics=True))
+    world.settle()
+    deployment = _deployment(world, tmp_path)
+    controller, timing = world.head.controller, world.scenario.timing
+    held = controller.submit("ml-p5", 2, "--hold", f"--job-name={HOSTILE}")
+    world.advance(timing.agent_poll_seconds)  # the first cycle applied; the next puts the facts, the job in them
+
+    world.metrics.partition_points.clear()
+    world.functions.invoke("drift", {})
+    shown = _offline(world, tmp_path, capsys)["partitions"]
+    emitted = _emitted(world)
+    assert _failures(world)[-1] == 0 and shown and emitted, (shown, emitted)
+    assert {p: v for (p, m), v in emitted.items() if m == "LargestPlaceableJobNodes"} == {
+        item["partition"]: item["largest_placeable"] for item in shown
+    }
+    assert {p: v for (p, m), v in emitted.items() if m == "JobsSpreadBeyondNeed"} == {
+        item["partition"]: item["jobs_spread_beyond_need"] for item in shown
+    }
+
+    # The operator's clock, as AWS's (S3 stamps LastModified with it), is the world's.
+    monkeypatch.setattr(SystemClock, "now", lambda self: world.clock.now())
+    live = _placement(capsys, "--cluster", world.cluster.name, "--deployment", deployment)
+    origin = live.pop("facts")
+    assert (origin["source"], origin["stale"], origin["max_age_seconds"]) == ("agent", False, 1800)
+    assert 0 <= origin["age_seconds"] <= timing.drift_interval_seconds + timing.agent_poll_seconds
+    assert live == _offline(world, tmp_path, capsys)
+    job = _placement(capsys, "--cluster", world.cluster.name, "--deployment", deployment, "--job", held)
+    assert (job["job"], job["state"], job["nodes"]) == (held, "PENDING", 2)
+    assert main(["placement", "--cluster", world.cluster.name, "--deployment", deployment]) == 0
+    assert capsys.readouterr().out.startswith(f"placement facts put by the agent {origin['age_seconds']} s ago\n")
+    assert not (controller.root / "tmp" / "pwned").exists()
+
+    # Facts older than the bound on the agent's reports are shown as stale, never as current.
+    later = world.clock.now() + timedelta(seconds=1801)
+    monkeypatch.setattr(SystemClock, "now", lambda self: later)
+    assert main(["placement", "--cluster", world.cluster.name, "--deployment", deployment]) == 0
+    assert capsys.readouterr().out.startswith("STALE: the agent's placement facts are ")
+
+    # slurmctld down: the agent puts why there are no facts; the drift check counts a failure and goes on.
+    controller.stop()
+    _interval_passed(world)
+    world.advance(timing.agent_poll_seconds)
+    world.functions.invoke("drift", {})
+    assert _failures(world)[-1] == 1
+    capsys.readouterr()  # the functions' own log lines
+    monkeypatch.setattr(SystemClock, "now", lambda self: world.clock.now())
+    assert main(["placement", "--cluster", world.cluster.name, "--deployment", deployment]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "could not read slurmctld" in error, error

@@ -126,3 +126,30 @@ def test_the_drift_function_reads_the_facts_over_its_ssm_channel_in_bounded_time
     assert deps.placement_facts is not None
     assert deps.placement_facts(settings.clusters[0]) is FACTS
     assert asked == [("pc", PLACEMENT_FACTS_SECONDS)]
+
+
+def test_the_drift_function_reads_an_agent_cluster_s_newest_facts_from_the_bucket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HyperPod: no command to send; the facts the agent put, refused when stale (adapters.agent_channel)."""
+    asked: list[str] = []
+
+    class Channel:
+        def current_placement_facts(self, cluster: str) -> dict[str, Any]:
+            asked.append(cluster)
+            return FACTS
+
+    monkeypatch.setattr(Runtime, "agent_channel", lambda self, cluster: Channel())
+    monkeypatch.setattr(Runtime, "ssm_channel", lambda *args, **kwargs: pytest.fail("an agent cluster has no SSM"))
+    settings = Settings.model_validate({"clusters": [{"name": "hp", "placement_metrics": True}]})
+    env = LambdaEnvironment(
+        TOPOKEEPER_CONFIG=settings.to_env(),
+        TABLE_NAME="topokeeper-state",
+        BUCKET_NAME="topokeeper-plans",
+        QUEUE_URL="https://sqs.us-east-1.amazonaws.com/123456789012/topokeeper-work.fifo",
+    )
+    monkeypatch.setattr(runtime_module, "client", lambda service, region=None: object())
+    deps = Runtime(env=env, settings=settings).drift_deps()
+    assert deps.placement_facts is not None
+    assert deps.placement_facts(settings.clusters[0]) is FACTS
+    assert asked == ["hp"]

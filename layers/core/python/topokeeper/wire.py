@@ -86,6 +86,7 @@ CHANNEL_TIMEOUT_SECONDS = int(APPLIER_BUDGET_SECONDS + TERMINATE_GRACE_SECONDS +
 MAX_STDOUT_CHARS = 24000  # SSM keeps no more of a command's output
 MAX_FULL_RESULT_BYTES = 32 * 1024 * 1024  # the whole result document, uploaded when stdout cannot carry it
 UPLOAD_TIMEOUT_SECONDS = 30.0  # within the channel's margin (CHANNEL_MARGIN_SECONDS)
+PLACEMENT_FACTS_SCHEMA = "topokeeper.placement-facts/1"  # the program's placement-facts document (SSM, agent)
 
 # --- canonical bytes and hashes --------------------------------------------------------------------------
 
@@ -405,6 +406,11 @@ def agent_desired_key(cluster: str, mode: str, prefix: str = AGENT_KEY_PREFIX) -
     return agent_bundle_key(cluster, prefix) if mode == "enforce" else agent_verify_key(cluster, prefix)
 
 
+def agent_placement_facts_key(cluster: str, prefix: str = AGENT_KEY_PREFIX) -> str:
+    """Where the agent puts the head node's placement facts (placement_metrics), which the backend reads."""
+    return _agent_key(cluster, "placement-facts.json", prefix)
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """The agent's config file (``/etc/topokeeper/agent.json``): written by ``topokeeper agent install-script``,
@@ -425,6 +431,7 @@ class AgentConfig:
     request_timeout_seconds: float = 15.0
     # The applier's --trusted-key file: bundles must be signed by the stack's key (the install script writes it).
     trusted_key: Optional[str] = None
+    placement_facts_interval_seconds: float = 0.0  # upload placement facts at most this often; 0: never
 
     @property
     def key(self) -> str:

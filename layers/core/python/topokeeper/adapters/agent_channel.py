@@ -5,7 +5,9 @@ agent on the head node polls its ETag, runs the same applier, and reports the sa
 as an EventBridge event. Verifying writes ``clusters/<cluster>/verify.json``, which the agent only
 ever verifies against (never applies), and returns the agent's latest report about that plan. A verify
 ``request`` (the live state just changed) writes ``verify-request.json`` instead, which the agent honours at
-its next poll; its report names the request and the result function records it.
+its next poll; its report names the request and the result function records it. With ``placement_metrics`` the
+agent puts the head node's placement facts in ``placement-facts.json`` beside them (``topokeeper.agent.placement``);
+``placement_facts`` reads the newest, with its age by S3's clock, and refuses facts older than ``max_report_age``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,15 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import ClientError
 
 from topokeeper.adapters.aws import aws_errors, error_code
+from topokeeper.contract.errors import Permanent
 from topokeeper.contract.ports import ApplyResult, Channel, DeliveryHandle, Outcome, StateStore
-from topokeeper.wire import agent_bundle_key, agent_verify_key, agent_verify_request_key
+from topokeeper.wire import (
+    MAX_FULL_RESULT_BYTES,
+    agent_bundle_key,
+    agent_placement_facts_key,
+    agent_verify_key,
+    agent_verify_request_key,
+)
 
 if TYPE_CHECKING:  # in signatures only: the functions that deliver load it at init (service.reconcile)
     from topokeeper.render.bundle import Bundle
@@ -101,3 +110,46 @@ class AgentChannel:
             if error_code(error) not in ("404", "NoSuchKey", "NotFound"):
                 raise
         self._put(key, bundle)
+
+    @aws_errors()
+    def placement_facts(self, cluster: str) -> tuple[dict[str, Any], timedelta]:
+        """The newest placement facts the agent put, and their age (now less the object's LastModified). Absent,
+        larger than the agent puts, or not a JSON object: ``Permanent`` with the reason in one line."""
+        key = agent_placement_facts_key(cluster)
+        try:
+            response = self._s3.get_object(Bucket=self._bucket, Key=key)
+        except ClientError as error:
+            if error_code(error) not in ("NoSuchKey", "404"):
+                raise
+            raise Permanent(
+                f"no placement facts at s3://{self._bucket}/{key}: the agent puts them only with placement_metrics"
+                " (its install script's --placement-seconds); has it run since?"
+            ) from None
+        body: bytes = response["Body"].read(MAX_FULL_RESULT_BYTES + 1)
+        if len(body) > MAX_FULL_RESULT_BYTES:
+            raise Permanent(f"s3://{self._bucket}/{key}: over the {MAX_FULL_RESULT_BYTES} bytes the agent puts")
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError) as error:
+            raise Permanent(f"s3://{self._bucket}/{key}: not JSON: {str(error)[:200]}") from None
+        if not isinstance(document, dict):
+            raise Permanent(f"s3://{self._bucket}/{key}: not a JSON object")
+        return document, self._now() - response["LastModified"]
+
+    def current_placement_facts(self, cluster: str) -> dict[str, Any]:
+        """The newest facts if no older than ``max_report_age`` (the bound on the agent's verify reports); stale
+        ones raise ``Permanent`` saying their age, never pass as current."""
+        document, age = self.placement_facts(cluster)
+        if age > self._max_age:
+            raise Permanent(f"{stale_facts(age, self._max_age)}: not current")
+        return document
+
+    @property
+    def max_report_age(self) -> timedelta:
+        return self._max_age
+
+
+def stale_facts(age: timedelta, bound: timedelta) -> str:
+    return (
+        f"the agent's placement facts are {age.total_seconds():.0f} s old, over the {bound.total_seconds():.0f} s bound"
+    )

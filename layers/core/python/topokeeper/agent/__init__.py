@@ -13,7 +13,8 @@ else of the package.
 The modules, in the order a cycle uses them: ``main`` (CLI and loop), ``cycle`` (poll, apply, verify,
 report), ``config``, ``state`` (state file and lock), ``aws`` (the S3 and EventBridge calls), ``sigv4``,
 ``transport`` (bounded HTTP), ``credentials`` (environment or IMDSv2), ``bundle`` (the check before the
-applier), ``applier_process`` (the applier subprocess and its result document), ``log``, ``errors``,
+applier), ``applier_process`` (the applier subprocess and its result document), ``placement`` (the placement
+facts it puts when ``placement_facts_interval_seconds`` is set, in a cycle that ran no applier), ``log``, ``errors``,
 ``json_text``. (``install`` is the operator's install-script builder and does not ship.) ``node_start`` is not
 the agent's: it is a ParallelCluster compute node's OnNodeStart action (``topokeeper-head-node.pyz node-start``),
 here because it signs its one S3 read with the agent's ``sigv4``, ``credentials`` and ``transport``.
@@ -24,6 +25,8 @@ IAM for the node's role (the HyperPod instance group's execution role; one role 
     events:PutEvents  on arn:aws:events:REGION:ACCOUNT:event-bus/BUS
                       with the condition events:source = topokeeper.agent.CLUSTER (the source it sends)
     kms:Decrypt on the bucket's key, only if it uses SSE-KMS with a customer managed key.
+    With placement_metrics: s3:PutObject on arn:aws:s3:::BUCKET/PREFIX/CLUSTER/placement-facts.json and
+    kms:GenerateDataKey on the bucket's key (the object is encrypted with it).
 Without s3:ListBucket a missing bundle answers 403 instead of 404; both are logged and retried. A missing
 verify request (404 or 403) is the usual case and only means nobody asked.
 """

@@ -1,5 +1,5 @@
-"""The two AWS services the agent calls, signed with SigV4: S3 (the bundle, the verify request) and
-EventBridge (the reports)."""
+"""The two AWS services the agent calls, signed with SigV4: S3 (the bundle, the verify request, the placement
+facts it puts) and EventBridge (the reports)."""
 
 from __future__ import annotations
 
@@ -117,6 +117,15 @@ class Aws:
     def _get_if_changed(self, url: str, etag: Optional[str]) -> HttpResponse:
         headers = {"If-None-Match": etag} if etag else {}
         return self._send("s3", "GET", url, headers, b"")
+
+    def put_object(self, key: str, body: bytes) -> None:
+        """One signed PUT of ``key`` (JSON); no encryption header, so the bucket's default (its KMS key) applies,
+        the only one its policy takes."""
+        url = self._bucket_url + urllib.parse.quote(key, safe="/")
+        response = self._send("s3", "PUT", url, {"Content-Type": "application/json"}, body)
+        if response.status != 200:
+            code = _s3_error_code(response.body)
+            raise AgentError(f"PUT s3://{self._config.bucket}/{key}: HTTP {response.status} {code}")
 
     def put_event(self, detail_type: str, detail: Dict[str, Any]) -> None:
         entry = {

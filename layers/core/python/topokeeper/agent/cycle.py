@@ -14,8 +14,14 @@ from topokeeper.agent.bundle import BundleRefused, check_bundle, plan_sha256_of
 from topokeeper.agent.credentials import Clock, CredentialProvider
 from topokeeper.agent.errors import AgentError
 from topokeeper.agent.log import log
+from topokeeper.agent.placement import facts_body
 from topokeeper.agent.state import BundleRef, State, exclusive, load_state, save_state, write_atomically
-from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE, AgentConfig
+from topokeeper.wire import (
+    AGENT_APPLY_DETAIL_TYPE,
+    AGENT_VERIFY_DETAIL_TYPE,
+    AgentConfig,
+    agent_placement_facts_key,
+)
 
 MAX_VERIFY_REQUEST_BYTES = 64 * 1024
 # Reports that could not be sent wait in the state file for the next cycle; the newest are kept.
@@ -32,10 +38,11 @@ class Agent:
         self._host = socket.gethostname()
         self._state_path = os.path.join(config.state_dir, "state.json")
         self._bundle_path = os.path.join(config.state_dir, "bundle.json")
+        self._facts_key = agent_placement_facts_key(config.cluster, config.prefix)
 
     def cycle(self) -> None:
-        """Poll, apply when changed, verify when due, send the reports. S3, EventBridge and applier failures
-        are logged and left for the next cycle, never raised."""
+        """Poll, apply when changed, verify when due, put placement facts when due, send the reports. S3,
+        EventBridge and applier failures are logged and left for the next cycle, never raised."""
         os.makedirs(self.config.state_dir, mode=0o700, exist_ok=True)
         with exclusive(os.path.join(self.config.state_dir, "lock")) as locked:
             if not locked:
@@ -45,11 +52,16 @@ class Agent:
             request = self._verify_request(state)
             applied = self._poll(state, request)
             verified = applied and self.config.mode == "verify"  # _poll verified a new bundle, for the request too
+            ran = applied
             if request is not None and not verified and state.bundle is not None:
                 # Asked for: verify now, even right after an apply (the live state may have changed since).
                 self._verify(state, state.bundle, request)
+                ran = True
             elif not applied and state.bundle is not None and self._verify_due(state):
                 self._verify(state, state.bundle)
+                ran = True
+            if not ran and self._facts_due(state):  # one program run per cycle: systemd's bound holds
+                self._put_placement_facts(state)
             save_state(self._state_path, state)
             if state.outbox:
                 self._send_reports(state)
@@ -121,6 +133,24 @@ class Agent:
             os.path.exists(self._bundle_path)
             and self._clock() - state.last_verify_at >= self.config.verify_interval_seconds
         )
+
+    def _facts_due(self, state: State) -> bool:
+        interval = self.config.placement_facts_interval_seconds
+        return interval > 0 and self._clock() - state.last_facts_at >= interval
+
+    def _put_placement_facts(self, state: State) -> None:
+        """The facts, or the one line why there are none, in the bucket; a failed PUT waits for the next interval
+        (the reader shows the facts' age, and too old ones as stale)."""
+        state.last_facts_at = self._clock()
+        body, error = facts_body(self.config)
+        if error is not None:
+            log("placement_facts.refused", level="warning", error=error)
+        try:
+            self._aws.put_object(self._facts_key, body)
+        except AgentError as failure:
+            log("placement_facts.failed", level="error", error=str(failure))
+            return
+        log("placement_facts.put", key=self._facts_key, size=len(body))
 
     def _verify(self, state: State, reference: BundleRef, request_id: Optional[str] = None) -> None:
         result = run_applier(self.config, "verify", self._bundle_path, reference.plan_sha256)

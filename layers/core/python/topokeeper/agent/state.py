@@ -32,6 +32,7 @@ class State:
     outbox: List[Dict[str, Any]] = field(default_factory=list)
     request_etag: Optional[str] = None  # the last verify request seen: its If-None-Match cursor
     request_id: Optional[str] = None  # the last verify request honoured
+    last_facts_at: float = 0.0  # when placement facts were last put (or tried): their cadence
 
 
 def load_state(path: str) -> State:
@@ -46,6 +47,7 @@ def load_state(path: str) -> State:
             outbox=list(document.get("outbox", [])),
             request_etag=document.get("request_etag"),
             request_id=document.get("request_id"),
+            last_facts_at=float(document.get("last_facts_at", 0.0)),
         )
         _check_state(state)
         return state
@@ -65,8 +67,8 @@ def _check_state(state: State) -> None:
         raise ValueError("state: etag, version_id and plan_sha256 must be strings")
     if reference is not None and not isinstance(reference.etag, str):
         raise ValueError("state: bundle.etag must be a string")
-    if not 0 <= state.last_verify_at < math.inf:
-        raise ValueError("state: last_verify_at must be a finite time")
+    if not (0 <= state.last_verify_at < math.inf and 0 <= state.last_facts_at < math.inf):
+        raise ValueError("state: last_verify_at and last_facts_at must be finite times")
     for report in state.outbox:
         detail = report.get("detail") if isinstance(report, dict) else None
         result = detail.get("result") if isinstance(detail, dict) else None

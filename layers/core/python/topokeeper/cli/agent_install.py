@@ -41,6 +41,7 @@ UNIT = "topokeeper-agent"
 # systemd stops a cycle that outlives the applier's bound, its SIGTERM grace and the requests around it.
 CYCLE_TIMEOUT_SECONDS = int(CHANNEL_TIMEOUT_SECONDS + TERMINATE_GRACE_SECONDS) + 120
 HEREDOC_END = "TOPOKEEPER_EOF"
+DEFAULT_PLACEMENT_SECONDS = 900  # a cron drift schedule has no period: the default rate's
 TRUSTED_KEY_FILE = "bundle-key.json"
 
 # Every value baked into the snippet matches one of these in full (fullmatch: ``$`` would let a trailing
@@ -195,6 +196,26 @@ def _mode(args: argparse.Namespace) -> str:
     return cluster.effective_mode.value
 
 
+def _placement_seconds(args: argparse.Namespace) -> int:
+    """How often the agent puts placement facts: the flag's, else each drift period (at most half the age at which
+    the backend calls them stale) when --deployment's cluster has placement_metrics, else never (0)."""
+    if args.placement_seconds is not None:
+        if args.placement_seconds < 0:
+            raise InputError("--placement-seconds", "must be 0 (never) or more")
+        return int(args.placement_seconds)
+    if args.deployment is None:
+        return 0
+    from topokeeper.contract.deployment import read_deployment  # noqa: PLC0415 (pydantic: not for --help)
+    from topokeeper.contract.stack_spec import schedule_rate_seconds  # noqa: PLC0415
+
+    settings = read_deployment(args.deployment).settings
+    cluster = settings.cluster(args.cluster)
+    if cluster is None or not cluster.placement_metrics:
+        return 0
+    period = schedule_rate_seconds(settings.drift_schedule) or DEFAULT_PLACEMENT_SECONDS
+    return min(period, settings.agent_verify_max_age_seconds // 2)
+
+
 def _trusted_key(args: argparse.Namespace) -> dict[str, str] | None:
     """The stack's public key (KMS GetPublicKey with the operator's credentials), for ``--signing-key`` or the
     deployment's; None installs an agent that checks no signature."""
@@ -222,6 +243,7 @@ def _cmd_install_script(args: argparse.Namespace) -> int:
         "event_bus": args.event_bus,
         "poll_interval_seconds": args.poll_seconds,
         "verify_interval_seconds": args.verify_seconds,
+        "placement_facts_interval_seconds": _placement_seconds(args),
     }
     trusted_key = _trusted_key(args)
     if trusted_key is None and values["mode"] == "enforce" and not args.unsigned:
@@ -267,4 +289,10 @@ def add_agent_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     script.add_argument("--poll-seconds", type=int, default=60, help="how often to poll S3 (default: 60)")
     script.add_argument("--verify-seconds", type=int, default=900, help="how often to verify (default: 900)")
+    script.add_argument(
+        "--placement-seconds",
+        type=int,
+        help="how often to put the placement facts the drift check and `topokeeper placement --cluster` read; 0: "
+        "never (default: each drift period if the --deployment's cluster has placement_metrics, else 0)",
+    )
     script.set_defaults(run=_cmd_install_script)

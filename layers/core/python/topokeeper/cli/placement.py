@@ -42,7 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from topokeeper.cli.options import add_endpoint_option  # noqa: PLC0415
 
     add = parser.add_argument
-    add("--cluster", help="live: run placement-facts on this deployment's cluster's head node (SSM, read-only)")
+    add(
+        "--cluster",
+        help="live: this deployment's cluster's placement facts: placement-facts run on its head node over SSM "
+        "(read-only), or the newest its agent put (agent channel, with their age)",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--stack-name", help="with --cluster: the deployed topokeeper stack")
     where.add_argument("--deployment", type=Path, help="with --cluster: deployment JSON (the simulator writes one)")
@@ -89,17 +93,19 @@ def _now(squeue: Mapping[str, Any], given: int | None) -> int:
     raise InputError("--squeue", "no last_update in the squeue output: give --now EPOCH")
 
 
-def offline_facts(args: argparse.Namespace) -> Any:
-    """The facts from the files given (``--squeue``, ``--nodes``, ``--topology``)."""
+def offline_facts(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None]:
+    """The facts from the files given (``--squeue``, ``--nodes``, ``--topology``) or the head node (``--cluster``),
+    and where live ones came from when that is not now (the agent's: their age, and whether they are stale)."""
     from topokeeper.contract.operator_files import read_mapping  # noqa: PLC0415 (pydantic-core: only when used)
     from topokeeper.domain import placement  # noqa: PLC0415
 
     if args.cluster is not None:
         if args.facts or args.squeue or args.nodes or args.topology:
             raise InputError("--cluster", "reads the head node: not with --facts, --squeue, --nodes or --topology")
-        return placement.facts_from_compact(live_facts(args), f"--cluster {args.cluster}")
+        document, origin = live_facts(args)
+        return placement.facts_from_compact(document, f"--cluster {args.cluster}"), origin
     if args.facts is not None:
-        return placement.facts_from_compact(read_mapping(args.facts, "--facts"), f"--facts {args.facts}")
+        return placement.facts_from_compact(read_mapping(args.facts, "--facts"), f"--facts {args.facts}"), None
     if args.squeue is None or args.nodes is None:
         raise InputError("placement", "give --squeue FILE and --nodes FILE, or --facts FILE")
     squeue = read_mapping(args.squeue, "--squeue")
@@ -107,14 +113,14 @@ def offline_facts(args: argparse.Namespace) -> Any:
     topologies = []
     for name, path in _topology_arguments(args.topology):
         topologies.append(placement.topology_from_text(name, _read_text(path, "--topology")))
-    return placement.facts_from_json(
-        squeue, nodes, topologies, _now(squeue, args.now), (f"--squeue {args.squeue}", f"--nodes {args.nodes}")
-    )
+    files = (f"--squeue {args.squeue}", f"--nodes {args.nodes}")
+    return placement.facts_from_json(squeue, nodes, topologies, _now(squeue, args.now), files), None
 
 
-def live_facts(args: argparse.Namespace) -> Any:
+def live_facts(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None]:
     """The head node's ``placement-facts`` document, over SSM Run Command (the program only reads; nothing from
-    the cluster is in the command, and a document too large for SSM's stdout comes back through the plan bucket)."""
+    the cluster is in the command, and a document too large for SSM's stdout comes back through the plan bucket);
+    for an agent cluster the newest its agent put, with their age (``agent_origin``)."""
     from topokeeper.adapters.aws import aws_setup_errors  # noqa: PLC0415 (boto3: only when used)
     from topokeeper.cli.operator_commands import _runtime_and_cluster  # noqa: PLC0415
     from topokeeper.contract.errors import Permanent  # noqa: PLC0415
@@ -122,24 +128,39 @@ def live_facts(args: argparse.Namespace) -> Any:
 
     with aws_setup_errors():
         runtime, cluster = _runtime_and_cluster(args)
-        if cluster.effective_channel is not Channel.SSM:
-            raise InputError(
-                "--cluster",
-                f"{cluster.name} uses the {cluster.effective_channel.value} channel, which runs no command on demand:"
-                " run `python3 topokeeper-head-node.pyz placement-facts > facts.json` on its controller and give"
-                " --facts facts.json",
-            )
         try:
-            return runtime.ssm_channel(cluster).placement_facts()
+            if cluster.effective_channel is Channel.AGENT:
+                channel = runtime.agent_channel(cluster)
+                document, age = channel.placement_facts(cluster.name)
+                return document, agent_origin(age.total_seconds(), channel.max_report_age.total_seconds())
+            return runtime.ssm_channel(cluster).placement_facts(), None
         except Permanent as error:
             raise InputError("--cluster", str(error)) from None
+
+
+def agent_origin(age_seconds: float, max_age_seconds: float) -> dict[str, Any]:
+    """What ``--json`` says of the agent's facts (``facts``), and the table's first line: facts older than the bound
+    on the agent's reports (``agent_verify_max_age_seconds``) are stale, shown as such and never as current."""
+    return {
+        "source": "agent",
+        "age_seconds": int(age_seconds),
+        "max_age_seconds": int(max_age_seconds),
+        "stale": age_seconds > max_age_seconds,
+    }
+
+
+def origin_line(origin: Mapping[str, Any]) -> str:
+    age, bound = origin["age_seconds"], origin["max_age_seconds"]
+    if origin["stale"]:
+        return f"STALE: the agent's placement facts are {age} s old, over the {bound} s bound: not current\n"
+    return f"placement facts put by the agent {age} s ago\n"
 
 
 def run(args: argparse.Namespace) -> int:
     from topokeeper.domain import placement  # noqa: PLC0415
 
     try:
-        facts = offline_facts(args)
+        facts, origin = offline_facts(args)
         if args.job is not None:
             document = placement.job_document(facts, args.job)
         else:
@@ -147,7 +168,10 @@ def run(args: argparse.Namespace) -> int:
             document = placement.placement_document(chosen, units=args.units)
     except placement.PlacementError as error:
         raise InputError("placement", str(error)) from None
-    print(json.dumps(document, indent=2, sort_keys=True) if args.json else render(document), end="\n")
+    if origin is not None:
+        document["facts"] = origin
+    heading = "" if origin is None else origin_line(origin)
+    print(json.dumps(document, indent=2, sort_keys=True) if args.json else heading + render(document), end="\n")
     return 0
 
 

@@ -214,7 +214,8 @@ class ClusterConfig(BaseModel):
     # Enforce over ParallelCluster's own generated topology.conf: replace it, and repair its regeneration as drift.
     replace_parallelcluster_topology: StrictBool = False
     login: LoginEndpointConfig = LoginEndpointConfig()
-    # Per-partition placement metrics from the head node's placement facts, read at each drift check (SSM only).
+    # Per-partition placement metrics from the head node's placement facts, read at each drift check: over SSM, or
+    # the newest the agent put (agent channel).
     placement_metrics: StrictBool = False
     placement_alarms: dict[SlurmName, PlacementAlarm] = Field(default_factory=empty_dict)
 
@@ -261,13 +262,8 @@ class ClusterConfig(BaseModel):
     def _placement_consistent(self) -> None:
         if self.placement_alarms and not self.placement_metrics:
             raise ValueError("placement_alarms: set placement_metrics true too (the alarms watch its metrics)")
-        if self.placement_metrics and (
-            self.orchestrator is Orchestrator.EKS or self.effective_channel is not Channel.SSM
-        ):
-            raise ValueError(
-                "placement_metrics: only for channel ssm clusters for now (the agent channel does not read "
-                "placement facts yet)"
-            )
+        if self.placement_metrics and self.orchestrator is Orchestrator.EKS:
+            raise ValueError("placement_metrics: only for Slurm clusters (an EKS cluster has no slurmctld)")
 
     @property
     def effective_mode(self) -> Mode:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from topokeeper.computenode.hostfile import unit_names
-from topokeeper.wire import HostlistError, compress, expand, parse_show_topology
+from topokeeper.wire import PLACEMENT_FACTS_SCHEMA, HostlistError, compress, expand, parse_show_topology
 
 # One class per node, for the counts per leaf and block (NODE_CLASSES order is the tables' column order).
 IDLE = "idle"
@@ -415,7 +415,7 @@ def facts_from_json(
 
 # --- The head node's compact facts (``topokeeper-head-node.pyz placement-facts``) -> facts ---------------------
 
-FACTS_SCHEMA = "topokeeper.placement-facts/1"
+FACTS_SCHEMA = PLACEMENT_FACTS_SCHEMA
 
 
 def facts_from_compact(document: object, source: str = "placement-facts") -> Facts:

@@ -39,13 +39,14 @@ from topokeeper.wire import (
     FIRST_YAML_VERSION,
     MAX_FULL_RESULT_BYTES,
     MAX_STDOUT_CHARS,
+    PLACEMENT_FACTS_SCHEMA,
     UPLOAD_TIMEOUT_SECONDS,
     compress,
     one_line,
     parse_slurm_version,
 )
 
-SCHEMA = "topokeeper.placement-facts/1"
+SCHEMA = PLACEMENT_FACTS_SCHEMA
 MAX_TEXT = 64
 # The states of jobs that hold or wait for nodes; finished ones are left out.
 JOB_STATES = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED"

@@ -183,7 +183,7 @@ def emit_placement_metrics(cluster: ClusterConfig, deps: ControllerDeps) -> None
     verdict: a head node that cannot give its facts is logged and counted, and the check goes on."""
     try:
         if deps.placement_facts is None:
-            raise TopokeeperError("this function cannot read placement facts (channel ssm only)")
+            raise TopokeeperError("this function cannot read placement facts")
         facts = placement.facts_from_compact(deps.placement_facts(cluster), f"{cluster.name}: placement-facts")
     # A view only: whatever stops it (a lost connection too) never fails the drift check.
     except Exception as error:

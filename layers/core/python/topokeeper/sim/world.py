@@ -415,6 +415,8 @@ class World:
             "verify_interval_seconds": self.scenario.timing.drift_interval_seconds / 2,
             "mode": "verify" if self.cluster.effective_mode is Mode.VERIFY else "enforce",
         }
+        if self.cluster.placement_metrics:  # as the install script's --placement-seconds would: each drift period
+            config["placement_facts_interval_seconds"] = self.scenario.timing.drift_interval_seconds
         self._agent_config = self.head.install_agent(config)
 
         def poll() -> None:

@@ -39,6 +39,7 @@ from topokeeper.contract.errors import InputError
 from topokeeper.contract.ports import ApplyResult, Channel, Clock, DeliveryChannel, FactsSource, Metrics, WorkQueue
 
 if TYPE_CHECKING:  # each function loads only its own use case and adapters (its handler, at init: load_adapters)
+    from topokeeper.adapters.agent_channel import AgentChannel
     from topokeeper.adapters.audit_trail import AuditTrail
     from topokeeper.adapters.ec2 import InstanceTopologyReader
     from topokeeper.adapters.kms import KmsBundleSigner
@@ -160,6 +161,9 @@ class Runtime:
         """``deadline``: an SSM verify stops waiting for the head node's answer then (PENDING)."""
         if cluster.effective_channel is Channel.SSM:
             return self.ssm_channel(cluster, deadline)
+        return self.agent_channel(cluster)
+
+    def agent_channel(self, cluster: ClusterConfig) -> AgentChannel:
         from topokeeper.adapters.agent_channel import AgentChannel  # noqa: PLC0415 - see FUNCTION_ADAPTERS
 
         return AgentChannel(
@@ -299,10 +303,15 @@ class Runtime:
         deps = self._controller_deps(
             lambda cluster: self.facts(cluster, self.clock.now() + timedelta(seconds=DRIFT_DISCOVERY_SECONDS))
         )
-        deps.placement_facts = lambda cluster: self.ssm_channel(cluster).placement_facts(
-            timeout=PLACEMENT_FACTS_SECONDS
-        )
+        deps.placement_facts = self.placement_facts
         return deps
+
+    def placement_facts(self, cluster: ClusterConfig) -> dict[str, Any]:
+        """The head node's placement facts as the drift check reads them: over SSM, or the newest the agent put
+        (stale ones refused)."""
+        if cluster.effective_channel is Channel.AGENT:
+            return self.agent_channel(cluster).current_placement_facts(cluster.name)
+        return self.ssm_channel(cluster).placement_facts(timeout=PLACEMENT_FACTS_SECONDS)
 
 
 _installed: Runtime | None = None

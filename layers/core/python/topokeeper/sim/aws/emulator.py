@@ -135,7 +135,7 @@ class AwsEmulator:
                 raise RuntimeError("an AwsEmulator is already running in this process (moto's state is global)")
             _active = self
         try:
-            moto_patches.apply()
+            moto_patches.apply(self.clock)
             self.target_health.apply()
             handlers = {
                 **HyperPodApi(self.hyperpod).handlers(),

@@ -22,7 +22,7 @@ import re
 import string
 import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import botocore.session
@@ -33,6 +33,7 @@ import moto.dynamodb.models
 import moto.dynamodb.parsing.ast_nodes
 import moto.dynamodb.parsing.expressions
 import moto.dynamodb.parsing.validators
+import moto.s3.models
 import moto.sqs.models
 from moto.core.responses import BaseResponse
 from moto.core.serialize import BaseJSONSerializer
@@ -44,6 +45,7 @@ from moto.moto_api._internal import mock_random
 from moto.moto_api._internal.moto_random import MotoRandom
 from moto.utilities.aws_headers import gen_amzn_requestid_long
 
+from topokeeper.sim.aws.clock import Clock, SystemClock
 from topokeeper.sim.aws.moto_ec2 import Instance
 
 # moto's expression parser modules are untyped (a module-wide ``type: ignore``): their classes are taken as values.
@@ -486,8 +488,14 @@ def _enrich_response(headers: dict[str, str], body: Any) -> tuple[dict[str, str]
     return headers, body
 
 
-def _patches() -> list[tuple[Any, str, Any]]:
+def _s3_now(clock: Clock) -> Callable[[], datetime]:
+    """S3 stamps LastModified with AWS's clock: the emulator's (moto's is naive UTC)."""
+    return lambda: clock.now().astimezone(UTC).replace(tzinfo=None)
+
+
+def _patches(clock: Clock) -> list[tuple[Any, str, Any]]:
     return [
+        (moto.s3.models, "utcnow", _s3_now(clock)),
         (EventTemplateParser, "DEFAULT_EVENT_INPUT_TEMPLATE", EVENT_TEMPLATE_WITH_ACCOUNT),
         (jsonpath_ng.ext, "parse", _cached_jsonpath),
         (Instance, "start", _start_relaunches),
@@ -511,9 +519,10 @@ def _patches() -> list[tuple[Any, str, Any]]:
     ]
 
 
-def apply() -> None:
+def apply(clock: Clock | None = None) -> None:
+    """``clock``: the emulator's (default: real time), which S3 stamps objects with."""
     with _lock:
-        for owner, name, value in _patches():
+        for owner, name, value in _patches(clock or SystemClock()):
             key = (owner, name)
             if key not in _originals:
                 # A class's own attribute as it is held (a classmethod, not the method it binds to).
