@@ -189,6 +189,7 @@ class IamModel:
             "sagemaker": self._sagemaker,
             "ssm": self._ssm,
             "elasticloadbalancing": self._elbv2,
+            "servicequotas": self._servicequotas,
         }
         ask = by_service.get(request.service)
         if ask is not None:
@@ -287,6 +288,12 @@ class IamModel:
         form = parse_qs(request.body.decode("utf-8", "replace"))
         target_group = form.get("TargetGroupArn", ["*"])[0]
         return [Question(f"elasticloadbalancing:{request.operation}", target_group)]
+
+    def _servicequotas(self, request: ApiRequest) -> list[Question]:
+        params = _json(request)
+        service, code = params.get("ServiceCode", "*"), params.get("QuotaCode", "*")
+        quota = f"arn:aws:servicequotas:{self.region}:{self.account_id}:{service}/{code}"
+        return [Question(f"servicequotas:{request.operation}", quota)]
 
     def _ssm(self, request: ApiRequest) -> list[Question]:
         if request.operation != "SendCommand":
