@@ -37,6 +37,7 @@ from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.kms import KmsSigning
 from topokeeper.sim.aws.load_balancing import TargetHealth
 from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
+from topokeeper.sim.aws.protocol import PLAIN_HTTP_HEADER
 from topokeeper.sim.aws.s3 import S3Refusals
 from topokeeper.sim.aws.server import (
     CallCounter,
@@ -237,7 +238,9 @@ class AwsEmulator:
         }
 
     def client(self, service: str, **kwargs: Any) -> Any:
-        """A boto3 client for ``service`` pointed at the emulator (``kwargs`` go to ``boto3.client``)."""
+        """A boto3 client for ``service`` pointed at the emulator (``kwargs`` go to ``boto3.client``).
+        ``use_ssl=False``: its requests count as sent over plain HTTP (``aws:SecureTransport`` false), as boto3's
+        would be without an endpoint URL (with one, boto3 ignores the flag)."""
         options: dict[str, Any] = {
             "endpoint_url": self.endpoint_url,
             "region_name": self.region,
@@ -245,7 +248,10 @@ class AwsEmulator:
             "aws_secret_access_key": SECRET_KEY,
         }
         options.update(kwargs)
-        return boto3.client(service, **options)
+        made = boto3.client(service, **options)
+        if options.get("use_ssl") is False:
+            made.meta.events.register("before-sign", _mark_plain_http)
+        return made
 
     def _reset_moto(self) -> None:
         """moto's documented reset (``POST /moto-api/reset``, server mode): forget every resource."""
@@ -272,3 +278,7 @@ class AwsEmulator:
         """Forget counted calls and refill the throttling buckets."""
         self.calls.reset()
         self.rate_limits.reset()
+
+
+def _mark_plain_http(request: Any, **_: Any) -> None:
+    request.headers[PLAIN_HTTP_HEADER] = "1"

@@ -144,7 +144,7 @@ class IamModel:
         role = self.roles.get(request.access_key)
         if role is None:
             return
-        base = {"aws:PrincipalArn": role.arn, "aws:SecureTransport": "true"}
+        base = {"aws:PrincipalArn": role.arn, "aws:SecureTransport": str(request.secure).lower()}
         for question in self.questions(request):
             context = {**base, **question.context}
             asked = Request(role.arn, question.action, question.resource, context, self.account_id)
