@@ -25,7 +25,7 @@ from typing import Any
 import boto3
 import botocore.handlers
 from moto.kms.models import kms_backends
-from moto.s3.models import s3_backends
+from moto.s3.models import FakeDeleteMarker, s3_backends
 
 from topokeeper.sim.aws import moto_patches
 from topokeeper.sim.aws.account import ServiceQuotas, publish_public_parameter
@@ -269,7 +269,9 @@ class AwsEmulator:
 
     def _object_exists(self, bucket: str, key: str) -> bool:
         found = s3_backends[self.account_id]["aws"].buckets.get(bucket)
-        return found is not None and key in found.keys
+        # In a versioned bucket a deleted (or expired) object's current version is a delete marker: it is missing.
+        current = found.keys.get(key) if found is not None else None
+        return current is not None and not isinstance(current, FakeDeleteMarker)
 
     def publish_public_parameter(self, name: str, value: str) -> None:
         publish_public_parameter(self.account_id, self.region, name, value)
