@@ -49,12 +49,12 @@ PROVISIONING = "sagemaker-*/*provisioning_parameters.json"
 # What make test's sample (the full story) leaves unproven: needed by a scenario only the full sweep plays (a
 # legacy cluster; ParallelCluster; the agent channel), or in UNPROVEN.
 ELSEWHERE: set[Brief] = {
-    ("topokeeper-ingest", "ec2:DescribeInstances", "*"),
-    ("topokeeper-reconcile", "s3:ListBucket", "topokeeper-plans-sim"),
-    ("topokeeper-reconcile", "s3:GetObject", PROVISIONING),
-    ("topokeeper-result", "sqs:ChangeMessageVisibility", "topokeeper-work.fifo"),
-    ("topokeeper-drift", "s3:ListBucket", "topokeeper-plans-sim"),
-    ("topokeeper-drift", "s3:GetObject", PROVISIONING),
+    ("topokeeper-ingest", "ec2:DescribeInstances", "*"),  # ParallelCluster's instance events
+    ("topokeeper-reconcile", "s3:ListBucket", "topokeeper-plans-sim"),  # ParallelCluster, agent, verify mode
+    ("topokeeper-reconcile", "s3:GetObject", PROVISIONING),  # the legacy cluster
+    ("topokeeper-result", "sqs:ChangeMessageVisibility", "topokeeper-work.fifo"),  # a delivery a change waits on
+    ("topokeeper-drift", "s3:ListBucket", "topokeeper-plans-sim"),  # agent-verify
+    ("topokeeper-drift", "s3:GetObject", PROVISIONING),  # the legacy cluster
 }
 # Not shown needed by any simulation (make reliability's full sweep), each with why it stays: none left.
 UNPROVEN: dict[Brief, str] = {}
