@@ -43,6 +43,8 @@ from topokeeper.wiring.runtime import Runtime, install_runtime
 CLUSTER = "cfd"
 LOGIN_TAG = "topokeeper:login"
 CLUSTER_TAG = "topokeeper:cluster"
+# The ingest role as far as these tests go: anything but SendCommand, which only the stack's own statements grant.
+ALL_BUT_SEND = {"Effect": "Allow", "NotAction": "ssm:SendCommand", "Resource": "*"}
 
 
 @functools.cache
@@ -56,6 +58,7 @@ class Ec2Login:
     settings: Settings
     target_group: str
     environ: dict[str, str]
+    role: str  # the ingest function's role, whose credentials its requests carry
     received: list[CommandInvocationRequest]
     audit_queue: str
     _ids: Iterator[int]
@@ -81,7 +84,8 @@ class Ec2Login:
         }
 
     def ingest(self, event: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = ingest_handler()(event, LambdaContext("ingest"))
+        with self.aws.iam.acting_as(self.role):
+            result: dict[str, Any] = ingest_handler()(event, LambdaContext("ingest"))
         return result
 
     def ip(self, instance_id: str) -> str:
@@ -137,7 +141,10 @@ def login(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ec2Logi
         monkeypatch.setenv(name, value)
     install_runtime(Runtime.from_environment({**aws.env(), **environ}, clock=aws.clock))
     # SendCommand as IAM would allow it to the ingest function: the stack's own installer statements.
-    aws.ssm.caller_policy = installer_statements(settings.clusters[:1], "aws", aws.region, aws.account_id)
+    role = f"arn:aws:iam::{aws.account_id}:role/topokeeper-ingest"
+    aws.iam.add_role(
+        role, [ALL_BUT_SEND, *installer_statements(settings.clusters[:1], "aws", aws.region, aws.account_id)]
+    )
     received: list[CommandInvocationRequest] = []
 
     def run(invocation: CommandInvocationRequest) -> CommandOutcome:
@@ -146,7 +153,7 @@ def login(aws: AwsEmulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ec2Logi
 
     aws.ssm.on_command = run
     audit_queue = subscribe(aws, "login-audit", {"source": ["topokeeper"]})
-    yield Ec2Login(aws, settings, target_group, environ, received, audit_queue, itertools.count())
+    yield Ec2Login(aws, settings, target_group, environ, role, received, audit_queue, itertools.count())
     install_runtime(None)
     clear_clients()
 
@@ -223,21 +230,23 @@ def test_the_stacks_iam_refuses_the_installer_to_any_instance_without_the_cluste
     (other,) = login.launch({LOGIN_TAG: "other"})  # the login tag of a cluster without an endpoint here
     installer = RunCommandInstaller(login.aws.client("ssm"), lambda _: None)
 
-    for refused in (untagged, other):
-        with pytest.raises(Permanent, match="AccessDeniedException.*not authorized to perform: ssm:SendCommand"):
-            installer.send([refused], expected_script(login.aws), CLUSTER)
-        with pytest.raises(Permanent, match="AccessDenied"):  # nor with a tagged one alongside
-            installer.send([tagged, refused], expected_script(login.aws), CLUSTER)
-    with pytest.raises(ClientError, match="document/AWS-RunPowerShellScript"):  # the document is pinned
-        login.aws.client("ssm").send_command(InstanceIds=[tagged], DocumentName="AWS-RunPowerShellScript")
-    assert login.received == []
-    installer.send([tagged], expected_script(login.aws), CLUSTER)
+    with login.aws.iam.acting_as(login.role):
+        for refused in (untagged, other):
+            with pytest.raises(Permanent, match="AccessDeniedException.*not authorized to perform: ssm:SendCommand"):
+                installer.send([refused], expected_script(login.aws), CLUSTER)
+            with pytest.raises(Permanent, match="AccessDenied"):  # nor with a tagged one alongside
+                installer.send([tagged, refused], expected_script(login.aws), CLUSTER)
+        with pytest.raises(ClientError, match="document/AWS-RunPowerShellScript"):  # the document is pinned
+            login.aws.client("ssm").send_command(InstanceIds=[tagged], DocumentName="AWS-RunPowerShellScript")
+        assert login.received == []
+        installer.send([tagged], expected_script(login.aws), CLUSTER)
     assert [r.instance_id for r in login.received] == [tagged]
 
 
 def test_a_failed_send_raises_with_its_reason_and_the_retry_sends(login: Ec2Login) -> None:
     (node,) = login.launch({LOGIN_TAG: CLUSTER})
-    policy, login.aws.ssm.caller_policy = login.aws.ssm.caller_policy, []  # the function's role lost its policy
+    role = login.aws.iam.role(login.role)
+    policy, role.statements = role.statements, [ALL_BUT_SEND]  # the function's role lost its installer statements
     event = login.event(node, "running", "launch-fails")
 
     # Lambda retries a raising asynchronous invocation twice, then sends it to the event DLQ with this message.
@@ -246,7 +255,7 @@ def test_a_failed_send_raises_with_its_reason_and_the_retry_sends(login: Ec2Logi
             login.ingest(event)
     assert login.received == [] and "InstallLoginHostIdentity" not in login.audit()
 
-    login.aws.ssm.caller_policy = policy
+    role.statements = policy
     login.ingest(event)  # a retry (or a redrive from the DLQ) after the fix: sent, once
     login.ingest(event)
     assert [r.instance_id for r in login.received] == [node]

@@ -40,9 +40,13 @@ def _healthy(aws: AwsEmulator) -> None:
     aws.quotas.set("lambda", "L-B99A9384", 1000.0)
 
 
-def _run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, dict[str, Any]]]:
+def _run(aws: AwsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Preflight with the operator's credentials: a role allowed everything unless a test narrowed it."""
     config = _config(tmp_path, mode="verify", channel="ssm", head_node=HEAD)
-    code = main(["preflight", "--cluster", "llm-train", "--config", config, "--json"])
+    if _operator(aws) not in {role.arn for role in aws.iam.roles.values()}:
+        aws.iam.add_role(_operator(aws), [{"Effect": "Allow", "Action": "*", "Resource": "*"}])
+    with aws.iam.acting_as(_operator(aws)):
+        code = main(["preflight", "--cluster", "llm-train", "--config", config, "--json"])
     out = capsys.readouterr().out
     return code, {row["check"]: row for row in json.loads(out)["checks"]}
 
@@ -51,7 +55,7 @@ def test_every_check_passes_on_a_ready_account(
     emulated: AwsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _healthy(emulated)
-    code, rows = _run(tmp_path, capsys)
+    code, rows = _run(emulated, tmp_path, capsys)
     assert {check: row["status"] for check, row in rows.items()} == dict.fromkeys(rows, "pass"), rows
     assert code == 0
     assert "4 of 4" in rows["DescribeInstanceTopology sees the cluster"]["detail"]
@@ -84,8 +88,12 @@ def _head_offline(aws: AwsEmulator) -> None:
     aws.ssm.set_ping_status(HEAD, "ConnectionLost")
 
 
+def _operator(aws: AwsEmulator) -> str:
+    return f"arn:aws:iam::{aws.account_id}:role/operator"
+
+
 def _quota_denied(aws: AwsEmulator) -> None:
-    aws.quotas.caller_policy = [{"Effect": "Allow", "Action": "ssm:*", "Resource": "*"}]  # no servicequotas:*
+    aws.iam.add_role(_operator(aws), [{"Effect": "Allow", "NotAction": "servicequotas:*", "Resource": "*"}])
 
 
 def _default_quota_too_small(aws: AwsEmulator) -> None:
@@ -116,7 +124,7 @@ def test_each_check_fails_naming_what_to_do(
 ) -> None:
     _healthy(emulated)
     spoil(emulated)
-    code, rows = _run(tmp_path, capsys)
+    code, rows = _run(emulated, tmp_path, capsys)
     assert code == 1
     assert rows[check]["status"] == "FAIL"
     assert named in rows[check]["detail"] + rows[check]["fix"], rows[check]
@@ -127,7 +135,7 @@ def test_what_the_account_lacks_is_a_row_not_a_traceback(
     emulated: AwsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """No cluster, no trail, no managed node, no Powertools parameter, no quota value: five findings, exit 1."""
-    code, rows = _run(tmp_path, capsys)
+    code, rows = _run(emulated, tmp_path, capsys)
     assert code == 1
     assert {check: row["status"] for check, row in rows.items()} == dict.fromkeys(rows, "FAIL"), rows
     assert "ResourceNotFound" in rows["DescribeInstanceTopology sees the cluster"]["detail"]

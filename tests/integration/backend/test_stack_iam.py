@@ -5,9 +5,11 @@ A planted missing permission fails the simulation with AccessDenied naming it. A
 each Allow statement of each policy removed in turn, some request of a simulation is refused on an action the
 statement grants. The sweep replays a run's recorded requests without the statement: the evaluation is a function of
 the statements and the request alone, so a run without it goes as recorded up to exactly that refusal (the planted
-test shows a real run failing there). ``make test`` sweeps the full-story scenario; ``make reliability``
-(TOPOKEEPER_RELIABILITY_FULL=1) every shipped scenario and the agent channel, and requires every statement
-needed but those UNPROVEN names with their reasons.
+test shows a real run failing there). ``make test`` sweeps the full-story scenario and what no step of it does (a
+malformed message, a cluster named by its ARN, expired node facts, a cut result read after its object expired);
+``make reliability`` (TOPOKEEPER_RELIABILITY_FULL=1) also every shipped scenario, the agent channel, a legacy
+cluster and ParallelCluster on the agent channel (slow: ELSEWHERE lists what only they prove), and requires every
+statement needed but those UNPROVEN names with their reasons (none).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from botocore.exceptions import ClientError
 
 from tests.integration.backend.conftest import small_scenario
 from topokeeper.adapters.aws import client
-from topokeeper.contract.config import Settings
+from topokeeper.contract.config import Mode, Settings
+from topokeeper.contract.ports import Channel
 from topokeeper.sim.aws.policy import matches
 from topokeeper.sim.scenario import Scenario, load_scenario
 from topokeeper.sim.simulator import play
@@ -43,37 +46,18 @@ NOT_EXERCISED = {
 }
 Brief = tuple[str, str, str]  # (whose policy, its first action, the end of its first resource)
 PROVISIONING = "sagemaker-*/*provisioning_parameters.json"
-# What make test's sample leaves unproven: needed by a scenario only the full sweep plays, or in UNPROVEN.
+# What make test's sample (the full story) leaves unproven: needed by a scenario only the full sweep plays (a
+# legacy cluster; ParallelCluster; the agent channel), or in UNPROVEN.
 ELSEWHERE: set[Brief] = {
-    ("topokeeper-ingest", "sagemaker:DescribeCluster", "cluster/*"),
-    ("topokeeper-ingest", "ec2:DescribeInstances", "*"),
-    ("topokeeper-reconcile", "s3:ListBucket", "topokeeper-plans-sim"),
-    ("topokeeper-reconcile", "s3:GetObject", PROVISIONING),
-    ("topokeeper-result", "s3:ListBucket", "topokeeper-plans-sim"),
-    ("topokeeper-result", "sqs:ChangeMessageVisibility", "topokeeper-work.fifo"),
-    ("topokeeper-drift", "s3:ListBucket", "topokeeper-plans-sim"),
-    ("topokeeper-drift", "s3:GetObject", PROVISIONING),
+    ("topokeeper-ingest", "ec2:DescribeInstances", "*"),  # ParallelCluster's instance events
+    ("topokeeper-reconcile", "s3:ListBucket", "topokeeper-plans-sim"),  # ParallelCluster, agent, verify mode
+    ("topokeeper-reconcile", "s3:GetObject", PROVISIONING),  # the legacy cluster
+    ("topokeeper-result", "sqs:ChangeMessageVisibility", "topokeeper-work.fifo"),  # a delivery a change waits on
+    ("topokeeper-drift", "s3:ListBucket", "topokeeper-plans-sim"),  # agent-verify
+    ("topokeeper-drift", "s3:GetObject", PROVISIONING),  # the legacy cluster
 }
-# Not shown needed by any simulation (make reliability's full sweep), each with why it stays: AWS needs it on a
-# path the simulator does not build.
-UNPROVEN: dict[Brief, str] = {
-    ("topokeeper-drift", "s3:GetObject", PROVISIONING): "legacy clusters (no SlurmConfig) keep the partition mapping "
-    "and login group there; the simulator builds SlurmConfig clusters only",
-    ("topokeeper-ingest", "s3:GetObject", PROVISIONING): "a legacy cluster's login group is named there; the "
-    "simulator builds SlurmConfig clusters only",
-    ("topokeeper-reconcile", "s3:GetObject", PROVISIONING): "legacy clusters' partition mapping; the simulator "
-    "builds SlurmConfig clusters only",
-    ("topokeeper-ingest", "sagemaker:DescribeCluster", "cluster/*"): "a CloudTrail record naming a configured "
-    "cluster by its ARN (cluster_name_of_arn); the simulated calls name clusters by name",
-    ("topokeeper-drift", "ec2:DescribeInstanceTopology", "*"): "drift plans from the node-facts cache reconcile "
-    "filled; AWS needs it when an entry is missing (expired, table rebuilt), which no scenario plays before drift",
-    ("topokeeper-drift", "kms:Decrypt", "<data-key>"): "drift reading the plan bucket with no write of its own "
-    "(a cut SSM verify result's full object); no shipped scenario cuts one",
-    ("topokeeper-reconcile", "s3:ListBucket", "topokeeper-plans-sim"): "a read of a missing object answers 404, "
-    "not 403 (a cut result's full object gone, a verify bundle not yet written); no scenario reconciles one",
-    ("topokeeper-result", "s3:ListBucket", "topokeeper-plans-sim"): "a cut result whose full object is gone "
-    "(expired after a day) answers 404, not 403; no shipped scenario expires one",
-}
+# Not shown needed by any simulation (make reliability's full sweep), each with why it stays: none left.
+UNPROVEN: dict[Brief, str] = {}
 
 
 def _actions(statement: dict[str, Any]) -> list[str]:
@@ -142,7 +126,12 @@ def _nothing_more(world: World) -> None:
 def _scenarios() -> list[Played]:
     """(name, scenario, world options, what the test does after the scenario)."""
     sample: list[Played] = [
-        ("full-story", lambda: load_scenario(SCENARIOS / "full-story.yaml"), {"head_node": "file"}, _fail_on_purpose)
+        (
+            "full-story",
+            lambda: load_scenario(SCENARIOS / "full-story.yaml"),
+            {"head_node": "file"},
+            _the_full_story_and_more,
+        )
     ]
     if not FULL:
         return sample
@@ -151,12 +140,29 @@ def _scenarios() -> list[Played]:
         sample.append((name, lambda n=name: load_scenario(SCENARIOS / f"{n}.yaml"), file_node, _nothing_more))
     sample += [
         ("parallelcluster", lambda: load_scenario(SCENARIOS / "parallelcluster.yaml"), {}, _nothing_more),
-        ("agent-channel", lambda: small_scenario(channel="agent"), file_node, _nothing_more),
+        ("agent-channel", lambda: small_scenario(channel="agent"), file_node, _node_facts_expired),
         # A drift check before the agent's first verify: its verify bundle is missing, which only s3:ListBucket
         # makes a 404 (read as absent) rather than a 403.
         ("agent-verify", lambda: small_scenario(channel="agent", mode="verify"), file_node, _check_drift),
+        ("legacy", _legacy_cluster, file_node, _nothing_more),
+        ("parallelcluster-agent-verify", _parallelcluster_agent_verify, {}, _nothing_more),
     ]
     return sample
+
+
+def _legacy_cluster() -> Scenario:
+    """The login scenario's cluster created before API-driven Slurm: ingest, reconcile and drift read its
+    login group and partitions from provisioning_parameters.json in its sagemaker-* lifecycle bucket."""
+    scenario = load_scenario(SCENARIOS / "login.yaml")
+    return scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"legacy": True})})
+
+
+def _parallelcluster_agent_verify() -> Scenario:
+    """ParallelCluster on the agent channel in verify mode, its first two steps: the reconcile reads the head
+    node's node table by a verify bundle, which it looks for before writing it (a 404 only with s3:ListBucket)."""
+    scenario = load_scenario(SCENARIOS / "parallelcluster.yaml")
+    cluster = scenario.cluster.model_copy(update={"channel": Channel.AGENT, "mode": Mode.VERIFY})
+    return scenario.model_copy(update={"cluster": cluster, "steps": scenario.steps[:2]})
 
 
 def _check_drift(world: World) -> None:
@@ -218,12 +224,63 @@ def _fail_on_purpose(world: World) -> None:
         assert len(sqs.receive_message(QueueUrl=queue).get("Messages", [])) == 1, f"nothing dead-lettered to {queue}"
 
 
+def _cluster_named_by_arn(world: World) -> None:
+    """An operator's call naming the cluster by its ARN (SageMaker takes either): its CloudTrail record carries
+    the ARN, which ingest resolves with DescribeCluster."""
+    sagemaker = client("sagemaker")
+    arn = sagemaker.describe_cluster(ClusterName=world.cluster.name)["ClusterArn"]
+    group = next(g.name for g in world.scenario.cluster.instance_groups if g.partition)
+    sagemaker.batch_delete_cluster_nodes(ClusterName=arn, NodeIds=[world.cluster_nodes(group)[-1].instance_id])
+    world.settle()
+
+
+def _node_facts_expired(world: World) -> None:
+    """DynamoDB deletes a node-facts entry after its TTL (a node unchanged for 30 days), or the table was
+    rebuilt: drift then asks EC2 for the topology itself."""
+    dynamodb, table = client("dynamodb"), world.stack.deployment.table
+    for item in dynamodb.scan(TableName=table)["Items"]:
+        if item["sk"]["S"].startswith("NODE#"):
+            dynamodb.delete_item(TableName=table, Key={"pk": item["pk"], "sk": item["sk"]})
+    world.functions.invoke("drift", {})
+
+
+def _first_cut_result_late(world: World) -> None:
+    """The result event of the run's first cut apply result (its whole document PUT to S3) is handled after that
+    object expired: redriven from the event DLQ a day later, say. S3's lifecycle has deleted it (a delete
+    marker: the bucket is versioned), and the result function records the cut document, having read a 404; a 403,
+    without s3:ListBucket, would fail the invocation."""
+    invoke, late = world.functions.invoke, []
+
+    def invoke_late(function: str, event: Any) -> Any:
+        detail = event.get("detail", {}) if function == "result" and not late else {}
+        if event.get("source") == "aws.ssm" and "instance-id" in detail:
+            with world.emulator.iam.as_harness():
+                invocation = client("ssm").get_command_invocation(
+                    CommandId=detail["command-id"], InstanceId=detail["instance-id"]
+                )
+                lines = str(invocation.get("StandardOutputContent", "")).strip().splitlines() or ["{}"]
+                document = json.loads(lines[-1])
+                pointer = document.get("full_result") or {}
+                if document.get("mode") == "apply" and pointer.get("sha256"):
+                    client("s3").delete_object(Bucket=world.stack.deployment.bucket, Key=pointer["key"])
+                    late.append(pointer["key"])
+        return invoke(function, event)
+
+    world.functions.invoke = invoke_late  # type: ignore[method-assign]
+
+
+def _the_full_story_and_more(world: World) -> None:
+    for more in (_fail_on_purpose, _cluster_named_by_arn, _node_facts_expired):
+        more(world)
+
+
 def test_every_statement_is_needed_by_a_simulation() -> None:
     needed: dict[Key, set[str]] = {}
     for _, make, options, after in _scenarios():
         scenario = make()
         with running(scenario, **options) as world:
             world.emulator.iam.record = True
+            _first_cut_result_late(world)
             play(world, scenario, lambda _: None)  # raises on any refusal: the stack's IAM is enough
             after(world)
             for key, action in _sweep(world).items():
@@ -241,3 +298,24 @@ def test_every_statement_is_needed_by_a_simulation() -> None:
         assert unneeded == set(UNPROVEN)
     else:
         assert unneeded == ELSEWHERE
+
+
+def test_a_deleted_object_reads_as_missing_only_with_s3_list_bucket() -> None:
+    """As S3 answers: a key whose current version is a delete marker (deleted, or expired by the lifecycle) is
+    NoSuchKey to a caller who may list the bucket, AccessDenied to any other."""
+    with running(small_scenario(), head_node="file") as world:
+        iam, bucket, key = world.emulator.iam, world.stack.deployment.bucket, "results/topo-test/gone.json"
+        with iam.as_harness():
+            client("s3").put_object(Bucket=bucket, Key=key, Body=b"{}")
+            client("s3").delete_object(Bucket=bucket, Key=key)
+        role = iam.role(world.iam.function_roles["result"])
+        answers = []
+        for statements in (role.statements, [s for s in role.statements if s["Action"] != "s3:ListBucket"]):
+            role.statements = statements
+            with iam.acting_as(role.arn), pytest.raises(ClientError) as refused:
+                client("s3").get_object(Bucket=bucket, Key=key)
+            answers.append((refused.value.response["Error"]["Code"], refused.value.response["Error"]["Message"]))
+
+    assert answers[0][0] == "NoSuchKey"
+    assert answers[1][0] == "AccessDenied"
+    assert f"s3:ListBucket on resource: arn:aws:s3:::{bucket} because no identity-based policy" in answers[1][1]

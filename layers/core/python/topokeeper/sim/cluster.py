@@ -4,6 +4,7 @@ partitions HyperPod writes into the head node's slurm.conf. (A ParallelCluster w
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -63,14 +64,43 @@ def create_hyperpod_cluster(emulator: AwsEmulator, spec: ClusterSpec) -> None:
                 "InstanceType": group.type,
                 "InstanceCount": group.count,
                 "ExecutionRole": f"arn:aws:iam::{emulator.account_id}:role/HyperPodExecution",
-                "LifeCycleConfig": {"SourceS3Uri": f"s3://sagemaker-{spec.name}-lcs/src/", "OnCreate": "on_create.sh"},
-                **({} if eks else {"SlurmConfig": slurm}),
+                "LifeCycleConfig": {"SourceS3Uri": f"s3://{_lifecycle_bucket(spec)}/src/", "OnCreate": "on_create.sh"},
+                **({} if eks or spec.legacy else {"SlurmConfig": slurm}),
             }
         )
     set_network_layouts(emulator, spec)
     eks_arn = f"arn:aws:eks:{emulator.region}:{emulator.account_id}:cluster/{spec.name}"
     orchestrator = {"Eks": {"ClusterArn": eks_arn}} if eks else {"Slurm": {"SlurmConfigStrategy": "Merge"}}
+    if spec.legacy:
+        _provisioning_parameters(emulator, spec)
+        client("sagemaker").create_cluster(ClusterName=spec.name, InstanceGroups=groups)
+        return
     client("sagemaker").create_cluster(ClusterName=spec.name, InstanceGroups=groups, Orchestrator=orchestrator)
+
+
+def _lifecycle_bucket(spec: ClusterSpec) -> str:
+    return f"sagemaker-{spec.name}-lcs"  # HyperPod requires its lifecycle buckets to be named sagemaker-*
+
+
+def _provisioning_parameters(emulator: AwsEmulator, spec: ClusterSpec) -> None:
+    """A legacy cluster's provisioning_parameters.json, as the operator uploaded it with the lifecycle scripts,
+    and the partitions those scripts write into slurm.conf from it."""
+    mapping = {g.name: g.partition for g in spec.instance_groups if g.partition}
+    parameters: dict[str, Any] = {
+        "version": "1.0.0",
+        "workload_manager": "slurm",
+        "controller_group": next(g.name for g in spec.instance_groups if g.role == "controller"),
+        "worker_groups": [{"instance_group_name": g, "partition_name": p} for g, p in mapping.items()],
+    }
+    login = [g.name for g in spec.instance_groups if g.role == "login"]
+    if login:
+        parameters["login_group"] = login[0]
+    s3 = client("s3")
+    s3.create_bucket(Bucket=_lifecycle_bucket(spec))
+    s3.put_object(
+        Bucket=_lifecycle_bucket(spec), Key="src/provisioning_parameters.json", Body=json.dumps(parameters).encode()
+    )
+    emulator.hyperpod.lifecycle_partitions[spec.name] = mapping
 
 
 def slurm_partitions(emulator: AwsEmulator, spec: ClusterSpec) -> dict[str, list[str]]:

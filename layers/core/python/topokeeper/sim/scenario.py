@@ -112,6 +112,9 @@ class ClusterSpec(_Strict):
     seed: int = Field(7, ge=0, le=2**64 - 1)
     # An NLB's IP target group the functions keep equal to the running login nodes (the login group's).
     login_endpoint: bool = False
+    # A HyperPod Slurm cluster created before API-driven Slurm: no SlurmConfig; its partitions and login group are
+    # in provisioning_parameters.json in its lifecycle bucket (sagemaker-<name>-lcs), which topokeeper reads.
+    legacy: bool = False
     # ParallelCluster only: a real slurmd for each dynamic node that boots, started as the node-side step would
     # (with the topology of its registration entry, if the backend published one in time; see sim/booting_nodes).
     slurmd: bool = False
@@ -161,6 +164,8 @@ class ClusterSpec(_Strict):
     @model_validator(mode="after")
     def _valid(self) -> ClusterSpec:
         self._parallelcluster_groups()
+        if self.legacy and self.orchestrator != "slurm":
+            raise ValueError("legacy (no SlurmConfig) is a HyperPod Slurm cluster's: orchestrator slurm")
         if self.login_endpoint and not any(g.role == "login" for g in self.instance_groups):
             raise ValueError("login_endpoint needs an instance group with role: login")
         if self.orchestrator == "eks":

@@ -15,14 +15,13 @@ from typing import Any
 from moto.core.utils import utcnow
 from moto.ssm.models import Parameter, ssm_backends
 
-from topokeeper.sim.aws.policy import allows
 from topokeeper.sim.aws.protocol import ApiError, ApiRequest, json_params, operation_model, validate_input
 
 
 class ServiceQuotas:
     """``GetServiceQuota`` and ``GetAWSDefaultServiceQuota`` for the quotas a test sets; any other is
-    NoSuchResourceException, as for a wrong code.
-    With ``caller_policy`` (identity policy statements, as IAM JSON) the call is authorized as IAM would."""
+    NoSuchResourceException, as for a wrong code. Who may ask is the emulator's IAM's question
+    (``iam.IamModel``, the quota's ARN), asked before this handler runs."""
 
     def __init__(self, account_id: str, region: str, lock: threading.RLock) -> None:
         self._account_id = account_id
@@ -30,7 +29,6 @@ class ServiceQuotas:
         self._lock = lock
         self._values: dict[tuple[str, str], float] = {}
         self._defaults: dict[tuple[str, str], float] = {}
-        self.caller_policy: list[dict[str, Any]] | None = None
 
     def set(self, service_code: str, quota_code: str, value: float) -> None:
         """The account's applied value (GetServiceQuota)."""
@@ -60,13 +58,6 @@ class ServiceQuotas:
         validate_input(operation_model("service-quotas", operation), params)
         service, code = str(params["ServiceCode"]), str(params["QuotaCode"])
         arn = f"arn:aws:servicequotas:{request.region}:{self._account_id}:{service}/{code}"
-        action = f"servicequotas:{operation}"
-        if self.caller_policy is not None and not allows(self.caller_policy, action, arn, {}):
-            raise ApiError(
-                "AccessDeniedException",
-                f"User: arn:aws:sts::{self._account_id}:assumed-role/caller is not authorized to perform: "
-                f"{action} on resource: {arn} because no identity-based policy allows the {action} action",
-            )
         with self._lock:
             value = (self._values if operation == "GetServiceQuota" else self._defaults).get((service, code))
         if value is None:

@@ -25,7 +25,7 @@ from typing import Any
 import boto3
 import botocore.handlers
 from moto.kms.models import kms_backends
-from moto.s3.models import s3_backends
+from moto.s3.models import FakeDeleteMarker, s3_backends
 
 from topokeeper.sim.aws import moto_patches
 from topokeeper.sim.aws.account import ServiceQuotas, publish_public_parameter
@@ -37,6 +37,7 @@ from topokeeper.sim.aws.ids import IdFactory
 from topokeeper.sim.aws.kms import KmsSigning
 from topokeeper.sim.aws.load_balancing import TargetHealth
 from topokeeper.sim.aws.network import NetworkLayout, NetworkModel
+from topokeeper.sim.aws.protocol import PLAIN_HTTP_HEADER
 from topokeeper.sim.aws.s3 import S3Refusals
 from topokeeper.sim.aws.server import (
     CallCounter,
@@ -237,7 +238,9 @@ class AwsEmulator:
         }
 
     def client(self, service: str, **kwargs: Any) -> Any:
-        """A boto3 client for ``service`` pointed at the emulator (``kwargs`` go to ``boto3.client``)."""
+        """A boto3 client for ``service`` pointed at the emulator (``kwargs`` go to ``boto3.client``).
+        ``use_ssl=False``: its requests count as sent over plain HTTP (``aws:SecureTransport`` false), as boto3's
+        would be without an endpoint URL (with one, boto3 ignores the flag)."""
         options: dict[str, Any] = {
             "endpoint_url": self.endpoint_url,
             "region_name": self.region,
@@ -245,7 +248,10 @@ class AwsEmulator:
             "aws_secret_access_key": SECRET_KEY,
         }
         options.update(kwargs)
-        return boto3.client(service, **options)
+        made = boto3.client(service, **options)
+        if options.get("use_ssl") is False:
+            made.meta.events.register("before-sign", _mark_plain_http)
+        return made
 
     def _reset_moto(self) -> None:
         """moto's documented reset (``POST /moto-api/reset``, server mode): forget every resource."""
@@ -263,7 +269,9 @@ class AwsEmulator:
 
     def _object_exists(self, bucket: str, key: str) -> bool:
         found = s3_backends[self.account_id]["aws"].buckets.get(bucket)
-        return found is not None and key in found.keys
+        # In a versioned bucket a deleted (or expired) object's current version is a delete marker: it is missing.
+        current = found.keys.get(key) if found is not None else None
+        return current is not None and not isinstance(current, FakeDeleteMarker)
 
     def publish_public_parameter(self, name: str, value: str) -> None:
         publish_public_parameter(self.account_id, self.region, name, value)
@@ -272,3 +280,7 @@ class AwsEmulator:
         """Forget counted calls and refill the throttling buckets."""
         self.calls.reset()
         self.rate_limits.reset()
+
+
+def _mark_plain_http(request: Any, **_: Any) -> None:
+    request.headers[PLAIN_HTTP_HEADER] = "1"

@@ -144,7 +144,7 @@ class IamModel:
         role = self.roles.get(request.access_key)
         if role is None:
             return
-        base = {"aws:PrincipalArn": role.arn, "aws:SecureTransport": "true"}
+        base = {"aws:PrincipalArn": role.arn, "aws:SecureTransport": str(request.secure).lower()}
         for question in self.questions(request):
             context = {**base, **question.context}
             asked = Request(role.arn, question.action, question.resource, context, self.account_id)
@@ -189,6 +189,7 @@ class IamModel:
             "sagemaker": self._sagemaker,
             "ssm": self._ssm,
             "elasticloadbalancing": self._elbv2,
+            "servicequotas": self._servicequotas,
         }
         ask = by_service.get(request.service)
         if ask is not None:
@@ -287,6 +288,12 @@ class IamModel:
         form = parse_qs(request.body.decode("utf-8", "replace"))
         target_group = form.get("TargetGroupArn", ["*"])[0]
         return [Question(f"elasticloadbalancing:{request.operation}", target_group)]
+
+    def _servicequotas(self, request: ApiRequest) -> list[Question]:
+        params = _json(request)
+        service, code = params.get("ServiceCode", "*"), params.get("QuotaCode", "*")
+        quota = f"arn:aws:servicequotas:{self.region}:{self.account_id}:{service}/{code}"
+        return [Question(f"servicequotas:{request.operation}", quota)]
 
     def _ssm(self, request: ApiRequest) -> list[Question]:
         if request.operation != "SendCommand":

@@ -33,6 +33,9 @@ _CBOR_PATH = re.compile(r"^/service/(?P<service>[^/]+)/operation/(?P<operation>[
 _SCOPE = re.compile(r"Credential=(?P<key>[^/,\s]+)/\d{8}/(?P<region>[^/]+)/(?P<service>[^/]+)/aws4_request")
 
 
+# TLS is not emulated (the endpoint is http:// for every client, and every AWS SDK uses HTTPS by default): a
+# request carrying this header stands for one sent over plain HTTP (AwsEmulator.client(..., use_ssl=False)).
+PLAIN_HTTP_HEADER = "X-Topokeeper-Plain-Http"
 UNKNOWN_OPERATION = "Unknown"  # counted as such: a request whose operation could not be recognised
 
 
@@ -87,6 +90,11 @@ class ApiRequest:
     @property
     def user_agent(self) -> str:
         return self.headers.get("User-Agent", "")
+
+    @property
+    def secure(self) -> bool:
+        """Whether it came over TLS (``aws:SecureTransport``): unless marked plain HTTP (``PLAIN_HTTP_HEADER``)."""
+        return PLAIN_HTTP_HEADER not in self.headers
 
     @property
     def protocol(self) -> str:

@@ -24,7 +24,6 @@ from moto.ssm.models import ssm_backends
 from topokeeper.sim.aws.clock import Clock
 from topokeeper.sim.aws.events import SSM, EventEmitter
 from topokeeper.sim.aws.ids import IdFactory
-from topokeeper.sim.aws.policy import allows
 from topokeeper.sim.aws.protocol import (
     ApiError,
     ApiRequest,
@@ -105,9 +104,8 @@ class SsmRunCommand:
     stderr)`` tuple) to finish the invocation at once, or None to leave it ``InProgress`` until
     ``complete``. Without a hook every invocation succeeds with empty output, as in moto. As AWS does (and
     moto does not), only running EC2 instances and ``register_managed_instance`` ids are accepted
-    (``strict_targets``, on unless a test turns it off). With
-    ``caller_policy`` (the caller's identity policy statements, as IAM JSON) SendCommand is authorized as IAM
-    would: the document and every instance (with its tags) must be allowed, else AccessDeniedException.
+    (``strict_targets``, on unless a test turns it off). Who may send is the emulator's IAM's question
+    (``iam.IamModel``: the document and every instance, with its tags), asked before this handler runs.
     """
 
     def __init__(
@@ -115,7 +113,6 @@ class SsmRunCommand:
     ) -> None:
         self.on_command: Hook | None = None
         self.strict_targets = True  # as AWS: only running EC2 instances and registered managed nodes
-        self.caller_policy: list[dict[str, Any]] | None = None
         self.errors: list[BaseException] = []  # exceptions raised by on_command (the invocation Failed)
         self._account_id = account_id
         self._region = region
@@ -352,8 +349,6 @@ class SsmRunCommand:
             unknown = [i for i in explicit if i not in self._managed_now(request.region)]
             if unknown:
                 raise self._invalid_instances(unknown)
-        if self.caller_policy is not None:
-            self._authorize(request.region, str(params.get("DocumentName")), explicit)
         tag_targets = [t for t in targets if t.get("Key") != "InstanceIds"]
         backend = self._backend(request.region)
         with self._lock:
@@ -412,20 +407,6 @@ class SsmRunCommand:
                 )
             )
         return response
-
-    def _authorize(self, region: str, document: str, instance_ids: list[str]) -> None:
-        resources: list[tuple[str, dict[str, str]]] = [(f"arn:aws:ssm:{region}::document/{document}", {})]
-        for instance_id in instance_ids:
-            tags = self.instance_tags(instance_id)
-            resources.append((f"arn:aws:ec2:{region}:{self._account_id}:instance/{instance_id}", tags))
-        for arn, tags in resources:
-            if not allows(self.caller_policy or [], "ssm:SendCommand", arn, tags):
-                raise ApiError(
-                    "AccessDeniedException",
-                    f"User: arn:aws:sts::{self._account_id}:assumed-role/caller is not authorized to perform: "
-                    f"ssm:SendCommand on resource: {arn} because no identity-based policy allows the "
-                    "ssm:SendCommand action",
-                )
 
     def _invalid_instances(self, instance_ids: list[str]) -> ApiError:
         shown = ", ".join(instance_ids)

@@ -142,6 +142,9 @@ class HyperPodModel:
         self.replace_moves = True  # a replacement lands on another leaf / UltraServer when there is room
         self.replace_new_ip = False  # a replacement gets another private IP (as a login node's may)
         self.extra_instance_types = EXTRA_INSTANCE_TYPES
+        # A cluster created before API-driven Slurm (no SlurmConfig): group -> partition, what its lifecycle
+        # scripts write into slurm.conf from its provisioning_parameters.json (by cluster name).
+        self.lifecycle_partitions: dict[str, dict[str, str]] = {}
         self._clock = clock
         self._ids = ids
         self._network = network
@@ -185,14 +188,21 @@ class HyperPodModel:
             found = self.cluster(cluster)
             members: dict[str, list[ClusterNode]] = {}
             for group in found.groups.values():
-                for partition in (group.spec.get("SlurmConfig") or {}).get("PartitionNames") or []:
+                for partition in self._partitions(found.name, group):
                     members.setdefault(partition, [])
             for node in sorted(found.nodes.values(), key=lambda n: n.slurm_name):
                 if node.status not in SLURM_LISTED_STATUSES:
                     continue
-                for partition in (found.groups[node.group].spec.get("SlurmConfig") or {}).get("PartitionNames") or []:
+                for partition in self._partitions(found.name, found.groups[node.group]):
                     members[partition].append(node.copy())
             return members
+
+    def _partitions(self, cluster: str, group: InstanceGroup) -> list[str]:
+        slurm = group.spec.get("SlurmConfig")
+        if slurm is None:
+            partition = self.lifecycle_partitions.get(cluster, {}).get(group.name)
+            return [partition] if partition else []
+        return list(slurm.get("PartitionNames") or [])
 
     def describe_cluster(self, cluster: str) -> dict[str, Any]:
         """DescribeCluster's response."""
