@@ -5,7 +5,8 @@ Each story (bench/latency.py's 1,000-node rolling scale-up over 5 minutes and 1,
 HyperPod-style; a ParallelCluster-style rolling scale-up of 900 dynamic nodes,
 bench/scenarios/parallelcluster-1000.yaml) runs once per report delay in each mode. "incremental" is topokeeper
 as it ships: the head node applies a plan that only places, moves or removes nodes by ``scontrol update
-NodeName= Topology=``, and the backend does not hold such writes back by the write interval. "whole-file" is the
+NodeName= Topology=``, and the backend holds such writes back by neither the write interval nor max_wait_seconds
+(the debounce waits at most 20 s for a quiet spell, LIVE_MAX_WAIT_SECONDS). "whole-file" is the
 same topokeeper with the head node's live path switched off (TOPOKEEPER_APPLIER_WHOLE_FILE=1): every write is a
 reconfigure, and the backend, seeing the head node reconfigure, paces as for reconfigures, as before issue 27 (its
 first write after the creation goes at the live pace, before the result that tells).
@@ -25,20 +26,18 @@ Run (as root, one run at a time on the chroots: under flock /tmp/slurm-tests.loc
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import logging
 import subprocess
 import threading
 import time
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
 from bench.latency import STORIES as LATENCY_STORIES
-from bench.latency import _seconds, api_floor_seconds, record, scenario_with_delay
-from bench.performance_doc import ROOT, machine, write_section
+from bench.latency import _seconds, api_floor_seconds, bench_arguments, record, run_bench, scenario_with_delay
+from bench.performance_doc import ROOT, machine
 from topokeeper.headnode.config_dir import WHOLE_FILE_ENV
 from topokeeper.sim.head_node import ChrootHeadNode
 from topokeeper.sim.simulator import StepResult, play
@@ -225,37 +224,25 @@ def section(entries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _line(entry: dict[str, Any]) -> str:
+    return (
+        f"{entry['story']:<8} delay {entry['topology_report_delay_seconds']:>3.0f}s {entry['mode']:<12}"
+        f" p50 {_seconds(entry['p50']):>6} max {_seconds(entry['max']):>6} writes {entry['writes']:>3}"
+        f" live {entry['live_applies']:>3} reconfigures {entry['reconfigures']:>3} probe {json.dumps(entry['probe'])}"
+        f" ({entry['wall_seconds']} s wall)"
+    )
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--delays", default="0,30", help="topology-not-yet-reported delays, seconds")
-    parser.add_argument("--stories", default=",".join(STORIES))
+    parser = bench_arguments(__doc__ or "", STORIES, OUT)
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--no-doc", action="store_true", help="print, but do not write docs/performance.md")
-    parser.add_argument("--out", type=Path, default=OUT, help="where the runs' records go (JSON)")
-    parser.add_argument("--records", type=Path, nargs="+", help="render these records instead of running")
     args = parser.parse_args()
-    if args.records:
-        entries = [entry for path in args.records for entry in json.loads(path.read_text())]
-        print(f"wrote {write_section('incremental', section(entries))}")
-        return
-    logging.disable(logging.CRITICAL)
-    entries = []
-    for story in args.stories.split(","):
-        for delay in (float(text) for text in args.delays.split(",")):
-            for mode in args.modes.split(","):
-                entry = measure(story, delay, mode)
-                entries.append(entry)
-                print(
-                    f"{story:<8} delay {delay:>3.0f}s {mode:<12} p50 {_seconds(entry['p50']):>6}"
-                    f" max {_seconds(entry['max']):>6} writes {entry['writes']:>3} live {entry['live_applies']:>3}"
-                    f" reconfigures {entry['reconfigures']:>3} probe {json.dumps(entry['probe'])}"
-                    f" ({entry['wall_seconds']} s wall)",
-                    flush=True,
-                )
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(entries, indent=2) + "\n")  # after each run: a cut run keeps its own
-    if not args.no_doc:
-        print(f"wrote {write_section('incremental', section(entries))}")
+
+    def runs(story: str, delay: float) -> Iterator[dict[str, Any]]:
+        for mode in args.modes.split(","):
+            yield measure(story, delay, mode)
+
+    run_bench(args, "incremental", section, runs, _line)
 
 
 if __name__ == "__main__":
