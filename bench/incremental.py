@@ -221,7 +221,44 @@ def section(entries: list[dict[str, Any]]) -> str:
                     floor = api_floor_seconds(entry["nodes"] + entry["unplaced"])
                     lines += ["", f"Goals ({entry['mode']}; API floor {floor} s): {met}."]
             lines.append("")
-    return "\n".join(lines)
+    return "\n".join([*lines, *NOTES])
+
+
+# Why the figures are what they are (worked out on 2026-12-04 from the runs above and runs of the same stories with
+# other live waits); the arithmetic uses the emulator's costs: one DescribeInstanceTopology call a second, a sweep
+# of a type 100 instances a page, SSM's delivery 2 s.
+NOTES = [
+    "### What the goals cost",
+    "",
+    "- A write the head node applies live waits for the debounce's quiet spell at most 20 s",
+    "  (`LIVE_MAX_WAIT_SECONDS`), not `max_wait_seconds` (30 s). A rolling scale-up is never quiet for the debounce,",
+    "  so with 30 s every write waited the whole max wait plus the write before it (a write every 33-36 s), and a node",
+    "  about half of that plus its cycle's DescribeInstanceTopology calls (1-5 s) and the delivery: p50 23.2 s.",
+    "- The burst's two goals pull apart. With at most 2 deliveries the second reconcile must read the facts after",
+    "  the last launch (60 s), and the node launched just after the first read (at R1) waits for it: the second",
+    "  sweep of the type (11 pages at 1,000 instances, 11 s) and the delivery (2 s), 73 - R1 s; the first node",
+    "  waits R1 + R1 / 6 (its sweep) + 2 s. Even a second read exactly at the burst's end gives at best R1 = 33 s",
+    "  and a max of about 41 s, 31 s beyond the floor; the controller learns that a burst ended only from the",
+    "  debounce's quiet (10 s later) or from the max wait. Measured at delay 0 with other live waits: 30 s made 2",
+    "  deliveries and a max of 48.3 s (38.3 beyond the floor), 27 s 3 and 44.5 s, 24 s 3 and 40.2 s; 20 s (as",
+    "  shipped) makes 3 and the max above. topokeeper keeps the latency goal; 3 commands for the burst stay within",
+    "  the SSM bound (`MIN_LIVE_WRITE_SECONDS`: at most 6 a minute, one in flight).",
+    "- At delay 30 s no 2 deliveries can meet the max (70 s): the second read must come after the last node's",
+    "  report (90 s) and costs a sweep and the delivery (103 s); the first node waits R1 + 10 + 2 s <= 70 s, so",
+    "  R1 <= 58 s, and the node EC2 reported just after R1 (launched at R1 - 30 s) waits 133 - R1 >= 75 s. The",
+    "  deliveries beyond the first are topology retries: each reconcile that finds newly reported nodes writes",
+    "  them live.",
+    "- The one reconfigure at delay 30 s: a node whose topology EC2 has not reported yet is planned under the",
+    "  `no-topology` placeholder switch; once the last such node is reported the placeholder leaves the plan, and",
+    "  a tree that loses a switch cannot be brought there live (`scontrol update` removes no switch), so the head",
+    "  node reconfigures once. The goal counts reconfigures at delay 0.",
+    "- The probe's failed RPCs before 2026-12-04 were no slurmctld disruption: the simulator's HyperPod stand-in",
+    "  rewrote slurm.conf in place (its NodeName lines, with each membership change, before a head-node command),",
+    "  and a client reading it meanwhile failed on `slurm.conf is empty` or a cut hostlist line. It now replaces",
+    "  the file whole. (That stand-in's own `scontrol reconfigure` after each such rewrite is HyperPod's, not",
+    "  topokeeper's, and is not counted in the reconfigures above.)",
+    "",
+]
 
 
 def _line(entry: dict[str, Any]) -> str:
