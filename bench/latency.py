@@ -17,7 +17,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -212,8 +212,9 @@ def section(entries: list[dict[str, Any]]) -> str:
         "  intermediate switch of a tree, new ones under an existing switch included, and into an existing block;",
         "  a powered-up CLOUD node keeps that placement across a reconfigure and loses it at power-down. On 26.05",
         "  the applier uses it when a plan only places, moves or removes nodes (the files are still written, so a",
-        "  restart reads the same): no reconfigure. Such a write waits for the debounce and 10 s since the last",
-        "  write, not for `min_write_interval_seconds` (which spaces reconfigures); one is in flight at a time. The",
+        "  restart reads the same): no reconfigure. Such a write waits for the debounce (at most 20 s, not",
+        "  `max_wait_seconds`) and 10 s since the last write, not for `min_write_interval_seconds` (both space",
+        "  reconfigures); one is in flight at a time. The",
         '  section "Incremental against whole-file applies" measures both paths side by side.',
         "",
         *delay_bound(entries),
@@ -309,39 +310,64 @@ def delay_bound(entries: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def bench_arguments(doc: str, stories: Iterable[str], out: Path) -> argparse.ArgumentParser:
+    """The options bench/latency.py and bench/incremental.py share (a script adds its own)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--delays", default="0,30", help="topology-not-yet-reported delays, seconds")
-    parser.add_argument("--stories", default=",".join(STORIES))
-    parser.add_argument("--no-baseline", action="store_true", help="only topokeeper, not the full-rescan baseline")
+    parser.add_argument("--stories", default=",".join(stories))
     parser.add_argument("--no-doc", action="store_true", help="print, but do not write docs/performance.md")
-    parser.add_argument("--out", type=Path, default=OUT, help="where the runs' records go (JSON)")
+    parser.add_argument("--out", type=Path, default=out, help="where the runs' records go (JSON)")
     parser.add_argument("--records", type=Path, nargs="+", help="render these records instead of running")
-    args = parser.parse_args()
+    return parser
+
+
+def run_bench(
+    args: argparse.Namespace,
+    name: str,
+    section: Callable[[list[dict[str, Any]]], str],
+    runs: Callable[[str, float], Iterator[dict[str, Any]]],
+    line: Callable[[dict[str, Any]], str],
+) -> None:
+    """Each story at each delay (``runs`` yields its records, ``line`` prints each), the records saved to --out after
+    every run (a cut bench keeps what it measured), then the section ``name`` of docs/performance.md; or, with
+    --records, the section from earlier runs' records."""
     if args.records:
         entries = [entry for path in args.records for entry in json.loads(path.read_text())]
-        print(f"wrote {write_section('latency', section(entries))}")
-        return
-    logging.disable(logging.CRITICAL)
-    entries = []
-    for story in args.stories.split(","):
-        for delay in (float(text) for text in args.delays.split(",")):
-            for baseline in (False,) if args.no_baseline else (False, True):
-                entry = measure(story, delay, baseline)
-                entries.append(entry)
-                met = all(ok for _, ok in goals(entry))
-                print(
-                    f"{story:<8} delay {delay:>4.0f}s {entry['mode']:<12} nodes {entry['nodes']:>5}"
-                    f" p50 {_seconds(entry['p50']):>6} max {_seconds(entry['max']):>6}"
-                    f" writes {entry['writes']:>3} reconfigures {entry['reconfigures']:>3}"
-                    f" DescribeInstanceTopology {entry['describe_instance_topology']:>4}"
-                    f" goals {'met' if met else 'NOT met'}  ({entry['wall_seconds']} s wall)",
-                    flush=True,
-                )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(entries, indent=2) + "\n")
+    else:
+        logging.disable(logging.CRITICAL)
+        entries = []
+        for story in args.stories.split(","):
+            for delay in (float(text) for text in args.delays.split(",")):
+                for entry in runs(story, delay):
+                    entries.append(entry)
+                    print(line(entry), flush=True)
+                    args.out.parent.mkdir(parents=True, exist_ok=True)
+                    args.out.write_text(json.dumps(entries, indent=2) + "\n")
     if not args.no_doc:
-        print(f"wrote {write_section('latency', section(entries))}")
+        print(f"wrote {write_section(name, section(entries))}")
+
+
+def _line(entry: dict[str, Any]) -> str:
+    met = all(ok for _, ok in goals(entry))
+    return (
+        f"{entry['story']:<8} delay {entry['topology_report_delay_seconds']:>4.0f}s {entry['mode']:<12}"
+        f" nodes {entry['nodes']:>5} p50 {_seconds(entry['p50']):>6} max {_seconds(entry['max']):>6}"
+        f" writes {entry['writes']:>3} reconfigures {entry['reconfigures']:>3}"
+        f" DescribeInstanceTopology {entry['describe_instance_topology']:>4}"
+        f" goals {'met' if met else 'NOT met'}  ({entry['wall_seconds']} s wall)"
+    )
+
+
+def main() -> None:
+    parser = bench_arguments(__doc__ or "", STORIES, OUT)
+    parser.add_argument("--no-baseline", action="store_true", help="only topokeeper, not the full-rescan baseline")
+    args = parser.parse_args()
+
+    def runs(story: str, delay: float) -> Iterator[dict[str, Any]]:
+        for baseline in (False,) if args.no_baseline else (False, True):
+            yield measure(story, delay, baseline)
+
+    run_bench(args, "latency", section, runs, _line)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from topokeeper.sim.slurm_chroot import DEBIAN_MIRROR_ENV, built_once, debootstrap_argv, unexpected_log_lines
+from topokeeper.sim.slurm_chroot import (
+    DEBIAN_MIRROR_ENV,
+    SlurmController,
+    built_once,
+    debootstrap_argv,
+    unexpected_log_lines,
+)
 
 TARGET = Path("/var/cache/topokeeper/chroots/sid.building")
 
@@ -70,3 +76,18 @@ def test_a_chroot_is_built_once_and_a_failed_build_leaves_nothing_half_built(tmp
     assert root == tmp_path / "sid" and (root / "ready").exists() and not (tmp_path / "sid.building").exists()
     assert built_once(tmp_path, "sid", ready, build) == root
     assert builds == [tmp_path / "sid.building"]
+
+
+def test_config_files_are_replaced_whole_so_a_client_never_reads_half_of_one(tmp_path: Path) -> None:
+    """HyperPod's stand-in rewrites slurm.conf (and partitions.conf) as the membership changes, while Slurm's
+    clients read it: written in place, the bench's probe read "slurm.conf is empty" and a cut hostlist line. A
+    reader that opened the file before keeps reading the old one whole."""
+    controller = SlurmController(root=tmp_path, name="x", style="hyperpod")
+    controller.etc.mkdir(parents=True)
+    controller.write_slurm_conf(["n1"], {"p": (["n1"], None)})
+    files = [controller.etc / name for name in ("slurm.conf", "partitions.conf")]
+    before = [path.read_text() for path in files]
+    with files[0].open() as conf, files[1].open() as partitions:
+        controller.write_slurm_conf(["n1", "n2"], {"p": (["n1", "n2"], None)})
+        assert [conf.read(), partitions.read()] == before
+    assert [path.read_text() for path in files] != before

@@ -11,7 +11,7 @@ from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.contract.ports import ApplyResult, ClusterState, Outcome
 from topokeeper.service.controller import reconcile
 from topokeeper.service.live_writes import live_update_problem
-from topokeeper.service.reconcile import MIN_LIVE_WRITE_SECONDS, ReconcileReport, plan_facts
+from topokeeper.service.reconcile import LIVE_MAX_WAIT_SECONDS, MIN_LIVE_WRITE_SECONDS, ReconcileReport, plan_facts
 from topokeeper.service.result import finish_delivery
 
 
@@ -204,3 +204,36 @@ def test_a_live_write_does_not_wait_the_full_interval_for_nodes_ec2_has_not_repo
     controller.clock.advance(10)  # quiet, 35 s after the write: an early write
     report = reconcile(request, controller.deps())
     assert (report.action, report.nodes_without_topology) == ("delivered", 1)
+
+
+def test_a_live_change_waits_for_a_quiet_spell_at_most_the_live_wait_not_max_wait() -> None:
+    """A rolling scale-up is never quiet for the debounce: a change the head node applies live goes once the oldest
+    change has waited ``LIVE_MAX_WAIT_SECONDS`` (max_wait_seconds bounds the wait of a reconfigure)."""
+    controller = _paced()
+    _applied(controller, "26.05")
+    controller.facts.nodes = 9
+    controller.facts.move(8, 1)
+    controller.clock.advance(30)
+    request = controller.change("launch-1")
+    for second in range(1, LIVE_MAX_WAIT_SECONDS):  # a change every second: the debounce never ends
+        controller.clock.advance(1)
+        controller.change(f"launch-{second + 1}")
+        report = reconcile(request, controller.deps())
+        assert report.action == "deferred", second
+    controller.clock.advance(1)
+    assert reconcile(request, controller.deps()).action == "delivered"
+
+
+def test_a_change_that_needs_a_reconfigure_keeps_max_wait() -> None:
+    controller = _paced()
+    _applied(controller, "24.11")
+    controller.facts.nodes = 9
+    controller.facts.move(8, 1)
+    controller.clock.advance(70)
+    request = controller.change("launch-1")
+    for second in range(1, 30):
+        controller.clock.advance(1)
+        controller.change(f"launch-{second + 1}")
+        assert reconcile(request, controller.deps()).action == "deferred", second
+    controller.clock.advance(1)
+    assert reconcile(request, controller.deps()).action == "delivered"

@@ -67,6 +67,7 @@ from topokeeper.service.state import (
     request_reconcile,
     save_fields,
 )
+from topokeeper.wire import FIRST_INCREMENTAL_VERSION, parse_slurm_version
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
 # ...and no sooner than this after the reconcile that found it missing, whatever the pacing settings: without a
@@ -84,6 +85,10 @@ EARLY_WRITE_CHECKS = 10
 # A write the head node applies live (no reconfigure) waits for no write interval, only this long after the last
 # write (and the debounce): at most six commands a minute per cluster, whatever the settings.
 MIN_LIVE_WRITE_SECONDS = 10
+# ...and waits for the debounce's quiet spell at most this long (not max_wait_seconds, which spaces reconfigures
+# too): a rolling scale-up is never quiet, and its nodes wait about half this plus the pipeline. With
+# MIN_LIVE_WRITE_SECONDS and one delivery in flight at a time: about three commands a minute while changes last.
+LIVE_MAX_WAIT_SECONDS = 20
 # With EARLY_WRITE_CHECKS, a delivery's two and a topology retry's TOPOLOGY_RETRY_SECONDS (1 s apart at most):
 # under the queue's 50 receives.
 DEBOUNCE_CHECKS = 20
@@ -105,9 +110,11 @@ class Verdict:
     # Proceeding before the full min_write_interval (the changes stopped): the seconds left of it. A write that
     # would leave nodes without topology waits them out instead (``reconcile``).
     full_interval_in: float | None = None
-    # Deferred by min_write_interval alone: a write the head node applies live (no reconfigure) may go in this
-    # many seconds, 0 now (``MIN_LIVE_WRITE_SECONDS``); only a plan tells (``held_back``). None: no such write.
+    # Deferred by min_write_interval or the debounce: a write the head node applies live (no reconfigure) may go in
+    # this many seconds, 0 now (``MIN_LIVE_WRITE_SECONDS``, ``LIVE_MAX_WAIT_SECONDS``); only a plan tells
+    # (``held_back``). None: no such write.
     live_write_in: float | None = None
+    debouncing: bool = False  # deferred by the debounce (a verify-mode reconcile waits for it: ``held_back``)
 
 
 def _wait(seconds: float, reason: str, *, behind_delivery: bool = False) -> Verdict:
@@ -121,6 +128,15 @@ def _only_topology_retries(state: ClusterState) -> bool:
         and state.trigger_count == len(state.triggers)
         and all(t.source == OWN_TRIGGER_SOURCE and t.detail_type == TOPOLOGY_RETRY for t in state.triggers)
     )
+
+
+def _may_write_live(state: ClusterState) -> bool:
+    """Whether the head node might apply the next plan live, as far as the state tells without a plan: its last
+    plan and version are known, the version is one the live path is proven on, and it took that path last time.
+    Spares a cluster that always reconfigures (24.11) a plan at every debounce check."""
+    if state.applied_sha256 is None or state.slurm_version is None or state.live_write_refused:
+        return False
+    return not state.repair_partitions and parse_slurm_version(state.slurm_version)[:2] >= FIRST_INCREMENTAL_VERSION
 
 
 def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settings: Settings) -> Verdict:
@@ -150,7 +166,14 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
             # not more often than DEBOUNCE_CHECKS times a max wait (each return is a receive).
             wait = max(settings.debounce_seconds - quiet, settings.max_wait_seconds / DEBOUNCE_CHECKS)
             wait = min(wait, settings.max_wait_seconds - waited)
-            return _wait(wait, "debounce: changes are still arriving")
+            debounced = replace(_wait(wait, "debounce: changes are still arriving"), debouncing=True)
+            if not _may_write_live(state):
+                return debounced
+            live_in = min(settings.max_wait_seconds, LIVE_MAX_WAIT_SECONDS) - waited
+            if state.last_write_at is not None:
+                since = (now - state.last_write_at).total_seconds()
+                live_in = max(live_in, min(settings.min_write_interval_seconds, MIN_LIVE_WRITE_SECONDS) - since)
+            return replace(debounced, live_write_in=max(0.0, live_in))
     if state.last_write_at is None:
         return Verdict(Decision.PROCEED)
     since_write = (now - state.last_write_at).total_seconds()
@@ -309,8 +332,10 @@ def held_back(
     an early write's for nodes EC2 has not reported), unless writing ``rendered`` costs slurmctld no reconfigure:
     nothing to write, nothing written (verify), or a change the head node applies live (the interval spaces
     reconfigures). None: go on."""
-    if verdict.decision is not Decision.DEFERRED or cluster_mode(cluster, state) is Mode.VERIFY:
+    if verdict.decision is not Decision.DEFERRED:
         return None
+    if cluster_mode(cluster, state) is Mode.VERIFY:
+        return verdict if verdict.debouncing else None  # nothing written: only the debounce spares the reads
     if rendered.sha256 == state.applied_sha256 and not state.repair_partitions:
         return None
     if state.repair_partitions or state.applied_sha256 is None or state.slurm_version is None:

@@ -425,7 +425,7 @@ class SlurmController:
         if self.style == "hyperpod":
             self.write_file("partitions.conf", "\n".join(partition_lines) + "\n")
             partition_lines = [f"Include {OPT_SLURM}/etc/partitions.conf"]
-        (self.etc / "slurm.conf").write_text("\n".join(lines + partition_lines) + "\n")
+        self.write_file("slurm.conf", "\n".join(lines + partition_lines) + "\n")
 
     def _write_parallelcluster(
         self,
@@ -456,10 +456,15 @@ class SlurmController:
         unplaced = [node for node in node_list if node not in placed]
         parallelcluster = [*_node_lines(unplaced, addresses, None, self.node_settings), *includes]
         self.write_file("slurm_parallelcluster.conf", "\n".join(parallelcluster) + "\n")
-        (self.etc / "slurm.conf").write_text("\n".join([*lines, "include slurm_parallelcluster.conf"]) + "\n")
+        self.write_file("slurm.conf", "\n".join([*lines, "include slurm_parallelcluster.conf"]) + "\n")
 
     def write_file(self, name: str, content: str) -> None:
-        (self.etc / name).write_text(content)
+        """Replaced whole (a temporary file renamed over it): the stand-ins rewrite these files while slurmctld's
+        clients read them, and a file written in place reads empty or cut meanwhile."""
+        path = self.etc / name
+        temporary = path.with_name(f".{path.name}.writing")
+        temporary.write_text(content)
+        os.replace(temporary, path)
 
     def command(self, *argv: str, login: bool = True) -> list[str]:
         """argv run in the chroot, inside this controller's mount namespace once it has one (see ``start``).
