@@ -333,10 +333,12 @@ def reconcile_slurm(
     incomplete = early_but_incomplete(verdict, missing_topology(rendered), deps.clock.now() - now)
     # The wait spares a second reconfigure for the nodes EC2 reports later: a live write need not.
     if incomplete is not None and held_back(deps, cluster, state, incomplete, rendered) is not None:
+        publish_registrations(cluster, state, raw, rendered, plans=deps.plans, ledger=deps.state)  # not write-paced
         return deferred_report(cluster.name, request, incomplete)
     # What the read learned is saved with this reconcile's fields (the claim too), conditional on the state read.
     learned, rendered, awaiting_table = read_node_table(deps, cluster, state, raw, rendered)
     state = state.model_copy(update=learned)
+    publish_registrations(cluster, state, raw, rendered, plans=deps.plans, ledger=deps.state)  # not write-paced
     if not awaiting_table and (paced := held_back(deps, cluster, state, verdict, rendered)) is not None:
         if learned:
             save_fields(deps.state, cluster.name, learned)
@@ -344,7 +346,6 @@ def reconcile_slurm(
     count_coalesced(deps, cluster.name, state)
     if rendered.sha256 != state.desired_sha256:  # plans are content-addressed: one put per new plan
         deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
-        publish_registrations(deps.plans, cluster, state, raw, rendered)
     missing = missing_topology(rendered)
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing)
 
