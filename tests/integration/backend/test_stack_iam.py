@@ -151,12 +151,20 @@ def _scenarios() -> list[Played]:
         sample.append((name, lambda n=name: load_scenario(SCENARIOS / f"{n}.yaml"), file_node, _nothing_more))
     sample += [
         ("parallelcluster", lambda: load_scenario(SCENARIOS / "parallelcluster.yaml"), {}, _nothing_more),
+        # On 25.11 (built from ../shared/slurm) the reconcile publishes registration entries, and deletes those of the
+        # instances the replace and delete steps terminate.
+        ("parallelcluster-25.11", lambda: _on_25_11(SCENARIOS / "parallelcluster.yaml"), {}, _nothing_more),
         ("agent-channel", lambda: small_scenario(channel="agent"), file_node, _nothing_more),
         # A drift check before the agent's first verify: its verify bundle is missing, which only s3:ListBucket
         # makes a 404 (read as absent) rather than a 403.
         ("agent-verify", lambda: small_scenario(channel="agent", mode="verify"), file_node, _check_drift),
     ]
     return sample
+
+
+def _on_25_11(path: Path) -> Scenario:
+    scenario = load_scenario(path)
+    return scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"slurm_version": "25.11"})})
 
 
 def _check_drift(world: World) -> None:

@@ -4,6 +4,7 @@ entries a booting node reads (``clusters/<cluster>/registration/<instance-id>.js
 
 from __future__ import annotations
 
+import contextvars
 import json
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
@@ -103,11 +104,14 @@ class S3PlanStore:
 
 
 def _each(call: Callable[[T], None], items: list[T]) -> None:
-    """``call`` for each item, a few at once: a burst of booting (or terminated) nodes should not wait in line."""
+    """``call`` for each item, a few at once: a burst of booting (or terminated) nodes should not wait in line. Each
+    runs in a copy of the caller's context: what the caller set holds in the workers too (the simulator's acting
+    role, whose IAM each request must pass as it does on AWS)."""
     if not items:
         return
+    context = contextvars.copy_context()
     with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
-        list(pool.map(call, items))  # list(): the first failure raises here
+        list(pool.map(lambda item: context.copy().run(call, item), items))  # list(): the first failure raises here
 
 
 def _type(name: str) -> str:
