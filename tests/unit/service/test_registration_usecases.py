@@ -194,6 +194,27 @@ def test_a_terminated_instances_entry_is_deleted() -> None:
     assert len(controller.plans.registrations) == 7
 
 
+def test_a_refused_delete_keeps_the_record_and_a_later_reconcile_deletes_the_entry() -> None:
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    controller.facts.nodes = 7
+    delete = controller.plans.delete_registrations
+
+    def refuse(cluster: str, instance_ids: object) -> None:
+        raise Retryable("SlowDown", code="SlowDown")
+
+    controller.plans.delete_registrations = refuse  # type: ignore[method-assign]
+    save_fields(controller.state, CLUSTER, {"pending": None})
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"  # the plan goes on
+    gone = (CLUSTER, f"i-{8:017x}")
+    assert gone in controller.plans.registrations and gone in controller.state.published
+
+    controller.plans.delete_registrations = delete  # type: ignore[method-assign]
+    save_fields(controller.state, CLUSTER, {"pending": None})
+    reconcile(controller.change(), controller.deps())
+    assert gone not in controller.plans.registrations and gone not in controller.state.published
+
+
 def test_a_reconcile_held_back_by_the_write_interval_still_publishes_new_instances_entries() -> None:
     # Entries cost slurmctld nothing: the write interval, which spaces slurmctld's reconfigures, holds back the
     # plan's delivery, not the new instance's entry (its node may boot before the interval has passed).
