@@ -215,7 +215,14 @@ def test_a_refused_delete_keeps_the_record_and_a_later_reconcile_deletes_the_ent
     assert gone not in controller.plans.registrations and gone not in controller.state.published
 
 
-def test_a_reconcile_held_back_by_the_write_interval_still_publishes_new_instances_entries() -> None:
+@pytest.mark.parametrize(
+    "since_write",
+    [
+        60,  # planned, then held back: the head node reconfigures for this change (it did last time)
+        2,  # held back before planning: not even a live write goes this soon after the last write
+    ],
+)
+def test_a_reconcile_held_back_by_the_write_interval_still_publishes_new_instances_entries(since_write: int) -> None:
     # Entries cost slurmctld nothing: the write interval, which spaces slurmctld's reconfigures, holds back the
     # plan's delivery, not the new instance's entry (its node may boot before the interval has passed).
     controller = Controller(orchestrator="ec2", mode="enforce", min_write_interval_seconds=600)
@@ -224,15 +231,16 @@ def test_a_reconcile_held_back_by_the_write_interval_still_publishes_new_instanc
     state = controller.now_state()
     controller.state.save(state.model_copy(update={"pending": None, "applied_sha256": state.desired_sha256}))
     _replaced(controller, f"i-{1:017x}", f"i-{255:017x}")
-    controller.facts.move(7, 0)  # and a change the head node reconfigures for (it did last time): held back
+    controller.facts.move(7, 0)
     save_fields(controller.state, CLUSTER, {"live_write_refused": "the head node reconfigured"})
-    controller.clock.advance(60)
+    controller.clock.advance(since_write)
 
     report = reconcile(controller.change(), controller.deps())
 
     assert (report.action, report.reason) == ("deferred", "minimum interval between writes")
     assert len(controller.channel.delivered) == 1
     assert (CLUSTER, f"i-{255:017x}") in controller.plans.registrations
+    assert (CLUSTER, f"i-{1:017x}") not in controller.plans.registrations
 
 
 @pytest.mark.parametrize("error", [Retryable("SlowDown", code="SlowDown"), Permanent("denied", code="AccessDenied")])

@@ -51,12 +51,13 @@ from topokeeper.contract.ports import (
     StateStore,
     Trigger,
     WorkQueue,
+    log,
 )
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances, with_node_table
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.service.live_writes import live_update_problem
-from topokeeper.service.registration import publish_registrations, registers
+from topokeeper.service.registration import may_register, publish_registrations, registers
 from topokeeper.service.result import observed_fields
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
 from topokeeper.service.state import (
@@ -319,6 +320,21 @@ def held_back(
         return verdict  # the head node reconfigured instead last time: paced as it will likely do it again
     previous = deps.plans.bundle(cluster.name, state.applied_sha256)
     return verdict if live_update_problem(previous, rendered.bundle, state.slurm_version) else None
+
+
+def publish_entries(deps: ControllerDeps, cluster: ClusterConfig, state: ClusterState) -> None:
+    """The registration entries alone, for a reconcile the write interval defers before it plans: they cost
+    slurmctld nothing, and a new instance's node may boot meanwhile. Facts are read only where entries may be
+    published; a failure leaves them to the reconcile that follows (the message is deferred all the same)."""
+    if not may_register(cluster, state):
+        return
+    try:
+        raw = deps.facts(cluster).read(cluster.name)
+        rendered = plan_facts(cluster, state, raw)
+    except TopokeeperError as error:
+        log.warning("registration entries of %s not published before the write interval: %s", cluster.name, error)
+        return
+    publish_registrations(cluster, state, raw, rendered, plans=deps.plans, ledger=deps.state)
 
 
 def reconcile_slurm(

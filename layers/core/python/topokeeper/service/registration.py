@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from topokeeper.contract.config import ClusterConfig, Mode, Orchestrator
 from topokeeper.contract.errors import TopokeeperError
 from topokeeper.contract.ports import ClusterState, PlanStore, StateStore, log
-from topokeeper.domain.models import PRESENT_STATUSES, SlurmFormat
+from topokeeper.domain.models import PRESENT_STATUSES, SlurmFormat, SlurmVersion
 from topokeeper.service.state import cluster_mode
 from topokeeper.wire import REGISTRATION_SERIES, Registration, RegistrationError, registration_text
 
@@ -79,11 +79,21 @@ def instance_values(bundle: Bundle, raw: AwsSnapshot) -> dict[str, str]:
 def registers(cluster: ClusterConfig, state: ClusterState, rendered: RenderedPlan) -> bool:
     """Entries only for ParallelCluster clusters topokeeper writes (never in verify mode: a node placed at
     registration is a write), on the Slurm series whose slurmctld places a resumed node as its slurmd says (25.11)."""
-    version = rendered.plan.slurm_version
+    return _registering(cluster, state, rendered.plan.slurm_version, rendered.plan.slurm_format)
+
+
+def may_register(cluster: ClusterConfig, state: ClusterState) -> bool:
+    """``registers`` before planning: with the version a plan would take (the head node's, else the configured)."""
+    text = state.slurm_version or cluster.slurm_version
+    version = None if text is None else SlurmVersion.parse(text)
+    return version is not None and _registering(cluster, state, version, version.format)
+
+
+def _registering(cluster: ClusterConfig, state: ClusterState, version: SlurmVersion, slurm_format: SlurmFormat) -> bool:
     return (
         cluster.orchestrator is Orchestrator.EC2
         and cluster_mode(cluster, state) is Mode.ENFORCE
-        and rendered.plan.slurm_format is SlurmFormat.YAML
+        and slurm_format is SlurmFormat.YAML
         and (version.major, version.minor) in REGISTRATION_SERIES
     )
 
