@@ -41,7 +41,14 @@ class RegistrationPolicies(Construct):
     """``policies[cluster]``: read that cluster's registration entries, nothing else."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, clusters: list[str], plans: PlanBucket, key: DataKey
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        clusters: list[str],
+        plans: PlanBucket,
+        key: DataKey,
+        deleter: iam.IRole,
     ) -> None:
         super().__init__(scope, construct_id)
         outputs = [registration_policy_output(cluster) for cluster in clusters]
@@ -52,6 +59,25 @@ class RegistrationPolicies(Construct):
                 f"the stack output {', '.join(clashes)}; rename one"
             )
         self.policies = {cluster: self._policy(cluster, plans, key) for cluster in clusters}
+        if clusters:
+            self._grant_deletes(deleter, clusters, plans)
+
+    @staticmethod
+    def _grant_deletes(role: iam.IRole, clusters: list[str], plans: PlanBucket) -> None:
+        """The reconcile deletes a terminated instance's entry (service/registration.py): those prefixes only."""
+        prefixes = [registration_prefix(cluster) for cluster in clusters]
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["s3:DeleteObject"], resources=[plans.bucket.arn_for_objects(p + "*") for p in prefixes]
+            )
+        )
+        bucket = arn_of(cast(CfnResource, plans.bucket.node.default_child))
+        for prefix in prefixes:
+            acknowledge(
+                role,
+                f"IAM5[Resource::{bucket}/{prefix}*]",
+                "A terminated instance's registration entry, named by its instance id, unknown at synth.",
+            )
 
     def _policy(self, cluster: str, plans: PlanBucket, key: DataKey) -> iam.ManagedPolicy:
         prefix = registration_prefix(cluster)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.agent import AgentPolicies, agent_clusters, agent_facts_keys, agent_policy_output
@@ -91,7 +92,12 @@ class TopokeeperStack(Stack):
                 f"Attach to the ExecutionRole of {cluster}'s controller group only (a role no other cluster uses)",
             )
         self.registration = RegistrationPolicies(
-            self, "Registration", clusters=registration_clusters(settings), plans=self.plans, key=self.key
+            self,
+            "Registration",
+            clusters=registration_clusters(settings),
+            plans=self.plans,
+            key=self.key,
+            deleter=cast(iam.IRole, self.functions.reconcile.role),
         )
         for cluster, policy in self.registration.policies.items():
             outputs[registration_policy_output(cluster)] = (

@@ -10,7 +10,8 @@ from constructs import Construct
 from infra.encryption import DataKey
 from topokeeper.contract import stack_spec as spec
 
-# What the adapters call (TransactWriteItems is authorized per item, as PutItem); nothing deletes items: TTL does.
+# What the adapters call (TransactWriteItems is authorized per item, as PutItem). Items expire by TTL, but the
+# registration records, deleted with their entries by BatchWriteItem (authorized as BatchWriteItem: no DeleteItem).
 _READ = ["dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query"]
 _WRITE = ["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:BatchWriteItem"]
 

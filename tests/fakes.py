@@ -8,7 +8,7 @@ records what was asked of it so a test can assert on the calls. Nothing here tou
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -53,6 +53,7 @@ class MemoryStateStore:
         self.states: dict[str, ClusterState] = {}
         self.events: set[str] = set()
         self.saves = 0
+        self.published: dict[tuple[str, str], str] = {}  # (cluster, instance id) -> its entry's value digest
 
     def get(self, cluster: str) -> ClusterState:
         return self.states.get(cluster, ClusterState(cluster=cluster)).model_copy(deep=True)
@@ -81,6 +82,14 @@ class MemoryStateStore:
         )
         self.states[cluster] = changed
         return changed.model_copy(deep=True)
+
+    def registrations(self, cluster: str) -> dict[str, str]:
+        return {instance: digest for (name, instance), digest in self.published.items() if name == cluster}
+
+    def record_registrations(self, cluster: str, published: dict[str, str], deleted: Collection[str]) -> None:
+        self.published.update({(cluster, instance): digest for instance, digest in published.items()})
+        for instance in deleted:
+            self.published.pop((cluster, instance), None)
 
     def consume_triggers(self, cluster: str, generation: int) -> None:
         stored = self.get(cluster)
@@ -117,6 +126,10 @@ class MemoryPlanStore:
     def put_registrations(self, cluster: str, entries: dict[str, str]) -> None:
         self.registration_puts += len(entries)
         self.registrations.update({(cluster, instance): text for instance, text in entries.items()})
+
+    def delete_registrations(self, cluster: str, instance_ids: Collection[str]) -> None:
+        for instance in instance_ids:
+            self.registrations.pop((cluster, instance), None)
 
 
 class MemoryWorkQueue:

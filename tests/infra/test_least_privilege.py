@@ -298,6 +298,22 @@ def test_one_registration_policy_per_enforced_ec2_cluster_reading_only_its_entri
     }
 
 
+def test_only_reconcile_deletes_and_only_the_registration_entries_of_its_enforced_ec2_clusters(
+    variant: Synthesized,
+) -> None:
+    # A terminated instance's entry is deleted (service/registration.py): nothing else in the bucket is.
+    functions = variant.stack.functions
+    deletes = {
+        name: [s for s in role_statements(variant, function.role) if "s3:Delete" in json.dumps(s["Action"])]
+        for name, function in functions.by_name.items()
+    }
+    reconcile = deletes.pop("reconcile")
+    assert deletes == {name: [] for name in deletes}
+    assert [(s["Action"], s["Resource"]) for s in reconcile] == [
+        ("s3:DeleteObject", object_arn(variant, "/clusters/cfd-pcluster/registration/*"))
+    ]
+
+
 def bucket_policy(synthesized: Synthesized) -> list[dict[str, Any]]:
     (policy,) = [r for r in synthesized.resources.values() if r["Type"] == "AWS::S3::BucketPolicy"]
     statements: list[dict[str, Any]] = policy["Properties"]["PolicyDocument"]["Statement"]

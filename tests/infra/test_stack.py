@@ -414,6 +414,7 @@ def test_each_function_role_holds_only_what_its_adapters_call(example: Synthesiz
         | key
         | bucket_read
         | {"s3:PutObject", "sqs:SendMessage"}
+        | {"s3:DeleteObject"}  # a terminated instance's registration entry (the example's EC2 cluster)
         | facts
         | commands
         | sign

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from tests.helpers import gb200_nodes, p5_nodes, snapshot
 from tests.integration.aws.support import cluster_request, drain, group, subscribe
@@ -626,6 +627,24 @@ def test_record_change_keeps_the_first_triggers_and_counts_all(
     assert [t.event_id for t in state.triggers] == [f"event-{n}" for n in range(MAX_TRIGGERS)]
 
 
+def test_the_registration_record_is_kept_per_instance_beside_the_state(
+    aws: AwsEmulator, clock: ManualClock, table: str
+) -> None:
+    store = DynamoStateStore(aws.client("dynamodb"), table)
+    store.record_change("pcluster", _trigger(1, clock), clock.now())
+    published = {f"i-{n:017x}": f"{n:016x}" for n in range(1, 41)}  # more than one 25-item BatchWriteItem
+    store.record_registrations("pcluster", published, ())
+    store.record_registrations("other", {f"i-{1:017x}": "0" * 16}, ())
+
+    store.record_registrations("pcluster", {f"i-{1:017x}": "f" * 16}, [f"i-{2:017x}", f"i-{99:017x}"])
+
+    expected = {**published, f"i-{1:017x}": "f" * 16}
+    del expected[f"i-{2:017x}"]
+    assert store.registrations("pcluster") == expected
+    assert store.registrations("other") == {f"i-{1:017x}": "0" * 16}
+    assert store.get("pcluster").generation == 1  # the state item is another item of the partition
+
+
 def test_save_refuses_a_stale_version_and_never_clobbers_the_change_counter(
     aws: AwsEmulator, clock: ManualClock, table: str
 ) -> None:
@@ -934,6 +953,20 @@ def test_plan_store_writes_registration_entries_under_the_clusters_prefix_encryp
         assert stored["ServerSideEncryption"] == "aws:kms"
     listed = s3.list_objects_v2(Bucket=bucket, Prefix="clusters/test-cluster/registration/")["KeyCount"]
     assert listed == len(entries)
+
+
+def test_a_deleted_registration_entry_is_no_longer_readable(aws: AwsEmulator, bucket: str) -> None:
+    # The bucket is versioned: the delete leaves a marker, and GetObject (all the node policy grants) finds nothing.
+    s3 = aws.client("s3")
+    store = S3PlanStore(s3, bucket)
+    store.put_registrations("test-cluster", {f"i-{n:017x}": "{}" for n in (1, 2)})
+
+    store.delete_registrations("test-cluster", [f"i-{1:017x}", f"i-{9:017x}"])  # 9: never put, no error
+
+    with pytest.raises(ClientError, match="NoSuchKey"):
+        s3.get_object(Bucket=bucket, Key=registration_key("test-cluster", f"i-{1:017x}"))
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="clusters/test-cluster/registration/")
+    assert [item["Key"] for item in listed["Contents"]] == [registration_key("test-cluster", f"i-{2:017x}")]
 
 
 # ---------------------------------------------------------------- SqsWorkQueue

@@ -134,21 +134,13 @@ def test_the_audit_record_names_the_route_that_placed_each_node(
     assert record.placed_by_count == {route: len(nodes) for route, nodes in expected.items()}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: publish_registrations diffs against the previous plan through today's instances and IPs, "
-    "so an instance that took a terminated one's address (same leaf) is taken as already published",
-)
-def test_a_new_instance_that_reuses_a_terminated_ones_address_gets_its_entry() -> None:
-    # EC2 hands a terminated instance's private IP to the next launch in the subnet. The new instance's node
-    # may be placed where the old one's was (same leaf: the same value): it still has no entry yet.
-    controller = _cluster()
-    reconcile(controller.change(), controller.deps())
+def _replaced(controller: Controller, old: str, new: str) -> None:
+    """``old``'s instance terminated and ``new`` launched on its private address (EC2 hands a terminated
+    instance's IP to the next launch in the subnet): same node binding, same leaf, another instance id."""
     read = controller.facts.read
 
     def replaced(cluster: str):  # type: ignore[no-untyped-def]
         raw = read(cluster)
-        old, new = f"i-{1:017x}", f"i-{255:017x}"  # 10.0.0.0's instance terminated; its address reused by new
         for node in raw.nodes:
             node.InstanceId = new if node.InstanceId == old else node.InstanceId
         for topology in raw.instance_topology:
@@ -156,11 +148,99 @@ def test_a_new_instance_that_reuses_a_terminated_ones_address_gets_its_entry() -
         return raw
 
     controller.facts.read = replaced  # type: ignore[method-assign]
-    controller.facts.move(7, 0)  # and something else changes, so a plan is published
+
+
+@pytest.mark.parametrize("plan_changes", [True, False])
+def test_a_new_instance_that_reuses_a_terminated_ones_address_gets_its_entry(plan_changes: bool) -> None:
+    # The new instance's node is placed where the old one's was (same leaf: the same value): it still has no entry
+    # yet. Whether or not something else changes the plan, it gets one, and the old instance's entry goes.
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    old, new = f"i-{1:017x}", f"i-{255:017x}"
+    _replaced(controller, old, new)
+    if plan_changes:
+        controller.facts.move(7, 0)
     save_fields(controller.state, CLUSTER, {"pending": None})
     reconcile(controller.change(), controller.deps())
 
+    assert (CLUSTER, new) in controller.plans.registrations
+    assert (CLUSTER, old) not in controller.plans.registrations
+    assert controller.plans.registration_puts == 8 + 1 + int(plan_changes)  # the new one and instance 8's move
+
+
+def test_an_entry_already_current_is_not_put_again_by_a_later_reconcile() -> None:
+    # Every reconcile compares the cluster's running instances with what was published (the state table's record),
+    # not with the previous plan: an unchanged cluster reconciled again costs no PutObject.
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    for _ in range(2):
+        save_fields(controller.state, CLUSTER, {"pending": None})
+        reconcile(controller.change(), controller.deps())
+
+    assert controller.plans.registration_puts == 8
+    assert set(controller.state.published) == {(CLUSTER, f"i-{i:017x}") for i in range(1, 9)}
+
+
+def test_a_terminated_instances_entry_is_deleted() -> None:
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    controller.facts.nodes = 7  # i-...8 (10.0.0.7) terminated: its node's binding is not reset yet
+
+    save_fields(controller.state, CLUSTER, {"pending": None})
+    reconcile(controller.change(), controller.deps())
+
+    gone = (CLUSTER, f"i-{8:017x}")
+    assert gone not in controller.plans.registrations and gone not in controller.state.published
+    assert len(controller.plans.registrations) == 7
+
+
+def test_a_refused_delete_keeps_the_record_and_a_later_reconcile_deletes_the_entry() -> None:
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    controller.facts.nodes = 7
+    delete = controller.plans.delete_registrations
+
+    def refuse(cluster: str, instance_ids: object) -> None:
+        raise Retryable("SlowDown", code="SlowDown")
+
+    controller.plans.delete_registrations = refuse  # type: ignore[method-assign]
+    save_fields(controller.state, CLUSTER, {"pending": None})
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"  # the plan goes on
+    gone = (CLUSTER, f"i-{8:017x}")
+    assert gone in controller.plans.registrations and gone in controller.state.published
+
+    controller.plans.delete_registrations = delete  # type: ignore[method-assign]
+    save_fields(controller.state, CLUSTER, {"pending": None})
+    reconcile(controller.change(), controller.deps())
+    assert gone not in controller.plans.registrations and gone not in controller.state.published
+
+
+@pytest.mark.parametrize(
+    "since_write",
+    [
+        60,  # planned, then held back: the head node reconfigures for this change (it did last time)
+        2,  # held back before planning: not even a live write goes this soon after the last write
+    ],
+)
+def test_a_reconcile_held_back_by_the_write_interval_still_publishes_new_instances_entries(since_write: int) -> None:
+    # Entries cost slurmctld nothing: the write interval, which spaces slurmctld's reconfigures, holds back the
+    # plan's delivery, not the new instance's entry (its node may boot before the interval has passed).
+    controller = Controller(orchestrator="ec2", mode="enforce", min_write_interval_seconds=600)
+    save_fields(controller.state, CLUSTER, {"slurm_nodes": _table(BOUND), "slurm_version": "25.11"})
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"
+    state = controller.now_state()
+    controller.state.save(state.model_copy(update={"pending": None, "applied_sha256": state.desired_sha256}))
+    _replaced(controller, f"i-{1:017x}", f"i-{255:017x}")
+    controller.facts.move(7, 0)
+    save_fields(controller.state, CLUSTER, {"live_write_refused": "the head node reconfigured"})
+    controller.clock.advance(since_write)
+
+    report = reconcile(controller.change(), controller.deps())
+
+    assert (report.action, report.reason) == ("deferred", "minimum interval between writes")
+    assert len(controller.channel.delivered) == 1
     assert (CLUSTER, f"i-{255:017x}") in controller.plans.registrations
+    assert (CLUSTER, f"i-{1:017x}") not in controller.plans.registrations
 
 
 @pytest.mark.parametrize("error", [Retryable("SlowDown", code="SlowDown"), Permanent("denied", code="AccessDenied")])

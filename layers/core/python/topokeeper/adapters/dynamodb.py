@@ -7,6 +7,9 @@ Access patterns (item: pk / sk; who uses it):
 - audit history: ``CLUSTER#<name>`` / ``AUDIT#<completed-at>#<partition>#<id>``; newest first by Query.
 - audit marker: ``AUDITID#<id>`` / ``AUDITID``; each record once (one transaction with its history item).
 - event seen: ``EVENT#<event-id>`` / ``EVENT``; ingest drops redelivered events (1-day TTL).
+- registration entry published: ``CLUSTER#<name>`` / ``REGISTRATION#<instance-id>``; reconcile: Query by prefix
+  (which entries exist, their value's digest), one item per entry, deleted with the entry (no TTL: an entry
+  outlives neither its instance nor its record, so the items are as many as the cluster's running instances).
 - rate token: ``RATE#DescribeInstanceTopology`` / ``RATE``; one call per second across the account.
 
 Change fields (generation, triggers) are native attributes updated atomically by ingest; controller
@@ -22,7 +25,7 @@ import functools
 import gzip
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,6 +40,7 @@ from topokeeper.domain.models import SlurmNodeRecord
 STATE_SK = "STATE"
 EVENT_TTL = timedelta(days=1)
 NODE_FACTS_TTL = timedelta(days=30)
+REGISTRATION_SK = "REGISTRATION#"
 _CONTROLLER_FIELDS = frozenset(ClusterState.model_fields) - CHANGE_FIELDS - {"slurm_nodes"}
 NODE_TABLE_ATTRIBUTE = "slurm_nodes_gz"  # [[name, address, hostname, [partition, ...]], ...], JSON, gzipped
 
@@ -200,6 +204,41 @@ class DynamoStateStore:
             Item={"pk": {"S": f"EVENT#{event_id}"}, "sk": {"S": "EVENT"}, "expires_at": {"N": _epoch(now + EVENT_TTL)}},
         )
 
+    @aws_errors()
+    def registrations(self, cluster: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        request: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": {":pk": {"S": f"CLUSTER#{cluster}"}, ":prefix": {"S": REGISTRATION_SK}},
+            "ProjectionExpression": "sk, #d",
+            "ExpressionAttributeNames": {"#d": "digest"},
+        }
+        while True:
+            response = self._db.query(**request)
+            for item in response.get("Items", []):
+                found[item["sk"]["S"].removeprefix(REGISTRATION_SK)] = item["digest"]["S"]
+            if not response.get("LastEvaluatedKey"):
+                return found
+            request["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
+    @aws_errors()
+    def record_registrations(self, cluster: str, published: dict[str, str], deleted: Collection[str]) -> None:
+        pk = {"S": f"CLUSTER#{cluster}"}
+        requests: list[dict[str, Any]] = [
+            {"PutRequest": {"Item": {"pk": pk, "sk": {"S": REGISTRATION_SK + i}, "digest": {"S": digest}}}}
+            for i, digest in sorted(published.items())
+        ]
+        requests += [{"DeleteRequest": {"Key": {"pk": pk, "sk": {"S": REGISTRATION_SK + i}}}} for i in sorted(deleted)]
+        _batch_write(self._db, self._table, requests)
+
+
+def _batch_write(db: Any, table: str, requests: list[dict[str, Any]]) -> None:
+    for start in range(0, len(requests), 25):  # BatchWriteItem takes 25 requests
+        pending: dict[str, Any] = {table: requests[start : start + 25]}
+        while pending:
+            pending = db.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
+
 
 class DynamoNodeFactsCache:
     def __init__(self, dynamodb: Any, table: str) -> None:
@@ -237,10 +276,7 @@ class DynamoNodeFactsCache:
             }
             for instance_id, facts in sorted(items.items())
         ]
-        for start in range(0, len(requests), 25):  # BatchWriteItem takes 25 requests
-            pending: dict[str, Any] = {self._table: requests[start : start + 25]}
-            while pending:
-                pending = self._db.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
+        _batch_write(self._db, self._table, requests)
 
 
 class DynamoRateLimiter:

@@ -4,15 +4,19 @@ entries a booting node reads (``clusters/<cluster>/registration/<instance-id>.js
 
 from __future__ import annotations
 
+import contextvars
 import json
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from topokeeper.adapters.aws import aws_errors
 from topokeeper.wire import registration_key
 
 if TYPE_CHECKING:
     from topokeeper.render.bundle import Bundle
+
+T = TypeVar("T")
 
 
 def plan_prefix(cluster: str, sha256: str) -> str:
@@ -59,15 +63,24 @@ class S3PlanStore:
     @aws_errors()
     def put_registrations(self, cluster: str, entries: dict[str, str]) -> None:
         """One object per instance under the cluster's registration prefix (the bucket's default encryption, its
-        KMS key, applies as to plans); a few at once: a burst of booting nodes should not wait in line."""
+        KMS key, applies as to plans)."""
 
         def put(item: tuple[str, str]) -> None:
             instance, text = item
             key = registration_key(cluster, instance)
             self._s3.put_object(Bucket=self._bucket, Key=key, Body=text.encode(), ContentType="application/json")
 
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(entries)))) as pool:
-            list(pool.map(put, sorted(entries.items())))  # list(): the first failure raises here
+        _each(put, sorted(entries.items()))
+
+    @aws_errors()
+    def delete_registrations(self, cluster: str, instance_ids: Collection[str]) -> None:
+        """Delete the entries of instances that are gone (on a versioned bucket a delete marker: no longer readable
+        by the node policy's GetObject; the noncurrent version expires with the bucket's lifecycle)."""
+
+        def delete(instance: str) -> None:
+            self._s3.delete_object(Bucket=self._bucket, Key=registration_key(cluster, instance))
+
+        _each(delete, sorted(instance_ids))
 
     @aws_errors()
     def put_kueue(self, cluster: str, sha256: str, files: dict[str, str]) -> str:
@@ -88,6 +101,17 @@ class S3PlanStore:
 
     def _read(self, key: str) -> Any:
         return json.loads(self._s3.get_object(Bucket=self._bucket, Key=key)["Body"].read())
+
+
+def _each(call: Callable[[T], None], items: list[T]) -> None:
+    """``call`` for each item, a few at once: a burst of booting (or terminated) nodes should not wait in line. Each
+    runs in a copy of the caller's context: what the caller set holds in the workers too (the simulator's acting
+    role, whose IAM each request must pass as it does on AWS)."""
+    if not items:
+        return
+    context = contextvars.copy_context()
+    with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
+        list(pool.map(lambda item: context.copy().run(call, item), items))  # list(): the first failure raises here
 
 
 def _type(name: str) -> str:

@@ -8,7 +8,7 @@ Nothing here talks to AWS: this module imports only the pure core and pydantic.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -377,6 +377,15 @@ class StateStore(Protocol):
 
     def mark_seen(self, event_id: str, now: datetime) -> None: ...
 
+    def registrations(self, cluster: str) -> dict[str, str]:
+        """{instance id: digest of its entry's value} of the registration entries published and not yet deleted
+        (service/registration.py): one small record per entry, so a reconcile puts only what is missing or changed."""
+        ...
+
+    def record_registrations(self, cluster: str, published: dict[str, str], deleted: Collection[str]) -> None:
+        """Remember the entries just ``published`` ({instance id: value digest}) and forget the ``deleted``."""
+        ...
+
 
 class PlanStore(Protocol):
     def put(self, cluster: str, bundle: Bundle, plan_document: str) -> str: ...
@@ -387,6 +396,8 @@ class PlanStore(Protocol):
 
     # Registration entries, {instance id: entry JSON text} (service/registration.py; keys: wire.registration_key).
     def put_registrations(self, cluster: str, entries: dict[str, str]) -> None: ...
+
+    def delete_registrations(self, cluster: str, instance_ids: Collection[str]) -> None: ...
 
 
 class NodeFactsCache(Protocol):

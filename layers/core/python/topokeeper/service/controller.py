@@ -22,6 +22,7 @@ from topokeeper.service.reconcile import (
     Verdict,
     decide,
     deferred_report,
+    publish_entries,
 )
 from topokeeper.service.state import queue_next_cycle, save_fields
 
@@ -37,6 +38,7 @@ def reconcile(request: ReconcileRequest, deps: ControllerDeps) -> ReconcileRepor
     verdict = decide(state, request, deps.clock.now(), deps.settings)
     live = verdict.live_write_in if writes_live(cluster.orchestrator) else None
     if live:  # back when a live write may go: the plan then tells whether this is one
+        publish_entries(deps, cluster, state)
         return deferred_report(
             cluster.name, request, replace(verdict, defer_seconds=min(live, verdict.defer_seconds or live))
         )

@@ -51,12 +51,13 @@ from topokeeper.contract.ports import (
     StateStore,
     Trigger,
     WorkQueue,
+    log,
 )
 from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances, with_node_table
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.service.live_writes import live_update_problem
-from topokeeper.service.registration import publish_registrations, registers
+from topokeeper.service.registration import may_register, publish_registrations, registers
 from topokeeper.service.result import observed_fields
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
 from topokeeper.service.state import (
@@ -346,6 +347,21 @@ def held_back(
     return verdict if live_update_problem(previous, rendered.bundle, state.slurm_version) else None
 
 
+def publish_entries(deps: ControllerDeps, cluster: ClusterConfig, state: ClusterState) -> None:
+    """The registration entries alone, for a reconcile the write interval defers before it plans: they cost
+    slurmctld nothing, and a new instance's node may boot meanwhile. Facts are read only where entries may be
+    published; a failure leaves them to the reconcile that follows (the message is deferred all the same)."""
+    if not may_register(cluster, state):
+        return
+    try:
+        raw = deps.facts(cluster).read(cluster.name)
+        rendered = plan_facts(cluster, state, raw)
+    except TopokeeperError as error:
+        log.warning("registration entries of %s not published before the write interval: %s", cluster.name, error)
+        return
+    publish_registrations(cluster, state, raw, rendered, plans=deps.plans, ledger=deps.state)
+
+
 def reconcile_slurm(
     cluster: ClusterConfig, state: ClusterState, request: ReconcileRequest, deps: ControllerDeps, verdict: Verdict
 ) -> ReconcileReport:
@@ -358,10 +374,12 @@ def reconcile_slurm(
     incomplete = early_but_incomplete(verdict, missing_topology(rendered), deps.clock.now() - now)
     # The wait spares a second reconfigure for the nodes EC2 reports later: a live write need not.
     if incomplete is not None and held_back(deps, cluster, state, incomplete, rendered) is not None:
+        publish_registrations(cluster, state, raw, rendered, plans=deps.plans, ledger=deps.state)  # not write-paced
         return deferred_report(cluster.name, request, incomplete)
     # What the read learned is saved with this reconcile's fields (the claim too), conditional on the state read.
     learned, rendered, awaiting_table = read_node_table(deps, cluster, state, raw, rendered)
     state = state.model_copy(update=learned)
+    publish_registrations(cluster, state, raw, rendered, plans=deps.plans, ledger=deps.state)  # not write-paced
     if not awaiting_table and (paced := held_back(deps, cluster, state, verdict, rendered)) is not None:
         if learned:
             save_fields(deps.state, cluster.name, learned)
@@ -369,7 +387,6 @@ def reconcile_slurm(
     count_coalesced(deps, cluster.name, state)
     if rendered.sha256 != state.desired_sha256:  # plans are content-addressed: one put per new plan
         deps.plans.put(cluster.name, rendered.bundle, rendered.files()["plan.json"])
-        publish_registrations(deps.plans, cluster, state, raw, rendered)
     missing = missing_topology(rendered)
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing)
 

@@ -3,20 +3,26 @@ for the node's start action to hand to slurmd (``slurmd --conf "topology=..."``,
 the node the moment it registers, before the head node's files or ``scontrol update`` reach it.
 
 The value comes from the plan being published (the same planner output the head node writes), so a node
-placed at registration is where the plan says. Entries are bound to the cluster and instance, not signed: a
+placed at registration is where the plan says. Every reconcile brings the entries to its plan, before the write
+pacing (an entry costs slurmctld nothing) and whether or not the plan changed: the state table records, per
+instance id, a digest of the value published, so an entry is put only when missing or changed (a new instance on a
+terminated one's address and leaf included), and an instance EC2 no longer lists has its entry and record deleted
+(not left to a lifecycle rule, which expires by age, not by termination: a day at the soonest, and a running
+instance's entry with the rest). Entries are bound to the cluster and instance, not signed: a
 forged one can only place one node (its characters are Slurm names only), which verify reports and the
 update path moves back; signing would cost a KMS Sign per node and the node would need the stack's public key.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from topokeeper.contract.config import ClusterConfig, Mode, Orchestrator
 from topokeeper.contract.errors import TopokeeperError
-from topokeeper.contract.ports import ClusterState, PlanStore, log
-from topokeeper.domain.models import PRESENT_STATUSES, SlurmFormat
+from topokeeper.contract.ports import ClusterState, PlanStore, StateStore, log
+from topokeeper.domain.models import PRESENT_STATUSES, SlurmFormat, SlurmVersion
 from topokeeper.service.state import cluster_mode
 from topokeeper.wire import REGISTRATION_SERIES, Registration, RegistrationError, registration_text
 
@@ -73,40 +79,83 @@ def instance_values(bundle: Bundle, raw: AwsSnapshot) -> dict[str, str]:
 def registers(cluster: ClusterConfig, state: ClusterState, rendered: RenderedPlan) -> bool:
     """Entries only for ParallelCluster clusters topokeeper writes (never in verify mode: a node placed at
     registration is a write), on the Slurm series whose slurmctld places a resumed node as its slurmd says (25.11)."""
-    version = rendered.plan.slurm_version
+    return _registering(cluster, state, rendered.plan.slurm_version, rendered.plan.slurm_format)
+
+
+def may_register(cluster: ClusterConfig, state: ClusterState) -> bool:
+    """``registers`` before planning: with the version a plan would take (the head node's, else the configured)."""
+    text = state.slurm_version or cluster.slurm_version
+    version = None if text is None else SlurmVersion.parse(text)
+    return version is not None and _registering(cluster, state, version, version.format)
+
+
+def _registering(cluster: ClusterConfig, state: ClusterState, version: SlurmVersion, slurm_format: SlurmFormat) -> bool:
     return (
         cluster.orchestrator is Orchestrator.EC2
         and cluster_mode(cluster, state) is Mode.ENFORCE
-        and rendered.plan.slurm_format is SlurmFormat.YAML
+        and slurm_format is SlurmFormat.YAML
         and (version.major, version.minor) in REGISTRATION_SERIES
     )
 
 
+def value_digest(value: str) -> str:
+    """What the state table records of a published entry: enough to tell that its value changed."""
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
 def publish_registrations(
-    plans: PlanStore, cluster: ClusterConfig, state: ClusterState, raw: AwsSnapshot, rendered: RenderedPlan
+    cluster: ClusterConfig,
+    state: ClusterState,
+    raw: AwsSnapshot,
+    rendered: RenderedPlan,
+    *,
+    plans: PlanStore,
+    ledger: StateStore,
 ) -> int:
-    """Publish the entries that are new or changed since the plan ``state`` last published; returns how many."""
+    """Bring the cluster's entries to ``rendered``, whether or not the plan changed: put each running instance's entry
+    that was never published or whose value changed (``ledger`` records what was: keyed by instance id, so an
+    instance reusing a terminated one's address still gets its own), and delete the entries of instances no longer
+    present (so none stays readable for ever). Returns how many were put. Reconcile calls it before the write
+    pacing: an entry costs slurmctld nothing, and its node may boot before ``min_write_interval`` has passed."""
     if not registers(cluster, state, rendered):
         return 0
+    try:
+        published = ledger.registrations(cluster.name)
+    except TopokeeperError as error:  # entries only spare a wait: the plan goes on, the update route places
+        log.warning("registration entries of %s not published: %s", cluster.name, error)
+        return 0
     values = instance_values(rendered.bundle, raw)
-    if state.desired_sha256 is not None and values:
-        try:
-            before = instance_values(plans.bundle(cluster.name, state.desired_sha256), raw)
-        except TopokeeperError:  # the previous plan cannot be read: publish every entry again (idempotent)
-            before = {}
-        values = {instance: value for instance, value in values.items() if before.get(instance) != value}
     entries: dict[str, str] = {}
     for instance, value in sorted(values.items()):
+        if published.get(instance) == value_digest(value):
+            continue
         try:
             entries[instance] = registration_text(
                 Registration(cluster.name, instance, value, state.generation, rendered.sha256)
             )
         except RegistrationError as error:  # refused at the source too: the node's slurmd never sees it
             log.warning("registration entry for %s not published: %s", instance, error)
-    if entries:
-        try:
-            plans.put_registrations(cluster.name, entries)
-        except TopokeeperError as error:  # entries only spare a wait: the plan goes on, the update route places
-            log.warning("registration entries of %s not published: %s", cluster.name, error)
-            return 0
+    # Only an instance EC2 no longer lists loses its entry: one present but unplaced for now (its node table row
+    # not read yet, its topology not reported) keeps it, and gets a new one when its value changes.
+    present = {node.InstanceId for node in raw.nodes if node.InstanceStatus.Status in PRESENT_STATUSES}
+    _delete(plans, ledger, cluster.name, sorted(set(published) - present))
+    if not entries:
+        return 0
+    try:
+        plans.put_registrations(cluster.name, entries)
+        ledger.record_registrations(cluster.name, {i: value_digest(values[i]) for i in entries}, ())
+    except TopokeeperError as error:  # not recorded: the next reconcile puts them again (idempotent)
+        log.warning("registration entries of %s not published: %s", cluster.name, error)
+        return 0
     return len(entries)
+
+
+def _delete(plans: PlanStore, ledger: StateStore, cluster: str, gone: list[str]) -> None:
+    """Delete the entries of instances that are gone, and their records (a failure: the next reconcile again)."""
+    if not gone:
+        return
+    try:
+        plans.delete_registrations(cluster, gone)
+        ledger.record_registrations(cluster, {}, gone)
+    except TopokeeperError as error:
+        log.warning("registration entries of %s not deleted: %s", cluster, error)
