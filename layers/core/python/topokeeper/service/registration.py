@@ -10,7 +10,7 @@ update path moves back; signing would cost a KMS Sign per node and the node woul
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from topokeeper.contract.config import ClusterConfig, Mode, Orchestrator
@@ -18,7 +18,13 @@ from topokeeper.contract.errors import TopokeeperError
 from topokeeper.contract.ports import ClusterState, PlanStore, log
 from topokeeper.domain.models import PRESENT_STATUSES, SlurmFormat
 from topokeeper.service.state import cluster_mode
-from topokeeper.wire import REGISTRATION_SERIES, Registration, RegistrationError, registration_text
+from topokeeper.wire import (
+    REGISTRATION_SERIES,
+    Registration,
+    RegistrationError,
+    check_topology_value,
+    registration_text,
+)
 
 if TYPE_CHECKING:
     from topokeeper.engine.snapshot import AwsSnapshot
@@ -110,3 +116,27 @@ def publish_registrations(
             log.warning("registration entries of %s not published: %s", cluster.name, error)
             return 0
     return len(entries)
+
+
+def registering_nodes(
+    cluster: ClusterConfig, state: ClusterState, raw: AwsSnapshot, rendered: RenderedPlan
+) -> list[str]:
+    """The nodes of ``rendered`` whose instance has an entry (sorted): what a delivered bundle lists as
+    ``registering``, so the head node leaves those not registered yet to their slurmd (wire.REGISTERING_KEY)."""
+    if not registers(cluster, state, rendered):
+        return []
+    node_of = {address: node for node, address in (rendered.bundle.bindings or {}).items()}
+    by_instance = {instance.InstanceId: instance.PrivatePrimaryIp or "" for instance in raw.nodes}
+    nodes: list[str] = []
+    for instance, value in instance_values(rendered.bundle, raw).items():
+        try:
+            check_topology_value(value)
+        except RegistrationError:
+            continue  # never published (publish_registrations logs it): the update route places it
+        nodes.append(node_of[by_instance[instance]])
+    return sorted(nodes)
+
+
+def with_registering(bundle: Bundle, nodes: Sequence[str]) -> Bundle:
+    """``bundle`` as delivered: listing ``nodes`` as registering (signed with the rest); as is when none."""
+    return bundle.model_copy(update={"registering": sorted(nodes)}) if nodes else bundle
