@@ -34,7 +34,7 @@ from bench.latency import _seconds
 from bench.performance_doc import ROOT, machine, write_section
 from topokeeper.sim.booting_nodes import Boot
 from topokeeper.sim.latency import percentile
-from topokeeper.sim.scenario import load_scenario
+from topokeeper.sim.scenario import Scenario, load_scenario
 from topokeeper.sim.simulator import play
 from topokeeper.sim.world import running
 
@@ -83,8 +83,22 @@ def _summary(values: list[float | None]) -> dict[str, Any]:
     }
 
 
-def measure() -> dict[str, Any]:
+def scenario_with(dynamic: int | None) -> Scenario:
+    """The story, or the same with ``dynamic`` nodes powered up over the same 5 minutes (16 more stay down)."""
     scenario = load_scenario(SCENARIO)
+    if dynamic is None:
+        return scenario
+    document = scenario.model_dump(mode="json")
+    group = next(g for g in document["cluster"]["instance_groups"] if g.get("dynamic"))
+    group["dynamic"] = dynamic + 16
+    for step in document["steps"]:
+        if step.get("scale"):
+            step["scale"]["to"] = group["count"] + dynamic
+    return Scenario.model_validate(document)
+
+
+def measure(dynamic: int | None = None) -> dict[str, Any]:
+    scenario = scenario_with(dynamic)
     started = time.monotonic()
     with running(scenario, head_node="chroot") as world:
         result = play(world, scenario, lambda _: None)
@@ -106,7 +120,7 @@ def measure() -> dict[str, Any]:
         return None if seconds is None else boot.resumed_at + seconds
 
     return {
-        "scenario": SCENARIO.name,
+        "scenario": SCENARIO.name + ("" if dynamic is None else f" with {dynamic} dynamic nodes powered up"),
         "head_node": result.head_node,
         "booted": len(boots),
         "with_entry": len(with_entry),
@@ -189,12 +203,13 @@ def main() -> None:
     parser.add_argument("--no-doc", action="store_true", help="print, but do not write docs/performance.md")
     parser.add_argument("--out", type=Path, default=OUT, help="where the run's record goes (JSON)")
     parser.add_argument("--records", type=Path, help="render this record instead of running")
+    parser.add_argument("--dynamic", type=int, help="power up this many dynamic nodes instead of 600")
     args = parser.parse_args()
     if args.records:
         print(f"wrote {write_section('registration', section(json.loads(args.records.read_text())))}")
         return
     logging.disable(logging.CRITICAL)
-    entry = measure()
+    entry = measure(args.dynamic)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(entry, indent=2) + "\n")
     print(json.dumps(entry))
