@@ -117,6 +117,8 @@ bench: install install-system
 	$(BIN)/python -m bench.latency
 	# Incremental (live node updates) against whole-file applies on the real slurmctld, with a probe of its RPCs.
 	$(BIN)/python -m bench.incremental
+	# ParallelCluster's 25.11: 600 dynamic nodes, a real slurmd each, placed as they register (issue 32).
+	$(BIN)/python -m bench.registration
 	# The simulator's own speed: the 1,000-node rolling scale-up make test plays (goal: under 20 s).
 	$(BIN)/python -m bench.simulate_scale
 	# Handler cold imports in Python 3.14, layer sizes, the applier's CPU and memory at 20,000 nodes.

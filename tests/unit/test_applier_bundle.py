@@ -90,6 +90,8 @@ def _rename_partition(document: dict[str, Any]) -> dict[str, Any]:
         (_set("partitions/ml-p5", "tree x"), "bundle.partitions.ml-p5: not a safe Slurm name"),
         # nodes are not in plan_sha256, so the name check alone has to catch them
         (_set("nodes", lambda n: [*n, "ip-$(reboot)"], rehash=False), "bundle.nodes: not a safe Slurm name"),
+        # registering is not in plan_sha256 either (the signature covers it)
+        (_set("registering", ["p5-001", "x;reboot"], rehash=False), "bundle.registering: not a safe Slurm name"),
         (
             _set("topologies/tree-ml-p5/root/switches", ["a=b"], rehash=False),
             "bundle.topologies.tree-ml-p5.root.switches: not a safe",

@@ -2,9 +2,9 @@
 ``parallelcluster-registration.yaml``): the backend publishes each instance's registration entry, the node-side
 step reads it when the instance has booted and starts slurmd with it (``topokeeper.sim.booting_nodes``).
 
-On 25.11 a node whose slurmd registered with its entry before the head node's apply reached it is placed by
-slurmctld as it registers, and the audit record says ``registration`` for exactly those nodes; a node whose
-slurmd started after the apply had placed it (the race) is the apply's. On 26.05 the same nodes register
+On 25.11 the head node's apply, which usually arrives before the nodes' slurmd start, leaves each powering-up
+node with an entry to its slurmd (the bundle lists them as registering): slurmctld places every one as it
+registers, and the audit record says ``registration`` for them. On 26.05 the same nodes register
 unplaced and the head node's apply places every one of them.
 """
 
@@ -44,22 +44,19 @@ def _play(version: str) -> tuple[list[Boot], dict[str, set[str]], bool]:
 
 def test_on_25_11_nodes_registering_with_their_entry_are_placed_by_registration(slurm2511_root: Path) -> None:
     boots, routes, converged = _play("25.11")
-    assert len(boots) == 8
+    assert len(boots) == 7
     assert all(boot.entry is not None for boot in boots), [b.entry_error for b in boots]
-    registered = {boot.node for boot in boots if boot.placed_at_registration}
-    assert registered, "no node was placed at registration"
-    assert routes.get("registration", set()) == registered
-    # The race: a node whose slurmd started after the head node's apply had placed it is the apply's.
-    first = {boot.node for boot in boots if boot.placed_by_head_node_first}
-    assert first == {boot.node for boot in boots} - registered
-    assert first <= set().union(*(routes.get(route, set()) for route in APPLY_ROUTES))
+    # The apply that arrives first leaves each powering-up node with an entry to its slurmd: every one is placed
+    # as it registers, none by the head node before.
+    assert [boot.node for boot in boots if not boot.placed_at_registration] == []
+    assert routes.get("registration", set()) == {boot.node for boot in boots}
     assert all(boot.leaf_after_registration == boot.entry_leaf for boot in boots)
     assert converged
 
 
 def test_on_26_05_nodes_register_unplaced_and_the_head_node_places_them(sid_slurmd_root: Path) -> None:
     boots, routes, converged = _play("26.05")
-    assert len(boots) == 8
+    assert len(boots) == 7
     # No entries on 26.05 (its slurmctld ignores a resumed node's slurmd-supplied topology: see
     # test_registration_on_slurmd.py): node-start waits its bound and slurmd starts without one.
     assert all(boot.entry is None for boot in boots)

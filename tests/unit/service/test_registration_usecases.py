@@ -255,6 +255,9 @@ def test_entries_that_s3_refuses_do_not_hold_back_the_plan(error: Exception) -> 
     controller.plans.put_registrations = refuse  # type: ignore[method-assign]
 
     assert reconcile(controller.change(), controller.deps()).action == "delivered"
+    # No entry to wait for: the head node places those nodes at once rather than after the registration wait.
+    (bundle,) = controller.channel.delivered
+    assert bundle.registering is None
 
 
 def test_an_address_two_nodes_are_bound_to_gets_no_entry() -> None:
@@ -268,3 +271,39 @@ def test_an_address_two_nodes_are_bound_to_gets_no_entry() -> None:
 
     assert (CLUSTER, f"i-{1:017x}") not in controller.plans.registrations
     assert len(controller.plans.registrations) == 7
+
+
+@pytest.mark.parametrize("version", ["25.11", "25.05"])
+def test_the_delivered_bundle_lists_the_nodes_with_entries_as_registering(version: str) -> None:
+    controller = _cluster(version)
+
+    reconcile(controller.change(), controller.deps())
+
+    (bundle,) = controller.channel.delivered
+    if version != "25.11":  # no entries: the key is absent, the bundle's bytes as before
+        assert bundle.registering is None and "registering" not in bundle.document()
+        return
+    node_of = {address: node for node, address in BOUND.items()}
+    with_entries = sorted(
+        node_of[f"10.0.0.{int(instance[2:], 16) - 1}"] for _, instance in controller.plans.registrations
+    )
+    assert bundle.registering == with_entries and bundle.document()["registering"] == with_entries
+    assert "q1-dy-p5-5" not in with_entries  # powered down, no instance: no entry, placed by the apply
+
+
+def test_nodes_the_head_node_left_to_registration_are_named_registration_in_the_audit_record() -> None:
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    pending = controller.now_state().pending
+    assert pending is not None
+    controller.ssm_results[pending.handle.reference] = ApplyResult(
+        outcome=Outcome.APPLIED,
+        applier_version="1.0.0",
+        apply_path="incremental",
+        nodes_left_to_registration=[REGISTERED],
+    )
+
+    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+
+    (record,) = controller.audit.records.values()
+    assert record.placed_by == {"registration": [REGISTERED], "update": OTHERS}

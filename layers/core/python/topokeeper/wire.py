@@ -501,6 +501,14 @@ REGISTRATION_SCHEMA = "topokeeper.registration/1"
 # 25.11): 26.05 ignores a resumed node's slurmd-supplied fields (boot_time <= last_response), so no entry there.
 REGISTRATION_SERIES = ((25, 11),)
 MAX_REGISTRATION_BYTES = 16 * 1024
+# A delivered bundle's "registering" lists the nodes whose instance has an entry. The head node leaves such a node
+# to its slurmd while slurmctld has it powering up or powered down (not registered yet): it writes the files, runs
+# no `scontrol update` for it, and records when; from that first apply, for at most REGISTRATION_WAIT_SECONDS
+# (node-start's 60 s wait for its entry, slurmd's start and registration, and the instance's boot up to its
+# OnNodeStart action, ~3 min), after which the next apply places it and verify reads it as drift.
+REGISTERING_KEY = "registering"
+REGISTRATION_WAIT_SECONDS = 300.0
+UNREGISTERED_FLAGS = ("POWERING_UP", "POWERED_DOWN")
 MAX_TOPOLOGY_VALUE_CHARS = 4096
 # Only what Slurm allows in topology, switch and block names (domain/names.py's charset, 64 characters): the
 # value ends up in a systemd unit and on slurmd's command line, so nothing else passes, at the source or the node.

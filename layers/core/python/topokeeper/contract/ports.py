@@ -103,6 +103,8 @@ class ApplyResult(BaseModel):
     powered_down: list[str] = Field(default_factory=empty_list)  # planned nodes that powered down since: written anyway
     # Nodes the apply would place that slurmctld already served there (placed at registration): not updated.
     nodes_placed_before: list[str] = Field(default_factory=empty_list)
+    # Registering nodes not registered yet that the apply left to their slurmd (no scontrol update), for a while.
+    nodes_left_to_registration: list[str] = Field(default_factory=empty_list)
     # Planned nodes bound to another NodeAddr now, [NodeName, planned, live]: left where they were, every other
     # node applied (headnode/deferral.py); dropped.deferred counts a cut
     deferred: list[list[str]] = Field(default_factory=empty_list)

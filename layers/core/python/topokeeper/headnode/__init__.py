@@ -35,8 +35,9 @@ managed_by ("parallelcluster" when the live topology.conf carries ParallelCluste
 powered_down (planned nodes whose binding no longer holds because they powered down, see below), deferred
 ([[NodeName, planned NodeAddr, live NodeAddr], ...]: nodes re-bound since the plan, left where they were),
 nodes_placed_before (nodes the apply would place that slurmctld already served there, placed at registration:
-not updated) and full_result (null, or where the whole document went when stdout could not carry it: {key, bytes,
-sha256, error}).
+not updated), nodes_left_to_registration (nodes the bundle lists as registering that slurmctld had not registered:
+left to their slurmd, no update, for a while; see headnode/registered.py) and full_result (null, or where the
+whole document went when stdout could not carry it: {key, bytes, sha256, error}).
 
 Choices the callers can rely on:
 

@@ -18,6 +18,7 @@ from topokeeper.headnode.failures import BadSignature, Refused
 from topokeeper.wire import (
     BUNDLE_SCHEMA,
     CONF_FORMAT,
+    REGISTERING_KEY,
     SIGNATURE_ALGORITHM,
     YAML_FORMAT,
     bindings_sha256,
@@ -47,7 +48,7 @@ _BUNDLE_KEYS = frozenset(
     ]
 )
 _SIGNING_KEYS = frozenset(["generation", "purpose", "signature"])  # a signed bundle has all three, else none
-_OPTIONAL_KEYS = frozenset(["bindings", "bindings_sha256", "replace_managed"])
+_OPTIONAL_KEYS = frozenset(["bindings", "bindings_sha256", "replace_managed", REGISTERING_KEY])
 
 
 class ExpectedUnit(NamedTuple):
@@ -73,6 +74,7 @@ class Bundle(NamedTuple):
     signature: Optional[Dict[str, Any]] = None
     signed_bytes: bytes = b""  # what the signature covers: the document without "signature", canonical
     replace_managed: Optional[str] = None  # a managed_by value whose topology file an apply may replace
+    registering: Tuple[str, ...] = ()  # nodes whose instance has a registration entry (wire.REGISTERING_KEY)
 
 
 def _no_duplicate_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
@@ -226,6 +228,7 @@ def parse_bundle(text: str) -> Bundle:
         bindings=bindings,
         cluster_name=document["cluster_name"],
         replace_managed=replace_managed,
+        registering=tuple(_safe_names(document.get(REGISTERING_KEY, []), "bundle.%s" % REGISTERING_KEY)),
         **signing,
     )
 

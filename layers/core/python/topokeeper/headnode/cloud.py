@@ -16,7 +16,7 @@ from topokeeper.headnode.bundle import Bundle, ExpectedUnit
 from topokeeper.headnode.grouping import moved_nodes
 from topokeeper.headnode.incremental import update_live
 from topokeeper.headnode.scontrol import LiveTopologies, LiveTopology, Scontrol
-from topokeeper.wire import compress, parse_topology_yaml, placements_by_node
+from topokeeper.wire import UNREGISTERED_FLAGS, compress, parse_topology_yaml, placements_by_node
 
 _FIELDS = re.compile(r"(?:^|\s)(NodeName|State|Topology)=(\S*)")
 POWERED_OFF = ("POWERED_DOWN", "POWERING_DOWN")  # Slurm resets these to their configured topology
@@ -35,6 +35,19 @@ def cloud_nodes(show_nodes: str) -> Dict[str, Tuple[bool, Optional[str]]]:
             powered_up = not any(flag in POWERED_OFF for flag in flags)
             found[fields["NodeName"]] = (powered_up, fields.get("Topology"))
     return found
+
+
+def unregistered(show_nodes: str) -> FrozenSet[str]:
+    """The CLOUD nodes whose slurmd has not registered since slurmctld resumed them, or that are powered down."""
+    found = set()
+    for line in show_nodes.splitlines():
+        fields: Dict[str, str] = {}
+        for key, value in _FIELDS.findall(line):
+            fields.setdefault(key, value)  # the node's own, before any free text
+        flags = fields.get("State", "").split("+")
+        if fields.get("NodeName") and "CLOUD" in flags and any(flag in UNREGISTERED_FLAGS for flag in flags):
+            found.add(fields["NodeName"])
+    return frozenset(found)
 
 
 def _same(live: str, planned: str) -> bool:
@@ -83,6 +96,21 @@ def _without(units: Mapping[str, Any], nodes: FrozenSet[str]) -> Dict[str, Any]:
         if members and not left:
             continue
         kept[name] = unit._replace(nodes=left) if planned else dict(unit, nodes=left)
+    gone = set(units) - set(kept)
+    while gone:  # a leaf that held only them went: so does it from its switch, and a switch left with nothing
+        emptied = set()
+        for name, unit in kept.items():
+            planned = isinstance(unit, ExpectedUnit)
+            children = list(unit.switches if planned else unit.get("switches") or [])
+            if not set(children) & gone:
+                continue
+            children = [child for child in children if child not in gone]
+            kept[name] = unit._replace(switches=children) if planned else dict(unit, switches=children)
+            if not children and not (unit.nodes if planned else unit.get("nodes")):
+                emptied.add(name)
+        for name in emptied:
+            del kept[name]
+        gone = emptied
     return kept
 
 
@@ -120,6 +148,11 @@ def set_aside_powered_down(
             aside[name] = sorted(off & down)
     if not aside:
         return bundle, topologies, {}
-    nodes = frozenset(node for names in aside.values() for node in names)
+    bundle, topologies = without_nodes(bundle, topologies, frozenset(n for names in aside.values() for n in names))
+    return bundle, topologies, aside
+
+
+def without_nodes(bundle: Bundle, topologies: LiveTopologies, nodes: FrozenSet[str]) -> Tuple[Bundle, LiveTopologies]:
+    """(bundle, live topologies) as if ``nodes`` were in none of their topologies: compared without them."""
     stripped = {name: _without(units, nodes) for name, units in bundle.topologies.items()}
-    return bundle._replace(topologies=stripped), WithoutNodes(topologies, nodes), aside
+    return bundle._replace(topologies=stripped), WithoutNodes(topologies, nodes)

@@ -9,6 +9,7 @@ from typing import (
     Any,
     Callable,
     Dict,
+    FrozenSet,
     Iterator,
     List,
     Mapping,
@@ -19,7 +20,7 @@ from typing import (
 )
 
 from topokeeper.headnode.bundle import Bundle, parse_bundle
-from topokeeper.headnode.cloud import place_cloud_nodes, set_aside_powered_down
+from topokeeper.headnode.cloud import place_cloud_nodes, set_aside_powered_down, without_nodes
 from topokeeper.headnode.config_dir import (
     BACKUP_DIR,
     BACKUP_NAME,
@@ -54,7 +55,16 @@ from topokeeper.headnode.grouping import grouping_drift, read_back, with_kinds
 from topokeeper.headnode.incremental import update_live
 from topokeeper.headnode.output import new_result
 from topokeeper.headnode.proof import prove, refused_message
-from topokeeper.headnode.registered import placed_before
+from topokeeper.headnode.registered import (
+    REGISTRATION_FILE,
+    Waiting,
+    placed_before,
+    read_record,
+    read_record_in,
+    still_left,
+    waiting,
+    write_record,
+)
 from topokeeper.headnode.scontrol import (
     LiveTopologies,
     Scontrol,
@@ -84,6 +94,7 @@ from topokeeper.wire import (
     CONF_FORMAT,
     MIN_RECONFIGURE_SECONDS,
     RECONFIGURE_TIMEOUT,
+    REGISTRATION_SERIES,
     YAML_FORMAT,
     compress,
     eligibility,
@@ -101,15 +112,20 @@ def _record_drift(
     scontrol: Scontrol,
     bundle: Bundle,
     disk_entries: Sequence[Dict[str, str]] = (),
+    *,
     set_aside: bool = True,
+    left: FrozenSet[str] = frozenset(),
 ) -> None:
     """Compare what is live with the bundle, by name and by grouping, into readback, drift and grouping_drift.
 
     Grouping entries come first: they are what matters on a cluster whose topology HyperPod writes, and
     what a cut list keeps. ``set_aside``: powered-down CLOUD nodes off the plan are not drift (cloud.py), while
     the files on disk are the plan's; where they differ (``disk_entries``), a live difference may be theirs.
+    ``left``: nodes left to registration within their wait (registered.py), compared without them.
     """
     topologies: LiveTopologies = LiveTopologies(scontrol)
+    if left:
+        bundle, topologies = without_nodes(bundle, topologies, left)
     aside: Dict[str, List[str]] = {}
     if set_aside and not disk_entries and bundle.slurm_format == YAML_FORMAT:  # dynamic topology: Slurm >= 25.05
         show_nodes = scontrol.output("-o", "--future", "show", "nodes")
@@ -143,7 +159,12 @@ def dry_run(result: Dict[str, Any], conf: SlurmConf, bundle: Bundle) -> None:
 
 
 def verify(result: Dict[str, Any], conf: SlurmConf, bundle: Bundle, scontrol: Scontrol) -> None:
-    _record_drift(result, scontrol, bundle, disk_drift(conf, bundle, read_disk_state(conf, bundle)))
+    left: FrozenSet[str] = frozenset()
+    record = read_record_in(os.path.realpath(conf.directory)) if bundle.slurm_format == YAML_FORMAT else {}
+    if record:  # nodes an apply left to registration, still within their wait: not drift yet
+        left = still_left(record, scontrol.output("-o", "--future", "show", "nodes"), time.time())
+        result["nodes_left_to_registration"] = sorted(left)
+    _record_drift(result, scontrol, bundle, disk_drift(conf, bundle, read_disk_state(conf, bundle)), left=left)
     result["outcome"] = "drift" if result["drift"] else "in_sync"
 
 
@@ -153,7 +174,8 @@ def transaction_for(conf: SlurmConf, context: Context) -> Iterator[Transaction]:
     try:
         backup_fd = open_backup_root(config)
         try:
-            remove_own_temps(backup_fd, (JOURNAL, GENERATION_FILE))  # what a kill left; the lock is held
+            # What a kill left; the lock is held.
+            remove_own_temps(backup_fd, (JOURNAL, GENERATION_FILE, REGISTRATION_FILE))
             log_path = conf.last_value("SlurmctldLogFile")
             yield Transaction(config, backup_fd, context, log_path)
         finally:
@@ -298,8 +320,34 @@ def _note_placed_before(result: Dict[str, Any], bundle: Bundle, changes: Sequenc
     result["nodes_placed_before"] = found
 
 
+def _leave_to_registration(result: Dict[str, Any], bundle: Bundle, transaction: Transaction) -> Waiting:
+    """Before anything changes: the registering nodes this apply leaves to their slurmd, and batches for the
+    recorded ones it places now (registered.py); the record rewritten when it changes."""
+    record = read_record(transaction.backup_fd) if bundle.slurm_format == YAML_FORMAT else {}
+    if slurm_version(result["slurm_version"])[:2] not in REGISTRATION_SERIES:
+        bundle = bundle._replace(registering=())  # no slurmctld there places a resumed node at registration
+    if not record and not bundle.registering:
+        return Waiting({}, [])
+    try:
+        show_nodes = transaction.scontrol.output("-o", "--future", "show", "nodes")
+        found = waiting(bundle, record, show_nodes, LiveTopologies(transaction.scontrol), time.time())
+    except Failed:  # a slow read: nothing is left to registration, this apply places every node
+        return Waiting({}, [])
+    if found.left != record:
+        try:
+            write_record(transaction.backup_fd, found.left, transaction.faults)
+        except OSError:  # unrecorded, verify would read them as drift: placed now instead
+            return Waiting({}, found.overdue)
+    result["nodes_left_to_registration"] = sorted(found.left)
+    return found
+
+
 def _incremental(
-    result: Dict[str, Any], bundle: Bundle, changes: Sequence[Change], context: Context
+    result: Dict[str, Any],
+    bundle: Bundle,
+    changes: Sequence[Change],
+    context: Context,
+    wait: Optional[Waiting] = None,
 ) -> Optional[Callable[[], bool]]:
     """What brings slurmctld to the new files by live node updates, then reads back as verify does; None (and
     result["whole_file_reason"]) when only a reconfigure can."""
@@ -318,13 +366,17 @@ def _incremental(
     if batches is None:
         result["whole_file_reason"] = why
         return None
-    planned = _without(batches, set(result["nodes_placed_before"]))
+    wait = wait or Waiting({}, [])
+    planned = _without(batches, set(result["nodes_placed_before"]) | set(wait.left))
+    planned += _without(wait.overdue, {node for hostlist, _ in batches for node in expand(hostlist)})
+    left = frozenset(wait.left)
 
     def live_update() -> bool:
         if not update_live(context.scontrol, planned, result, context.faults.crash):
             return False
-        # Strict: a node the updates left off the file, powered down or not, is for the reconfigure to place.
-        _record_drift(result, context.scontrol, bundle, set_aside=False)
+        # Strict: a node the updates left off the file, powered down or not, is for the reconfigure to place
+        # (but those left to registration, within their wait).
+        _record_drift(result, context.scontrol, bundle, set_aside=False, left=left)
         if result["drift"]:
             result["whole_file_reason"] = "after %d live update(s) slurmctld differs from the plan (%d differences)" % (
                 len(planned),
@@ -335,6 +387,24 @@ def _incremental(
         return True
 
     return live_update
+
+
+def _files_unchanged(result: Dict[str, Any], transaction: Transaction, bundle: Bundle, context: Context) -> None:
+    """The files on disk are the plan's: unchanged only when slurmctld serves the plan too; else load the files
+    (with rollback). Nodes left to registration past their wait are placed live first."""
+    wait = _leave_to_registration(result, bundle, transaction)
+    if wait.overdue:  # if the update fails, the reload below places them
+        update_live(context.scontrol, wait.overdue, result, context.faults.crash)
+    _record_drift(result, context.scontrol, bundle, left=frozenset(wait.left))
+    if not result["drift"]:
+        if result["nodes_updated"] and not result["reconfigured"]:
+            result["apply_path"] = "incremental"  # the overdue nodes, placed live
+        changed = result["reconfigured"] or result["nodes_updated"]
+        result["outcome"] = "applied" if changed else "unchanged"
+    elif result["reconfigured"]:  # the recovery just loaded them
+        _read_back_reconfigured(result, transaction, bundle)
+    else:
+        _reload_disk(transaction, result, bundle)
 
 
 def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Context) -> None:
@@ -354,21 +424,15 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
             result["before_sha256"] = result["after_sha256"] = disk_sha256(bundle, state)
             bundle = _applicable(result, bundle, state)  # read under the lock, as what it keeps comes from disk
             if result["before_sha256"] == bundle.plan_sha256:
-                # Unchanged only when slurmctld serves the plan too; else load the files (with rollback).
-                _record_drift(result, context.scontrol, bundle)
-                if not result["drift"]:
-                    result["outcome"] = "applied" if result["reconfigured"] else "unchanged"
-                elif result["reconfigured"]:  # the recovery just loaded them
-                    _read_back_reconfigured(result, transaction, bundle)
-                else:
-                    _reload_disk(transaction, result, bundle)
+                _files_unchanged(result, transaction, bundle, context)
                 return
             changes, result["partitions_changed"] = planned_changes(conf, bundle, state)
             steps = ordered_steps(conf, bundle, changes, transaction.config)
             if not _proved(result, conf, steps, context):
                 return
             _note_placed_before(result, bundle, changes, context)
-            live_update = _incremental(result, bundle, changes, context)
+            wait = _leave_to_registration(result, bundle, transaction)
+            live_update = _incremental(result, bundle, changes, context, wait)
             if transaction.run(steps, bundle.plan_sha256, result, live_update):
                 if result["apply_path"] == "incremental":  # its read-back is done already
                     _judge_read_back(result)
@@ -377,6 +441,8 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
     finally:  # measured, never assumed: also when the read-back itself fails
         if result["reconfigured"] and result["apply_path"] is None:
             result["apply_path"] = "whole_file"
+        if result["reconfigured"]:  # the reload placed them as the file says: none is left to registration
+            result["nodes_left_to_registration"] = []
         with contextlib.suppress(Failed, OSError):
             result["after_sha256"] = disk_sha256(bundle, read_disk_state(SlurmConf(conf_path), bundle))
 

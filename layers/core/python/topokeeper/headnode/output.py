@@ -54,6 +54,8 @@ def new_result(mode: Optional[str]) -> Dict[str, Any]:
         "powered_down": [],
         # Nodes slurmctld already served where this apply puts them (placed at registration): not updated.
         "nodes_placed_before": [],
+        # Registering nodes not registered yet, left to their slurmd within their wait: not updated (registered.py).
+        "nodes_left_to_registration": [],
         "deferred": [],
         "full_result": None,
     }
@@ -94,6 +96,7 @@ def _capped(result: Mapping[str, Any], caps: Caps) -> Any:
     document["partitions_changed"] = keep("partitions_changed", result["partitions_changed"])
     document["powered_down"] = keep("powered_down", result["powered_down"])
     document["nodes_placed_before"] = keep("nodes_placed_before", result["nodes_placed_before"])
+    document["nodes_left_to_registration"] = keep("nodes_left_to_registration", result["nodes_left_to_registration"])
     document["deferred"] = keep("deferred", result["deferred"])
     if result["slurm_nodes"]:
         document["slurm_nodes"] = keep("slurm_nodes", result["slurm_nodes"])

@@ -116,6 +116,9 @@ class Bundle(BaseModel):
     # Set at delivery for a cluster configured with replace_parallelcluster_topology: the applier may replace a
     # topology file that tool generated (managed_by). Absent otherwise, so a bundle without it keeps its bytes.
     replace_managed: Literal["parallelcluster"] | None = None
+    # Set at delivery on Slurm 25.11 (service/registration.py): the nodes whose instance has a registration entry,
+    # sorted; the head node leaves those not registered yet to their slurmd for a while (wire.REGISTERING_KEY).
+    registering: list[str] | None = None
     generation: int | None = Field(None, ge=1)
     purpose: Literal["apply", "verify"] | None = None
     signature: BundleSignature | None = None
@@ -124,7 +127,7 @@ class Bundle(BaseModel):
         """The bundle's JSON document: absent bindings and signing fields are left out, so a bundle without
         them keeps its bytes."""
         document = self.model_dump(mode="json", by_alias=True)
-        optional = SIGNING_FIELDS | {"bindings", "bindings_sha256", "replace_managed"}
+        optional = SIGNING_FIELDS | {"bindings", "bindings_sha256", "replace_managed", "registering"}
         return {k: v for k, v in document.items() if k not in optional or v is not None}
 
     def unsigned(self) -> Bundle:

@@ -65,7 +65,8 @@ def placement_routes(
         return {}
     paths: dict[str | None, PlacementRoute] = {"incremental": "update", "whole_file": "file"}
     loaded = paths.get(result.apply_path)
-    before = set(result.nodes_placed_before) if delivery.registration else set()
+    registered = [*result.nodes_placed_before, *result.nodes_left_to_registration]
+    before = set(registered) if delivery.registration else set()
     routes: dict[PlacementRoute, list[str]] = {}
     for node in nodes:
         route: PlacementRoute | None = "registration" if node in before else loaded

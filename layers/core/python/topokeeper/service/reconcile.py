@@ -57,7 +57,13 @@ from topokeeper.engine.planner import plan
 from topokeeper.engine.snapshot import AwsSnapshot, build_snapshot, unnamed_instances, with_node_table
 from topokeeper.render.bundle import RenderedPlan, render
 from topokeeper.service.live_writes import live_update_problem
-from topokeeper.service.registration import may_register, publish_registrations, registers
+from topokeeper.service.registration import (
+    may_register,
+    publish_registrations,
+    registering_nodes,
+    registers,
+    with_registering,
+)
 from topokeeper.service.result import observed_fields
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
 from topokeeper.service.state import (
@@ -379,7 +385,7 @@ def reconcile_slurm(
     # What the read learned is saved with this reconcile's fields (the claim too), conditional on the state read.
     learned, rendered, awaiting_table = read_node_table(deps, cluster, state, raw, rendered)
     state = state.model_copy(update=learned)
-    publish_registrations(cluster, state, raw, rendered, plans=deps.plans, ledger=deps.state)  # not write-paced
+    entries = publish_registrations(cluster, state, raw, rendered, plans=deps.plans, ledger=deps.state)  # not paced
     if not awaiting_table and (paced := held_back(deps, cluster, state, verdict, rendered)) is not None:
         if learned:
             save_fields(deps.state, cluster.name, learned)
@@ -411,7 +417,7 @@ def reconcile_slurm(
             return deferred_report(
                 cluster.name, request, _wait(CLAIM_RACE_SECONDS, "the cluster's state changed while planning")
             )
-        handle = _send(deps, cluster, rendered, delivery)
+        handle = _send(deps, cluster, rendered, delivery, tuple(registering_nodes(rendered.bundle, raw, entries)))
         action, reference = "delivered", handle.reference
         claimed, update["pending"] = delivery, delivery.model_copy(update={"handle": handle})
         update["last_write_at"] = now
@@ -445,11 +451,15 @@ def reconcile_slurm(
 
 
 def _send(
-    deps: ControllerDeps, cluster: ClusterConfig, rendered: RenderedPlan, delivery: PendingDelivery
+    deps: ControllerDeps,
+    cluster: ClusterConfig,
+    rendered: RenderedPlan,
+    delivery: PendingDelivery,
+    registering: tuple[str, ...] = (),
 ) -> DeliveryHandle:
-    """Sign the claimed plan's bundle (when the stack has a key) and deliver it."""
+    """Sign the claimed plan's bundle (when the stack has a key), listing the nodes with entries, and deliver it."""
     try:
-        bundle = for_delivery(cluster, rendered.bundle)
+        bundle = with_registering(for_delivery(cluster, rendered.bundle), registering)
         if deps.signer is not None:
             bundle = sign_bundle(bundle, delivery.bundle_generation or 1, "apply", deps.signer)
         return deps.channel(cluster).deliver(bundle)

@@ -16,7 +16,7 @@ update path moves back; signing would cost a KMS Sign per node and the node woul
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from topokeeper.contract.config import ClusterConfig, Mode, Orchestrator
@@ -24,7 +24,12 @@ from topokeeper.contract.errors import TopokeeperError
 from topokeeper.contract.ports import ClusterState, PlanStore, StateStore, log
 from topokeeper.domain.models import PRESENT_STATUSES, SlurmFormat, SlurmVersion
 from topokeeper.service.state import cluster_mode
-from topokeeper.wire import REGISTRATION_SERIES, Registration, RegistrationError, registration_text
+from topokeeper.wire import (
+    REGISTRATION_SERIES,
+    Registration,
+    RegistrationError,
+    registration_text,
+)
 
 if TYPE_CHECKING:
     from topokeeper.engine.snapshot import AwsSnapshot
@@ -111,23 +116,25 @@ def publish_registrations(
     *,
     plans: PlanStore,
     ledger: StateStore,
-) -> int:
+) -> frozenset[str]:
     """Bring the cluster's entries to ``rendered``, whether or not the plan changed: put each running instance's entry
     that was never published or whose value changed (``ledger`` records what was: keyed by instance id, so an
     instance reusing a terminated one's address still gets its own), and delete the entries of instances no longer
-    present (so none stays readable for ever). Returns how many were put. Reconcile calls it before the write
-    pacing: an entry costs slurmctld nothing, and its node may boot before ``min_write_interval`` has passed."""
+    present (so none stays readable for ever). Returns the instances whose entry is now current. Reconcile calls
+    it before the write pacing: an entry costs slurmctld nothing, and its node may boot before
+    ``min_write_interval`` has passed."""
     if not registers(cluster, state, rendered):
-        return 0
+        return frozenset()
     try:
         published = ledger.registrations(cluster.name)
     except TopokeeperError as error:  # entries only spare a wait: the plan goes on, the update route places
         log.warning("registration entries of %s not published: %s", cluster.name, error)
-        return 0
+        return frozenset()
     values = instance_values(rendered.bundle, raw)
+    current = {instance for instance, value in values.items() if published.get(instance) == value_digest(value)}
     entries: dict[str, str] = {}
     for instance, value in sorted(values.items()):
-        if published.get(instance) == value_digest(value):
+        if instance in current:
             continue
         try:
             entries[instance] = registration_text(
@@ -140,14 +147,14 @@ def publish_registrations(
     present = {node.InstanceId for node in raw.nodes if node.InstanceStatus.Status in PRESENT_STATUSES}
     _delete(plans, ledger, cluster.name, sorted(set(published) - present))
     if not entries:
-        return 0
+        return frozenset(current)
     try:
         plans.put_registrations(cluster.name, entries)
         ledger.record_registrations(cluster.name, {i: value_digest(values[i]) for i in entries}, ())
     except TopokeeperError as error:  # not recorded: the next reconcile puts them again (idempotent)
         log.warning("registration entries of %s not published: %s", cluster.name, error)
-        return 0
-    return len(entries)
+        return frozenset(current)
+    return frozenset(current | set(entries))
 
 
 def _delete(plans: PlanStore, ledger: StateStore, cluster: str, gone: list[str]) -> None:
@@ -159,3 +166,16 @@ def _delete(plans: PlanStore, ledger: StateStore, cluster: str, gone: list[str])
         ledger.record_registrations(cluster, {}, gone)
     except TopokeeperError as error:
         log.warning("registration entries of %s not deleted: %s", cluster, error)
+
+
+def registering_nodes(bundle: Bundle, raw: AwsSnapshot, current: frozenset[str]) -> list[str]:
+    """The nodes whose instance's entry is ``current`` (sorted): what a delivered bundle lists as ``registering``,
+    so the head node leaves those not registered yet to their slurmd (wire.REGISTERING_KEY). An entry S3 refused
+    is not current: its node is placed by update at once rather than after the registration wait."""
+    node_of = {address: node for node, address in (bundle.bindings or {}).items()}
+    return sorted(node_of[node.PrivatePrimaryIp or ""] for node in raw.nodes if node.InstanceId in current)
+
+
+def with_registering(bundle: Bundle, nodes: Sequence[str]) -> Bundle:
+    """``bundle`` as delivered: listing ``nodes`` as registering (signed with the rest); as is when none."""
+    return bundle.model_copy(update={"registering": sorted(nodes)}) if nodes else bundle

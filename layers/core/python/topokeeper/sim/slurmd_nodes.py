@@ -13,7 +13,9 @@ everything else it started. Debian's chroots have no slurmd: ``ensure_slurmd_chr
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,6 @@ from topokeeper.sim.slurm_chroot import (
     SlurmController,
     built_under_opt_slurm,
     ensure_derived_chroot,
-    free_port,
 )
 
 SLURMD_PACKAGES = ("slurmd",)
@@ -71,6 +72,26 @@ def slurmd_argv(node: str, topology: str | None = None) -> list[str]:
     return argv
 
 
+def _listen_ports(count: int) -> list[int]:
+    """``count`` ports free now, below the kernel's ephemeral range: a slurmd starts minutes after its port is
+    chosen, and a port from that range (free_port's) may meanwhile be any connection's local port (seen at 600
+    nodes: "Unable to bind listen port ... Address already in use")."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports: list[int] = []
+    candidate = max(1024, low - 12000) + os.getpid() % 2000  # another run's slurmd: rarely the same start
+    while len(ports) < count and candidate < low:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", candidate))
+                ports.append(candidate)
+            except OSError:
+                pass
+        candidate += 1
+    if len(ports) < count:
+        raise HarnessError(f"only {len(ports)} free ports below {low} for {count} slurmd")
+    return ports
+
+
 def _check(pattern: re.Pattern[str], value: str, what: str) -> None:
     if not pattern.fullmatch(value):
         allowed = "_.:-" if pattern is _TOPOLOGY else "_.-"
@@ -90,9 +111,10 @@ class SlurmdNodes:
         if not has_slurmd(self.controller.root):
             raise HarnessError(f"no slurmd in {self.controller.root} (see ensure_slurmd_chroot)")
         self.nodes = sorted(set(self.nodes))
-        for node in self.nodes:
+        wanted = [node for node in self.nodes if node not in self.ports]
+        for node, port in zip(wanted, _listen_ports(len(wanted)), strict=True):
             _check(_NODE, node, "node name")
-            self.ports.setdefault(node, free_port())
+            self.ports[node] = port
 
     @property
     def _inner(self) -> str:
