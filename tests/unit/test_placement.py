@@ -18,6 +18,7 @@ from topokeeper.domain.placement import (
     Node,
     PlacementError,
     assign_topologies,
+    facts_from_compact,
     figures,
     job_document,
     node_class,
@@ -289,3 +290,22 @@ def test_compact_facts_refused_in_one_line_naming_the_file(tmp_path: Path, capsy
     facts.write_text(json.dumps({"schema": "topokeeper.placement-facts/1", "jobs": [[1]]}))
     assert main(["placement", "--facts", str(facts)]) == 2
     assert f"--facts {facts}: malformed facts" in capsys.readouterr().err
+
+
+def test_compact_facts_naming_more_hosts_than_any_cluster_are_refused_before_they_are_built() -> None:
+    # 267 bytes of ranges (a forged object in the bucket): each under the per-hostlist bound, together 4 million
+    # names, which would exhaust the drift function's memory before any exception could be caught.
+    huge = ["IDLE", "p", f"n[0-{(1 << 20) - 1}]"]
+    document = {
+        "schema": "topokeeper.placement-facts/1",
+        "now": 0,
+        "topology_kinds": {},
+        "topologies": {},
+        "nodes": [huge] * 4,
+        "jobs": [],
+        "partition_topologies": {},
+    }
+    with pytest.raises(PlacementError, match="names more than 1048576 hosts"):
+        facts_from_compact(document, "forged")
+    document["nodes"] = [["IDLE", "p", "n[0-9]"]]
+    assert len(facts_from_compact(document, "fine").nodes) == 10

@@ -16,7 +16,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from topokeeper.computenode.hostfile import unit_names
-from topokeeper.wire import PLACEMENT_FACTS_SCHEMA, HostlistError, compress, expand, parse_show_topology
+from topokeeper.wire import (
+    MAX_HOSTLIST_NAMES,
+    PLACEMENT_FACTS_SCHEMA,
+    HostlistError,
+    compress,
+    expand,
+    parse_show_topology,
+)
 
 # One class per node, for the counts per leaf and block (NODE_CLASSES order is the tables' column order).
 IDLE = "idle"
@@ -424,19 +431,30 @@ def facts_from_compact(document: object, source: str = "placement-facts") -> Fac
         raise PlacementError(f"{source}: not a {FACTS_SCHEMA} document")
     if document.get("error"):
         raise PlacementError(f"{source}: the head node could not read slurmctld: {_bounded(str(document['error']))}")
+    # Each hostlist is bounded, the document as a whole too: a few hundred bytes of ranges (a forged object in the
+    # bucket) must not build millions of names in the drift function's memory.
+    budget = [MAX_HOSTLIST_NAMES]
+
+    def names_of(hostlist: str) -> list[str]:
+        names = expand(hostlist)
+        budget[0] -= len(names)
+        if budget[0] < 0:
+            raise ValueError(f"the document names more than {MAX_HOSTLIST_NAMES} hosts")
+        return names
+
     try:
         kinds = document["topology_kinds"]
         topologies = {
-            name: Topology(name or "default", kinds[name], tuple((u, tuple(expand(h))) for u, h in units))
+            name: Topology(name or "default", kinds[name], tuple((u, tuple(names_of(h))) for u, h in units))
             for name, units in document["topologies"].items()
         }
         nodes = tuple(
             Node(name, tuple(state.split("+")), tuple(filter(None, partitions.split(","))))
             for state, partitions, hostlist in document["nodes"]
-            for name in expand(hostlist)
+            for name in names_of(hostlist)
         )
         jobs = tuple(
-            Job(str(i), p, state, tuple(expand(h)) if h else (), size, switches, segment, reason, since)
+            Job(str(i), p, state, tuple(names_of(h)) if h else (), size, switches, segment, reason, since)
             for i, p, state, size, h, switches, segment, since, reason in document["jobs"]
         )
         named = {p: topologies[t or ""] for p, t in document["partition_topologies"].items() if (t or "") in topologies}

@@ -151,8 +151,6 @@ def check_slurm_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by
     rendered = plan_cluster(cluster, state, deps.facts(cluster))
     aws = aws_status(state, rendered.sha256, now, deps.settings)
     deps.metrics.emit(cluster.name, Metric.NODES_WITHOUT_TOPOLOGY, missing_topology(rendered))
-    if cluster.placement_metrics:
-        emit_placement_metrics(cluster, deps)
 
     drift: int | None = 1 if live == "drift" or aws == "changed" else (0 if live in ("in_sync", "pending") else None)
     if drift is not None:
@@ -164,6 +162,8 @@ def check_slurm_drift(cluster: ClusterConfig, deps: ControllerDeps, requested_by
                 deps, cluster.name, drifted_partitions(live_result, bundle) or sorted(bundle.partitions), moved
             )
         _request_reconcile(deps, cluster.name, now, f"drift: live {live}, AWS {aws}")
+    if cluster.placement_metrics:  # a view, after the verdict and its repair: whatever it meets, those are done
+        emit_placement_metrics(cluster, deps)
     return DriftReport(
         cluster=cluster.name,
         live=live,
