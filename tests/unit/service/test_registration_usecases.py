@@ -14,6 +14,7 @@ from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.contract.errors import Permanent, Retryable
 from topokeeper.contract.ports import ApplyResult, Outcome
+from topokeeper.service import registration
 from topokeeper.service.controller import reconcile
 from topokeeper.service.registration import placements
 from topokeeper.service.result import record_result
@@ -307,3 +308,40 @@ def test_nodes_the_head_node_left_to_registration_are_named_registration_in_the_
 
     (record,) = controller.audit.records.values()
     assert record.placed_by == {"registration": [REGISTERED], "update": OTHERS}
+
+
+def test_entries_are_put_and_deleted_at_most_a_cap_a_reconcile_and_each_deleted_batch_is_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A 20,000-node scale-up or scale-down must not hold the write back behind its S3 calls, and deletes S3 keeps
+    # refusing must not pile up work for every reconcile.
+    monkeypatch.setattr(registration, "MAX_ENTRY_CALLS", 3)
+    monkeypatch.setattr(registration, "DELETE_BATCH", 1)
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    assert len(controller.plans.registrations) == 3
+    (bundle,) = controller.channel.delivered
+    assert bundle.registering is not None and len(bundle.registering) == 3  # only those with an entry wait
+    for _ in range(2):
+        save_fields(controller.state, CLUSTER, {"pending": None})
+        reconcile(controller.change(), controller.deps())
+    assert len(controller.plans.registrations) == 8
+
+    controller.facts.nodes = 3  # five instances gone
+    delete, calls = controller.plans.delete_registrations, []
+
+    def second_refused(cluster: str, instance_ids: list[str]) -> None:
+        calls.append(instance_ids)
+        if len(calls) == 2:
+            raise Retryable("SlowDown", code="SlowDown")
+        delete(cluster, instance_ids)
+
+    controller.plans.delete_registrations = second_refused  # type: ignore[method-assign]
+    save_fields(controller.state, CLUSTER, {"pending": None})
+    reconcile(controller.change(), controller.deps())
+    assert len(calls) == 2 and len(controller.plans.registrations) == 7  # the first batch deleted and recorded
+    assert len(controller.state.published) == 7
+    for _ in range(2):
+        save_fields(controller.state, CLUSTER, {"pending": None})
+        reconcile(controller.change(), controller.deps())
+    assert len(controller.plans.registrations) == 3 and len(controller.state.published) == 3

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from topokeeper.engine.snapshot import AwsSnapshot
     from topokeeper.render.bundle import Bundle, ExpectedUnit, RenderedPlan
 
+# S3 calls for entries in one reconcile, each way (puts, deletes), a few at once: about 10 s at most before the
+# write; the rest at the next reconcile.
+MAX_ENTRY_CALLS = 1000
+DELETE_BATCH = 100
 
 def _tree_paths(units: Mapping[str, ExpectedUnit]) -> dict[str, str]:
     """{node: "top:...:leaf"} of one tree's expected units."""
@@ -136,6 +140,8 @@ def publish_registrations(
     for instance, value in sorted(values.items()):
         if instance in current:
             continue
+        if len(entries) == MAX_ENTRY_CALLS:
+            break  # the rest at the next reconcile; their nodes are not listed as registering meanwhile
         try:
             entries[instance] = registration_text(
                 Registration(cluster.name, instance, value, state.generation, rendered.sha256)
@@ -158,14 +164,19 @@ def publish_registrations(
 
 
 def _delete(plans: PlanStore, ledger: StateStore, cluster: str, gone: list[str]) -> None:
-    """Delete the entries of instances that are gone, and their records (a failure: the next reconcile again)."""
-    if not gone:
-        return
-    try:
-        plans.delete_registrations(cluster, gone)
-        ledger.record_registrations(cluster, {}, gone)
-    except TopokeeperError as error:
-        log.warning("registration entries of %s not deleted: %s", cluster, error)
+    """Delete the entries of instances that are gone, and their records, a batch at a time and at most
+    MAX_ENTRY_CALLS a reconcile (a scale-down must not delay the write; the rest go at the next reconcile). What
+    was deleted is recorded even when a later batch fails, so refused deletes never grow the work of each reconcile
+    beyond the cap."""
+    gone = gone[:MAX_ENTRY_CALLS]
+    for start in range(0, len(gone), DELETE_BATCH):
+        batch = gone[start : start + DELETE_BATCH]
+        try:
+            plans.delete_registrations(cluster, batch)
+            ledger.record_registrations(cluster, {}, batch)
+        except TopokeeperError as error:
+            log.warning("registration entries of %s not deleted: %s", cluster, error)
+            return
 
 
 def registering_nodes(bundle: Bundle, raw: AwsSnapshot, current: frozenset[str]) -> list[str]:
