@@ -54,6 +54,16 @@ def test_a_node_past_its_wait_or_no_longer_listed_is_placed_and_one_where_planne
     assert still_left(record, show, NOW) == frozenset({"n2"})  # what verify sets aside
 
 
+def test_a_wait_recorded_by_a_clock_since_stepped_back_lasts_no_longer_than_the_bound_from_now() -> None:
+    show = _line("n1", "IDLE+CLOUD+POWERING_UP")
+    record = {"n1": NOW + 86_400}  # written while the clock ran a day ahead
+
+    found = waiting(_bundle(("n1",)), record, show, _live([], []), NOW)
+
+    assert found.left == {"n1": NOW + REGISTRATION_WAIT_SECONDS}  # rewritten, bounded from now
+    assert still_left(record, show, NOW) == frozenset()  # verify: drift, whose repair's apply bounds it
+
+
 def test_the_read_back_without_a_left_node_drops_the_leaf_and_switches_that_held_only_it() -> None:
     expected = {
         "root": ExpectedUnit("switch", [], ["agg", "leaf0"]),

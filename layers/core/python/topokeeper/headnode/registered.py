@@ -128,7 +128,8 @@ def waiting(
     down = unregistered(show_nodes)
     left: Dict[str, float] = {}
     for node in bundle.registering:
-        until = record.get(node, now + REGISTRATION_WAIT_SECONDS)
+        # Never past the bound from now: a clock stepped back would otherwise stretch a recorded wait without limit.
+        until = min(record.get(node, now + REGISTRATION_WAIT_SECONDS), now + REGISTRATION_WAIT_SECONDS)
         if node in down and until > now and planned.get(node) and live.get(node, "") != planned[node]:
             left[node] = until
     batches: Dict[str, List[str]] = {}
@@ -141,4 +142,6 @@ def waiting(
 def still_left(record: Dict[str, float], show_nodes: str, now: float) -> FrozenSet[str]:
     """The recorded nodes still within their wait and not registered: verify does not read them as drift."""
     down = unregistered(show_nodes)
-    return frozenset(node for node, until in record.items() if until > now and node in down)
+    return frozenset(
+        node for node, until in record.items() if now < until <= now + REGISTRATION_WAIT_SECONDS and node in down
+    )
