@@ -20,6 +20,7 @@ from topokeeper.service.registration import placements
 from topokeeper.service.result import record_result
 from topokeeper.service.state import save_fields
 from topokeeper.wire import (
+    REGISTRATION_WAIT_SECONDS,
     Registration,
     RegistrationError,
     parse_registration,
@@ -345,3 +346,28 @@ def test_entries_are_put_and_deleted_at_most_a_cap_a_reconcile_and_each_deleted_
         save_fields(controller.state, CLUSTER, {"pending": None})
         reconcile(controller.change(), controller.deps())
     assert len(controller.plans.registrations) == 3 and len(controller.state.published) == 3
+
+
+def test_when_the_registration_wait_ends_the_plan_is_delivered_again_with_no_change_to_bring_it() -> None:
+    # A node left to its slurmd that registered without its topology (no OnNodeStart action, its entry late) is
+    # placed by the head node's next apply: that apply must come when the wait ends, not at the next change.
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    pending = controller.now_state().pending
+    assert pending is not None
+    controller.ssm_results[pending.handle.reference] = ApplyResult(
+        outcome=Outcome.APPLIED,
+        applier_version="1.0.0",
+        apply_path="incremental",
+        nodes_left_to_registration=[REGISTERED],
+    )
+    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+    check = controller.queue.sent[-1]
+    assert controller.now_state().registration_check_at is not None
+
+    assert reconcile(check, controller.deps()).action == "deferred"  # within the wait
+    assert len(controller.channel.delivered) == 1
+    controller.clock.advance(REGISTRATION_WAIT_SECONDS + 31)
+    assert reconcile(check, controller.deps()).action == "delivered"
+    first, again = controller.channel.delivered
+    assert again.plan_sha256 == first.plan_sha256 and controller.now_state().registration_check_at is None

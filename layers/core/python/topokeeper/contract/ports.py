@@ -336,6 +336,9 @@ class ClusterState(BaseModel):
     # The head node reconfigured for a change it could have applied live (its reason): writes are paced as
     # reconfigures until an apply takes the live path again (service/live_writes.py).
     live_write_refused: str | None = None
+    # The head node left nodes to their slurmd's registration: when their wait ends, the plan is delivered again,
+    # so one whose slurmd came without its topology is placed then, not at the next change (service/result.py).
+    registration_check_at: datetime | None = None
     version: int = 0  # optimistic concurrency
 
     @field_validator("last_verify", mode="before")

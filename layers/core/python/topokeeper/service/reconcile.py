@@ -64,7 +64,7 @@ from topokeeper.service.registration import (
     registers,
     with_registering,
 )
-from topokeeper.service.result import observed_fields
+from topokeeper.service.result import REGISTRATION_CHECK, observed_fields
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
 from topokeeper.service.state import (
     OWN_TRIGGER_SOURCE,
@@ -128,13 +128,19 @@ def _wait(seconds: float, reason: str, *, behind_delivery: bool = False) -> Verd
     return Verdict(Decision.DEFERRED, max(1.0, seconds), reason, behind_delivery)
 
 
-def _only_topology_retries(state: ClusterState) -> bool:
-    """The open cycle holds a topology retry and no change of the cluster (whose pacing is the settings' alone)."""
+def _only_own(state: ClusterState, detail_type: str) -> bool:
+    """The open cycle holds only topokeeper's own ``detail_type`` and no change of the cluster (whose pacing is the
+    settings' alone)."""
     return (
         bool(state.triggers)
         and state.trigger_count == len(state.triggers)
-        and all(t.source == OWN_TRIGGER_SOURCE and t.detail_type == TOPOLOGY_RETRY for t in state.triggers)
+        and all(t.source == OWN_TRIGGER_SOURCE and t.detail_type == detail_type for t in state.triggers)
     )
+
+
+def registration_due(state: ClusterState, now: datetime) -> bool:
+    """The head node left nodes to their registration and their wait has ended: deliver the plan again."""
+    return state.registration_check_at is not None and now >= state.registration_check_at
 
 
 def _may_write_live(state: ClusterState) -> bool:
@@ -155,16 +161,8 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
     if state.pending is not None and now - state.pending.handle.sent_at < DELIVERY_TIMEOUT:
         remaining = DELIVERY_TIMEOUT - (now - state.pending.handle.sent_at)
         return _wait(remaining.total_seconds(), "a delivery is in flight", behind_delivery=True)
-    if state.first_pending_at is not None and _only_topology_retries(state):
-        asked = (now - state.first_pending_at).total_seconds()
-        # A stamp from a clock ahead of this one (``topokeeper apply`` on an operator's machine) tells nothing
-        # of how long ago EC2 was asked: no wait, rather than one for the skew or receives until it passed.
-        if 0 <= asked < TOPOLOGY_RETRY_SECONDS:
-            # The cycle's message also carries a change that arrives meanwhile (deduplicated into it, its FIFO
-            # group behind it): it looks again as often as the debounce would, so that change waits no longer
-            # than the settings say (at most TOPOLOGY_RETRY_SECONDS receives).
-            wait = min(TOPOLOGY_RETRY_SECONDS - asked, max(1.0, settings.debounce_seconds))
-            return _wait(wait, "topology retry: EC2 is asked again in a moment")
+    if (own := _own_wait(state, now, settings)) is not None:
+        return own
     quiet = float("inf") if state.last_event_at is None else (now - state.last_event_at).total_seconds()
     if state.first_pending_at is not None:
         waited = (now - state.first_pending_at).total_seconds()
@@ -200,6 +198,29 @@ def decide(state: ClusterState, request: ReconcileRequest, now: datetime, settin
         wait = max(wait, interval / EARLY_WRITE_CHECKS)
     paced = _wait(min(wait, interval - since_write), "minimum interval between writes")
     return replace(paced, live_write_in=max(0.0, min(interval, MIN_LIVE_WRITE_SECONDS) - since_write))
+
+
+def _own_wait(state: ClusterState, now: datetime, settings: Settings) -> Verdict | None:
+    """The wait of a cycle that holds only topokeeper's own retry (EC2 asked again, a registration wait)."""
+    if (
+        state.registration_check_at is not None
+        and now < state.registration_check_at
+        and _only_own(state, REGISTRATION_CHECK)
+    ):
+        # As a topology retry waits: a change arriving meanwhile is looked at within the debounce.
+        wait = min((state.registration_check_at - now).total_seconds(), max(1.0, settings.debounce_seconds))
+        return _wait(wait, "registration wait: the nodes left to their slurmd are looked at when it ends")
+    if state.first_pending_at is not None and _only_own(state, TOPOLOGY_RETRY):
+        asked = (now - state.first_pending_at).total_seconds()
+        # A stamp from a clock ahead of this one (``topokeeper apply`` on an operator's machine) tells nothing
+        # of how long ago EC2 was asked: no wait, rather than one for the skew or receives until it passed.
+        if 0 <= asked < TOPOLOGY_RETRY_SECONDS:
+            # The cycle's message also carries a change that arrives meanwhile (deduplicated into it, its FIFO
+            # group behind it): it looks again as often as the debounce would, so that change waits no longer
+            # than the settings say (at most TOPOLOGY_RETRY_SECONDS receives).
+            wait = min(TOPOLOGY_RETRY_SECONDS - asked, max(1.0, settings.debounce_seconds))
+            return _wait(wait, "topology retry: EC2 is asked again in a moment")
+    return None
 
 
 @dataclass
@@ -411,7 +432,7 @@ def reconcile_slurm(
     elif awaiting_table:
         # Host names are no Slurm node's name there: slurmctld would refuse the write. The read's answer replans.
         action, reason = "planned-only", "waiting for the head node's node table"
-    elif rendered.sha256 != state.applied_sha256 or state.repair_partitions:
+    elif rendered.sha256 != state.applied_sha256 or state.repair_partitions or registration_due(state, now):
         delivery = _claim_delivery(deps, cluster, state, rendered, now)
         if delivery is None:
             return deferred_report(
@@ -421,6 +442,7 @@ def reconcile_slurm(
         action, reference = "delivered", handle.reference
         claimed, update["pending"] = delivery, delivery.model_copy(update={"handle": handle})
         update["last_write_at"] = now
+        update["registration_check_at"] = None  # its result sets another if nodes are still left
     repaired = set(state.repair_partitions)
 
     def record(fresh: ClusterState) -> dict[str, object]:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 MAX_ENTRY_CALLS = 1000
 DELETE_BATCH = 100
 
+
 def _tree_paths(units: Mapping[str, ExpectedUnit]) -> dict[str, str]:
     """{node: "top:...:leaf"} of one tree's expected units."""
     parents = {child: name for name, unit in units.items() for child in unit.switches}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -44,11 +44,20 @@ from topokeeper.service.audit import NOTHING_MOVED, build_records
 from topokeeper.service.live import live_status
 from topokeeper.service.live_writes import live_write_fields
 from topokeeper.service.state import request_reconcile, save_fields, topology_owner_fields
-from topokeeper.wire import AGENT_DETAIL_TYPES, AGENT_SOURCE, AGENT_VERIFY_DETAIL_TYPE, agent_source_cluster
+from topokeeper.wire import (
+    AGENT_DETAIL_TYPES,
+    AGENT_SOURCE,
+    AGENT_VERIFY_DETAIL_TYPE,
+    REGISTRATION_WAIT_SECONDS,
+    agent_source_cluster,
+)
 
 SUCCESS = frozenset({Outcome.APPLIED, Outcome.UNCHANGED})
 # The head node refused the bundle as not authentic or not fresh: audited like any failure, and counted apart.
 AUTHENTICITY_REFUSALS = frozenset({Outcome.BAD_SIGNATURE, Outcome.REPLAYED})
+REGISTRATION_CHECK = "Registration Wait Ended"  # nodes left to their registration: the plan again when it ends
+# After the head node's wait: its apply then places any left node not where the file says.
+REGISTRATION_CHECK_MARGIN = timedelta(seconds=30)
 TABLE_READ = "Slurm Node Table Read"  # the agent answered the reconcile's read of the node table: plan with it
 
 
@@ -368,5 +377,13 @@ def finish_delivery(
     if retry is not None:
         request_reconcile(
             deps.state, deps.queue, cluster.name, now, reason="retry", detail_type=retry[0], summary=retry[1]
+        )
+    elif result.outcome in SUCCESS and result.nodes_left_to_registration:
+        check_at = now + timedelta(seconds=REGISTRATION_WAIT_SECONDS) + REGISTRATION_CHECK_MARGIN
+        save_fields(deps.state, cluster.name, {"registration_check_at": check_at})
+        left = len(result.nodes_left_to_registration)
+        summary = f"{left} node(s) left to their registration: placed where the file says if not by {check_at}"
+        request_reconcile(
+            deps.state, deps.queue, cluster.name, now, reason="retry", detail_type=REGISTRATION_CHECK, summary=summary
         )
     return ResultReport(status="recorded", cluster=cluster.name, outcome=result.outcome, audit_records=published)
