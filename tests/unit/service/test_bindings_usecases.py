@@ -357,6 +357,36 @@ def test_an_apply_that_deferred_rebound_nodes_audits_what_moved_and_what_waits_a
     assert controller.channel.delivered[-1].bindings == REBOUND
 
 
+def test_a_deferred_nodes_follow_up_goes_at_the_live_pace_and_a_drift_repair_keeps_the_write_interval() -> None:
+    """The head node applied all but a re-bound node, live: placing that node is a live write too, not held back by
+    the write interval that spaces reconfigures. A drift repair (the live topology not the file's) still is."""
+    controller = Controller(orchestrator="ec2", debounce_seconds=10, max_wait_seconds=30, min_write_interval_seconds=60)
+    save_fields(controller.state, CLUSTER, {"slurm_nodes": _table(BOUND), "slurm_version": "26.05.5"})
+    request = controller.change()
+    controller.clock.advance(10)
+    assert reconcile(request, controller.deps()).action == "delivered"
+    live = {"slurm_version": "26.05.5", "apply_path": "incremental"}
+    _finish(controller, "applied", slurm_nodes=_rows(BOUND), **live)
+    save_fields(controller.state, CLUSTER, {"slurm_nodes": _table(REBOUND)})
+    controller.clock.advance(61)
+    request = controller.change("e-2")
+    controller.clock.advance(10)
+    assert reconcile(request, controller.deps()).action == "delivered"
+    controller.clock.advance(5)
+
+    _finish(controller, "applied", deferred=[["q1-dy-p5-1", "10.0.0.3", "10.0.0.9"]], **live)
+    controller.clock.advance(10)  # the retry's debounce, 15 s after the last write
+
+    report = reconcile(controller.queue.sent[-1], controller.deps())
+    assert (report.action, report.reason) == ("delivered", "")
+    _finish(controller, "applied", **live)
+    save_fields(controller.state, CLUSTER, {"repair_partitions": ["gpu"]})  # as a verify finding drift marks it
+    controller.clock.advance(15)
+    request = controller.change("e-3")
+    controller.clock.advance(10)
+    assert reconcile(request, controller.deps()).reason == "minimum interval between writes"
+
+
 @pytest.mark.parametrize(
     ("fields", "moved"),
     [

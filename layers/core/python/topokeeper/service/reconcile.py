@@ -337,8 +337,9 @@ def held_back(
         return None
     if cluster_mode(cluster, state) is Mode.VERIFY:
         return verdict if verdict.debouncing else None  # nothing written: only the debounce spares the reads
-    if rendered.sha256 == state.applied_sha256 and not state.repair_partitions:
+    if rendered.sha256 == state.applied_sha256 and not state.repair_partitions and not state.deferred_partitions:
         return None
+    # A deferred node's follow-up is not a repair: the head node places it live where the plans' rule allows.
     if state.repair_partitions or state.applied_sha256 is None or state.slurm_version is None:
         return verdict  # a repair reloads the files; without the head node's last plan and version, no telling
     if state.live_write_refused:
@@ -405,7 +406,7 @@ def reconcile_slurm(
     elif awaiting_table:
         # Host names are no Slurm node's name there: slurmctld would refuse the write. The read's answer replans.
         action, reason = "planned-only", "waiting for the head node's node table"
-    elif rendered.sha256 != state.applied_sha256 or state.repair_partitions:
+    elif rendered.sha256 != state.applied_sha256 or state.repair_partitions or state.deferred_partitions:
         delivery = _claim_delivery(deps, cluster, state, rendered, now)
         if delivery is None:
             return deferred_report(
@@ -415,10 +416,11 @@ def reconcile_slurm(
         action, reference = "delivered", handle.reference
         claimed, update["pending"] = delivery, delivery.model_copy(update={"handle": handle})
         update["last_write_at"] = now
-    repaired = set(state.repair_partitions)
+    repaired, placed = set(state.repair_partitions), set(state.deferred_partitions)
 
     def record(fresh: ClusterState) -> dict[str, object]:
         fields = {**update, "repair_partitions": [p for p in fresh.repair_partitions if p not in repaired]}
+        fields["deferred_partitions"] = [p for p in fresh.deferred_partitions if p not in placed]
         if repaired:
             fields["repair_moves"] = [move for move in fresh.repair_moves if move not in state.repair_moves]
         if claimed is not None:
@@ -520,7 +522,7 @@ def _claim_delivery(
         triggers=state.triggers,
         trigger_count=state.trigger_count,
         previous_plan_sha256=state.applied_sha256,
-        repair=state.repair_partitions,
+        repair=sorted({*state.repair_partitions, *state.deferred_partitions}),  # audited as rewritten, as before
         bundle_generation=next_generation(state.bundle_generation, now),
         repair_moves=state.repair_moves,
         registration=registers(cluster, state, rendered),
