@@ -416,13 +416,9 @@ def reconcile_slurm(
         action, reference = "delivered", handle.reference
         claimed, update["pending"] = delivery, delivery.model_copy(update={"handle": handle})
         update["last_write_at"] = now
-    repaired, placed = set(state.repair_partitions), set(state.deferred_partitions)
 
     def record(fresh: ClusterState) -> dict[str, object]:
-        fields = {**update, "repair_partitions": [p for p in fresh.repair_partitions if p not in repaired]}
-        fields["deferred_partitions"] = [p for p in fresh.deferred_partitions if p not in placed]
-        if repaired:
-            fields["repair_moves"] = [move for move in fresh.repair_moves if move not in state.repair_moves]
+        fields = {**update, **_written_again(state, fresh)}
         if claimed is not None:
             if fresh.pending is not None and fresh.pending.handle == claimed.handle:
                 # Keep what others added to the claim meanwhile (a message waiting behind it).
@@ -502,6 +498,19 @@ def deferred_report(cluster: str, request: ReconcileRequest, verdict: Verdict) -
         reason=verdict.reason,
         behind_delivery=verdict.behind_delivery,
     )
+
+
+def _written_again(state: ClusterState, fresh: ClusterState) -> dict[str, object]:
+    """The repairs and deferred nodes' partitions that ``state`` held, done by this reconcile: what ``fresh`` holds
+    beyond them (marked meanwhile) is left for the next."""
+    repaired, placed = set(state.repair_partitions), set(state.deferred_partitions)
+    fields: dict[str, object] = {
+        "repair_partitions": [p for p in fresh.repair_partitions if p not in repaired],
+        "deferred_partitions": [p for p in fresh.deferred_partitions if p not in placed],
+    }
+    if repaired:
+        fields["repair_moves"] = [move for move in fresh.repair_moves if move not in state.repair_moves]
+    return fields
 
 
 def _claim_delivery(
