@@ -357,6 +357,53 @@ def test_an_apply_that_deferred_rebound_nodes_audits_what_moved_and_what_waits_a
     assert controller.channel.delivered[-1].bindings == REBOUND
 
 
+def _deferred_apply(version: str, path: str) -> Controller:
+    """Paced as shipped, a head node on Slurm ``version`` applied BOUND, then REBOUND but for q1-dy-p5-1 (re-bound
+    once more meanwhile), by ``path``; 15 s after that write, the retry its result asked for is due."""
+    controller = Controller(orchestrator="ec2", debounce_seconds=10, max_wait_seconds=30, min_write_interval_seconds=60)
+    save_fields(controller.state, CLUSTER, {"slurm_nodes": _table(BOUND), "slurm_version": version})
+    request = controller.change()
+    controller.clock.advance(10)
+    assert reconcile(request, controller.deps()).action == "delivered"
+    applied = {"slurm_version": version, "apply_path": path}
+    _finish(controller, "applied", slurm_nodes=_rows(BOUND), **applied)
+    save_fields(controller.state, CLUSTER, {"slurm_nodes": _table(REBOUND)})
+    controller.clock.advance(61)
+    request = controller.change("e-2")
+    controller.clock.advance(10)
+    assert reconcile(request, controller.deps()).action == "delivered"
+    controller.clock.advance(5)
+
+    _finish(controller, "applied", deferred=[["q1-dy-p5-1", "10.0.0.3", "10.0.0.9"]], **applied)
+    controller.clock.advance(10)  # the retry's debounce
+    return controller
+
+
+def test_a_deferred_nodes_follow_up_goes_at_the_live_pace_and_a_drift_repair_keeps_the_write_interval() -> None:
+    """The head node applied all but a re-bound node, live: placing that node is a live write too, not held back by
+    the write interval that spaces reconfigures. A drift repair (the live topology not the file's) still is."""
+    controller = _deferred_apply("26.05.5", "incremental")
+
+    report = reconcile(controller.queue.sent[-1], controller.deps())
+    assert (report.action, report.reason) == ("delivered", "")
+    _finish(controller, "applied", slurm_version="26.05.5", apply_path="incremental")
+    save_fields(controller.state, CLUSTER, {"repair_partitions": ["gpu"]})  # as a verify finding drift marks it
+    controller.clock.advance(15)
+    request = controller.change("e-3")
+    controller.clock.advance(10)
+    assert reconcile(request, controller.deps()).reason == "minimum interval between writes"
+
+
+def test_a_deferred_nodes_follow_up_on_slurm_24_11_keeps_the_write_interval() -> None:
+    """topology.conf is loaded by reconfigure only: placing the deferred node is a reconfigure, paced as one."""
+    controller = _deferred_apply("24.11.3", "whole_file")
+
+    report = reconcile(controller.queue.sent[-1], controller.deps())
+    assert (report.action, report.reason) == ("deferred", "minimum interval between writes")
+    controller.clock.advance(report.defer_seconds or 0)
+    assert reconcile(controller.queue.sent[-1], controller.deps()).action == "delivered"
+
+
 @pytest.mark.parametrize(
     ("fields", "moved"),
     [

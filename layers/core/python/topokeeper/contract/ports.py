@@ -323,6 +323,8 @@ class ClusterState(BaseModel):
     topology_retries: int = 0
     repair_partitions: list[str] = Field(default_factory=empty_list)  # live drift to repair on the next write
     repair_moves: list[NodeMove] = Field(default_factory=empty_list)  # nodes found in another leaf or block live
+    # Partitions of nodes an apply deferred (re-bound since its plan): written again, paced as the change it is.
+    deferred_partitions: list[str] = Field(default_factory=empty_list)
     last_verify: ApplyResult | None = None
     last_verify_at: datetime | None = None
     bundle_generation: int = 0  # the last generation signed for delivery: only grows (service/signing.py)

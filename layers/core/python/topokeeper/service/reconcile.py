@@ -138,9 +138,15 @@ def _only_own(state: ClusterState, detail_type: str) -> bool:
     )
 
 
-def registration_due(state: ClusterState, now: datetime) -> bool:
-    """The head node left nodes to their registration and their wait has ended: deliver the plan again."""
-    return state.registration_check_at is not None and now >= state.registration_check_at
+def _to_write(state: ClusterState, rendered: RenderedPlan, now: datetime) -> bool:
+    """Whether the head node is to get the plan: a new one, or the same again for a repair, a deferred node, or
+    the nodes left to their registration once their wait has ended."""
+    registration_due = state.registration_check_at is not None and now >= state.registration_check_at
+    return (
+        rendered.sha256 != state.applied_sha256
+        or bool(state.repair_partitions or state.deferred_partitions)
+        or registration_due
+    )
 
 
 def _may_write_live(state: ClusterState) -> bool:
@@ -364,8 +370,9 @@ def held_back(
         return None
     if cluster_mode(cluster, state) is Mode.VERIFY:
         return verdict if verdict.debouncing else None  # nothing written: only the debounce spares the reads
-    if rendered.sha256 == state.applied_sha256 and not state.repair_partitions:
+    if rendered.sha256 == state.applied_sha256 and not state.repair_partitions and not state.deferred_partitions:
         return None
+    # A deferred node's follow-up is not a repair: the head node places it live where the plans' rule allows.
     if state.repair_partitions or state.applied_sha256 is None or state.slurm_version is None:
         return verdict  # a repair reloads the files; without the head node's last plan and version, no telling
     if state.live_write_refused:
@@ -432,7 +439,7 @@ def reconcile_slurm(
     elif awaiting_table:
         # Host names are no Slurm node's name there: slurmctld would refuse the write. The read's answer replans.
         action, reason = "planned-only", "waiting for the head node's node table"
-    elif rendered.sha256 != state.applied_sha256 or state.repair_partitions or registration_due(state, now):
+    elif _to_write(state, rendered, now):
         delivery = _claim_delivery(deps, cluster, state, rendered, now)
         if delivery is None:
             return deferred_report(
@@ -443,12 +450,9 @@ def reconcile_slurm(
         claimed, update["pending"] = delivery, delivery.model_copy(update={"handle": handle})
         update["last_write_at"] = now
         update["registration_check_at"] = None  # its result sets another if nodes are still left
-    repaired = set(state.repair_partitions)
 
     def record(fresh: ClusterState) -> dict[str, object]:
-        fields = {**update, "repair_partitions": [p for p in fresh.repair_partitions if p not in repaired]}
-        if repaired:
-            fields["repair_moves"] = [move for move in fresh.repair_moves if move not in state.repair_moves]
+        fields = {**update, **_written_again(state, fresh)}
         if claimed is not None:
             if fresh.pending is not None and fresh.pending.handle == claimed.handle:
                 # Keep what others added to the claim meanwhile (a message waiting behind it).
@@ -534,6 +538,19 @@ def deferred_report(cluster: str, request: ReconcileRequest, verdict: Verdict) -
     )
 
 
+def _written_again(state: ClusterState, fresh: ClusterState) -> dict[str, object]:
+    """The repairs and deferred nodes' partitions that ``state`` held, done by this reconcile: what ``fresh`` holds
+    beyond them (marked meanwhile) is left for the next."""
+    repaired, placed = set(state.repair_partitions), set(state.deferred_partitions)
+    fields: dict[str, object] = {
+        "repair_partitions": [p for p in fresh.repair_partitions if p not in repaired],
+        "deferred_partitions": [p for p in fresh.deferred_partitions if p not in placed],
+    }
+    if repaired:
+        fields["repair_moves"] = [move for move in fresh.repair_moves if move not in state.repair_moves]
+    return fields
+
+
 def _claim_delivery(
     deps: ControllerDeps, cluster: ClusterConfig, state: ClusterState, rendered: RenderedPlan, now: datetime
 ) -> PendingDelivery | None:
@@ -552,7 +569,7 @@ def _claim_delivery(
         triggers=state.triggers,
         trigger_count=state.trigger_count,
         previous_plan_sha256=state.applied_sha256,
-        repair=state.repair_partitions,
+        repair=sorted({*state.repair_partitions, *state.deferred_partitions}),  # audited as rewritten, as before
         bundle_generation=next_generation(state.bundle_generation, now),
         repair_moves=state.repair_moves,
         registration=registers(cluster, state, rendered),

@@ -356,7 +356,7 @@ def finish_delivery(
         if fresh.pending.waiting_receipt:
             receipts.append(fresh.pending.waiting_receipt)
         if result.outcome in SUCCESS and waiting:
-            return {**update, "pending": None, "repair_partitions": sorted({*fresh.repair_partitions, *waiting})}
+            return {**update, "pending": None, "deferred_partitions": sorted({*fresh.deferred_partitions, *waiting})}
         return {**update, "pending": None}
 
     save_fields(deps.state, cluster.name, finished)
