@@ -105,15 +105,15 @@ def _runs(timeline: list[dict]) -> list[list[dict]]:
 
 def test_a_run_of_like_entries_folds_into_one_row() -> None:
     result = _result()
-    scale = result.steps[2]
-    runs = _runs(scale.timeline)
-    # The eight scale events, in two runs: a live write (not held by the write interval) came between them.
-    assert sorted(len(run) for run in runs if run[0]["kind"] == "event") == [3, 5]
-    rows = _page(result).by_id("step-2").find_all("table")[0].find_all("tr")[1:]
-    # A run of more than three entries of one kind is one row (sim/report.py): the five events fold, the three do not.
-    assert (
-        len(rows) == len(scale.timeline) - sum(len(run) - 1 for run in runs if len(run) > 3) == len(scale.timeline) - 4
-    )
+    page = _page(result)
+    folded = 0
+    for index, step in enumerate(result.steps):
+        runs = _runs(step.timeline)
+        rows = page.by_id(f"step-{index}").find_all("table")[0].find_all("tr")[1:]
+        # A run of more than three entries of one kind is one row (sim/report.py); a shorter run keeps its rows.
+        assert len(rows) == len(step.timeline) - sum(len(run) - 1 for run in runs if len(run) > 3)
+        folded += sum(1 for run in runs if len(run) > 3)
+    assert folded  # the demo has such runs (its submit step's job lines)
 
 
 def test_audit_table_has_every_record_of_every_step() -> None:
