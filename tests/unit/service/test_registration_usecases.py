@@ -293,7 +293,8 @@ def test_the_delivered_bundle_lists_the_nodes_with_entries_as_registering(versio
     assert "q1-dy-p5-5" not in with_entries  # powered down, no instance: no entry, placed by the apply
 
 
-def test_nodes_the_head_node_left_to_registration_are_named_registration_in_the_audit_record() -> None:
+def _applied_leaving_one_to_registration() -> Controller:
+    """A delivered plan whose apply left REGISTERED to its slurmd, its result recorded."""
     controller = _cluster()
     reconcile(controller.change(), controller.deps())
     pending = controller.now_state().pending
@@ -304,8 +305,12 @@ def test_nodes_the_head_node_left_to_registration_are_named_registration_in_the_
         apply_path="incremental",
         nodes_left_to_registration=[REGISTERED],
     )
-
     record_result(ssm_event(pending.handle.reference), controller.result_deps())
+    return controller
+
+
+def test_nodes_the_head_node_left_to_registration_are_named_registration_in_the_audit_record() -> None:
+    controller = _applied_leaving_one_to_registration()
 
     (record,) = controller.audit.records.values()
     assert record.placed_by == {"registration": [REGISTERED], "update": OTHERS}
@@ -351,17 +356,7 @@ def test_entries_are_put_and_deleted_at_most_a_cap_a_reconcile_and_each_deleted_
 def test_when_the_registration_wait_ends_the_plan_is_delivered_again_with_no_change_to_bring_it() -> None:
     # A node left to its slurmd that registered without its topology (no OnNodeStart action, its entry late) is
     # placed by the head node's next apply: that apply must come when the wait ends, not at the next change.
-    controller = _cluster()
-    reconcile(controller.change(), controller.deps())
-    pending = controller.now_state().pending
-    assert pending is not None
-    controller.ssm_results[pending.handle.reference] = ApplyResult(
-        outcome=Outcome.APPLIED,
-        applier_version="1.0.0",
-        apply_path="incremental",
-        nodes_left_to_registration=[REGISTERED],
-    )
-    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+    controller = _applied_leaving_one_to_registration()
     check = controller.queue.sent[-1]
     assert controller.now_state().registration_check_at is not None
 
