@@ -73,7 +73,7 @@ def test_the_read_back_without_a_left_node_drops_the_leaf_and_switches_that_held
     }
     bundle = Bundle("sha", "topology.yaml", None, {}, {}, [], {"t": expected}, {})
 
-    stripped, _ = without_nodes(bundle, LiveTopologies(None), frozenset({"n7"}))  # type: ignore[arg-type]
+    stripped, _ = without_nodes(bundle, LiveTopologies(None), frozenset({"n7"}), prune=True)  # type: ignore[arg-type]
 
     assert stripped.topologies["t"] == {
         "root": ExpectedUnit("switch", [], ["leaf0"]),

@@ -86,8 +86,10 @@ def place_cloud_nodes(
 # -- what verify expects of powered-down CLOUD nodes ----------------------------------------------------------
 
 
-def _without(units: Mapping[str, Any], nodes: FrozenSet[str]) -> Dict[str, Any]:
-    """``units`` (planned ExpectedUnits or live dicts) without ``nodes``; a unit that held only them goes too."""
+def _without(units: Mapping[str, Any], nodes: FrozenSet[str], prune: bool = False) -> Dict[str, Any]:
+    """``units`` (planned ExpectedUnits or live dicts) without ``nodes``; a unit that held only them goes too, and
+    with ``prune`` its place in its switch and a switch left with nothing (a leaf no update ever created: nodes left
+    to registration). Without it a planned leaf slurmctld lacks stays drift: the file was not loaded."""
     kept: Dict[str, Any] = {}
     for name, unit in units.items():
         planned = isinstance(unit, ExpectedUnit)
@@ -96,7 +98,7 @@ def _without(units: Mapping[str, Any], nodes: FrozenSet[str]) -> Dict[str, Any]:
         if members and not left:
             continue
         kept[name] = unit._replace(nodes=left) if planned else dict(unit, nodes=left)
-    gone = set(units) - set(kept)
+    gone = set(units) - set(kept) if prune else set()
     while gone:  # a leaf that held only them went: so does it from its switch, and a switch left with nothing
         emptied = set()
         for name, unit in kept.items():
@@ -117,13 +119,13 @@ def _without(units: Mapping[str, Any], nodes: FrozenSet[str]) -> Dict[str, Any]:
 class WithoutNodes(LiveTopologies):
     """The live topologies as if ``nodes`` were in none of them."""
 
-    def __init__(self, live: LiveTopologies, nodes: FrozenSet[str]) -> None:
+    def __init__(self, live: LiveTopologies, nodes: FrozenSet[str], prune: bool = False) -> None:
         super().__init__(live.scontrol)
-        self.live, self.nodes = live, nodes
+        self.live, self.nodes, self.prune = live, nodes, prune
 
     def get(self, name: Optional[str]) -> LiveTopology:
         found = self.live.get(name)
-        return LiveTopology(_without(found.units, self.nodes), found.error)
+        return LiveTopology(_without(found.units, self.nodes, self.prune), found.error)
 
 
 def set_aside_powered_down(
@@ -152,7 +154,9 @@ def set_aside_powered_down(
     return bundle, topologies, aside
 
 
-def without_nodes(bundle: Bundle, topologies: LiveTopologies, nodes: FrozenSet[str]) -> Tuple[Bundle, LiveTopologies]:
+def without_nodes(
+    bundle: Bundle, topologies: LiveTopologies, nodes: FrozenSet[str], prune: bool = False
+) -> Tuple[Bundle, LiveTopologies]:
     """(bundle, live topologies) as if ``nodes`` were in none of their topologies: compared without them."""
-    stripped = {name: _without(units, nodes) for name, units in bundle.topologies.items()}
-    return bundle._replace(topologies=stripped), WithoutNodes(topologies, nodes)
+    stripped = {name: _without(units, nodes, prune) for name, units in bundle.topologies.items()}
+    return bundle._replace(topologies=stripped), WithoutNodes(topologies, nodes, prune)

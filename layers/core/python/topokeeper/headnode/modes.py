@@ -125,7 +125,7 @@ def _record_drift(
     """
     topologies: LiveTopologies = LiveTopologies(scontrol)
     if left:
-        bundle, topologies = without_nodes(bundle, topologies, left)
+        bundle, topologies = without_nodes(bundle, topologies, left, prune=True)
     aside: Dict[str, List[str]] = {}
     if set_aside and not disk_entries and bundle.slurm_format == YAML_FORMAT:  # dynamic topology: Slurm >= 25.05
         show_nodes = scontrol.output("-o", "--future", "show", "nodes")
