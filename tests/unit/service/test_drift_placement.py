@@ -115,6 +115,14 @@ def test_the_drift_function_reads_the_facts_over_its_ssm_channel_in_bounded_time
     monkeypatch.setattr(Runtime, "ssm_channel", lambda self, cluster, deadline=None: Channel(cluster.name))
     cluster = {"name": "pc", "orchestrator": "ec2", "head_node": "i-0123456789abcdef0", "placement_metrics": True}
     settings = Settings.model_validate({"clusters": [cluster]})
+    deps = _drift_deps(monkeypatch, settings)
+    assert deps.placement_facts is not None
+    assert deps.placement_facts(settings.clusters[0]) is FACTS
+    assert asked == [("pc", PLACEMENT_FACTS_SECONDS)]
+
+
+def _drift_deps(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Any:
+    """The drift function's dependencies as its Lambda builds them, with no AWS client made."""
     env = LambdaEnvironment(
         TOPOKEEPER_CONFIG=settings.to_env(),
         TABLE_NAME="topokeeper-state",
@@ -123,9 +131,7 @@ def test_the_drift_function_reads_the_facts_over_its_ssm_channel_in_bounded_time
     )
     monkeypatch.setattr(runtime_module, "client", lambda service, region=None: object())
     deps = Runtime(env=env, settings=settings).drift_deps()
-    assert deps.placement_facts is not None
-    assert deps.placement_facts(settings.clusters[0]) is FACTS
-    assert asked == [("pc", PLACEMENT_FACTS_SECONDS)]
+    return deps
 
 
 def test_the_drift_function_reads_an_agent_cluster_s_newest_facts_from_the_bucket(
@@ -142,14 +148,7 @@ def test_the_drift_function_reads_an_agent_cluster_s_newest_facts_from_the_bucke
     monkeypatch.setattr(Runtime, "agent_channel", lambda self, cluster: Channel())
     monkeypatch.setattr(Runtime, "ssm_channel", lambda *args, **kwargs: pytest.fail("an agent cluster has no SSM"))
     settings = Settings.model_validate({"clusters": [{"name": "hp", "placement_metrics": True}]})
-    env = LambdaEnvironment(
-        TOPOKEEPER_CONFIG=settings.to_env(),
-        TABLE_NAME="topokeeper-state",
-        BUCKET_NAME="topokeeper-plans",
-        QUEUE_URL="https://sqs.us-east-1.amazonaws.com/123456789012/topokeeper-work.fifo",
-    )
-    monkeypatch.setattr(runtime_module, "client", lambda service, region=None: object())
-    deps = Runtime(env=env, settings=settings).drift_deps()
+    deps = _drift_deps(monkeypatch, settings)
     assert deps.placement_facts is not None
     assert deps.placement_facts(settings.clusters[0]) is FACTS
     assert asked == ["hp"]
