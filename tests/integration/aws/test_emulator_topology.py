@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC
 from typing import Any
 
 import pytest
@@ -245,3 +246,24 @@ def test_without_ids_pages_hold_up_to_100_of_the_filtered_type(aws: AwsEmulator,
     with pytest.raises(ClientError) as info:
         ec2.describe_instance_topology(**sweep, InstanceIds=sorted(p5)[:5])
     assert _code(info) == "InvalidParameterCombination"
+
+
+def test_ec2_topology_delay_runs_from_launch_not_from_the_first_question(aws: AwsEmulator, clock: ManualClock) -> None:
+    # AWS reports a new instance's network nodes some time after its launch, whether anyone asked before or not:
+    # an instance nobody asked about for longer than the delay is answered in full on the first question.
+    aws.network.new_instance_delay_seconds = 30
+    ec2 = _ec2(aws)
+    (old,) = ec2.run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1, InstanceType="p5.48xlarge")["Instances"]
+    assert old["LaunchTime"].replace(tzinfo=None) == clock.now().astimezone(UTC).replace(tzinfo=None, microsecond=0)
+    clock.advance(40)
+    (new,) = ec2.run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1, InstanceType="p5.48xlarge")["Instances"]
+    clock.advance(10)
+    answers = {
+        i["InstanceId"]: i
+        for i in ec2.describe_instance_topology(InstanceIds=[old["InstanceId"], new["InstanceId"]])["Instances"]
+    }
+    assert len(answers[old["InstanceId"]]["NetworkNodes"]) == 3
+    assert answers[new["InstanceId"]]["NetworkNodes"] == []  # launched 10 s ago
+    clock.advance(20)
+    (late,) = ec2.describe_instance_topology(InstanceIds=[new["InstanceId"]])["Instances"]
+    assert len(late["NetworkNodes"]) == 3

@@ -33,11 +33,12 @@ import moto.dynamodb.models
 import moto.dynamodb.parsing.ast_nodes
 import moto.dynamodb.parsing.expressions
 import moto.dynamodb.parsing.validators
+import moto.ec2.models.instances
 import moto.s3.models
 import moto.sqs.models
 from moto.core.responses import BaseResponse
 from moto.core.serialize import BaseJSONSerializer
-from moto.core.utils import camelcase_to_underscores, method_names_from_class, utcnow
+from moto.core.utils import camelcase_to_underscores, method_names_from_class
 from moto.dynamodb.models.dynamo_type import DynamoType, Item
 from moto.dynamodb.models.table import Table
 from moto.events.utils import EventTemplateParser
@@ -95,7 +96,7 @@ def _start_relaunches(self: Any) -> Any:
     """EC2's LaunchTime is the instance's last start (moto keeps the first). LaunchTime has whole seconds and a
     start follows its stop by more than a second on AWS, so a restart never shows the previous LaunchTime."""
     previous = _ORIGINAL_INSTANCE_START(self)
-    self.launch_time = max(utcnow(), self.launch_time + timedelta(seconds=1))
+    self.launch_time = max(moto.ec2.models.instances.utcnow(), self.launch_time + timedelta(seconds=1))
     return previous
 
 
@@ -488,14 +489,16 @@ def _enrich_response(headers: dict[str, str], body: Any) -> tuple[dict[str, str]
     return headers, body
 
 
-def _s3_now(clock: Clock) -> Callable[[], datetime]:
-    """S3 stamps LastModified with AWS's clock: the emulator's (moto's is naive UTC)."""
+def _aws_now(clock: Clock) -> Callable[[], datetime]:
+    """S3's LastModified and EC2's LaunchTime are AWS's clock: the emulator's (moto's is naive UTC). EC2's
+    topology report delay runs from LaunchTime (sim/aws/network.py)."""
     return lambda: clock.now().astimezone(UTC).replace(tzinfo=None)
 
 
 def _patches(clock: Clock) -> list[tuple[Any, str, Any]]:
     return [
-        (moto.s3.models, "utcnow", _s3_now(clock)),
+        (moto.s3.models, "utcnow", _aws_now(clock)),
+        (moto.ec2.models.instances, "utcnow", _aws_now(clock)),
         (EventTemplateParser, "DEFAULT_EVENT_INPUT_TEMPLATE", EVENT_TEMPLATE_WITH_ACCOUNT),
         (jsonpath_ng.ext, "parse", _cached_jsonpath),
         (Instance, "start", _start_relaunches),

@@ -24,6 +24,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any, Literal
 
 from topokeeper.contract.constants import INSTANCE_ID
@@ -149,9 +150,11 @@ class NetworkModel:
         move_from: Placement | None = None,
         same_as: Placement | None = None,
         group_name: str | None = None,
+        age_seconds: float = 0.0,
     ) -> Placement:
         """Give an instance the lowest free slot: outside ``move_from``'s leaf or UltraServer if given, or
-        ``same_as``'s own slot if that is free (a replacement on the same spot)."""
+        ``same_as``'s own slot if that is free (a replacement on the same spot). ``age_seconds``: how long ago
+        it launched (the topology report delay runs from then)."""
         ec2_type = ec2_instance_type(instance_type)
         info = lookup(ec2_type)
         with self._lock:
@@ -172,8 +175,9 @@ class NetworkModel:
                     instance_id, ec2_type, availability_zone, slot=slot, source=source, group_name=group_name
                 )
             self._placements[instance_id] = placement
-            if self.new_instance_delay_seconds > 0 or self.new_instance_delay_calls > 0:
-                self.hold(instance_id, seconds=self.new_instance_delay_seconds, calls=self.new_instance_delay_calls)
+            held = self.new_instance_delay_seconds - age_seconds
+            if held > 0 or self.new_instance_delay_calls > 0:
+                self.hold(instance_id, seconds=max(held, 0.0), calls=self.new_instance_delay_calls)
             return placement
 
     def release(self, instance_id: str) -> None:
@@ -243,7 +247,9 @@ class NetworkModel:
             if instance.id not in self._placements:
                 zone = instance.placement.zone or f"{region}a"
                 group = instance.placement.group_name or None
-                self.place(instance.id, instance.instance_type, zone, source="ec2", group_name=group)
+                # Placed on first sight, but as AWS does it: the report delay counts from the launch.
+                age = (self._clock.now().astimezone(UTC).replace(tzinfo=None) - instance.launch_time).total_seconds()
+                self.place(instance.id, instance.instance_type, zone, source="ec2", group_name=group, age_seconds=age)
         for instance_id, placement in list(self._placements.items()):
             if placement.source == "ec2" and instance_id not in states:
                 self.release(instance_id)
