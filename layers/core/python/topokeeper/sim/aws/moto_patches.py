@@ -92,12 +92,17 @@ _cached_camelcase_to_underscores = functools.lru_cache(maxsize=1024)(camelcase_t
 _ORIGINAL_INSTANCE_START = Instance.start
 
 
-def _start_relaunches(self: Any) -> Any:
+def _start_relaunches(clock: Clock) -> Callable[[Any], Any]:
     """EC2's LaunchTime is the instance's last start (moto keeps the first). LaunchTime has whole seconds and a
     start follows its stop by more than a second on AWS, so a restart never shows the previous LaunchTime."""
-    previous = _ORIGINAL_INSTANCE_START(self)
-    self.launch_time = max(moto.ec2.models.instances.utcnow(), self.launch_time + timedelta(seconds=1))
-    return previous
+    now = _aws_now(clock)
+
+    def start(self: Any) -> Any:
+        previous = _ORIGINAL_INSTANCE_START(self)
+        self.launch_time = max(now(), self.launch_time + timedelta(seconds=1))
+        return previous
+
+    return start
 
 
 @functools.cache
@@ -501,7 +506,7 @@ def _patches(clock: Clock) -> list[tuple[Any, str, Any]]:
         (moto.ec2.models.instances, "utcnow", _aws_now(clock)),
         (EventTemplateParser, "DEFAULT_EVENT_INPUT_TEMPLATE", EVENT_TEMPLATE_WITH_ACCOUNT),
         (jsonpath_ng.ext, "parse", _cached_jsonpath),
-        (Instance, "start", _start_relaunches),
+        (Instance, "start", _start_relaunches(clock)),
         (moto.backends, "list_of_moto_modules", _moto_modules),
         (moto.sqs.models, "camelcase_to_underscores", _cached_camelcase_to_underscores),
         (moto.core.responses, "method_names_from_class", _cached_method_names),
