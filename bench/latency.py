@@ -212,7 +212,7 @@ def section(entries: list[dict[str, Any]]) -> str:
         "  intermediate switch of a tree, new ones under an existing switch included, and into an existing block;",
         "  a powered-up CLOUD node keeps that placement across a reconfigure and loses it at power-down. On 26.05",
         "  the applier uses it when a plan only places, moves or removes nodes (the files are still written, so a",
-        "  restart reads the same): no reconfigure. Such a write waits for the debounce (at most 20 s, not",
+        "  restart reads the same): no reconfigure. Such a write waits for the debounce (at most 15 s, not",
         "  `max_wait_seconds`) and 10 s since the last write, not for `min_write_interval_seconds` (both space",
         "  reconfigures); one is in flight at a time. The",
         '  section "Incremental against whole-file applies" measures both paths side by side.',
