@@ -33,4 +33,5 @@ def _import_moto_ec2() -> Any:
 
 _models = _import_moto_ec2()
 ec2_backends: Any = _models.ec2_backends
-Instance: Any = _models.instances.Instance
+instances_module: Any = _models.instances  # its utcnow stamps LaunchTime (moto_patches)
+Instance: Any = instances_module.Instance

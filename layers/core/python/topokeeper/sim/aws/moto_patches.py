@@ -33,7 +33,6 @@ import moto.dynamodb.models
 import moto.dynamodb.parsing.ast_nodes
 import moto.dynamodb.parsing.expressions
 import moto.dynamodb.parsing.validators
-import moto.ec2.models.instances
 import moto.s3.models
 import moto.sqs.models
 from moto.core.responses import BaseResponse
@@ -47,7 +46,7 @@ from moto.moto_api._internal.moto_random import MotoRandom
 from moto.utilities.aws_headers import gen_amzn_requestid_long
 
 from topokeeper.sim.aws.clock import Clock, SystemClock
-from topokeeper.sim.aws.moto_ec2 import Instance
+from topokeeper.sim.aws.moto_ec2 import Instance, instances_module
 
 # moto's expression parser modules are untyped (a module-wide ``type: ignore``): their classes are taken as values.
 _AST_NODES = vars(moto.dynamodb.parsing.ast_nodes)
@@ -503,7 +502,7 @@ def _aws_now(clock: Clock) -> Callable[[], datetime]:
 def _patches(clock: Clock) -> list[tuple[Any, str, Any]]:
     return [
         (moto.s3.models, "utcnow", _aws_now(clock)),
-        (moto.ec2.models.instances, "utcnow", _aws_now(clock)),
+        (instances_module, "utcnow", _aws_now(clock)),
         (EventTemplateParser, "DEFAULT_EVENT_INPUT_TEMPLATE", EVENT_TEMPLATE_WITH_ACCOUNT),
         (jsonpath_ng.ext, "parse", _cached_jsonpath),
         (Instance, "start", _start_relaunches(clock)),
