@@ -10,9 +10,10 @@ from topokeeper.engine.planner import plan
 from topokeeper.headnode.bundle import Bundle, ExpectedUnit
 from topokeeper.headnode.cloud import without_nodes
 from topokeeper.headnode.grouping import compare_grouping, compare_units, moved_nodes
+from topokeeper.headnode.registered import live_values
 from topokeeper.headnode.scontrol import LiveTopologies, LiveTopology
 from topokeeper.render.bundle import render
-from topokeeper.wire import eligibility, parse_show_topology, parse_topology_yaml, plan_updates
+from topokeeper.wire import ParsedTopology, eligibility, parse_show_topology, parse_topology_yaml, plan_updates
 
 
 def _text(gpu: list[Node] | None = None, gb: list[Node] | None = None, **settings: PartitionSettings) -> str:
@@ -118,7 +119,8 @@ def test_switches_whose_nodes_all_leave_go_from_the_file_and_the_nodes_move_live
     assert plan_updates(_text(), _text(gpu=p5_nodes(4)))[0] == [("p5-[005-008]", "")]  # out of the topology
 
 
-# slurmctld 26.05.5 after `scontrol update NodeName=n[5-6] Topology=t:top:spine:leafB` emptied no-topology and leafC.
+# As slurmctld 26.05.5 and 25.11.7 show a tree after `scontrol update NodeName=.. Topology=t:top:spine:leafB` moved
+# the last nodes out of no-topology and leafC: both kept, empty, and listed under their parents.
 _EMPTIED = """SwitchName=top Level=2 LinkSpeed=0 Nodes=n[1-6] Switches=spine,spine2,no-topology
 SwitchName=spine2 Level=1 LinkSpeed=0 Nodes= Switches=leafC
 SwitchName=leafC Level=0 LinkSpeed=0 Nodes=
@@ -157,6 +159,9 @@ def test_an_emptied_switch_is_passed_over_beside_nodes_left_to_registration() ->
     live.shown_value["t"] = LiveTopology(parse_show_topology(_EMPTIED), "")
     stripped, topologies = without_nodes(bundle, live, frozenset({"n7"}), prune=True)
     assert compare_units(stripped.topologies["t"], topologies.get("t").units) == []
+    # Where the registration route finds nodes (registered.py): the emptied switches place none.
+    paths = live_values({"t": ParsedTopology("tree", False, (), {})}, live)
+    assert paths == {f"n{i}": "t:top:spine:" + ("leafA" if i < 3 else "leafB") for i in range(1, 7)}
 
 
 def test_eligibility_gates_on_version_format_and_slurm_conf() -> None:
