@@ -7,8 +7,13 @@ import pytest
 from tests.helpers import gb200_nodes, node, p5_nodes, snapshot
 from topokeeper.domain.models import Node, PartitionSettings
 from topokeeper.engine.planner import plan
+from topokeeper.headnode.bundle import Bundle, ExpectedUnit
+from topokeeper.headnode.cloud import without_nodes
+from topokeeper.headnode.grouping import compare_grouping, compare_units, moved_nodes
+from topokeeper.headnode.registered import live_values
+from topokeeper.headnode.scontrol import LiveTopologies, LiveTopology
 from topokeeper.render.bundle import render
-from topokeeper.wire import eligibility, parse_topology_yaml, plan_updates
+from topokeeper.wire import ParsedTopology, eligibility, parse_show_topology, parse_topology_yaml, plan_updates
 
 
 def _text(gpu: list[Node] | None = None, gb: list[Node] | None = None, **settings: PartitionSettings) -> str:
@@ -79,20 +84,84 @@ def test_a_node_in_two_topologies_is_given_both() -> None:
             lambda: _text().replace("      - 18\n", "      - 9\n"),
             "topology block-gb changes block_sizes",
         ),
-        (lambda: _text(gb=gb200_nodes(2), gpu=p5_nodes(4)), "topology tree-gpu removes switches (nn-agg1, nn-leaf"),
         (lambda: _text(gb=[]), "the topologies or their order change"),
         (
-            lambda: _text(gpu=_moved("p5-008", "nn-spine1", "nn-agg9", "nn-leaf009")),
-            "topology tree-gpu removes switches",
+            lambda: _text().replace(_AGG1, "").replace("0,nn-agg1", "0"),  # nn-agg1 goes, its leaf stays (a top)
+            "topology tree-gpu moves switch nn-leaf002 to another parent",
         ),
+        (
+            lambda: _text().replace(_AGG1, "").replace("0,nn-agg1", "0").replace(_AGG0, _AGG0 + ",nn-leaf002"),
+            "topology tree-gpu moves switch nn-leaf002 to another parent",  # ... or under nn-agg0
+        ),
+        (lambda: _text().replace(_ROOT, ""), "topology tree-gpu removes top switches (root)"),
         (lambda: _text().replace("- topology: tree-gpu", "- topology: tree-gpu\n  bogus: 1"), "the plan is not in"),
     ],
-    ids=["new-block", "block-sizes", "removed-switch", "removed-topology", "new-top-switch", "unparsable"],
+    ids=["new-block", "block-sizes", "removed-topology", "orphan", "re-parented", "removed-top", "unparsable"],
 )
 def test_what_only_a_reconfigure_can_load_is_refused_with_a_reason(new, why: str) -> None:
     batches, reason = plan_updates(_text(), new())
     assert batches is None
     assert reason.startswith(why)
+
+
+_AGG1 = "      - switch: nn-agg1\n        children: nn-leaf002\n"
+_AGG0 = "children: nn-leaf000,nn-leaf001"
+_ROOT = "      - switch: root\n        children: nn-spine0\n"
+
+
+def test_switches_whose_nodes_all_leave_go_from_the_file_and_the_nodes_move_live() -> None:
+    """Slurm keeps a switch emptied by the updates (headnode/incremental.py); nothing under it stays in the plan."""
+    unplaced = [node("p5-008") if n.name == "p5-008" else n for n in p5_nodes(8)]  # EC2 has not described it yet
+    batches, why = plan_updates(_text(gpu=unplaced), _text())  # the no-topology placeholder loses its last node
+    assert (batches, why) == ([("p5-008", "tree-gpu:root:nn-spine0:nn-agg1:nn-leaf002")], "")
+    batches, why = plan_updates(_text(), _text(gpu=_moved("p5-008", "nn-spine1", "nn-agg9", "nn-leaf009")))
+    assert (batches, why) == ([("p5-008", "tree-gpu:root:nn-spine1:nn-agg9:nn-leaf009")], "")  # nn-agg1's subtree
+    assert plan_updates(_text(), _text(gpu=p5_nodes(4)))[0] == [("p5-[005-008]", "")]  # out of the topology
+
+
+# As slurmctld 26.05.5 and 25.11.7 show a tree after `scontrol update NodeName=.. Topology=t:top:spine:leafB` moved
+# the last nodes out of no-topology and leafC: both kept, empty, and listed under their parents.
+_EMPTIED = """SwitchName=top Level=2 LinkSpeed=0 Nodes=n[1-6] Switches=spine,spine2,no-topology
+SwitchName=spine2 Level=1 LinkSpeed=0 Nodes= Switches=leafC
+SwitchName=leafC Level=0 LinkSpeed=0 Nodes=
+SwitchName=spine Level=1 LinkSpeed=0 Nodes=n[1-6] Switches=leafA,leafB
+SwitchName=leafA Level=0 LinkSpeed=0 Nodes=n[1-2]
+SwitchName=leafB Level=0 LinkSpeed=0 Nodes=n[3-6]
+SwitchName=no-topology Level=0 LinkSpeed=0 Nodes=
+"""
+_PLANNED = {
+    "top": ExpectedUnit("switch", ["n1", "n2", "n3", "n4", "n5", "n6"], ["spine"]),
+    "spine": ExpectedUnit("switch", ["n1", "n2", "n3", "n4", "n5", "n6"], ["leafA", "leafB"]),
+    "leafA": ExpectedUnit("switch", ["n1", "n2"], []),
+    "leafB": ExpectedUnit("switch", ["n3", "n4", "n5", "n6"], []),
+}
+
+
+def test_the_read_back_passes_over_emptied_switches_but_not_one_holding_a_node() -> None:
+    live = parse_show_topology(_EMPTIED)
+    assert compare_units(_PLANNED, live) == []
+    assert (moved_nodes(_PLANNED, live), compare_grouping(_PLANNED, None, live)) == ([], [])
+    held = parse_show_topology(_EMPTIED.replace("leafB Level=0 LinkSpeed=0 Nodes=n[3-6]", "leafB Nodes=n[3-5]"))
+    held["no-topology"]["nodes"] = ["n6"]
+    assert compare_units(_PLANNED, held) == [
+        "switch no-topology: not in the plan",
+        "switch leafB: nodes 1 missing (n6)",
+        "switch top: switches 1 not in the plan (no-topology)",
+    ]
+
+
+def test_an_emptied_switch_is_passed_over_beside_nodes_left_to_registration() -> None:
+    """The prune of a leaf whose nodes are left to their slurmd (cloud.without_nodes) and an emptied switch."""
+    planned = dict(_PLANNED, top=_PLANNED["top"]._replace(switches=["spine", "leafR"]))
+    planned["leafR"] = ExpectedUnit("switch", ["n7"], [])
+    bundle = Bundle("sha", "topology.yaml", None, {}, {"gpu": "t"}, [], {"t": planned}, {})
+    live = LiveTopologies(None)  # type: ignore[arg-type]
+    live.shown_value["t"] = LiveTopology(parse_show_topology(_EMPTIED), "")
+    stripped, topologies = without_nodes(bundle, live, frozenset({"n7"}), prune=True)
+    assert compare_units(stripped.topologies["t"], topologies.get("t").units) == []
+    # Where the registration route finds nodes (registered.py): the emptied switches place none.
+    paths = live_values({"t": ParsedTopology("tree", False, (), {})}, live)
+    assert paths == {f"n{i}": "t:top:spine:" + ("leafA" if i < 3 else "leafB") for i in range(1, 7)}
 
 
 def test_eligibility_gates_on_version_format_and_slurm_conf() -> None:

@@ -66,7 +66,10 @@ the rest rather than rolling back because no slurmctld answers the reconfigure; 
 - An incremental apply (26.05, `scontrol update NodeName=... Topology=` instead of a reconfigure) killed between
   two live node updates leaves slurmctld serving part of the old and part of the new placement until the next
   run, which finds the journal and reloads the files already on disk (a restart reads them too); the window is
-  as long as the updates take (one `scontrol update` per destination, each bounded by the run's budget).
+  as long as the updates take (one `scontrol update` per destination, each bounded by the run's budget). A
+  switch the plan drops (the `no-topology` leaf losing its last nodes) still holds the nodes not yet updated
+  meanwhile; emptied, slurmctld keeps it, with no node, until its next reconfigure (it deletes no switch at run
+  time), which is not drift.
 - After a reconfigure, powered-up CLOUD nodes stay on the topology `scontrol update` gave them (Slurm keeps it
   over the files) until the applier's updates that follow put them where the file says; killed before or
   between those updates (the journal already closed), the next run finds the files equal to the plan and

@@ -1,8 +1,9 @@
 """Incremental applies on a real slurmctld: live node updates instead of a reconfigure (issue 27 item 1).
 
 26.05 (sid) and 25.11 (built; ParallelCluster's series): a move between existing leaves, a new leaf under a new
-intermediate switch, nodes joining an existing block are each loaded with `scontrol update NodeName=.. Topology=..`
-(slurmctld logs no reconfigure) and verify reads in_sync; a later `scontrol reconfigure` changes nothing. A new block
+intermediate switch, nodes joining an existing block, a leaf whose last nodes leave (kept live, empty) are each
+loaded with `scontrol update NodeName=.. Topology=..` (slurmctld logs no reconfigure) and verify reads in_sync; a
+later `scontrol reconfigure` changes nothing but drop the emptied leaf. A new block
 needs a reconfigure, and so does an update slurmctld refuses or a read-back that differs after the updates. 24.11
 (trixie, topology.conf) keeps the whole-file path.
 """
@@ -93,6 +94,37 @@ def test_moves_new_switches_and_block_joins_are_applied_live_and_survive_a_recon
     assert _live(controller) == live  # the files say what the updates did
     code, verified = _run(controller, "verify", final)
     assert (code, verified["outcome"]) == (0, "in_sync")
+
+
+def test_a_leaf_emptied_by_the_updates_is_applied_live_and_dropped_by_a_later_reconfigure(
+    yaml_root: Path, controllers
+) -> None:
+    """The no-topology placeholder loses its last nodes (EC2 described them): live, no reconfigure. Slurm deletes no
+    switch at run time: the leaf stays, empty, until a reconfigure by someone else reads the file without it; a node
+    undescribed again goes back to it live."""
+    version = installed_slurm_series(yaml_root)
+    undescribed = [node(n.name) if n.name in ("p5-007", "p5-008") else n for n in p5_nodes(8)]
+    first = _plan(_cluster(gpu=undescribed), version=version)
+    controller = controllers(yaml_root)
+    _start(controller, first)
+    assert _run(controller, "apply", _bundle(first))[1]["outcome"] == "applied"
+    assert parse_show_topology(controller.show_topology("tree-gpu"))["no-topology"]["nodes"] == ["p5-007", "p5-008"]
+
+    described = _bundle(_plan(_cluster(), version=version))
+    _assert_incremental(controller, described, 2)
+    live = parse_show_topology(controller.show_topology("tree-gpu"))
+    assert live["no-topology"] == {"kind": "switch", "level": 0, "nodes": [], "switches": []}
+    assert "no-topology" in live["root"]["switches"]
+
+    controller.run("scontrol", "reconfigure", check=True)
+    live = parse_show_topology(controller.show_topology("tree-gpu"))
+    assert "no-topology" not in live and "no-topology" not in live["root"]["switches"]
+    code, verified = _run(controller, "verify", described)
+    assert (code, verified["outcome"], verified["readback"]["tree-gpu"]["matches"]) == (0, "in_sync", True)
+
+    again = [node("p5-008") if n.name == "p5-008" else n for n in p5_nodes(8)]
+    _assert_incremental(controller, _bundle(_plan(_cluster(gpu=again), version=version)), 1)
+    assert parse_show_topology(controller.show_topology("tree-gpu"))["no-topology"]["nodes"] == ["p5-008"]
 
 
 def test_a_new_block_is_loaded_by_reconfigure(sid_root: Path, controllers) -> None:

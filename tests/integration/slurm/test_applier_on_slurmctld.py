@@ -287,7 +287,8 @@ def test_the_proof_runs_as_the_slurm_user_and_leaves_nothing_behind(sid_root: Pa
     conf.chmod(0o600)
     code, document = _run(controller, "apply", _bundle(rendered))
     assert document["error"] is None, document["error"]
-    moved = node("p5-008", path=("nn-spine0", "nn-agg0", "nn-leaf001"), partition="gpu")
+    # nn-leaf002 re-parented under nn-agg0: a change only the whole-file path (reconfigure) loads.
+    moved = node("p5-008", path=("nn-spine0", "nn-agg0", "nn-leaf002"), partition="gpu")
     changed = _plan(_cluster(gpu=[*p5_nodes(7), moved]))
     duplicate = "      - switch: nn-leaf000\n        nodes: p5-001\n"
     broken = _with_content(_bundle(changed), changed.topology_text + duplicate)

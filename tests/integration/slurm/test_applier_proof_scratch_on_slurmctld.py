@@ -72,7 +72,8 @@ def _proof_dirs(controller: SlurmController) -> list[str]:
 
 
 def _moved_plan() -> RenderedPlan:
-    moved = node("p5-008", path=("nn-spine0", "nn-agg0", "nn-leaf001"), partition="gpu")
+    # nn-leaf002 re-parented under nn-agg0: a change only the whole-file path (reconfigure) loads.
+    moved = node("p5-008", path=("nn-spine0", "nn-agg0", "nn-leaf002"), partition="gpu")
     return _plan(_cluster(gpu=[*p5_nodes(7), moved]))
 
 

@@ -95,15 +95,16 @@ def test_slurm_24_11_keeps_the_write_interval() -> None:
     assert len(controller.channel.delivered) == 1
 
 
-def test_a_removed_switch_needs_a_reconfigure_and_keeps_the_write_interval() -> None:
+def test_a_leaf_losing_its_last_nodes_is_written_live_too() -> None:
+    """The switch leaves the file; slurmctld keeps it live, empty, until a reconfigure (headnode/incremental.py)."""
     controller = _paced()
     _applied(controller, "26.05")
-    controller.facts.nodes = 4  # leaf 1 loses all its nodes: the switch leaves the file
+    controller.facts.nodes = 4  # leaf 1 loses all its nodes
     controller.clock.advance(15)
     request = controller.change("terminated")
     controller.clock.advance(10)
     report = reconcile(request, controller.deps())
-    assert (report.action, report.reason) == ("deferred", "minimum interval between writes")
+    assert (report.action, report.reason) == ("delivered", "")
 
 
 def test_the_backend_reads_the_rule_the_head_node_applies() -> None:
@@ -114,7 +115,7 @@ def test_the_backend_reads_the_rule_the_head_node_applies() -> None:
     controller.facts.nodes = 4
     smaller = plan_facts(controller.cluster, controller.now_state(), controller.facts.read(CLUSTER)).bundle
     assert live_update_problem(previous, previous, "26.05.5") == ""
-    assert live_update_problem(previous, smaller, "26.05.5") == "topology tree-gpu removes switches (nn-leaf-1)"
+    assert live_update_problem(previous, smaller, "26.05.5") == ""  # leaf nn-leaf-1 emptied: it stays live, empty
     assert live_update_problem(previous, previous, "25.11.2") == ""  # proven on 25.11.7 too
     assert "from Slurm 25.11 only" in live_update_problem(previous, previous, "25.05.4")
     assert live_update_problem(smaller, previous, "26.05.5") == ""  # a new leaf under an existing switch

@@ -721,10 +721,11 @@ def _structure_problem(name: str, old: ParsedTopology, new: ParsedTopology) -> s
     old_parents, new_parents = _parents(old.units), _parents(new.units)
     if old_parents is None or new_parents is None:
         return "topology %s is not a tree" % name
-    removed = sorted(set(old.units) - set(new.units))
-    if removed:
-        return "topology %s removes switches (%s)" % (name, sample(removed))
-    for switch in old.units:
+    # A removed switch stays live, emptied, until a reconfigure (headnode/incremental.py): only below a kept top.
+    tops = [switch for switch in old.units if switch not in new.units and old_parents[switch] is None]
+    if tops:
+        return "topology %s removes top switches (%s)" % (name, sample(tops))
+    for switch in (switch for switch in old.units if switch in new.units):  # a kept one under a removed one moves
         if new_parents[switch] != old_parents[switch]:
             return "topology %s moves switch %s to another parent" % (name, switch)
         if bool(old.units[switch][1]) != bool(new.units[switch][1]):  # a leaf is level 0 live, a parent above

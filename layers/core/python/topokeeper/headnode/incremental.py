@@ -4,9 +4,20 @@ Slurm >= 25.05 moves a node live with ``scontrol update NodeName=<hostlist> Topo
 the value is the node's whole placement (every topology it is in; a topology left out drops the node from it,
 src/interfaces/topology.c), tree paths are written from the top switch down and create missing switches
 under an existing one, and a block must exist (refused otherwise since 25.11). Proven on 25.11 and 26.05 in
-the project's chroots, so only from 25.11. Anything the updates cannot express (a new topology or block, a
-changed block order or block_sizes, a removed or re-parented switch, a file this parser does not read)
-takes the whole-file path with reconfigure.
+the project's chroots, so only from 25.11.
+
+No switch is deleted at run time: an update only clears the node's bit in its old leaf and the switches above it
+(src/plugins/topology/tree/topology_tree.c, topology_p_add_rm_node); the switch table is built from the file only,
+at a reconfigure or restart. A switch whose last nodes move out stays listed, ``Nodes=`` empty, in its parent's
+``Switches=``, holds no job, and a node can be put back in it by name; the next reconfigure, reading a file
+without it, drops it (checked on 25.11.7 and 26.05.5). So a plan that removes switches is applied live when the
+removed ones form whole subtrees below a kept top switch: the file is written without them, the updates empty
+them (every node under one changes its path), and the read-back passes over a live switch the plan lacks only
+while it and every switch below it hold no node (grouping.emptied_switches). The placeholder leaf ``no-topology``
+(nodes EC2 has not described yet) losing its last node is the common case.
+
+Anything the updates cannot express (a new topology or block, a changed block order or block_sizes, a removed
+top switch, a re-parented switch, a file this parser does not read) takes the whole-file path with reconfigure.
 """
 
 from __future__ import annotations

@@ -213,8 +213,9 @@ def _read_back_reconfigured(result: Dict[str, Any], transaction: Transaction, bu
         failed = place_cloud_nodes(transaction.scontrol, topology, result, transaction.faults.crash)
     _record_drift(result, transaction.scontrol, bundle)
     if result["drift"] and result["nodes_updated"] > before and not failed:
-        # The switches slurmctld made for their old paths outlive the moves (checked on 26.05); every CLOUD node's
-        # topology now equals the file's, so one more reload builds exactly the file.
+        # The switches slurmctld made for their old paths outlive the moves (checked on 26.05), emptied: no drift
+        # (grouping.emptied_switches). Any other difference: every CLOUD node's topology now equals the file's, so
+        # one more reload builds exactly the file.
         code, message = transaction.faults.crash_during(
             "during-cloud-reconfigure",
             lambda: reconfigure(transaction.scontrol, transaction.log_path, transaction.budget.left()),
