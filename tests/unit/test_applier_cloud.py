@@ -125,3 +125,12 @@ def test_a_node_powered_down_into_a_switch_an_incremental_apply_emptied_is_not_d
 
     assert aside == {"t": ["n3"]}
     assert compare_units(stripped.topologies["t"], topologies.get("t").units) == []
+    # A planned leaf whose planned and live nodes are all set aside: gone from the plan, empty live, still listed.
+    units = live.shown_value["t"].units
+    units["leaf0"] = dict(units["leaf0"], nodes=["n1", "n2", "n4"])
+    units["leaf1"] = dict(units["leaf1"], nodes=["n5"])
+    down = [_line("n1", "IDLE+CLOUD"), _line("n2", "IDLE+CLOUD")]
+    down += [_line(n, "IDLE+CLOUD+POWERED_DOWN") for n in ("n3", "n4", "n5")]
+    stripped, topologies, aside = set_aside_powered_down(bundle, live, "\n".join(down))
+    assert aside == {"t": ["n3", "n4", "n5"]}
+    assert compare_units(stripped.topologies["t"], topologies.get("t").units) == []
