@@ -77,7 +77,11 @@ def kept_elsewhere(old_text: str, new_text: str, topologies: LiveTopologies) -> 
             live = topologies.get(name)
         except Failed:  # a slow read: the read-back after the updates still compares
             return ""
-        live_parents = {str(c): parent for parent, unit in live.units.items() for c in unit.get("switches") or []}
+        live_parents: Dict[str, str] = {}
+        for parent, unit in live.units.items():
+            children = unit.get("switches")
+            if isinstance(children, list):
+                live_parents.update((str(child), parent) for child in children)
         for switch in (switch for switch in added if switch in live.units):
             planned = next((p for p, (_, children) in topology.units.items() if switch in children), None)
             if live_parents.get(switch) != planned:
