@@ -134,3 +134,21 @@ def test_a_node_powered_down_into_a_switch_an_incremental_apply_emptied_is_not_d
     stripped, topologies, aside = set_aside_powered_down(bundle, live, "\n".join(down))
     assert aside == {"t": ["n3", "n4", "n5"]}
     assert compare_units(stripped.topologies["t"], topologies.get("t").units) == []
+
+
+def test_a_block_that_held_only_set_aside_nodes_is_left_out_on_both_sides() -> None:
+    """A block is not kept emptied (a plan that drops one reconfigures): live and planned, it goes with its nodes."""
+    expected = {"b1": ExpectedUnit("block", ["n1"], []), "b2": ExpectedUnit("block", ["n2", "n3"], [])}
+    bundle = Bundle("sha", "topology.yaml", None, {}, {"gpu": "t"}, ["n1", "n2", "n3"], {"t": expected}, {})
+    live = LiveTopologies(None)  # type: ignore[arg-type]
+    live.shown_value["t"] = LiveTopology(
+        {
+            "b1": {"kind": "block", "nodes": ["n9"]},
+            "b2": {"kind": "block", "nodes": ["n1", "n2", "n3"]},
+        },
+        "",
+    )
+    show = "\n".join([_line("n1", "IDLE+CLOUD+POWERED_DOWN"), _line("n9", "IDLE+CLOUD+POWERED_DOWN")])
+    stripped, topologies, aside = set_aside_powered_down(bundle, live, show)
+    assert aside == {"t": ["n1", "n9"]}
+    assert compare_units(stripped.topologies["t"], topologies.get("t").units) == []
