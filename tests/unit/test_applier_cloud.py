@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from topokeeper.headnode.bundle import Bundle, ExpectedUnit
 from topokeeper.headnode.cloud import cloud_nodes, set_aside_powered_down, stray_batches
+from topokeeper.headnode.grouping import compare_units
 from topokeeper.headnode.scontrol import LiveTopologies, LiveTopology
 
 _FILE = """- topology: tree-gpu
@@ -94,3 +95,60 @@ def test_a_reason_that_quotes_a_state_or_a_name_is_not_the_nodes_own() -> None:
     )
 
     assert cloud_nodes(show) == {"n3": (False, "tree-gpu:root:leaf0")}
+
+
+def test_a_node_powered_down_into_a_switch_an_incremental_apply_emptied_is_not_drift() -> None:
+    """A CLOUD node placed live keeps its first place as the one power-down restores (node_mgr.c,
+    topology_orig_str; only a reconfigure re-reads it from the file). An incremental apply that emptied that
+    leaf (no-topology: the last powered-down node powered up) left it live; the node powering down goes back
+    into it, and verify sets it aside: the leaf, empty without it, is passed over like any emptied switch."""
+    expected = {
+        "root": ExpectedUnit("switch", ["n1", "n2", "n3", "n4"], ["leaf0", "leaf1"]),
+        "leaf0": ExpectedUnit("switch", ["n1", "n2"], []),
+        "leaf1": ExpectedUnit("switch", ["n3", "n4"], []),
+    }
+    nodes = ["n1", "n2", "n3", "n4"]
+    bundle = Bundle("sha", "topology.yaml", None, {}, {"gpu": "t"}, nodes, {"t": expected}, {})
+    live = LiveTopologies(None)  # type: ignore[arg-type]
+    live.shown_value["t"] = LiveTopology(
+        {
+            "root": {"kind": "switch", "level": 1, "nodes": nodes, "switches": ["leaf0", "leaf1", "no-topology"]},
+            "leaf0": {"kind": "switch", "level": 0, "nodes": ["n1", "n2"], "switches": []},
+            "leaf1": {"kind": "switch", "level": 0, "nodes": ["n4"], "switches": []},
+            "no-topology": {"kind": "switch", "level": 0, "nodes": ["n3"], "switches": []},
+        },
+        "",
+    )
+    show = "\n".join([_line(n, "IDLE+CLOUD") for n in ("n1", "n2", "n4")] + [_line("n3", "IDLE+CLOUD+POWERED_DOWN")])
+
+    stripped, topologies, aside = set_aside_powered_down(bundle, live, show)
+
+    assert aside == {"t": ["n3"]}
+    assert compare_units(stripped.topologies["t"], topologies.get("t").units) == []
+    # A planned leaf whose planned and live nodes are all set aside: gone from the plan, empty live, still listed.
+    units = live.shown_value["t"].units
+    units["leaf0"] = dict(units["leaf0"], nodes=["n1", "n2", "n4"])
+    units["leaf1"] = dict(units["leaf1"], nodes=["n5"])
+    down = [_line("n1", "IDLE+CLOUD"), _line("n2", "IDLE+CLOUD")]
+    down += [_line(n, "IDLE+CLOUD+POWERED_DOWN") for n in ("n3", "n4", "n5")]
+    stripped, topologies, aside = set_aside_powered_down(bundle, live, "\n".join(down))
+    assert aside == {"t": ["n3", "n4", "n5"]}
+    assert compare_units(stripped.topologies["t"], topologies.get("t").units) == []
+
+
+def test_a_block_that_held_only_set_aside_nodes_is_left_out_on_both_sides() -> None:
+    """A block is not kept emptied (a plan that drops one reconfigures): live and planned, it goes with its nodes."""
+    expected = {"b1": ExpectedUnit("block", ["n1"], []), "b2": ExpectedUnit("block", ["n2", "n3"], [])}
+    bundle = Bundle("sha", "topology.yaml", None, {}, {"gpu": "t"}, ["n1", "n2", "n3"], {"t": expected}, {})
+    live = LiveTopologies(None)  # type: ignore[arg-type]
+    live.shown_value["t"] = LiveTopology(
+        {
+            "b1": {"kind": "block", "nodes": ["n9"]},
+            "b2": {"kind": "block", "nodes": ["n1", "n2", "n3"]},
+        },
+        "",
+    )
+    show = "\n".join([_line("n1", "IDLE+CLOUD+POWERED_DOWN"), _line("n9", "IDLE+CLOUD+POWERED_DOWN")])
+    stripped, topologies, aside = set_aside_powered_down(bundle, live, show)
+    assert aside == {"t": ["n1", "n9"]}
+    assert compare_units(stripped.topologies["t"], topologies.get("t").units) == []

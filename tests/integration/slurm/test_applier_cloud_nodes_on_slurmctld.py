@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import gb200_nodes
+from tests.helpers import gb200_nodes, node, p5_nodes
 from tests.integration.slurm.test_applier_incremental_on_slurmctld import _gpu
 from tests.integration.slurm.test_applier_on_slurmctld import _bundle, _cluster, _plan, _run, _start
 from topokeeper.sim.slurm_chroot import SlurmController
@@ -115,3 +115,25 @@ def test_cloud_nodes_powered_down_and_up_again_end_where_the_file_says(sid_root:
     assert document["outcome"] in ("applied", "unchanged")
     assert {name: _leaf_of(controller, name) for name in placed} == placed
     assert _run(controller, "verify", plan)[1]["outcome"] == "in_sync"
+
+
+def test_a_cloud_node_powered_down_into_the_emptied_no_topology_leaf_is_not_drift(sid_root: Path, controllers) -> None:
+    """Powered up and placed live out of no-topology, which the incremental apply empties (Slurm keeps it until a
+    reconfigure): powered down, Slurm puts the node back where it was before its first update, into that emptied
+    leaf. Verify sets it aside (not drift) and an apply of the same plan changes nothing (no reconfigure)."""
+    first = _plan(_cluster(gpu=[node(n.name) if n.name in ("p5-007", "p5-008") else n for n in p5_nodes(8)]))
+    controller = controllers(sid_root)
+    _start(controller, first, edit_conf=lambda text: text + "SuspendTimeout=2\n")
+    assert _run(controller, "apply", _bundle(first))[1]["outcome"] == "applied"
+    _power(controller, "p5-[007-008]", "POWER_UP", "!POWERED_DOWN")
+    described = _bundle(_plan(_cluster()))
+    code, document = _run(controller, "apply", described)
+    assert (code, document["outcome"], document["apply_path"]) == (0, "applied", "incremental")
+
+    _power(controller, "p5-008", "POWER_DOWN_FORCE", "POWERED_DOWN")
+    assert _leaf_of(controller, "p5-008") == "no-topology"
+    code, verified = _run(controller, "verify", described)
+
+    assert (code, verified["outcome"], verified["drift"]) == (0, "in_sync", [])
+    code, document = _run(controller, "apply", described)
+    assert (document["error"], code, document["outcome"], document["reconfigured"]) == (None, 0, "unchanged", False)

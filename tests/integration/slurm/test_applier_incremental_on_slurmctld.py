@@ -218,3 +218,29 @@ def test_a_refused_update_or_a_differing_read_back_falls_back_to_reconfigure(yam
 
 
 _US_0002 = "      - block: us-0002\n        nodes: gb-037\n"
+
+
+def test_a_switch_emptied_live_and_named_again_under_another_parent_is_left_to_a_reconfigure(
+    sid_root: Path, controllers
+) -> None:
+    """nn-leaf002 (under nn-agg1) is emptied live and leaves the file; slurmctld keeps it. A later plan names
+    nn-leaf002 again under nn-agg0: `scontrol update` finds a switch by its name wherever it is
+    (topology_tree.c), so the update would put p5-008 under nn-agg1. Only a reconfigure re-parents it, and the
+    applier takes that path before any update misplaces a node."""
+    controller = controllers(sid_root)
+    first = _plan(_cluster())
+    _start(controller, first)
+    assert _run(controller, "apply", _bundle(first))[1]["outcome"] == "applied"
+    _assert_incremental(controller, _bundle(_plan(_cluster(gpu=_gpu(**{"p5-008": _LEAF1})))), 1)
+    assert parse_show_topology(controller.show_topology("tree-gpu"))["nn-agg1"]["switches"] == ["nn-leaf002"]
+
+    again = _bundle(_plan(_cluster(gpu=_gpu(**{"p5-008": ("nn-spine0", "nn-agg0", "nn-leaf002")}))))
+    code, document = _run(controller, "apply", again)
+
+    assert (document["error"], code, document["outcome"], document["apply_path"]) == (None, 0, "applied", "whole_file")
+    assert document["nodes_updated"] == 0, document["whole_file_reason"]
+    assert "nn-leaf002" in document["whole_file_reason"]
+    assert _run(controller, "verify", again)[1]["outcome"] == "in_sync"
+
+
+_LEAF1 = ("nn-spine0", "nn-agg0", "nn-leaf001")

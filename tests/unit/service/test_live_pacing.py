@@ -5,6 +5,8 @@ reconfigure keeps today's pacing."""
 
 from __future__ import annotations
 
+import re
+
 from tests.fakes import FakeFacts
 from tests.unit.service.test_reconcile_usecases import LastNodeNotReported
 from tests.unit.service.usecase_support import CLUSTER, Controller
@@ -239,3 +241,12 @@ def test_a_change_that_needs_a_reconfigure_keeps_max_wait() -> None:
         assert reconcile(request, controller.deps()).action == "deferred", second
     controller.clock.advance(1)
     assert reconcile(request, controller.deps()).action == "delivered"
+
+
+def test_the_bench_notes_state_the_live_wait_that_ships() -> None:
+    """docs/performance.md's notes come from bench/incremental.py: they give the shipped bound, not an older one."""
+    import bench.incremental  # here: the bench's own imports (the simulator) are not this module's
+
+    stated = {int(s) for s in re.findall(r"quiet spell at most (\d+) s", " ".join(bench.incremental.NOTES))}
+    stated |= {int(s) for s in re.findall(r"waits at most (\d+) s", bench.incremental.__doc__ or "")}
+    assert stated == {LIVE_MAX_WAIT_SECONDS}

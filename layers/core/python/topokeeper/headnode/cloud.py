@@ -87,15 +87,18 @@ def place_cloud_nodes(
 
 
 def _without(units: Mapping[str, Any], nodes: FrozenSet[str], prune: bool = False) -> Dict[str, Any]:
-    """``units`` (planned ExpectedUnits or live dicts) without ``nodes``; a unit that held only them goes too, and
-    with ``prune`` its place in its switch and a switch left with nothing (a leaf no update ever created: nodes left
-    to registration). Without it a planned leaf slurmctld lacks stays drift: the file was not loaded."""
+    """``units`` (planned ExpectedUnits or live dicts) without ``nodes``; a planned unit (or live block) that held
+    only them goes too, and with ``prune`` a live switch, its place in its switch and a switch left with nothing (a
+    leaf no update ever created: nodes left to registration). Without it a planned leaf slurmctld lacks stays drift:
+    the file was not loaded; and a live switch stays, empty, read as one an incremental apply emptied
+    (grouping.emptied_switches): a powered-down node goes back into one (its first place, re-read only at a
+    reconfigure)."""
     kept: Dict[str, Any] = {}
     for name, unit in units.items():
         planned = isinstance(unit, ExpectedUnit)
         members = [str(node) for node in (unit.nodes if planned else unit.get("nodes") or [])]
         left = [node for node in members if node not in nodes]
-        if members and not left:
+        if members and not left and (planned or prune or unit.get("kind") != "switch"):  # no block is kept emptied
             continue
         kept[name] = unit._replace(nodes=left) if planned else dict(unit, nodes=left)
     gone = set(units) - set(kept) if prune else set()

@@ -26,13 +26,14 @@ import time
 from typing import (
     Callable,
     Dict,
+    Optional,
     Sequence,
     Tuple,
 )
 
 from topokeeper.headnode.failures import Failed
-from topokeeper.headnode.scontrol import Scontrol
-from topokeeper.wire import RECONFIGURE_TIMEOUT, expand, one_line
+from topokeeper.headnode.scontrol import LiveTopologies, Scontrol
+from topokeeper.wire import RECONFIGURE_TIMEOUT, expand, one_line, parse_topology_yaml
 
 
 def update_live(
@@ -61,3 +62,37 @@ def update_live(
         result["nodes_updated"] = done
         crash("after-update:%d" % index)
     return True
+
+
+def kept_elsewhere(old_text: str, new_text: str, topologies: LiveTopologies) -> str:
+    """Why the updates cannot create a switch the plan adds ("" when they can): slurmctld still keeps one of that
+    name, emptied by an earlier apply, under another parent. An update finds each switch of its path by name
+    wherever it is (topology_tree.c, topology_p_add_rm_node), so it would put the nodes there."""
+    old, new = parse_topology_yaml(old_text) or {}, parse_topology_yaml(new_text) or {}
+    for name, topology in new.items():
+        added = sorted(set(topology.units) - set(old[name].units)) if name in old and topology.kind == "tree" else []
+        if not added:
+            continue
+        try:
+            live = topologies.get(name)
+        except Failed:  # a slow read: the read-back after the updates still compares
+            return ""
+        live_parents: Dict[str, str] = {}
+        for parent, unit in live.units.items():
+            children = unit.get("switches")
+            if isinstance(children, list):
+                live_parents.update((str(child), parent) for child in children)
+        for switch in (switch for switch in added if switch in live.units):
+            planned = next((p for p, (_, children) in topology.units.items() if switch in children), None)
+            if live_parents.get(switch) != planned:
+                return "topology %s: slurmctld still keeps switch %s under %s, the plan puts it under %s" % (
+                    name,
+                    switch,
+                    _shown(live_parents.get(switch)),
+                    _shown(planned),
+                )
+    return ""
+
+
+def _shown(parent: Optional[str]) -> str:
+    return parent or "no switch"

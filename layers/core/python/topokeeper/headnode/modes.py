@@ -52,7 +52,7 @@ from topokeeper.headnode.disk import (
 )
 from topokeeper.headnode.failures import Failed, NotRegularFile, Refused
 from topokeeper.headnode.grouping import grouping_drift, read_back, with_kinds
-from topokeeper.headnode.incremental import update_live
+from topokeeper.headnode.incremental import kept_elsewhere, update_live
 from topokeeper.headnode.output import new_result
 from topokeeper.headnode.proof import prove, refused_message
 from topokeeper.headnode.registered import (
@@ -364,6 +364,9 @@ def _incremental(
         topology[0].old if topology else None,
         bundle.files[bundle.slurm_format],
     )
+    if batches is not None and topology:
+        why = kept_elsewhere(topology[0].old or "", bundle.files[bundle.slurm_format], LiveTopologies(context.scontrol))
+        batches = None if why else batches
     if batches is None:
         result["whole_file_reason"] = why
         return None
