@@ -30,7 +30,8 @@ from topokeeper.sim.simulator import SimulationResult, simulate
 
 STORIES = {"rolling": SCENARIOS / "scale-1000.yaml", "burst": SCENARIOS / "burst-1000.yaml"}
 HYPERPOD_CLAIM_SECONDS = 120  # HyperPod's managed topology: "under 2 minutes" at 1,000 nodes
-# The issue's goals: rolling max, rolling p50, rolling writes and reconfigures, burst max beyond the API floor.
+# Issue 13's goals: rolling max, rolling p50, rolling reconfigures (its writes were all reconfigures), burst max beyond
+# the API floor.
 ROLLING_MAX, ROLLING_P50, ROLLING_WRITES, BURST_BEYOND_FLOOR = 120.0, 45.0, 6, 60.0
 HISTOGRAM_BUCKET_SECONDS = 15
 OUT = ROOT / "out" / "bench" / "latency.json"
@@ -102,7 +103,7 @@ def goals(entry: dict[str, Any]) -> list[tuple[str, bool]]:
         [
             ("max", entry["max"], ROLLING_MAX),
             ("p50", entry["p50"], ROLLING_P50),
-            ("writes", entry["writes"], ROLLING_WRITES),
+            # Issue 13 bounded writes because each was a reconfigure; a live write (issue 27) costs slurmctld none.
             ("reconfigures", entry["reconfigures"], ROLLING_WRITES),
         ]
         if entry["story"] == "rolling"
@@ -294,18 +295,16 @@ def delay_bound(entries: list[dict[str, Any]]) -> list[str]:
         f"P = p50 - T / (2W) = {rolling[0]['p50']:.1f} - {span:.0f} / {2 * writes} = {pipeline:.1f} s.",
     ]
     for delay in sorted(d for d in rolling if d):
-        least = delay + span / (2 * ROLLING_WRITES) + pipeline
-        room = ROLLING_P50 - delay - pipeline
-        needed = f"at least {math.ceil(span / (2 * room))} writes" if room > 0 else "no number of writes"
-        measured = rolling[delay]["p50"]
+        run_writes, measured = rolling[delay]["writes"], rolling[delay]["p50"]
+        predicted = delay + span / (2 * max(run_writes, 1)) + pipeline
+        paced = delay + span / (2 * ROLLING_WRITES) + pipeline
         lines += [
             "",
-            f"At D = {delay:.0f} s with the goal's {ROLLING_WRITES} writes: {delay:.0f} + {span:.0f} /"
-            f" {2 * ROLLING_WRITES} + {pipeline:.1f} = {least:.1f} s (measured: {_seconds(measured)} s),",
-            f"against a goal of {ROLLING_P50:g} s. **A p50 of {ROLLING_P50:g} s at a {delay:.0f} s delay is not"
-            f" reachable with at most {ROLLING_WRITES} writes**:",
-            f"it needs T / (2W) <= {ROLLING_P50:g} - {delay:.0f} - {pipeline:.1f} = {room:.1f} s, {needed} over"
-            f" {span:.0f} s. topokeeper does not chase it: the write goal stands.",
+            f"At D = {delay:.0f} s with the run's {run_writes} writes: {delay:.0f} + {span:.0f} / {2 * run_writes} +"
+            f" {pipeline:.1f} = {predicted:.1f} s (measured: {_seconds(measured)} s), against a goal of"
+            f" {ROLLING_P50:g} s. Paced as reconfigures (at most {ROLLING_WRITES} writes, issue 13) it would be",
+            f"{delay:.0f} + {span:.0f} / {2 * ROLLING_WRITES} + {pipeline:.1f} = {paced:.1f} s: the writes slurmctld"
+            " applies live (no reconfigure, Slurm 26.05), which no write interval holds back, are what reach it.",
         ]
     return [*lines, ""]
 
