@@ -94,7 +94,9 @@ def test_a_fifo_at_a_backup_manifest_is_skipped_without_waiting_on_it(sid_root: 
     os.mkfifo(backup / MANIFEST, 0o600)
     # A plan slurmctld refuses, already on disk but never loaded: the apply reloads it, slurmctld refuses, and
     # the applier looks through the backups' manifests for the files before it.
-    moved = node("p5-008", path=("nn-spine0", "nn-agg0", "nn-leaf001"), partition="gpu")
+    # nn-leaf002 re-parented under nn-agg0: slurmctld serves it under nn-agg1, a difference the read-back sees
+    # (a switch that only lost its nodes would read as one an incremental apply emptied).
+    moved = node("p5-008", path=("nn-spine0", "nn-agg0", "nn-leaf002"), partition="gpu")
     changed = _plan(_cluster(gpu=[*p5_nodes(7), moved]))
     broken = _with_content(_bundle(changed), changed.topology_text + _DUPLICATE_SWITCH)
     (controller.etc / "topology.yaml").write_text(broken["files"]["topology.yaml"]["content"])
