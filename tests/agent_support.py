@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,9 @@ CLUSTER = "llm-train-slurm"  # examples/mixed-cluster.json
 # installed it still run, since HyperPod agents never update themselves.
 RELEASED_AGENT_COMMIT = "e8c8e210eb2082d272175fdaaf138491b5a74a9a"
 RELEASED_AGENT_PATH = "layers/core/python/topokeeper/agent/agent.py"  # one file then, run as ``python3 agent.py``
+# The last head-node program before bundle schema /3: its bundles listed `registering` under /2, so it knows /2 at
+# most and an agent-pull head node that installed it refuses any bundle with that key.
+RELEASED_PROGRAM_COMMIT = "c6350cc8cf956c75a46bec4ed8a728990673b04b"
 
 
 def agent_program(directory: Path) -> Path:
@@ -37,19 +42,37 @@ def agent_command(program: Path, *arguments: str) -> tuple[list[str], dict[str, 
     return [sys.executable, str(program), "agent", *arguments], environment
 
 
+def _from_history(*arguments: str) -> bytes:
+    """``git ARGUMENTS``'s output in this repository: what a release shipped."""
+    repo = Path(__file__).resolve().parents[1]
+    shown = subprocess.run(["git", "-C", str(repo), *arguments], capture_output=True, check=False)
+    if shown.returncode != 0:
+        pytest.fail(f"a released program needs the git history (git fetch --unshallow): {shown.stderr.decode()}")
+    return shown.stdout
+
+
 def released_agent(directory: Path) -> Path:
     """That agent.py, from the repository's history, written to ``directory``."""
-    repo = Path(__file__).resolve().parents[1]
-    shown = subprocess.run(
-        ["git", "-C", str(repo), "show", f"{RELEASED_AGENT_COMMIT}:{RELEASED_AGENT_PATH}"],
-        capture_output=True,
-        check=False,
-    )
-    if shown.returncode != 0:
-        pytest.fail(f"the released agent needs the git history (git fetch --unshallow): {shown.stderr.decode()}")
     path = directory / "released_agent.py"
-    path.write_bytes(shown.stdout)
+    path.write_bytes(_from_history("show", f"{RELEASED_AGENT_COMMIT}:{RELEASED_AGENT_PATH}"))
     return path
+
+
+def released_program(directory: Path, commit: str = RELEASED_PROGRAM_COMMIT) -> Path:
+    """The head-node program of ``commit``, built by that commit's own build from its own sources, in ``directory``:
+    the .pyz an agent-pull head node that installed that release still runs (its agent and its applier)."""
+    sources = directory / "sources"
+    archive = _from_history("archive", "--format=tar", commit, "layers/core/python/topokeeper")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(sources, filter="data")
+    program = directory / PROGRAM_NAME
+    build = (
+        "import pathlib, sys; from topokeeper.contract.head_node_program import write_program; "
+        "write_program(pathlib.Path(sys.argv[1]))"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(sources / "layers" / "core" / "python")}  # that release's only
+    subprocess.run([sys.executable, "-c", build, str(program)], env=environment, check=True)
+    return program
 
 
 def bundle_document(slurm_version: str | None = None) -> dict[str, Any]:

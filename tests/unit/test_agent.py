@@ -36,7 +36,11 @@ from topokeeper.agent.main import EXIT_BAD_CONFIG, main
 from topokeeper.agent.state import State, exclusive, load_state
 from topokeeper.cli.agent_install import install_config
 from topokeeper.contract.ports import Outcome
+from topokeeper.render.bundle import Bundle
+from topokeeper.service.registration import with_registering
 from topokeeper.wire import (
+    BUNDLE_SCHEMA,
+    REGISTERING_BUNDLE_SCHEMA,
     AgentConfig,
     AgentConfigError,
     agent_config_document,
@@ -118,8 +122,14 @@ def _tampered(name: str) -> bytes:
     [
         (_tampered("content"), r"files\[topology.yaml\].sha256 does not match its content"),
         (_tampered("cluster"), "cluster_name: 'another-cluster' is not this cluster"),
-        (_tampered("schema"), "schema: expected topokeeper.bundle/2, got 'topokeeper.bundle/02'"),
-        (_tampered("foreign schema"), "schema: expected topokeeper.bundle/2, got 'someone.bundle/2'"),
+        (
+            _tampered("schema"),
+            "schema: expected topokeeper.bundle/2 or topokeeper.bundle/3, got 'topokeeper.bundle/02'",
+        ),
+        (
+            _tampered("foreign schema"),
+            "schema: expected topokeeper.bundle/2 or topokeeper.bundle/3, got 'someone.bundle/2'",
+        ),
         (_tampered("plan"), "plan_sha256: not a sha256"),
         (b"\xff\xfe", "bundle is not JSON"),
         (b"[1]", "not a JSON object"),
@@ -129,6 +139,14 @@ def test_a_bad_bundle_is_refused_with_the_reason(body: bytes, message: str) -> N
     with pytest.raises(BundleRefused, match=message) as refused:
         check_bundle(body, CLUSTER)
     assert refused.value.outcome == "refused"
+
+
+@pytest.mark.parametrize("registering", [[], ["ip-10-1-40-10"]])
+def test_bundles_with_and_without_nodes_left_to_registration_pass(registering: list[str]) -> None:
+    document = with_registering(Bundle.model_validate(bundle_document()), registering).document()
+    schema = REGISTERING_BUNDLE_SCHEMA if registering else BUNDLE_SCHEMA
+
+    assert check_bundle(bundle_body(document), CLUSTER)["schema"] == schema
 
 
 def test_a_newer_bundle_schema_says_the_agent_is_outdated_and_how_to_upgrade() -> None:

@@ -36,6 +36,7 @@ from tests.agent_support import (
     events_named,
     log_records,
     released_agent,
+    released_program,
     write_config,
 )
 from tests.helpers import RecordingMetrics
@@ -45,6 +46,8 @@ from topokeeper.agent.cycle import Agent
 from topokeeper.contract.config import ClusterConfig, Settings
 from topokeeper.contract.event_schemas import TopokeeperEvent, result_patterns
 from topokeeper.contract.ports import ClusterState
+from topokeeper.render.bundle import Bundle
+from topokeeper.service.registration import with_registering
 from topokeeper.service.result import ResultDeps, ResultReport, record_result
 from topokeeper.sim.aws import moto_patches
 from topokeeper.wire import AGENT_APPLY_DETAIL_TYPE, AGENT_VERIFY_DETAIL_TYPE, agent_source, agent_verify_request_key
@@ -141,9 +144,10 @@ class Node:
         self.now += after_seconds
         Agent(load_config(str(self.config_path)), clock=lambda: self.now).cycle()
 
-    def run_agent(self, *arguments: str) -> subprocess.Popen[str]:
-        """The agent as it ships (the one .pyz) as its own process, as systemd starts it."""
-        program = agent_program(self.directory / "program")
+    def run_agent(self, *arguments: str, program: Path | None = None) -> subprocess.Popen[str]:
+        """The agent as it ships (the one .pyz; ``program``: a released one) as its own process, as systemd starts
+        it."""
+        program = program or agent_program(self.directory / "program")
         argv, environment = agent_command(program, "--config", str(self.config_path), *arguments)
         return self._popen(argv, environment, program.parent)
 
@@ -515,6 +519,49 @@ def test_a_newer_bundle_schema_is_reported_agent_outdated_and_raises_the_metric(
     report = _result_function(event, metrics)
     assert (report.cluster, report.status) == (CLUSTER, "ignored")  # no delivery in flight to finish
     assert metrics.points == [(CLUSTER, "AgentOutdated", 1)]
+
+
+def _registering_bundle() -> dict[str, Any]:
+    """A bundle as the backend delivers it on Slurm 25.11, listing nodes whose instance has a registration entry."""
+    plan = Bundle.model_validate(bundle_document())
+    return with_registering(plan, plan.nodes[:2]).document()
+
+
+def test_a_program_released_before_registering_bundles_reports_one_agent_outdated(
+    cloud: Cloud, node: Node, tmp_path: Path
+) -> None:
+    """An agent-pull head node that never re-ran the install script is sent a bundle with `registering`, a key its
+    program does not know: its agent says it is outdated (the alarm with the upgrade hint), not a bare refusal."""
+    document = _registering_bundle()
+    cloud.put_bundle(bundle_body(document))
+
+    process = node.run_agent("--once", program=released_program(tmp_path / "released"))
+    _, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 0, stderr
+    assert node.applier.calls() == []  # its applier would refuse the unknown key, with no hint to upgrade
+    [event] = cloud.delivered()
+    result = event["detail"]["result"]
+    assert (result["outcome"], result["plan_sha256"]) == ("agent_outdated", document["plan_sha256"]), result["error"]
+    assert "re-run the `topokeeper agent install-script` output" in result["error"]
+    metrics = RecordingMetrics()
+    _result_function(event, metrics)
+    assert metrics.points == [(CLUSTER, "AgentOutdated", 1)]
+
+
+def test_a_program_released_before_registering_bundles_still_applies_one_without(
+    cloud: Cloud, node: Node, tmp_path: Path
+) -> None:
+    """Head nodes that never need registration (not Slurm 25.11) keep working without an upgrade."""
+    document = bundle_document()
+    cloud.put_bundle(bundle_body(document))
+
+    process = node.run_agent("--once", program=released_program(tmp_path / "released"))
+    _, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 0, stderr
+    assert node.applier.calls() == [{"mode": "apply", "plan_sha256": document["plan_sha256"], "aws_variables": []}]
+    assert [event["detail"]["result"]["outcome"] for event in cloud.delivered()] == ["applied"]
 
 
 def _released_agent_cycle(node: Node, tmp_path: Path) -> list[str]:

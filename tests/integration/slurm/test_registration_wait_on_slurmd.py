@@ -23,7 +23,7 @@ from tests.integration.slurm.test_applier_incremental_on_slurmctld import _gpu
 from tests.integration.slurm.test_applier_on_slurmctld import _bundle, _cluster, _plan, _run, _start
 from topokeeper.headnode.config_dir import BACKUP_DIR
 from topokeeper.headnode.registered import REGISTRATION_FILE
-from topokeeper.service.registration import placements
+from topokeeper.service.registration import placements, with_registering
 from topokeeper.sim.slurm_chroot import HarnessError, SlurmController
 from topokeeper.sim.slurmd_nodes import SlurmdNodes
 from topokeeper.wire import EXIT_CODES
@@ -52,10 +52,7 @@ def _start_with_slurmd(controller: SlurmController, version: str) -> SlurmdNodes
 def _moved(version: str, registering: list[str], **more: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]]:
     """The plan that puts the booting nodes where their instances are, as delivered; {node: Topology= value}."""
     rendered = _plan(_cluster(gpu=_gpu(**MOVES, **more)), version=version)
-    bundle = _bundle(rendered)
-    if registering:
-        bundle["registering"] = registering
-    return bundle, placements(rendered.bundle)
+    return with_registering(rendered.bundle, registering).document(), placements(rendered.bundle)
 
 
 def _wait_registered(controller: SlurmController, daemons: SlurmdNodes, node: str) -> None:

@@ -5,21 +5,29 @@ topokeeper may not make (verify mode) or slurmd cannot take it (before 25.11).""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
+from tests.signing_support import LocalSigner
 from tests.unit.service.test_bindings_usecases import BOUND, _table
 from tests.unit.service.test_result_usecases import ssm_event
+from tests.unit.service.test_signing_usecases import _trusted
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.contract.errors import Permanent, Retryable
 from topokeeper.contract.ports import ApplyResult, Outcome
+from topokeeper.headnode.bundle import parse_bundle
+from topokeeper.headnode.signature import check_signature
 from topokeeper.service import registration
 from topokeeper.service.controller import reconcile
-from topokeeper.service.registration import placements
+from topokeeper.service.registration import placements, with_registering
 from topokeeper.service.result import record_result
+from topokeeper.service.signing import sign_bundle
 from topokeeper.service.state import save_fields
 from topokeeper.wire import (
+    BUNDLE_SCHEMA,
+    REGISTERING_BUNDLE_SCHEMA,
     REGISTRATION_WAIT_SECONDS,
     Registration,
     RegistrationError,
@@ -284,6 +292,7 @@ def test_the_delivered_bundle_lists_the_nodes_with_entries_as_registering(versio
     (bundle,) = controller.channel.delivered
     if version != "25.11":  # no entries: the key is absent, the bundle's bytes as before
         assert bundle.registering is None and "registering" not in bundle.document()
+        assert bundle.document()["schema"] == BUNDLE_SCHEMA  # head nodes that never need registration: no upgrade
         return
     node_of = {address: node for node, address in BOUND.items()}
     with_entries = sorted(
@@ -291,6 +300,24 @@ def test_the_delivered_bundle_lists_the_nodes_with_entries_as_registering(versio
     )
     assert bundle.registering == with_entries and bundle.document()["registering"] == with_entries
     assert "q1-dy-p5-5" not in with_entries  # powered down, no instance: no entry, placed by the apply
+    # A key older head-node programs do not know: a newer schema, so their agent answers agent_outdated.
+    assert bundle.document()["schema"] == REGISTERING_BUNDLE_SCHEMA
+
+
+def test_a_stored_plan_delivered_with_registering_is_signed_as_bundle_3_and_verifies_on_the_head_node() -> None:
+    controller, signer = _cluster(), LocalSigner()
+    reconcile(controller.change(), dataclasses.replace(controller.deps(), signer=signer))
+    (delivered,) = controller.channel.delivered
+    assert delivered.registering
+
+    stored = controller.plans.bundle(CLUSTER, delivered.plan_sha256)  # what a later delivery starts from
+    assert stored.document()["schema"] == BUNDLE_SCHEMA and stored.registering is None  # content-addressed as /2
+    again = sign_bundle(with_registering(stored, delivered.registering), 9, "apply", signer)
+    for bundle in (delivered, again):
+        parsed = parse_bundle(json.dumps(bundle.document(), sort_keys=True))
+        check_signature(parsed, "apply", _trusted(signer))  # the schema is signed with the rest
+        assert bundle.document()["schema"] == REGISTERING_BUNDLE_SCHEMA
+        assert parsed.registering == tuple(delivered.registering)
 
 
 def _applied_leaving_one_to_registration() -> Controller:

@@ -21,6 +21,8 @@ from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Seq
 # --- documents ---------------------------------------------------------------------------------------
 
 BUNDLE_SCHEMA = "topokeeper.bundle/2"  # the bundle document the head node accepts (render/bundle.py writes it)
+REGISTERING_BUNDLE_SCHEMA = "topokeeper.bundle/3"  # one with REGISTERING_KEY: older agents answer agent_outdated
+BUNDLE_SCHEMAS = (BUNDLE_SCHEMA, REGISTERING_BUNDLE_SCHEMA)  # what the head-node program accepts, the newest last
 YAML_FORMAT = "topology.yaml"
 CONF_FORMAT = "topology.conf"
 MODES = ("apply", "dry-run", "verify")

@@ -7,11 +7,12 @@ import json
 import re
 from typing import Any, Dict, Optional
 
-from topokeeper.wire import BUNDLE_SCHEMA
+from topokeeper.wire import BUNDLE_SCHEMAS
 
-# The newest bundle schema this agent understands. A newer one is refused as "agent_outdated": the
+# The bundle schemas this agent understands, and the newest. A newer one is refused as "agent_outdated": the
 # install script that shipped this agent must be re-run to get an agent (and applier) that knows it.
-BUNDLE_SCHEMA_NAME, _, _version = BUNDLE_SCHEMA.partition("/")
+NEWEST_BUNDLE_SCHEMA = BUNDLE_SCHEMAS[-1]
+BUNDLE_SCHEMA_NAME, _, _version = NEWEST_BUNDLE_SCHEMA.partition("/")
 BUNDLE_SCHEMA_VERSION = int(_version)
 AGENT_OUTDATED = "agent_outdated"
 
@@ -33,16 +34,16 @@ _SCHEMA = re.compile(re.escape(BUNDLE_SCHEMA_NAME) + r"/([1-9][0-9]{0,5})")
 
 
 def check_schema(schema: Any) -> None:
-    """Only this agent's schema passes; a newer version of it means this agent is outdated."""
-    if schema == BUNDLE_SCHEMA:
+    """Only this agent's schemas pass; a newer version of them means this agent is outdated."""
+    if schema in BUNDLE_SCHEMAS:
         return
     match = _SCHEMA.fullmatch(schema) if isinstance(schema, str) else None
     if match and int(match.group(1)) > BUNDLE_SCHEMA_VERSION:
         raise AgentOutdated(
-            f"agent outdated: the bundle is {schema}, this agent knows {BUNDLE_SCHEMA} at most; re-run the "
+            f"agent outdated: the bundle is {schema}, this agent knows {NEWEST_BUNDLE_SCHEMA} at most; re-run the "
             "`topokeeper agent install-script` output on this head node"
         )
-    raise BundleRefused(f"schema: expected {BUNDLE_SCHEMA}, got {repr(schema)[:80]}")
+    raise BundleRefused(f"schema: expected {' or '.join(BUNDLE_SCHEMAS)}, got {repr(schema)[:80]}")
 
 
 def check_bundle(body: bytes, cluster: str) -> Dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import (
 
 from topokeeper.headnode.failures import BadSignature, Refused
 from topokeeper.wire import (
-    BUNDLE_SCHEMA,
+    BUNDLE_SCHEMAS,
     CONF_FORMAT,
     REGISTERING_KEY,
     SIGNATURE_ALGORITHM,
@@ -120,8 +120,10 @@ def _document(text: str) -> Dict[str, Any]:
     except RecursionError:  # json recurses per nesting level
         raise Refused("bundle is nested too deeply") from None
     document = _object(document, "bundle")
-    if document.get("schema") != BUNDLE_SCHEMA:
-        raise Refused("bundle.schema: expected %s, got %r" % (BUNDLE_SCHEMA, str(document.get("schema"))[:80]))
+    # /3 marks a bundle with REGISTERING_KEY; a /2 one may carry it too (the release before /3 sent it so).
+    if document.get("schema") not in BUNDLE_SCHEMAS:
+        schemas = " or ".join(BUNDLE_SCHEMAS)
+        raise Refused("bundle.schema: expected %s, got %r" % (schemas, str(document.get("schema"))[:80]))
     missing = sorted(_BUNDLE_KEYS - set(document))
     unknown = sorted(set(document) - _BUNDLE_KEYS - _SIGNING_KEYS - _OPTIONAL_KEYS)
     if missing or unknown:

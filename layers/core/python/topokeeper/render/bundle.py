@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticSerializationError, to_json
 
 from topokeeper.domain.models import (
@@ -27,7 +27,14 @@ from topokeeper.domain.models import (
 from topokeeper.render.mermaid import render_mermaid
 from topokeeper.render.slurm_conf import render_conf
 from topokeeper.render.slurm_yaml import render_entry, render_yaml
-from topokeeper.wire import BUNDLE_SCHEMA, bindings_sha256, content_sha256, sha256_text
+from topokeeper.wire import (
+    BUNDLE_SCHEMA,
+    BUNDLE_SCHEMAS,
+    REGISTERING_BUNDLE_SCHEMA,
+    bindings_sha256,
+    content_sha256,
+    sha256_text,
+)
 
 
 def json_text(document: Any, *, sort_keys: bool = False) -> str:
@@ -88,16 +95,18 @@ class Bundle(BaseModel):
     """What the applier needs, and nothing it would have to trust without checking. A plan's bundle is
     unsigned (content-addressed); a delivered one carries a generation, its purpose and the signature."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_: str = Field(BUNDLE_SCHEMA, alias="schema")
-
-    @field_validator("schema_")
+    @model_validator(mode="before")
     @classmethod
-    def _known_schema(cls, value: str) -> str:
-        if value not in (BUNDLE_SCHEMA, PLAN_BUNDLE_SCHEMA_1):
-            raise ValueError(f"expected {BUNDLE_SCHEMA}, got {value!r}")
-        return BUNDLE_SCHEMA  # a /1 bundle is a /2 bundle without signing fields (plans stored before them)
+    def _known_schema(cls, data: Any) -> Any:
+        """A document's schema is checked, then dropped: what the fields hold says which one it is (``schema_``).
+        A /1 bundle is a /2 bundle without signing fields (plans stored before them)."""
+        if isinstance(data, dict) and "schema" in data:
+            if data["schema"] not in (PLAN_BUNDLE_SCHEMA_1, *BUNDLE_SCHEMAS):
+                raise ValueError(f"schema: expected one of {', '.join(BUNDLE_SCHEMAS)}, got {data['schema']!r}")
+            data = {key: value for key, value in data.items() if key != "schema"}
+        return data
 
     cluster_name: str
     plan_sha256: str
@@ -123,12 +132,19 @@ class Bundle(BaseModel):
     purpose: Literal["apply", "verify"] | None = None
     signature: BundleSignature | None = None
 
+    @property
+    def schema_(self) -> str:
+        """/3 when it lists nodes left to registration: an agent whose program predates that key refuses it as newer
+        than it knows (agent_outdated, whose alarm says to upgrade), not as an unknown key; /2 without it, so head
+        nodes that never need registration keep working unupgraded."""
+        return BUNDLE_SCHEMA if self.registering is None else REGISTERING_BUNDLE_SCHEMA
+
     def document(self) -> dict[str, Any]:
-        """The bundle's JSON document: absent bindings and signing fields are left out, so a bundle without
-        them keeps its bytes."""
+        """The bundle's JSON document, what is signed and sent: absent bindings and signing fields are left out, so
+        a bundle without them keeps its bytes."""
         document = self.model_dump(mode="json", by_alias=True)
         optional = SIGNING_FIELDS | {"bindings", "bindings_sha256", "replace_managed", "registering"}
-        return {k: v for k, v in document.items() if k not in optional or v is not None}
+        return {"schema": self.schema_, **{k: v for k, v in document.items() if k not in optional or v is not None}}
 
     def unsigned(self) -> Bundle:
         """The plan's own bundle: what the plans store keeps, content-addressed."""
