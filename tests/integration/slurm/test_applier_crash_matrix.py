@@ -633,8 +633,11 @@ def test_a_kill_during_the_recoverys_own_reconfigure_keeps_rolling_forward(
 
 # 26.05, a whole-file apply with two powered-up CLOUD nodes on a dynamic topology: after its reconfigure, two
 # live updates put them where the file says (headnode/cloud.py). Killed before or between them, the next apply
-# (its files equal the plan, slurmctld differs; or it finds the journal) reloads the files and places them.
-CLOUD_STEPS = ("after-reconfigure", "cloud-after-update:0", "cloud-after-update:1", "during-cloud-reconfigure")
+# (its files equal the plan, slurmctld differs; or it finds the journal) reloads the files and places them;
+# killed after the last, slurmctld already serves the file. The switches of their old paths stay, emptied, which
+# the read-back passes over, so the reconfigure modes.py keeps for any other difference left after the updates
+# ("during-cloud-reconfigure") is not reached here.
+CLOUD_STEPS = ("after-reconfigure", "cloud-after-update:0", "cloud-after-update:1")
 
 
 @pytest.mark.parametrize("step", [s for s in CLOUD_STEPS if FULL or s == "cloud-after-update:0"])
@@ -655,8 +658,8 @@ def test_a_kill_around_the_cloud_node_updates_after_a_reconfigure_ends_with_live
     code, applied = _run(controller, "apply", _bundle(three_blocks))
 
     assert (applied["error"], code) == (None, 0), applied["drift"]
-    # Killed in the last reconfigure, slurmctld may already serve the file: nothing left to do.
-    assert applied["outcome"] == ("unchanged" if step == "during-cloud-reconfigure" else "applied")
+    # Killed after the last update, slurmctld already serves the file: nothing left to do.
+    assert applied["outcome"] == ("unchanged" if step == CLOUD_STEPS[-1] else "applied")
     assert (_leaf_of(controller, "p5-003"), _leaf_of(controller, "p5-007")) == ("nn-leaf000", "nn-leaf001")
     assert _run(controller, "verify", _bundle(three_blocks))[1]["outcome"] == "in_sync"
     assert _restarts(controller) == ""
