@@ -366,3 +366,23 @@ def test_when_the_registration_wait_ends_the_plan_is_delivered_again_with_no_cha
     assert reconcile(check, controller.deps()).action == "delivered"
     first, again = controller.channel.delivered
     assert again.plan_sha256 == first.plan_sha256 and controller.now_state().registration_check_at is None
+
+
+def test_a_change_reconciled_within_the_registration_wait_does_not_cancel_its_end() -> None:
+    # A change reconciled within the wait, its plan unchanged (nothing to write yet), closes the cycle that holds
+    # the wait's own trigger: the wait's end must still bring the plan again, not the next change or drift check.
+    controller = _applied_leaving_one_to_registration()
+    first = len(controller.queue.sent) - 1  # the wait's own request
+
+    assert reconcile(controller.change("e-2"), controller.deps()).action == "unchanged"
+    assert len(controller.queue.sent) == first + 2  # one message more, no loop
+    assert reconcile(controller.queue.sent[-1], controller.deps()).action == "deferred"  # within the wait
+    controller.clock.advance(REGISTRATION_WAIT_SECONDS + 31)
+    actions, index = [], first
+    while index < len(controller.queue.sent) and index < first + 10:  # every message queued since, in order
+        actions.append(reconcile(controller.queue.sent[index], controller.deps()).action)
+        index += 1
+
+    assert actions.count("delivered") == 1, actions  # the others covered (one an SQS duplicate of the cycle's)
+    first_bundle, again = controller.channel.delivered
+    assert again.plan_sha256 == first_bundle.plan_sha256 and controller.now_state().registration_check_at is None

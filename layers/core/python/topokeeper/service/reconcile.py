@@ -511,10 +511,11 @@ def close_cycle(
 ) -> None:
     """After a reconcile saved its state: forget its triggers, queue what arrived meanwhile, continue a
     discovery cut short by its deadline (without spending a topology retry), ask again for topology data not
-    reported yet, and time it."""
+    reported yet, come back when a registration wait still running ends (its own trigger was among those
+    forgotten), and time it."""
     deps.state.consume_triggers(cluster, state.generation)
     # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
-    queue_next_cycle(deps.state, deps.queue, cluster)
+    check_at = queue_next_cycle(deps.state, deps.queue, cluster).registration_check_at
     again: tuple[str, str] | None = None
     if undescribed:
         again = (
@@ -523,6 +524,9 @@ def close_cycle(
         )
     elif missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
         again = (TOPOLOGY_RETRY, f"{missing} node(s) without topology data yet")
+    elif check_at is not None and now < check_at:
+        # One own trigger per cycle, so that its wait holds (``_own_wait``): a retry's reconcile asks this again.
+        again = (REGISTRATION_CHECK, f"the registration wait still runs: the plan again at {check_at}")
     if again is not None:
         request_reconcile(deps.state, deps.queue, cluster, now, reason="retry", detail_type=again[0], summary=again[1])
     deps.metrics.emit(cluster, Metric.RECONCILE_SECONDS, time.monotonic() - started)
