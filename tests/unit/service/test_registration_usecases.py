@@ -13,7 +13,8 @@ from tests.unit.service.test_bindings_usecases import BOUND, _table
 from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.contract.errors import Permanent, Retryable
-from topokeeper.contract.ports import ApplyResult, Outcome
+from topokeeper.contract.ports import ApplyResult, DeliveryHandle, Outcome
+from topokeeper.render.bundle import Bundle
 from topokeeper.service import registration
 from topokeeper.service.controller import reconcile
 from topokeeper.service.registration import placements
@@ -386,3 +387,28 @@ def test_a_change_reconciled_within_the_registration_wait_does_not_cancel_its_en
     assert actions.count("delivered") == 1, actions  # the others covered (one an SQS duplicate of the cycle's)
     first_bundle, again = controller.channel.delivered
     assert again.plan_sha256 == first_bundle.plan_sha256 and controller.now_state().registration_check_at is None
+
+
+def test_a_result_that_beats_the_reconciles_save_keeps_its_registration_wait() -> None:
+    # SSM's status event may be handled before the reconcile saved its command id: the reconcile's late save must
+    # not clear the wait that result set (nothing would then bring the plan again when it ends).
+    controller = _cluster()
+    deliver = controller.channel.deliver
+
+    def deliver_and_report_at_once(bundle: Bundle) -> DeliveryHandle:
+        handle = deliver(bundle)
+        controller.ssm_results[handle.reference] = ApplyResult(
+            outcome=Outcome.APPLIED,
+            applier_version="1.0.0",
+            mode="apply",
+            plan_sha256=bundle.plan_sha256,
+            nodes_left_to_registration=[REGISTERED],
+        )
+        assert record_result(ssm_event(handle.reference), controller.result_deps()).status == "recorded"
+        return handle
+
+    controller.channel.deliver = deliver_and_report_at_once  # type: ignore[method-assign]
+
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"
+    state = controller.now_state()
+    assert state.pending is None and state.registration_check_at is not None

@@ -460,6 +460,7 @@ def reconcile_slurm(
                 fields["pending"] = fresh.pending.model_copy(update={"handle": handle})
             else:
                 fields.pop("pending")  # its result came first and finished it, or another writer took over
+                fields.pop("registration_check_at")  # ...and that result's own registration wait stands
         return fields
 
     save_fields(deps.state, cluster.name, record)
