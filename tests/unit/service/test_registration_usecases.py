@@ -412,3 +412,28 @@ def test_a_result_that_beats_the_reconciles_save_keeps_its_registration_wait() -
     assert reconcile(controller.change(), controller.deps()).action == "delivered"
     state = controller.now_state()
     assert state.pending is None and state.registration_check_at is not None
+
+
+def test_a_write_within_the_registration_wait_brings_the_plan_again_when_the_first_wait_ends_not_later() -> None:
+    # A plan change written within the wait clears the check (its result sets the next). The head node still
+    # leaves the node, whose wait runs from the first apply that left it: the next check is when that ends, as the
+    # head node says, not a whole wait after this write (the node would wait up to twice the bound).
+    controller = _applied_leaving_one_to_registration()
+    first_ends = controller.now_state().registration_check_at
+    controller.clock.advance(200)
+    controller.facts.move(0, 1)
+
+    assert reconcile(controller.change("e-2"), controller.deps()).action == "delivered"
+    pending = controller.now_state().pending
+    assert pending is not None
+    controller.ssm_results[pending.handle.reference] = ApplyResult.model_validate(
+        {
+            "outcome": "applied",
+            "applier_version": "1.0.0",
+            "nodes_left_to_registration": [REGISTERED],
+            "registration_wait_seconds": REGISTRATION_WAIT_SECONDS - 200,
+        }
+    )
+    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+
+    assert controller.now_state().registration_check_at == first_ends

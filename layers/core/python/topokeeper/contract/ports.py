@@ -105,6 +105,8 @@ class ApplyResult(BaseModel):
     nodes_placed_before: list[str] = Field(default_factory=empty_list)
     # Registering nodes not registered yet that the apply left to their slurmd (no scontrol update), for a while.
     nodes_left_to_registration: list[str] = Field(default_factory=empty_list)
+    # ...and in how many seconds the first of their waits ends (each runs from the first apply that left the node).
+    registration_wait_seconds: float | None = None
     # Planned nodes bound to another NodeAddr now, [NodeName, planned, live]: left where they were, every other
     # node applied (headnode/deferral.py); dropped.deferred counts a cut
     deferred: list[list[str]] = Field(default_factory=empty_list)

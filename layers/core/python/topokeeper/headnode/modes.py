@@ -329,9 +329,10 @@ def _leave_to_registration(result: Dict[str, Any], bundle: Bundle, transaction: 
         bundle = bundle._replace(registering=())  # no slurmctld there places a resumed node at registration
     if not record and not bundle.registering:
         return Waiting({}, [])
+    now = time.time()
     try:
         show_nodes = transaction.scontrol.output("-o", "--future", "show", "nodes")
-        found = waiting(bundle, record, show_nodes, LiveTopologies(transaction.scontrol), time.time())
+        found = waiting(bundle, record, show_nodes, LiveTopologies(transaction.scontrol), now)
     except Failed:  # a slow read: nothing is left to registration, this apply places every node
         return Waiting({}, [])
     if found.left != record:
@@ -340,6 +341,8 @@ def _leave_to_registration(result: Dict[str, Any], bundle: Bundle, transaction: 
         except OSError:  # unrecorded, verify would read them as drift: placed now instead
             return Waiting({}, found.overdue)
     result["nodes_left_to_registration"] = sorted(found.left)
+    if found.left:  # the backend comes back when the first wait ends (relative: the clocks may differ)
+        result["registration_wait_seconds"] = round(min(found.left.values()) - now, 1)
     return found
 
 

@@ -56,6 +56,7 @@ def new_result(mode: Optional[str]) -> Dict[str, Any]:
         "nodes_placed_before": [],
         # Registering nodes not registered yet, left to their slurmd within their wait: not updated (registered.py).
         "nodes_left_to_registration": [],
+        "registration_wait_seconds": None,  # in how many seconds the first of their waits ends
         "deferred": [],
         "full_result": None,
     }
