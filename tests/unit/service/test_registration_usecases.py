@@ -437,3 +437,30 @@ def test_a_write_within_the_registration_wait_brings_the_plan_again_when_the_fir
     record_result(ssm_event(pending.handle.reference), controller.result_deps())
 
     assert controller.now_state().registration_check_at == first_ends
+
+
+def test_a_node_whose_wait_ended_unregistered_is_audited_under_the_update_that_placed_it() -> None:
+    # The apply that left the node audited it as `registration` (left to it); its slurmd never came, and the plan
+    # delivered again when the wait ended placed it by scontrol update: that delivery's record must say so, though
+    # the plan (and so every partition's content) is the same.
+    controller = _applied_leaving_one_to_registration()
+    controller.clock.advance(REGISTRATION_WAIT_SECONDS + 31)
+    assert reconcile(controller.queue.sent[-1], controller.deps()).action == "delivered"
+    pending = controller.now_state().pending
+    assert pending is not None
+    reference = pending.handle.reference
+    controller.ssm_results[reference] = ApplyResult.model_validate(
+        {
+            "outcome": "applied",
+            "applier_version": "1.0.0",
+            "apply_path": "incremental",
+            "nodes_updated": 1,
+            "nodes_placed_after_wait": [REGISTERED],
+        }
+    )
+    record_result(ssm_event(reference), controller.result_deps())
+
+    again = [r for r in controller.audit.records.values() if r.delivery_reference == reference]
+    assert [(r.reason, r.placed_by, r.placed_by_count) for r in again] == [
+        ("drift-repair", {"update": [REGISTERED]}, {"update": 1})
+    ]

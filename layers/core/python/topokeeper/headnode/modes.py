@@ -335,6 +335,8 @@ def _leave_to_registration(result: Dict[str, Any], bundle: Bundle, transaction: 
         found = waiting(bundle, record, show_nodes, LiveTopologies(transaction.scontrol), now)
     except Failed:  # a slow read: nothing is left to registration, this apply places every node
         return Waiting({}, [])
+    # Left by an earlier apply, placed by this one: the audit names this apply's route for them, not registration.
+    result["nodes_placed_after_wait"] = sorted(node for hostlist, _ in found.overdue for node in expand(hostlist))
     if found.left != record:
         try:
             write_record(transaction.backup_fd, found.left, transaction.faults)
