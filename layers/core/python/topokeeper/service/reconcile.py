@@ -64,7 +64,7 @@ from topokeeper.service.registration import (
     registers,
     with_registering,
 )
-from topokeeper.service.result import REGISTRATION_CHECK, observed_fields
+from topokeeper.service.result import REGISTRATION_CHECK, REGISTRATION_CHECK_MARGIN, observed_fields
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
 from topokeeper.service.state import (
     OWN_TRIGGER_SOURCE,
@@ -74,7 +74,7 @@ from topokeeper.service.state import (
     request_reconcile,
     save_fields,
 )
-from topokeeper.wire import FIRST_INCREMENTAL_VERSION, parse_slurm_version
+from topokeeper.wire import FIRST_INCREMENTAL_VERSION, REGISTRATION_WAIT_SECONDS, parse_slurm_version
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
 # ...and no sooner than this after the reconcile that found it missing, whatever the pacing settings: without a
@@ -100,6 +100,9 @@ LIVE_MAX_WAIT_SECONDS = 15
 # With EARLY_WRITE_CHECKS, a delivery's two and a topology retry's TOPOLOGY_RETRY_SECONDS (1 s apart at most):
 # under the queue's 50 receives.
 DEBOUNCE_CHECKS = 20
+# A registration wait's message looks at most this many times (10 s apart, as the default debounce does) whatever
+# the debounce: once a second through the whole wait would have it dead-lettered before the wait ends.
+REGISTRATION_WAIT_CHECKS = 33
 
 
 class Decision(StrEnum):
@@ -214,8 +217,11 @@ def _own_wait(state: ClusterState, now: datetime, settings: Settings) -> Verdict
         and now < state.registration_check_at
         and _only_own(state, REGISTRATION_CHECK)
     ):
-        # As a topology retry waits: a change arriving meanwhile is looked at within the debounce.
-        wait = min((state.registration_check_at - now).total_seconds(), max(1.0, settings.debounce_seconds))
+        # As a topology retry waits: a change arriving meanwhile is looked at within the debounce, though not more
+        # often than REGISTRATION_WAIT_CHECKS times a wait (each look is a receive).
+        whole = REGISTRATION_WAIT_SECONDS + REGISTRATION_CHECK_MARGIN.total_seconds()
+        look = max(1.0, settings.debounce_seconds, whole / REGISTRATION_WAIT_CHECKS)
+        wait = min((state.registration_check_at - now).total_seconds(), look)
         return _wait(wait, "registration wait: the nodes left to their slurmd are looked at when it ends")
     if state.first_pending_at is not None and _only_own(state, TOPOLOGY_RETRY):
         asked = (now - state.first_pending_at).total_seconds()
