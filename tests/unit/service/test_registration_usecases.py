@@ -464,3 +464,19 @@ def test_a_node_whose_wait_ended_unregistered_is_audited_under_the_update_that_p
     assert [(r.reason, r.placed_by, r.placed_by_count) for r in again] == [
         ("drift-repair", {"update": [REGISTERED]}, {"update": 1})
     ]
+
+
+def test_a_result_whose_left_nodes_were_cut_from_its_document_still_brings_the_plan_again() -> None:
+    # A document cut to fit stdout (a long node table, no upload: the agent's channel) may list none of the nodes it
+    # left, only their count in `dropped`: they wait for their registration all the same.
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    pending = controller.now_state().pending
+    assert pending is not None
+    controller.ssm_results[pending.handle.reference] = ApplyResult.model_validate(
+        {"outcome": "applied", "applier_version": "1.0.0", "dropped": {"nodes_left_to_registration": 250}}
+    )
+    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+
+    assert controller.now_state().registration_check_at is not None
+    assert controller.queue.sent[-1].reason == "retry"

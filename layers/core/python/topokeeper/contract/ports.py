@@ -117,6 +117,11 @@ class ApplyResult(BaseModel):
     full_result: dict[str, Any] | None = None
 
     @property
+    def left_to_registration(self) -> int:
+        """How many nodes the apply left to registration, those cut from the document (``dropped``) too."""
+        return len(self.nodes_left_to_registration) + self.dropped.get("nodes_left_to_registration", 0)
+
+    @property
     def saw_topology_owner(self) -> bool:
         """The applier read who writes the live topology file (it does so right after the node table): a null
         managed_by then means nobody else does, not that the document did not say."""
