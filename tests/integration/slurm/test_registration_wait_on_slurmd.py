@@ -26,7 +26,7 @@ from topokeeper.headnode.registered import REGISTRATION_FILE
 from topokeeper.service.registration import placements, with_registering
 from topokeeper.sim.slurm_chroot import HarnessError, SlurmController
 from topokeeper.sim.slurmd_nodes import SlurmdNodes
-from topokeeper.wire import EXIT_CODES
+from topokeeper.wire import EXIT_CODES, REGISTRATION_WAIT_SECONDS
 
 pytestmark = pytest.mark.slurm
 
@@ -85,6 +85,8 @@ def test_on_25_11_a_registering_node_is_placed_by_its_slurmd_and_one_whose_slurm
 
     assert (document["error"], code, document["outcome"], document["apply_path"]) == (None, 0, "applied", "incremental")
     assert (document["nodes_left_to_registration"], document["nodes_updated"]) == ([BOOTING, NEVER], 0)
+    assert 0 < document["registration_wait_seconds"] <= REGISTRATION_WAIT_SECONDS  # when the backend comes back
+    assert document["nodes_placed_after_wait"] == []
     assert (_leaf_of(controller, BOOTING), _leaf_of(controller, NEVER)) == ("nn-leaf000", "nn-leaf001")  # not moved
     code, verified = _run(controller, "verify", bundle)
     assert (code, verified["outcome"], verified["drift"]) == (0, "in_sync", [])
@@ -102,6 +104,7 @@ def test_on_25_11_a_registering_node_is_placed_by_its_slurmd_and_one_whose_slurm
 
     assert (document["error"], code, document["outcome"], document["apply_path"]) == (None, 0, "applied", "incremental")
     assert (document["nodes_left_to_registration"], document["nodes_updated"]) == ([], 2)  # p5-001 and NEVER
+    assert (document["registration_wait_seconds"], document["nodes_placed_after_wait"]) == (None, [NEVER])
     assert (_leaf_of(controller, NEVER), _leaf_of(controller, "p5-001")) == ("nn-l9", "nn-leaf001")
     assert _run(controller, "verify", later)[1]["outcome"] == "in_sync"
 

@@ -8,7 +8,9 @@ from topokeeper.contract.config import ClusterConfig, Settings
 from topokeeper.contract.event_schemas import WORK_QUEUE_MAX_RECEIVES
 from topokeeper.contract.ports import Channel, ClusterState, DeliveryHandle, PendingDelivery, ReconcileRequest, Trigger
 from topokeeper.service.reconcile import DELIVERY_TIMEOUT, TOPOLOGY_RETRY, TOPOLOGY_RETRY_SECONDS, Decision, decide
+from topokeeper.service.result import REGISTRATION_CHECK, REGISTRATION_CHECK_MARGIN
 from topokeeper.service.state import OWN_TRIGGER_SOURCE
+from topokeeper.wire import REGISTRATION_WAIT_SECONDS
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SETTINGS = Settings(
@@ -349,3 +351,19 @@ def test_a_topology_retry_stamped_by_a_clock_ahead_is_not_looked_at_each_second_
         waited, receives = waited + (verdict.defer_seconds or 0), receives + 1
     assert receives <= TOPOLOGY_RETRY_SECONDS + 1, (waited, receives)
     assert waited <= ahead + TOPOLOGY_RETRY_SECONDS, (waited, receives)
+
+
+def test_a_registration_wait_stays_within_the_receive_budget_whatever_the_debounce() -> None:
+    """A cycle holding only the registration wait's own trigger looks for a change arriving meanwhile as often as
+    the debounce would: with no debounce, once a second through the whole wait would be 330 receives of one message,
+    which the queue dead-letters at 50, and nothing would then bring the plan again when the wait ends."""
+    wait_ends = NOW + timedelta(seconds=REGISTRATION_WAIT_SECONDS) + REGISTRATION_CHECK_MARGIN
+    check = Trigger(source=OWN_TRIGGER_SOURCE, detail_type=REGISTRATION_CHECK, event_id="retry-1", time=NOW)
+    state = _state(
+        last_event_at=NOW, first_pending_at=NOW, triggers=[check], trigger_count=1, registration_check_at=wait_ends
+    )
+    for settings in (UNPACED, SETTINGS):
+        at, receives = NOW, 1
+        while (verdict := decide(state, _request(), at, settings)).decision is Decision.DEFERRED:
+            at, receives = at + timedelta(seconds=verdict.defer_seconds or 0), receives + 1
+        assert at >= wait_ends and receives < WORK_QUEUE_MAX_RECEIVES, (settings.debounce_seconds, receives)

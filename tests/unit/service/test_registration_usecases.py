@@ -16,9 +16,10 @@ from tests.unit.service.test_result_usecases import ssm_event
 from tests.unit.service.test_signing_usecases import _trusted
 from tests.unit.service.usecase_support import CLUSTER, Controller
 from topokeeper.contract.errors import Permanent, Retryable
-from topokeeper.contract.ports import ApplyResult, Outcome
+from topokeeper.contract.ports import ApplyResult, DeliveryHandle, Outcome
 from topokeeper.headnode.bundle import parse_bundle
 from topokeeper.headnode.signature import check_signature
+from topokeeper.render.bundle import Bundle
 from topokeeper.service import registration
 from topokeeper.service.controller import reconcile
 from topokeeper.service.registration import placements, with_registering
@@ -393,3 +394,116 @@ def test_when_the_registration_wait_ends_the_plan_is_delivered_again_with_no_cha
     assert reconcile(check, controller.deps()).action == "delivered"
     first, again = controller.channel.delivered
     assert again.plan_sha256 == first.plan_sha256 and controller.now_state().registration_check_at is None
+
+
+def test_a_change_reconciled_within_the_registration_wait_does_not_cancel_its_end() -> None:
+    # A change reconciled within the wait, its plan unchanged (nothing to write yet), closes the cycle that holds
+    # the wait's own trigger: the wait's end must still bring the plan again, not the next change or drift check.
+    controller = _applied_leaving_one_to_registration()
+    first = len(controller.queue.sent) - 1  # the wait's own request
+
+    assert reconcile(controller.change("e-2"), controller.deps()).action == "unchanged"
+    assert len(controller.queue.sent) == first + 2  # one message more, no loop
+    assert reconcile(controller.queue.sent[-1], controller.deps()).action == "deferred"  # within the wait
+    controller.clock.advance(REGISTRATION_WAIT_SECONDS + 31)
+    actions, index = [], first
+    while index < len(controller.queue.sent) and index < first + 10:  # every message queued since, in order
+        actions.append(reconcile(controller.queue.sent[index], controller.deps()).action)
+        index += 1
+
+    assert actions.count("delivered") == 1, actions  # the others covered (one an SQS duplicate of the cycle's)
+    first_bundle, again = controller.channel.delivered
+    assert again.plan_sha256 == first_bundle.plan_sha256 and controller.now_state().registration_check_at is None
+
+
+def test_a_result_that_beats_the_reconciles_save_keeps_its_registration_wait() -> None:
+    # SSM's status event may be handled before the reconcile saved its command id: the reconcile's late save must
+    # not clear the wait that result set (nothing would then bring the plan again when it ends).
+    controller = _cluster()
+    deliver = controller.channel.deliver
+
+    def deliver_and_report_at_once(bundle: Bundle) -> DeliveryHandle:
+        handle = deliver(bundle)
+        controller.ssm_results[handle.reference] = ApplyResult(
+            outcome=Outcome.APPLIED,
+            applier_version="1.0.0",
+            mode="apply",
+            plan_sha256=bundle.plan_sha256,
+            nodes_left_to_registration=[REGISTERED],
+        )
+        assert record_result(ssm_event(handle.reference), controller.result_deps()).status == "recorded"
+        return handle
+
+    controller.channel.deliver = deliver_and_report_at_once  # type: ignore[method-assign]
+
+    assert reconcile(controller.change(), controller.deps()).action == "delivered"
+    state = controller.now_state()
+    assert state.pending is None and state.registration_check_at is not None
+
+
+def test_a_write_within_the_registration_wait_brings_the_plan_again_when_the_first_wait_ends_not_later() -> None:
+    # A plan change written within the wait clears the check (its result sets the next). The head node still
+    # leaves the node, whose wait runs from the first apply that left it: the next check is when that ends, as the
+    # head node says, not a whole wait after this write (the node would wait up to twice the bound).
+    controller = _applied_leaving_one_to_registration()
+    first_ends = controller.now_state().registration_check_at
+    controller.clock.advance(200)
+    controller.facts.move(0, 1)
+
+    assert reconcile(controller.change("e-2"), controller.deps()).action == "delivered"
+    pending = controller.now_state().pending
+    assert pending is not None
+    controller.ssm_results[pending.handle.reference] = ApplyResult.model_validate(
+        {
+            "outcome": "applied",
+            "applier_version": "1.0.0",
+            "nodes_left_to_registration": [REGISTERED],
+            "registration_wait_seconds": REGISTRATION_WAIT_SECONDS - 200,
+        }
+    )
+    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+
+    assert controller.now_state().registration_check_at == first_ends
+
+
+def test_a_node_whose_wait_ended_unregistered_is_audited_under_the_update_that_placed_it() -> None:
+    # The apply that left the node audited it as `registration` (left to it); its slurmd never came, and the plan
+    # delivered again when the wait ended placed it by scontrol update: that delivery's record must say so, though
+    # the plan (and so every partition's content) is the same.
+    controller = _applied_leaving_one_to_registration()
+    controller.clock.advance(REGISTRATION_WAIT_SECONDS + 31)
+    assert reconcile(controller.queue.sent[-1], controller.deps()).action == "delivered"
+    pending = controller.now_state().pending
+    assert pending is not None
+    reference = pending.handle.reference
+    controller.ssm_results[reference] = ApplyResult.model_validate(
+        {
+            "outcome": "applied",
+            "applier_version": "1.0.0",
+            "apply_path": "incremental",
+            "nodes_updated": 1,
+            "nodes_placed_after_wait": [REGISTERED],
+        }
+    )
+    record_result(ssm_event(reference), controller.result_deps())
+
+    again = [r for r in controller.audit.records.values() if r.delivery_reference == reference]
+    assert [(r.reason, r.placed_by, r.placed_by_count) for r in again] == [
+        ("drift-repair", {"update": [REGISTERED]}, {"update": 1})
+    ]
+
+
+def test_a_result_whose_left_nodes_were_cut_from_its_document_still_brings_the_plan_again() -> None:
+    # A document cut to fit stdout (a long node table, no upload: the agent's channel) may list none of the nodes it
+    # left, only their count in `dropped`: they wait for their registration all the same.
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    pending = controller.now_state().pending
+    assert pending is not None
+    controller.ssm_results[pending.handle.reference] = ApplyResult.model_validate(
+        {"outcome": "applied", "applier_version": "1.0.0", "dropped": {"nodes_left_to_registration": 250}}
+    )
+    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+
+    assert controller.now_state().registration_check_at is not None
+    assert controller.queue.sent[-1].reason == "retry"

@@ -105,11 +105,21 @@ class ApplyResult(BaseModel):
     nodes_placed_before: list[str] = Field(default_factory=empty_list)
     # Registering nodes not registered yet that the apply left to their slurmd (no scontrol update), for a while.
     nodes_left_to_registration: list[str] = Field(default_factory=empty_list)
+    # ...and in how many seconds the first of their waits ends (each runs from the first apply that left the node).
+    registration_wait_seconds: float | None = None
+    # Nodes an earlier apply left to registration that this one placed (their wait ended, or they registered
+    # without their topology): audited under this apply's route.
+    nodes_placed_after_wait: list[str] = Field(default_factory=empty_list)
     # Planned nodes bound to another NodeAddr now, [NodeName, planned, live]: left where they were, every other
     # node applied (headnode/deferral.py); dropped.deferred counts a cut
     deferred: list[list[str]] = Field(default_factory=empty_list)
     # Where the whole document went when stdout could not carry it: {key, bytes, sha256, error} (SSM channel)
     full_result: dict[str, Any] | None = None
+
+    @property
+    def left_to_registration(self) -> int:
+        """How many nodes the apply left to registration, those cut from the document (``dropped``) too."""
+        return len(self.nodes_left_to_registration) + self.dropped.get("nodes_left_to_registration", 0)
 
     @property
     def saw_topology_owner(self) -> bool:
@@ -460,8 +470,10 @@ class AuditRecord(BaseModel):
     # Before Slurm 25.05 one cluster-wide topology serves every partition: how this partition was folded into it.
     folds: list[str] = Field(default_factory=empty_list)
     # Which route placed the nodes this record adds or moves: "registration" (slurmd registered with the plan's
-    # topology, which the head node found live before it acted), "update" (scontrol update), "file" (the files and
-    # a reconfigure); none when nothing was loaded. Lists are cut at MAX_LISTED_NODES, counts are exact.
+    # topology, which the head node found live before it acted, or the head node left the node to its slurmd's
+    # registration; one whose wait ends before it registers is in the record of the apply that then places it),
+    # "update" (scontrol update), "file" (the files and a reconfigure); none when nothing was loaded. Lists are cut
+    # at MAX_LISTED_NODES, counts are exact.
     placed_by: dict[PlacementRoute, list[str]] = Field(default_factory=empty_dict)
     placed_by_count: dict[PlacementRoute, int] = Field(default_factory=empty_dict)
     generation: int

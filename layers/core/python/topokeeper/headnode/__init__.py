@@ -36,8 +36,10 @@ powered_down (planned nodes whose binding no longer holds because they powered d
 ([[NodeName, planned NodeAddr, live NodeAddr], ...]: nodes re-bound since the plan, left where they were),
 nodes_placed_before (nodes the apply would place that slurmctld already served there, placed at registration:
 not updated), nodes_left_to_registration (nodes the bundle lists as registering that slurmctld had not registered:
-left to their slurmd, no update, for a while; see headnode/registered.py) and full_result (null, or where the
-whole document went when stdout could not carry it: {key, bytes, sha256, error}).
+left to their slurmd, no update, for a while; see headnode/registered.py), registration_wait_seconds (null, or
+in how many seconds the first of their waits ends), nodes_placed_after_wait (nodes an earlier apply left to
+registration that this one placed: their wait ended or they registered without their topology) and full_result
+(null, or where the whole document went when stdout could not carry it: {key, bytes, sha256, error}).
 
 Choices the callers can rely on:
 

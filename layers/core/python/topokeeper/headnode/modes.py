@@ -329,17 +329,22 @@ def _leave_to_registration(result: Dict[str, Any], bundle: Bundle, transaction: 
         bundle = bundle._replace(registering=())  # no slurmctld there places a resumed node at registration
     if not record and not bundle.registering:
         return Waiting({}, [])
+    now = time.time()
     try:
         show_nodes = transaction.scontrol.output("-o", "--future", "show", "nodes")
-        found = waiting(bundle, record, show_nodes, LiveTopologies(transaction.scontrol), time.time())
+        found = waiting(bundle, record, show_nodes, LiveTopologies(transaction.scontrol), now)
     except Failed:  # a slow read: nothing is left to registration, this apply places every node
         return Waiting({}, [])
+    # Left by an earlier apply, placed by this one: the audit names this apply's route for them, not registration.
+    result["nodes_placed_after_wait"] = sorted(node for hostlist, _ in found.overdue for node in expand(hostlist))
     if found.left != record:
         try:
             write_record(transaction.backup_fd, found.left, transaction.faults)
         except OSError:  # unrecorded, verify would read them as drift: placed now instead
             return Waiting({}, found.overdue)
     result["nodes_left_to_registration"] = sorted(found.left)
+    if found.left:  # the backend comes back when the first wait ends (relative: the clocks may differ)
+        result["registration_wait_seconds"] = round(min(found.left.values()) - now, 1)
     return found
 
 

@@ -56,6 +56,10 @@ def new_result(mode: Optional[str]) -> Dict[str, Any]:
         "nodes_placed_before": [],
         # Registering nodes not registered yet, left to their slurmd within their wait: not updated (registered.py).
         "nodes_left_to_registration": [],
+        "registration_wait_seconds": None,  # in how many seconds the first of their waits ends
+        # Nodes an earlier apply left to registration that this one places (their wait ended, or they registered
+        # without their topology).
+        "nodes_placed_after_wait": [],
         "deferred": [],
         "full_result": None,
     }
@@ -97,6 +101,7 @@ def _capped(result: Mapping[str, Any], caps: Caps) -> Any:
     document["powered_down"] = keep("powered_down", result["powered_down"])
     document["nodes_placed_before"] = keep("nodes_placed_before", result["nodes_placed_before"])
     document["nodes_left_to_registration"] = keep("nodes_left_to_registration", result["nodes_left_to_registration"])
+    document["nodes_placed_after_wait"] = keep("nodes_placed_after_wait", result["nodes_placed_after_wait"])
     document["deferred"] = keep("deferred", result["deferred"])
     if result["slurm_nodes"]:
         document["slurm_nodes"] = keep("slurm_nodes", result["slurm_nodes"])

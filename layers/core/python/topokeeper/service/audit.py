@@ -93,18 +93,19 @@ def build_records(
     moved: bool = True,
     deferred: Collection[str] = (),
 ) -> list[AuditRecord]:
-    """One record per partition whose rendered content differs between the previous and desired plan,
-    and per partition rewritten to repair live drift (its live content was not the plan's). Its nodes are what
-    moved on the head node: none when it moved nothing (``moved`` False), never a ``deferred`` one."""
+    """One record per partition whose rendered content differs between the previous and desired plan, rewritten
+    to repair live drift (its live content was not the plan's), or holding nodes left to registration earlier that
+    this apply placed. Its nodes are what moved on the head node: none if it moved nothing, never a ``deferred`` one."""
     before = _partitions(previous)
+    after_wait = set(result.nodes_placed_after_wait) if result is not None and moved else set()
     records = []
     for name, partition in sorted(_partitions(desired).items()):
         old = before.get(name)
         unchanged = old is not None and old["sha256"] == partition["sha256"]
-        if unchanged and name not in delivery.repair:
-            continue
         old_nodes = set(old["nodes"]) if old else set()
         new_nodes = set(partition["nodes"])
+        if unchanged and name not in delivery.repair and not new_nodes & after_wait:
+            continue
         waiting = sorted(new_nodes & set(deferred)) if moved else []
         added, removed = sorted(new_nodes - old_nodes - set(waiting)), sorted(old_nodes - new_nodes)
         if unchanged:  # a drift repair: what the verify found live, for this partition's nodes
@@ -116,7 +117,8 @@ def build_records(
             added, removed, nodes_moved = [], [], []
         warnings = [*desired.get("warnings", []), *partition.get("warnings", [])]
         placed = placements(partition)  # a node written without topology was placed by no route
-        routes = placement_routes(sorted({*added, *(m.node for m in nodes_moved)} & placed.keys()), delivery, result)
+        loaded = {*added, *(m.node for m in nodes_moved), *(new_nodes & after_wait)}
+        routes = placement_routes(sorted(loaded & placed.keys()), delivery, result)
         records.append(
             AuditRecord(
                 audit_id=_audit_id(cluster_name, name, desired["sha256"], outcome, delivery.handle.reference),

@@ -64,7 +64,7 @@ from topokeeper.service.registration import (
     registers,
     with_registering,
 )
-from topokeeper.service.result import REGISTRATION_CHECK, observed_fields
+from topokeeper.service.result import REGISTRATION_CHECK, REGISTRATION_CHECK_MARGIN, observed_fields
 from topokeeper.service.signing import for_reading, next_generation, sign_bundle
 from topokeeper.service.state import (
     OWN_TRIGGER_SOURCE,
@@ -74,7 +74,7 @@ from topokeeper.service.state import (
     request_reconcile,
     save_fields,
 )
-from topokeeper.wire import FIRST_INCREMENTAL_VERSION, parse_slurm_version
+from topokeeper.wire import FIRST_INCREMENTAL_VERSION, REGISTRATION_WAIT_SECONDS, parse_slurm_version
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
 # ...and no sooner than this after the reconcile that found it missing, whatever the pacing settings: without a
@@ -100,6 +100,9 @@ LIVE_MAX_WAIT_SECONDS = 15
 # With EARLY_WRITE_CHECKS, a delivery's two and a topology retry's TOPOLOGY_RETRY_SECONDS (1 s apart at most):
 # under the queue's 50 receives.
 DEBOUNCE_CHECKS = 20
+# A registration wait's message looks at most this many times (10 s apart, as the default debounce does) whatever
+# the debounce: once a second through the whole wait would have it dead-lettered before the wait ends.
+REGISTRATION_WAIT_CHECKS = 33
 
 
 class Decision(StrEnum):
@@ -214,8 +217,11 @@ def _own_wait(state: ClusterState, now: datetime, settings: Settings) -> Verdict
         and now < state.registration_check_at
         and _only_own(state, REGISTRATION_CHECK)
     ):
-        # As a topology retry waits: a change arriving meanwhile is looked at within the debounce.
-        wait = min((state.registration_check_at - now).total_seconds(), max(1.0, settings.debounce_seconds))
+        # As a topology retry waits: a change arriving meanwhile is looked at within the debounce, though not more
+        # often than REGISTRATION_WAIT_CHECKS times a wait (each look is a receive).
+        whole = REGISTRATION_WAIT_SECONDS + REGISTRATION_CHECK_MARGIN.total_seconds()
+        look = max(1.0, settings.debounce_seconds, whole / REGISTRATION_WAIT_CHECKS)
+        wait = min((state.registration_check_at - now).total_seconds(), look)
         return _wait(wait, "registration wait: the nodes left to their slurmd are looked at when it ends")
     if state.first_pending_at is not None and _only_own(state, TOPOLOGY_RETRY):
         asked = (now - state.first_pending_at).total_seconds()
@@ -460,6 +466,7 @@ def reconcile_slurm(
                 fields["pending"] = fresh.pending.model_copy(update={"handle": handle})
             else:
                 fields.pop("pending")  # its result came first and finished it, or another writer took over
+                fields.pop("registration_check_at")  # ...and that result's own registration wait stands
         return fields
 
     save_fields(deps.state, cluster.name, record)
@@ -511,10 +518,11 @@ def close_cycle(
 ) -> None:
     """After a reconcile saved its state: forget its triggers, queue what arrived meanwhile, continue a
     discovery cut short by its deadline (without spending a topology retry), ask again for topology data not
-    reported yet, and time it."""
+    reported yet, come back when a registration wait still running ends (its own trigger was among those
+    forgotten), and time it."""
     deps.state.consume_triggers(cluster, state.generation)
     # Changes that arrived while this ran were deduplicated into this cycle's message: queue the next.
-    queue_next_cycle(deps.state, deps.queue, cluster)
+    check_at = queue_next_cycle(deps.state, deps.queue, cluster).registration_check_at
     again: tuple[str, str] | None = None
     if undescribed:
         again = (
@@ -523,6 +531,9 @@ def close_cycle(
         )
     elif missing and state.topology_retries < MAX_TOPOLOGY_RETRIES:
         again = (TOPOLOGY_RETRY, f"{missing} node(s) without topology data yet")
+    elif check_at is not None and now < check_at:
+        # One own trigger per cycle, so that its wait holds (``_own_wait``): a retry's reconcile asks this again.
+        again = (REGISTRATION_CHECK, f"the registration wait still runs: the plan again at {check_at}")
     if again is not None:
         request_reconcile(deps.state, deps.queue, cluster, now, reason="retry", detail_type=again[0], summary=again[1])
     deps.metrics.emit(cluster, Metric.RECONCILE_SECONDS, time.monotonic() - started)

@@ -378,10 +378,13 @@ def finish_delivery(
         request_reconcile(
             deps.state, deps.queue, cluster.name, now, reason="retry", detail_type=retry[0], summary=retry[1]
         )
-    elif result.outcome in SUCCESS and result.nodes_left_to_registration:
-        check_at = now + timedelta(seconds=REGISTRATION_WAIT_SECONDS) + REGISTRATION_CHECK_MARGIN
+    elif result.outcome in SUCCESS and (left := result.left_to_registration):
+        # When the head node's first wait ends (a write within a wait leaves its nodes until then, not a whole
+        # wait more); a head node that does not say: a whole wait. Never beyond one, whatever the document says.
+        said = result.registration_wait_seconds
+        wait = REGISTRATION_WAIT_SECONDS if said is None else min(max(0.0, said), REGISTRATION_WAIT_SECONDS)
+        check_at = now + timedelta(seconds=wait) + REGISTRATION_CHECK_MARGIN
         save_fields(deps.state, cluster.name, {"registration_check_at": check_at})
-        left = len(result.nodes_left_to_registration)
         summary = f"{left} node(s) left to their registration: placed where the file says if not by {check_at}"
         request_reconcile(
             deps.state, deps.queue, cluster.name, now, reason="retry", detail_type=REGISTRATION_CHECK, summary=summary

@@ -59,11 +59,13 @@ def topology_owner_fields(result: ApplyResult) -> dict[str, object]:
     return {"managed_by": None} if result.saw_topology_owner else {}
 
 
-def queue_next_cycle(store: StateStore, queue: WorkQueue, cluster: str) -> None:
-    """If changes are waiting that no queued message may cover, queue one (SQS deduplicates per cycle)."""
+def queue_next_cycle(store: StateStore, queue: WorkQueue, cluster: str) -> ClusterState:
+    """If changes are waiting that no queued message may cover, queue one (SQS deduplicates per cycle); the state
+    read."""
     state = store.get(cluster)
     if state.has_unreconciled_changes:
         queue.send(ReconcileRequest(cluster=cluster, generation=state.generation, since=state.reconciled_generation))
+    return state
 
 
 OWN_TRIGGER_SOURCE = "topokeeper"  # a trigger topokeeper itself noticed (retry, drift, operator), not a cluster change
