@@ -595,10 +595,11 @@ def parse_registration(body: bytes, cluster: str, instance_id: str) -> Registrat
     return Registration(cluster, instance_id, check_topology_value(document["topology"]), generation, sha)
 
 
-# The incremental apply's rule (headnode/incremental.py applies it; the backend paces by it, service/live_writes.py):
-# whether, and by which `scontrol update NodeName= Topology=` batches, a slurmctld serving one topology.yaml
-# reaches another without a reconfigure.
+# The incremental apply's rule (headnode/incremental.py applies it, service/live_writes.py paces by it): whether,
+# and by which `scontrol update NodeName= Topology=` batches, a slurmctld serving one topology.yaml reaches another.
 FIRST_INCREMENTAL_VERSION = (25, 11)  # proven on 25.11.7 (built from source) and 26.05 (sid); 25.05 is not
+AddedSwitches = Dict[str, Dict[str, Optional[str]]]  # {topology: {switch its updates create: its parent in the plan}}
+Updates = Tuple[Optional[List[Tuple[str, str]]], str]  # ([(hostlist, Topology= value, "" for none)], "") or (None, why)
 
 
 def sample(names: Sequence[str], limit: int = 5) -> str:
@@ -708,8 +709,8 @@ def switch_paths(units: Dict[str, Tuple[List[str], List[str]]]) -> Optional[Dict
     return placed
 
 
-def _structure_problem(name: str, old: ParsedTopology, new: ParsedTopology) -> str:
-    """Why the updates cannot turn ``old`` into ``new`` ("" when they can)."""
+def _structure_problem(name: str, old: ParsedTopology, new: ParsedTopology, added: Dict[str, Optional[str]]) -> str:
+    """Why the updates cannot turn ``old`` into ``new`` ("" when they can); the switches it adds go to ``added``."""
     if (old.kind, old.cluster_default) != (new.kind, new.cluster_default):
         return "topology %s changes its type or cluster_default" % name
     if old.kind == "block":
@@ -738,6 +739,7 @@ def _structure_problem(name: str, old: ParsedTopology, new: ParsedTopology) -> s
             return "topology %s adds a top switch (%s)" % (name, switch)
         if not any((":%s:" % switch) in (":%s:" % path) for path in paths.values()):
             return "topology %s adds switch %s with no node under it" % (name, switch)
+        added[switch] = new_parents[switch]
     return ""
 
 
@@ -747,25 +749,19 @@ def placements_by_node(topologies: Dict[str, ParsedTopology]) -> Optional[Dict[s
     for name, topology in topologies.items():
         if topology.kind == "tree":
             paths = switch_paths(topology.units)
-            if paths is None:
-                return None
-        elif topology.kind == "block":
-            paths = {}
-            for block, (nodes, _) in topology.units.items():
-                for node in nodes:
-                    if node in paths:
-                        return None
-                    paths[node] = block
-        else:
-            continue
+        else:  # blocks (a flat topology has no units); None when a node is in two
+            paths = {node: block for block, (nodes, _) in topology.units.items() for node in nodes}
+            paths = paths if len(paths) == sum(len(nodes) for nodes, _ in topology.units.values()) else None
+        if paths is None:
+            return None
         for node, path in paths.items():
             parts.setdefault(node, []).append("%s:%s" % (name, path))
     return {node: ",".join(values) for node, values in parts.items()}
 
 
-def plan_updates(old_text: Optional[str], new_text: str) -> Tuple[Optional[List[Tuple[str, str]]], str]:
-    """([(hostlist, Topology= value)] one batch per destination, sorted; "") when updates can bring a slurmctld
-    serving ``old_text`` to ``new_text``, else (None, why not). A value "" takes a node out of every topology."""
+def plan_updates(old_text: Optional[str], new_text: str, *, added: Optional[AddedSwitches] = None) -> Updates:
+    """The updates (one per destination, sorted) bringing a slurmctld serving ``old_text`` to ``new_text``, and in
+    ``added`` (if given) the switches they create, which slurmctld may still keep elsewhere (headnode/incremental)."""
     if old_text is None:
         return None, "no topology.yaml yet"
     old, new = parse_topology_yaml(old_text), parse_topology_yaml(new_text)
@@ -774,7 +770,7 @@ def plan_updates(old_text: Optional[str], new_text: str) -> Tuple[Optional[List[
     if list(old) != list(new):
         return None, "the topologies or their order change"
     for name in old:
-        problem = _structure_problem(name, old[name], new[name])
+        problem = _structure_problem(name, old[name], new[name], {} if added is None else added.setdefault(name, {}))
         if problem:
             return None, problem
     before, after = placements_by_node(old), placements_by_node(new)
@@ -788,8 +784,14 @@ def plan_updates(old_text: Optional[str], new_text: str) -> Tuple[Optional[List[
 
 
 def eligibility(
-    version: Tuple[int, int, int], slurm_format: str, other_changes: Sequence[str], old_text: Optional[str], new: str
-) -> Tuple[Optional[List[Tuple[str, str]]], str]:
+    version: Tuple[int, int, int],
+    slurm_format: str,
+    other_changes: Sequence[str],
+    old_text: Optional[str],
+    new: str,
+    *,
+    added: Optional[AddedSwitches] = None,
+) -> Updates:
     """plan_updates, after what the files alone do not say: the Slurm version and format, slurm.conf changes."""
     if slurm_format != YAML_FORMAT:
         return None, "%s is loaded by reconfigure only" % slurm_format
@@ -797,4 +799,4 @@ def eligibility(
         return None, "live topology updates are proven from Slurm %d.%02d only" % FIRST_INCREMENTAL_VERSION
     if other_changes:
         return None, "%s changes too" % ", ".join(other_changes)
-    return plan_updates(old_text, new)
+    return plan_updates(old_text, new, added=added)

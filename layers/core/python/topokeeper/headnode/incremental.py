@@ -33,7 +33,7 @@ from typing import (
 
 from topokeeper.headnode.failures import Failed
 from topokeeper.headnode.scontrol import LiveTopologies, Scontrol
-from topokeeper.wire import RECONFIGURE_TIMEOUT, expand, one_line, parse_topology_yaml
+from topokeeper.wire import RECONFIGURE_TIMEOUT, AddedSwitches, expand, one_line
 
 
 def update_live(
@@ -64,14 +64,13 @@ def update_live(
     return True
 
 
-def kept_elsewhere(old_text: str, new_text: str, topologies: LiveTopologies) -> str:
+def kept_elsewhere(added: AddedSwitches, topologies: LiveTopologies) -> str:
     """Why the updates cannot create a switch the plan adds ("" when they can): slurmctld still keeps one of that
     name, emptied by an earlier apply, under another parent. An update finds each switch of its path by name
-    wherever it is (topology_tree.c, topology_p_add_rm_node), so it would put the nodes there."""
-    old, new = parse_topology_yaml(old_text) or {}, parse_topology_yaml(new_text) or {}
-    for name, topology in new.items():
-        added = sorted(set(topology.units) - set(old[name].units)) if name in old and topology.kind == "tree" else []
-        if not added:
+    wherever it is (topology_tree.c, topology_p_add_rm_node), so it would put the nodes there. ``added``:
+    plan_updates' switches the updates create, with their parents in the plan."""
+    for name, planned in added.items():
+        if not planned:
             continue
         try:
             live = topologies.get(name)
@@ -82,14 +81,13 @@ def kept_elsewhere(old_text: str, new_text: str, topologies: LiveTopologies) -> 
             children = unit.get("switches")
             if isinstance(children, list):
                 live_parents.update((str(child), parent) for child in children)
-        for switch in (switch for switch in added if switch in live.units):
-            planned = next((p for p, (_, children) in topology.units.items() if switch in children), None)
-            if live_parents.get(switch) != planned:
+        for switch in sorted(switch for switch in planned if switch in live.units):
+            if live_parents.get(switch) != planned[switch]:
                 return "topology %s: slurmctld still keeps switch %s under %s, the plan puts it under %s" % (
                     name,
                     switch,
                     _shown(live_parents.get(switch)),
-                    _shown(planned),
+                    _shown(planned[switch]),
                 )
     return ""
 

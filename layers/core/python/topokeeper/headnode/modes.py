@@ -96,6 +96,7 @@ from topokeeper.wire import (
     RECONFIGURE_TIMEOUT,
     REGISTRATION_SERIES,
     YAML_FORMAT,
+    AddedSwitches,
     compress,
     eligibility,
     expand,
@@ -362,15 +363,17 @@ def _incremental(
         return None
     topology = [change for change in changes if os.path.basename(change.path) == bundle.slurm_format]
     others = [os.path.basename(change.path) for change in changes if change not in topology]
+    added: AddedSwitches = {}
     batches, why = eligibility(
         slurm_version(result["slurm_version"]),
         bundle.slurm_format,
         others,
         topology[0].old if topology else None,
         bundle.files[bundle.slurm_format],
+        added=added,
     )
-    if batches is not None and topology:
-        why = kept_elsewhere(topology[0].old or "", bundle.files[bundle.slurm_format], LiveTopologies(context.scontrol))
+    if batches is not None:
+        why = kept_elsewhere(added, LiveTopologies(context.scontrol))
         batches = None if why else batches
     if batches is None:
         result["whole_file_reason"] = why
