@@ -13,7 +13,8 @@ from topokeeper.headnode.bundle import Bundle, parse_bundle
 from topokeeper.headnode.deferral import rebound, without_deferred
 from topokeeper.headnode.failures import StaleBindings
 from topokeeper.render.bundle import render
-from topokeeper.wire import content_sha256, parse_topology_yaml, plan_updates
+from topokeeper.wire import content_sha256
+from topokeeper.wire_updates import parse_topology_yaml, plan_updates
 
 BINDINGS = {f"p5-{i:03d}": f"10.0.1.{10 + i}" for i in range(1, 9)}
 

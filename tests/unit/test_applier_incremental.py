@@ -13,7 +13,8 @@ from topokeeper.headnode.grouping import compare_grouping, compare_units, moved_
 from topokeeper.headnode.registered import live_values
 from topokeeper.headnode.scontrol import LiveTopologies, LiveTopology
 from topokeeper.render.bundle import render
-from topokeeper.wire import ParsedTopology, eligibility, parse_show_topology, parse_topology_yaml, plan_updates
+from topokeeper.wire import parse_show_topology
+from topokeeper.wire_updates import ParsedTopology, eligibility, parse_topology_yaml, plan_updates
 
 
 def _text(gpu: list[Node] | None = None, gb: list[Node] | None = None, **settings: PartitionSettings) -> str:

@@ -51,10 +51,18 @@ def test_the_archive_is_stored_sorted_and_stamped_alike() -> None:
 
 def test_it_packs_the_wire_the_head_node_program_and_the_agent_and_nothing_operator_side() -> None:
     paths = source_paths()
-    expected = {"__init__.py", "wire.py", "headnode/main.py", "headnode/modes.py", "agent/main.py", "agent/cycle.py"}
+    expected = {
+        "__init__.py",
+        "wire.py",
+        "wire_updates.py",
+        "headnode/main.py",
+        "headnode/modes.py",
+        "agent/main.py",
+        "agent/cycle.py",
+    }
     assert expected | {"computenode/hostfile.py"} <= set(paths)
     packed = ("headnode/", "agent/", "computenode/")
-    assert all(path in {"__init__.py", "wire.py"} or path.startswith(packed) for path in paths)
+    assert all(path in {"__init__.py", "wire.py", "wire_updates.py"} or path.startswith(packed) for path in paths)
     assert "agent_install.py" not in paths and "head_node_program.py" not in paths
 
 

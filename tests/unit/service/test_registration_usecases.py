@@ -33,10 +33,9 @@ from topokeeper.wire import (
     Registration,
     RegistrationError,
     parse_registration,
-    parse_topology_yaml,
-    placements_by_node,
     registration_text,
 )
+from topokeeper.wire_updates import parse_topology_yaml, placements_by_node
 
 
 def _cluster(version: str = "25.11", mode: str = "enforce") -> Controller:

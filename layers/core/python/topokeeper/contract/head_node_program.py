@@ -1,7 +1,7 @@
 """The head-node program as one file: ``topokeeper-head-node.pyz``, a standard-library zipapp.
 
-It packs ``topokeeper/__init__.py``, ``topokeeper/wire.py``, ``topokeeper/headnode/``, ``topokeeper/agent/`` and
-``topokeeper/computenode/``
+It packs ``topokeeper/__init__.py``, ``topokeeper/wire.py``, ``topokeeper/wire_updates.py``, ``topokeeper/headnode/``,
+``topokeeper/agent/`` and ``topokeeper/computenode/``
 (standard library only, Python 3.8+) with a ``__main__.py`` that runs ``apply|dry-run|verify BUNDLE ...`` (the
 head-node program), ``agent ...`` (the pull agent), ``node-start ...`` (a ParallelCluster compute node's start
 action: ``topokeeper.agent.node_start``) or ``hostfile ...`` (a job's nodes in topology order, on a
@@ -65,7 +65,7 @@ sys.exit(main())
 
 def source_paths() -> list[str]:
     """The package's files the program packs, relative to the package directory (``wire.py``, ...), sorted."""
-    paths = ["__init__.py", "wire.py"]
+    paths = ["__init__.py", "wire.py", "wire_updates.py"]
     for package in _PACKED_PACKAGES:
         paths += [path.relative_to(PACKAGE_DIR).as_posix() for path in (PACKAGE_DIR / package).rglob("*.py")]
     return sorted(paths)

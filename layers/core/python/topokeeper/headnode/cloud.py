@@ -16,7 +16,8 @@ from topokeeper.headnode.bundle import Bundle, ExpectedUnit
 from topokeeper.headnode.grouping import moved_nodes
 from topokeeper.headnode.incremental import update_live
 from topokeeper.headnode.scontrol import LiveTopologies, LiveTopology, Scontrol
-from topokeeper.wire import UNREGISTERED_FLAGS, compress, parse_topology_yaml, placements_by_node
+from topokeeper.wire import UNREGISTERED_FLAGS, compress
+from topokeeper.wire_updates import parse_topology_yaml, placements_by_node
 
 _FIELDS = re.compile(r"(?:^|\s)(NodeName|State|Topology)=(\S*)")
 POWERED_OFF = ("POWERED_DOWN", "POWERING_DOWN")  # Slurm resets these to their configured topology

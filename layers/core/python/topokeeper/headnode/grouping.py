@@ -19,7 +19,8 @@ from typing import (
 from topokeeper.headnode.bundle import Bundle, ExpectedUnit
 from topokeeper.headnode.failures import shown_value
 from topokeeper.headnode.scontrol import LiveTopologies
-from topokeeper.wire import CONF_FORMAT, YAML_FORMAT, parse_topology_yaml, sample
+from topokeeper.wire import CONF_FORMAT, YAML_FORMAT, sample
+from topokeeper.wire_updates import parse_topology_yaml
 
 
 def _difference(expected: Sequence[str], live: Sequence[str]) -> str:

@@ -33,7 +33,8 @@ from typing import (
 
 from topokeeper.headnode.failures import Failed
 from topokeeper.headnode.scontrol import LiveTopologies, Scontrol
-from topokeeper.wire import RECONFIGURE_TIMEOUT, AddedSwitches, expand, one_line
+from topokeeper.wire import RECONFIGURE_TIMEOUT, expand, one_line
+from topokeeper.wire_updates import AddedSwitches
 
 
 def update_live(

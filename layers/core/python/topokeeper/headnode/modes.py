@@ -96,9 +96,7 @@ from topokeeper.wire import (
     RECONFIGURE_TIMEOUT,
     REGISTRATION_SERIES,
     YAML_FORMAT,
-    AddedSwitches,
     compress,
-    eligibility,
     expand,
     format_for_version,
     node_rows,
@@ -106,6 +104,7 @@ from topokeeper.wire import (
     partition_nodes,
     partition_topologies,
 )
+from topokeeper.wire_updates import AddedSwitches, eligibility
 
 
 def _record_drift(

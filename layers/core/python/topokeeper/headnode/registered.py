@@ -24,15 +24,8 @@ from topokeeper.headnode.cloud import unregistered
 from topokeeper.headnode.config_dir import BACKUP_DIR, O_DIRECTORY, O_NOFOLLOW, Faults, read_json, write_json
 from topokeeper.headnode.failures import Failed
 from topokeeper.headnode.scontrol import LiveTopologies
-from topokeeper.wire import (
-    REGISTRATION_WAIT_SECONDS,
-    YAML_FORMAT,
-    ParsedTopology,
-    compress,
-    parse_topology_yaml,
-    placements_by_node,
-    switch_paths,
-)
+from topokeeper.wire import REGISTRATION_WAIT_SECONDS, YAML_FORMAT, compress
+from topokeeper.wire_updates import ParsedTopology, parse_topology_yaml, placements_by_node, switch_paths
 
 REGISTRATION_FILE = "registration.json"  # in the backup root: {"until": {node: epoch seconds}}
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from topokeeper.contract.ports import ApplyResult, Outcome, PendingDelivery, PlanStore
 from topokeeper.render.bundle import Bundle
-from topokeeper.wire import eligibility, parse_slurm_version
+from topokeeper.wire import parse_slurm_version
+from topokeeper.wire_updates import eligibility
 
 REFUSED_FIELD = "live_write_refused"
 

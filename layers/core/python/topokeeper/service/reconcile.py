@@ -74,7 +74,8 @@ from topokeeper.service.state import (
     request_reconcile,
     save_fields,
 )
-from topokeeper.wire import FIRST_INCREMENTAL_VERSION, REGISTRATION_WAIT_SECONDS, parse_slurm_version
+from topokeeper.wire import REGISTRATION_WAIT_SECONDS, parse_slurm_version
+from topokeeper.wire_updates import FIRST_INCREMENTAL_VERSION
 
 MAX_TOPOLOGY_RETRIES = 30  # "not yet" topology data is asked again up to this many times per change
 # ...and no sooner than this after the reconcile that found it missing, whatever the pacing settings: without a
