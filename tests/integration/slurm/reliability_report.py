@@ -75,6 +75,12 @@ the rest rather than rolling back because no slurmctld answers the reconfigure; 
   between those updates (the journal already closed), the next run finds the files equal to the plan and
   slurmctld differing, reloads them and places those nodes. A restart in between places them from the files
   only when slurmctld starts clean (`-c`); it keeps them otherwise.
+- Nodes left to registration (25.11, `registering` in the bundle): their placement comes from their slurmd as
+  it registers, not from the apply, for at most `REGISTRATION_WAIT_SECONDS` (300 s) from the first apply that left
+  them. `registration.json` is written (atomically, under the lock) before the files: a kill after it and before
+  the files leaves a record for a plan not applied, which only sets those powering-up nodes aside in verify until
+  their wait ends; the next apply recomputes it. A record that cannot be written leaves nothing to registration
+  (the apply places every node as before); one that cannot be read sets nothing aside.
 """
 
 CRASH_COLUMNS = (
