@@ -23,7 +23,7 @@ from topokeeper.render.bundle import Bundle
 from topokeeper.service import registration
 from topokeeper.service.controller import reconcile
 from topokeeper.service.registration import placements, with_registering
-from topokeeper.service.result import record_result
+from topokeeper.service.result import finish_delivery, record_result
 from topokeeper.service.signing import sign_bundle
 from topokeeper.service.state import save_fields
 from topokeeper.wire import (
@@ -506,3 +506,56 @@ def test_a_result_whose_left_nodes_were_cut_from_its_document_still_brings_the_p
 
     assert controller.now_state().registration_check_at is not None
     assert controller.queue.sent[-1].reason == "retry"
+
+
+def test_a_late_copy_of_a_result_does_not_set_a_registration_wait_over_a_newer_delivery() -> None:
+    # SSM's status event may be handled twice (EventBridge delivers at least once); the second copy read the
+    # delivery in flight before the first finished it and a newer delivery went out. That delivery cleared the
+    # check (its own result sets the next): the late copy must not set one again, nor queue its own reconcile.
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    read_early = controller.now_state()
+    assert read_early.pending is not None
+    reference = read_early.pending.handle.reference
+    controller.ssm_results[reference] = ApplyResult.model_validate(
+        {"outcome": "applied", "applier_version": "1.0.0", "nodes_left_to_registration": [REGISTERED]}
+    )
+    record_result(ssm_event(reference), controller.result_deps())
+    controller.facts.move(0, 1)
+    assert reconcile(controller.change("e-2"), controller.deps()).action == "delivered"
+    assert controller.now_state().registration_check_at is None
+    queued = len(controller.queue.sent)
+
+    report = finish_delivery(
+        controller.cluster, read_early, read_early.pending, controller.ssm_results[reference], controller.result_deps()
+    )
+
+    assert report.status == "recorded"
+    assert controller.now_state().registration_check_at is None
+    assert len(controller.queue.sent) == queued
+
+
+@pytest.mark.parametrize(
+    ("said", "waits"),
+    [(-5, 0), (float("nan"), 0), (float("-inf"), 0), (float("inf"), 300), (1e308, 300), (True, 1), ("12", 12)],
+)
+def test_a_registration_wait_the_head_node_says_is_bounded_whatever_its_value(said: object, waits: float) -> None:
+    # The document is the head node's: a value no program of ours writes (negative, not finite, huge, a bool or a
+    # numeric string, which pydantic reads as a number) neither stretches the check past one wait nor breaks it.
+    controller = _cluster()
+    reconcile(controller.change(), controller.deps())
+    pending = controller.now_state().pending
+    assert pending is not None
+    controller.ssm_results[pending.handle.reference] = ApplyResult.model_validate(
+        {
+            "outcome": "applied",
+            "applier_version": "1.0.0",
+            "nodes_left_to_registration": [REGISTERED],
+            "registration_wait_seconds": said,
+        }
+    )
+    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+
+    check_at = controller.now_state().registration_check_at
+    assert check_at is not None
+    assert (check_at - controller.clock.now()).total_seconds() == waits + 30

@@ -312,6 +312,33 @@ def _audit_records(
     )
 
 
+def _retry(
+    result: ApplyResult, state: ClusterState, learned: object, deferred: set[str], *, replan_bindings: bool
+) -> tuple[str, str] | None:
+    """A plan rendered for the other Slurm format is refused; now that the head node told us its version
+    (``learned``), plan again once. A node re-bound between plan and apply (a dynamic node resumed on another
+    instance): plan again with the table this result brought. Other failures wait for the next change or the
+    drift schedule. (detail type, summary) of the reconcile to queue, or None."""
+    if result.outcome is Outcome.REFUSED and learned not in (None, state.slurm_version):
+        return "Slurm Version Learned", f"head node runs Slurm {learned}"
+    if replan_bindings:
+        listed = ", ".join(sorted(deferred)[:5])
+        why = result.error or f"{len(deferred)} node(s) re-bound since the plan deferred: {listed}"
+        return "Slurm Node Bindings Changed", why[:200]
+    return None
+
+
+def _registration_check_at(result: ApplyResult, now: datetime) -> datetime | None:
+    """When the plan is to come again for the nodes a successful apply left to registration: when the head node's
+    first wait ends (a write within a wait leaves its nodes until then, not a whole wait more); a head node that
+    does not say: a whole wait. Never beyond one, whatever the document says. None: no node was left."""
+    if result.outcome not in SUCCESS or not result.left_to_registration:
+        return None
+    said = result.registration_wait_seconds
+    wait = REGISTRATION_WAIT_SECONDS if said is None else min(max(0.0, said), REGISTRATION_WAIT_SECONDS)
+    return now + timedelta(seconds=wait) + REGISTRATION_CHECK_MARGIN
+
+
 def finish_delivery(
     cluster: ClusterConfig, state: ClusterState, pending: PendingDelivery, result: ApplyResult, deps: ResultDeps
 ) -> ResultReport:
@@ -347,46 +374,39 @@ def finish_delivery(
             deps.metrics.emit(cluster.name, Metric.BUNDLE_REFUSALS, 1)
 
     receipts: list[str] = []  # the reconcile message deferred behind this delivery
+    # Nodes left to registration: the plan again when their wait ends, unless it is planned again at once (below).
+    check_at = None if replan_bindings else _registration_check_at(result, now)
+    checks: list[datetime] = []  # ...set only by the delivery in flight: a newer one cleared it for its own result
 
     def finished(fresh: ClusterState) -> dict[str, object]:
         receipts.clear()
+        checks.clear()
         # Only the delivery still in flight is finished: a late result of an older one must not undo a newer.
         if fresh.pending is None or not _same_delivery(fresh.pending, pending):
             return observed
         if fresh.pending.waiting_receipt:
             receipts.append(fresh.pending.waiting_receipt)
+        fields: dict[str, object] = {**update, "pending": None}
+        if check_at is not None:
+            checks.append(check_at)
+            fields["registration_check_at"] = check_at
         if result.outcome in SUCCESS and waiting:
-            return {**update, "pending": None, "deferred_partitions": sorted({*fresh.deferred_partitions, *waiting})}
-        return {**update, "pending": None}
+            fields["deferred_partitions"] = sorted({*fresh.deferred_partitions, *waiting})
+        return fields
 
     save_fields(deps.state, cluster.name, finished)
     for receipt in receipts:
         deps.queue.resume(receipt)
 
-    # A plan rendered for the other Slurm format is refused; now that the head node told us its
-    # version, plan again once. A node re-bound between plan and apply (a dynamic node resumed on another
-    # instance): plan again with the table this result brought. Other failures wait for the next change
-    # or the drift schedule.
-    retry: tuple[str, str] | None = None
-    if result.outcome is Outcome.REFUSED and update.get("slurm_version") not in (None, state.slurm_version):
-        retry = "Slurm Version Learned", f"head node runs Slurm {update['slurm_version']}"
-    elif replan_bindings:
-        listed = ", ".join(sorted(deferred)[:5])
-        why = result.error or f"{len(deferred)} node(s) re-bound since the plan deferred: {listed}"
-        retry = "Slurm Node Bindings Changed", why[:200]
+    retry = _retry(result, state, update.get("slurm_version"), deferred, replan_bindings=replan_bindings)
+    if retry is None and checks:
+        left = result.left_to_registration
+        retry = (
+            REGISTRATION_CHECK,
+            f"{left} node(s) left to their registration: placed where the file says if not by {checks[0]}",
+        )
     if retry is not None:
         request_reconcile(
             deps.state, deps.queue, cluster.name, now, reason="retry", detail_type=retry[0], summary=retry[1]
-        )
-    elif result.outcome in SUCCESS and (left := result.left_to_registration):
-        # When the head node's first wait ends (a write within a wait leaves its nodes until then, not a whole
-        # wait more); a head node that does not say: a whole wait. Never beyond one, whatever the document says.
-        said = result.registration_wait_seconds
-        wait = REGISTRATION_WAIT_SECONDS if said is None else min(max(0.0, said), REGISTRATION_WAIT_SECONDS)
-        check_at = now + timedelta(seconds=wait) + REGISTRATION_CHECK_MARGIN
-        save_fields(deps.state, cluster.name, {"registration_check_at": check_at})
-        summary = f"{left} node(s) left to their registration: placed where the file says if not by {check_at}"
-        request_reconcile(
-            deps.state, deps.queue, cluster.name, now, reason="retry", detail_type=REGISTRATION_CHECK, summary=summary
         )
     return ResultReport(status="recorded", cluster=cluster.name, outcome=result.outcome, audit_records=published)
