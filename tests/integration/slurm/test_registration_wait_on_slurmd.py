@@ -12,6 +12,7 @@ resumed node's topology, so the apply updates them as before.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,16 @@ import pytest
 
 from tests.integration.slurm.test_applier_cloud_nodes_on_slurmctld import _leaf_of, _power
 from tests.integration.slurm.test_applier_incremental_on_slurmctld import _gpu
-from tests.integration.slurm.test_applier_on_slurmctld import _bundle, _cluster, _plan, _run, _start
-from topokeeper.headnode.config_dir import BACKUP_DIR
+from tests.integration.slurm.test_applier_on_slurmctld import (
+    _applier_command,
+    _bundle,
+    _cluster,
+    _document,
+    _plan,
+    _run,
+    _start,
+)
+from topokeeper.headnode.config_dir import BACKUP_DIR, WHOLE_FILE_ENV
 from topokeeper.headnode.registered import REGISTRATION_FILE
 from topokeeper.service.registration import placements, with_registering
 from topokeeper.sim.slurm_chroot import HarnessError, SlurmController
@@ -122,3 +131,23 @@ def test_on_26_05_nothing_is_left_to_registration_and_the_apply_updates_them(
     assert (document["nodes_left_to_registration"], document["nodes_updated"]) == ([], 2)
     assert (_leaf_of(controller, BOOTING), _leaf_of(controller, NEVER)) == ("nn-leaf001", "nn-l9")
     assert _run(controller, "verify", bundle)[1]["outcome"] == "in_sync"
+
+
+def test_on_25_11_an_apply_that_reloads_the_file_leaves_no_node_to_registration_and_says_no_wait(
+    slurm2511_root: Path, controllers
+) -> None:
+    # The whole-file path (as a plan only a reconfigure loads takes it): the reload places the booting nodes as the
+    # file says, so none is left, and the document must not send the backend back for a wait that holds no node.
+    controller = controllers(slurm2511_root)
+    _start_with_slurmd(controller, "25.11")
+    bundle, _ = _moved("25.11", [BOOTING, NEVER])
+    command = _applier_command(controller, "apply", bundle)
+    command.insert(command.index("python3"), f"{WHOLE_FILE_ENV}=1")  # an env(1) assignment, no shell
+
+    ran = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    document = _document(ran.stdout)
+
+    assert (document["error"], ran.returncode, document["outcome"]) == (None, 0, "applied")
+    assert (document["apply_path"], document["reconfigured"]) == ("whole_file", True)
+    assert (document["nodes_left_to_registration"], document["registration_wait_seconds"]) == ([], None)
+    assert (_leaf_of(controller, BOOTING), _leaf_of(controller, NEVER)) == ("nn-leaf001", "nn-l9")

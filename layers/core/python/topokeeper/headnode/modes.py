@@ -453,7 +453,7 @@ def apply(result: Dict[str, Any], conf_path: str, bundle: Bundle, context: Conte
         if result["reconfigured"] and result["apply_path"] is None:
             result["apply_path"] = "whole_file"
         if result["reconfigured"]:  # the reload placed them as the file says: none is left to registration
-            result["nodes_left_to_registration"] = []
+            result["nodes_left_to_registration"], result["registration_wait_seconds"] = [], None
         with contextlib.suppress(Failed, OSError):
             result["after_sha256"] = disk_sha256(bundle, read_disk_state(SlurmConf(conf_path), bundle))
 
