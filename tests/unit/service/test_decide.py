@@ -367,3 +367,19 @@ def test_a_registration_wait_stays_within_the_receive_budget_whatever_the_deboun
         while (verdict := decide(state, _request(), at, settings)).decision is Decision.DEFERRED:
             at, receives = at + timedelta(seconds=verdict.defer_seconds or 0), receives + 1
         assert at >= wait_ends and receives < WORK_QUEUE_MAX_RECEIVES, (settings.debounce_seconds, receives)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.4, 0.6])
+def test_a_registration_wait_takes_at_most_35_receives_with_sqs_whole_second_visibility(fraction: float) -> None:
+    """docs/deploy.md's count: 33 looks 10 s apart through the wait and its margin, one more where SQS rounds the
+    visibility timeout to whole seconds short of the end, and the receive that reconciles."""
+    wait_ends = NOW + timedelta(seconds=REGISTRATION_WAIT_SECONDS - fraction) + REGISTRATION_CHECK_MARGIN
+    check = Trigger(source=OWN_TRIGGER_SOURCE, detail_type=REGISTRATION_CHECK, event_id="retry-1", time=NOW)
+    state = _state(
+        last_event_at=NOW, first_pending_at=NOW, triggers=[check], trigger_count=1, registration_check_at=wait_ends
+    )
+    for settings in (UNPACED, SETTINGS):
+        at, receives = NOW, 1
+        while (verdict := decide(state, _request(), at, settings)).decision is Decision.DEFERRED:
+            at, receives = at + timedelta(seconds=max(1, round(verdict.defer_seconds or 0))), receives + 1
+        assert at >= wait_ends and receives <= 35, (settings.debounce_seconds, receives)

@@ -559,3 +559,28 @@ def test_a_registration_wait_the_head_node_says_is_bounded_whatever_its_value(sa
     check_at = controller.now_state().registration_check_at
     assert check_at is not None
     assert (check_at - controller.clock.now()).total_seconds() == waits + 30
+
+
+def test_a_node_whose_wait_ended_placed_by_an_apply_bringing_a_new_plan_is_in_its_plan_change_record() -> None:
+    # docs/operate.md: such a node is in the record of the apply that places it, a drift-repair one only when that
+    # apply brings the same plan.
+    controller = _applied_leaving_one_to_registration()
+    controller.clock.advance(REGISTRATION_WAIT_SECONDS + 31)
+    controller.facts.move(0, 1)
+    assert reconcile(controller.change("e-2"), controller.deps()).action == "delivered"
+    pending = controller.now_state().pending
+    assert pending is not None
+    reference = pending.handle.reference
+    controller.ssm_results[reference] = ApplyResult.model_validate(
+        {
+            "outcome": "applied",
+            "applier_version": "1.0.0",
+            "apply_path": "incremental",
+            "nodes_updated": 2,
+            "nodes_placed_after_wait": [REGISTERED],
+        }
+    )
+    record_result(ssm_event(reference), controller.result_deps())
+
+    records = [r for r in controller.audit.records.values() if r.delivery_reference == reference]
+    assert [(r.reason, REGISTERED in r.placed_by.get("update", [])) for r in records] == [("plan-change", True)]
