@@ -79,8 +79,11 @@ the rest rather than rolling back because no slurmctld answers the reconfigure; 
   it registers, not from the apply, for at most `REGISTRATION_WAIT_SECONDS` (300 s) from the first apply that left
   them. `registration.json` is written (atomically, under the lock) before the files: a kill after it and before
   the files leaves a record for a plan not applied, which only sets those powering-up nodes aside in verify until
-  their wait ends; the next apply recomputes it. A record that cannot be written leaves nothing to registration
-  (the apply places every node as before); one that cannot be read sets nothing aside.
+  their wait ends; the next apply recomputes it. A node whose wait ended stays in it (never set aside again)
+  until an apply finds it placed: killed after the record and before the update that places it
+  (`after-registration-record`), the next apply places it the same way rather than leaving it to a new wait. A
+  record that cannot be written leaves nothing to registration (the apply places every node as before); one that
+  cannot be read sets nothing aside.
 """
 
 CRASH_COLUMNS = (

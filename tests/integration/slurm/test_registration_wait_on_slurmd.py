@@ -12,6 +12,8 @@ resumed node's topology, so the apply updates them as before.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -30,7 +32,7 @@ from tests.integration.slurm.test_applier_on_slurmctld import (
     _run,
     _start,
 )
-from topokeeper.headnode.config_dir import BACKUP_DIR, WHOLE_FILE_ENV
+from topokeeper.headnode.config_dir import BACKUP_DIR, CRASH_ENV, WHOLE_FILE_ENV
 from topokeeper.headnode.registered import REGISTRATION_FILE
 from topokeeper.service.registration import placements, with_registering
 from topokeeper.sim.slurm_chroot import HarnessError, SlurmController
@@ -151,3 +153,27 @@ def test_on_25_11_an_apply_that_reloads_the_file_leaves_no_node_to_registration_
     assert (document["apply_path"], document["reconfigured"]) == ("whole_file", True)
     assert (document["nodes_left_to_registration"], document["registration_wait_seconds"]) == ([], None)
     assert (_leaf_of(controller, BOOTING), _leaf_of(controller, NEVER)) == ("nn-leaf001", "nn-l9")
+
+
+def test_on_25_11_a_kill_after_the_record_and_before_an_overdue_node_is_placed_leaves_it_to_the_next_apply(
+    slurm2511_root: Path, controllers
+) -> None:
+    # The same plan again when NEVER's wait ended (the backend's registration check): the record is rewritten, then
+    # NEVER is placed by scontrol update. Killed in between, the next apply must still know NEVER was left and
+    # place it the same way (live, listed in nodes_placed_after_wait for the audit), not by a reconfigure.
+    controller = controllers(slurm2511_root)
+    _start_with_slurmd(controller, "25.11")
+    bundle, _ = _moved("25.11", [BOOTING, NEVER])
+    assert _run(controller, "apply", bundle)[1]["nodes_left_to_registration"] == [BOOTING, NEVER]
+    _backdate(controller, NEVER)
+    command = _applier_command(controller, "apply", bundle)
+    killed = subprocess.run(
+        command, env={**os.environ, CRASH_ENV: "after-registration-record"}, capture_output=True, check=False
+    )
+    assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, b""), killed.stderr
+
+    code, document = _run(controller, "apply", bundle)
+
+    assert (document["error"], code, document["outcome"], document["apply_path"]) == (None, 0, "applied", "incremental")
+    assert (document["reconfigured"], document["nodes_placed_after_wait"]) == (False, [NEVER])
+    assert (document["nodes_left_to_registration"], _leaf_of(controller, NEVER)) == ([BOOTING], "nn-l9")

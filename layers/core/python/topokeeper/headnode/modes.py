@@ -336,12 +336,18 @@ def _leave_to_registration(result: Dict[str, Any], bundle: Bundle, transaction: 
     except Failed:  # a slow read: nothing is left to registration, this apply places every node
         return Waiting({}, [])
     # Left by an earlier apply, placed by this one: the audit names this apply's route for them, not registration.
-    result["nodes_placed_after_wait"] = sorted(node for hostlist, _ in found.overdue for node in expand(hostlist))
-    if found.left != record:
+    placed = result["nodes_placed_after_wait"] = sorted(
+        node for hostlist, _ in found.overdue for node in expand(hostlist)
+    )
+    # They stay recorded, their wait over, until an apply finds them placed: one killed before it placed them
+    # would otherwise leave the next to take them for newly left, their wait started again.
+    kept = {**found.left, **{node: min(record[node], now) for node in placed}}
+    if kept != record:
         try:
-            write_record(transaction.backup_fd, found.left, transaction.faults)
+            write_record(transaction.backup_fd, kept, transaction.faults)
         except OSError:  # unrecorded, verify would read them as drift: placed now instead
             return Waiting({}, found.overdue)
+    transaction.faults.crash("after-registration-record")
     result["nodes_left_to_registration"] = sorted(found.left)
     if found.left:  # the backend comes back when the first wait ends (relative: the clocks may differ)
         result["registration_wait_seconds"] = round(min(found.left.values()) - now, 1)
