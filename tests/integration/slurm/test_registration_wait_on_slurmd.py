@@ -144,9 +144,10 @@ def test_on_25_11_an_apply_that_reloads_the_file_leaves_no_node_to_registration_
     _start_with_slurmd(controller, "25.11")
     bundle, _ = _moved("25.11", [BOOTING, NEVER])
     command = _applier_command(controller, "apply", bundle)
-    command.insert(command.index("python3"), f"{WHOLE_FILE_ENV}=1")  # an env(1) assignment, no shell
 
-    ran = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    ran = subprocess.run(
+        command, env={**os.environ, WHOLE_FILE_ENV: "1"}, capture_output=True, text=True, timeout=300, check=False
+    )
     document = _document(ran.stdout)
 
     assert (document["error"], ran.returncode, document["outcome"]) == (None, 0, "applied")

@@ -353,19 +353,27 @@ def test_a_topology_retry_stamped_by_a_clock_ahead_is_not_looked_at_each_second_
     assert waited <= ahead + TOPOLOGY_RETRY_SECONDS, (waited, receives)
 
 
+def _registration_wait_receives(wait_ends: datetime, settings: Settings, whole_seconds: bool) -> tuple[datetime, int]:
+    """When a cycle holding only the registration wait's own trigger (changes last seen at NOW) is reconciled, and
+    after how many receives of its message (``whole_seconds``: each deferral rounded as SQS's visibility timeout)."""
+    check = Trigger(source=OWN_TRIGGER_SOURCE, detail_type=REGISTRATION_CHECK, event_id="retry-1", time=NOW)
+    state = _state(
+        last_event_at=NOW, first_pending_at=NOW, triggers=[check], trigger_count=1, registration_check_at=wait_ends
+    )
+    at, receives = NOW, 1
+    while (verdict := decide(state, _request(), at, settings)).decision is Decision.DEFERRED:
+        deferred = verdict.defer_seconds or 0
+        at, receives = at + timedelta(seconds=max(1, round(deferred)) if whole_seconds else deferred), receives + 1
+    return at, receives
+
+
 def test_a_registration_wait_stays_within_the_receive_budget_whatever_the_debounce() -> None:
     """A cycle holding only the registration wait's own trigger looks for a change arriving meanwhile as often as
     the debounce would: with no debounce, once a second through the whole wait would be 330 receives of one message,
     which the queue dead-letters at 50, and nothing would then bring the plan again when the wait ends."""
     wait_ends = NOW + timedelta(seconds=REGISTRATION_WAIT_SECONDS) + REGISTRATION_CHECK_MARGIN
-    check = Trigger(source=OWN_TRIGGER_SOURCE, detail_type=REGISTRATION_CHECK, event_id="retry-1", time=NOW)
-    state = _state(
-        last_event_at=NOW, first_pending_at=NOW, triggers=[check], trigger_count=1, registration_check_at=wait_ends
-    )
     for settings in (UNPACED, SETTINGS):
-        at, receives = NOW, 1
-        while (verdict := decide(state, _request(), at, settings)).decision is Decision.DEFERRED:
-            at, receives = at + timedelta(seconds=verdict.defer_seconds or 0), receives + 1
+        at, receives = _registration_wait_receives(wait_ends, settings, whole_seconds=False)
         assert at >= wait_ends and receives < WORK_QUEUE_MAX_RECEIVES, (settings.debounce_seconds, receives)
 
 
@@ -374,12 +382,6 @@ def test_a_registration_wait_takes_at_most_35_receives_with_sqs_whole_second_vis
     """docs/deploy.md's count: 33 looks 10 s apart through the wait and its margin, one more where SQS rounds the
     visibility timeout to whole seconds short of the end, and the receive that reconciles."""
     wait_ends = NOW + timedelta(seconds=REGISTRATION_WAIT_SECONDS - fraction) + REGISTRATION_CHECK_MARGIN
-    check = Trigger(source=OWN_TRIGGER_SOURCE, detail_type=REGISTRATION_CHECK, event_id="retry-1", time=NOW)
-    state = _state(
-        last_event_at=NOW, first_pending_at=NOW, triggers=[check], trigger_count=1, registration_check_at=wait_ends
-    )
     for settings in (UNPACED, SETTINGS):
-        at, receives = NOW, 1
-        while (verdict := decide(state, _request(), at, settings)).decision is Decision.DEFERRED:
-            at, receives = at + timedelta(seconds=max(1, round(verdict.defer_seconds or 0))), receives + 1
+        at, receives = _registration_wait_receives(wait_ends, settings, whole_seconds=True)
         assert at >= wait_ends and receives <= 35, (settings.debounce_seconds, receives)

@@ -320,6 +320,17 @@ def test_a_stored_plan_delivered_with_registering_is_signed_as_bundle_3_and_veri
         assert parsed.registering == tuple(delivered.registering)
 
 
+def _record_pending(controller: Controller, document: dict[str, object]) -> str:
+    """The delivery in flight answered with ``document`` (an ApplyResult's fields, applier 1.0.0), its result
+    recorded; its reference."""
+    pending = controller.now_state().pending
+    assert pending is not None
+    reference = pending.handle.reference
+    controller.ssm_results[reference] = ApplyResult.model_validate({"applier_version": "1.0.0", **document})
+    record_result(ssm_event(reference), controller.result_deps())
+    return reference
+
+
 def _applied_leaving_one_to_registration() -> Controller:
     """A delivered plan whose apply left REGISTERED to its slurmd, its result recorded."""
     controller = _cluster()
@@ -450,17 +461,14 @@ def test_a_write_within_the_registration_wait_brings_the_plan_again_when_the_fir
     controller.facts.move(0, 1)
 
     assert reconcile(controller.change("e-2"), controller.deps()).action == "delivered"
-    pending = controller.now_state().pending
-    assert pending is not None
-    controller.ssm_results[pending.handle.reference] = ApplyResult.model_validate(
+    _record_pending(
+        controller,
         {
             "outcome": "applied",
-            "applier_version": "1.0.0",
             "nodes_left_to_registration": [REGISTERED],
             "registration_wait_seconds": REGISTRATION_WAIT_SECONDS - 200,
-        }
+        },
     )
-    record_result(ssm_event(pending.handle.reference), controller.result_deps())
 
     assert controller.now_state().registration_check_at == first_ends
 
@@ -472,19 +480,15 @@ def test_a_node_whose_wait_ended_unregistered_is_audited_under_the_update_that_p
     controller = _applied_leaving_one_to_registration()
     controller.clock.advance(REGISTRATION_WAIT_SECONDS + 31)
     assert reconcile(controller.queue.sent[-1], controller.deps()).action == "delivered"
-    pending = controller.now_state().pending
-    assert pending is not None
-    reference = pending.handle.reference
-    controller.ssm_results[reference] = ApplyResult.model_validate(
+    reference = _record_pending(
+        controller,
         {
             "outcome": "applied",
-            "applier_version": "1.0.0",
             "apply_path": "incremental",
             "nodes_updated": 1,
             "nodes_placed_after_wait": [REGISTERED],
-        }
+        },
     )
-    record_result(ssm_event(reference), controller.result_deps())
 
     again = [r for r in controller.audit.records.values() if r.delivery_reference == reference]
     assert [(r.reason, r.placed_by, r.placed_by_count) for r in again] == [
@@ -497,12 +501,7 @@ def test_a_result_whose_left_nodes_were_cut_from_its_document_still_brings_the_p
     # left, only their count in `dropped`: they wait for their registration all the same.
     controller = _cluster()
     reconcile(controller.change(), controller.deps())
-    pending = controller.now_state().pending
-    assert pending is not None
-    controller.ssm_results[pending.handle.reference] = ApplyResult.model_validate(
-        {"outcome": "applied", "applier_version": "1.0.0", "dropped": {"nodes_left_to_registration": 250}}
-    )
-    record_result(ssm_event(pending.handle.reference), controller.result_deps())
+    _record_pending(controller, {"outcome": "applied", "dropped": {"nodes_left_to_registration": 250}})
 
     assert controller.now_state().registration_check_at is not None
     assert controller.queue.sent[-1].reason == "retry"
@@ -544,17 +543,14 @@ def test_a_registration_wait_the_head_node_says_is_bounded_whatever_its_value(sa
     # numeric string, which pydantic reads as a number) neither stretches the check past one wait nor breaks it.
     controller = _cluster()
     reconcile(controller.change(), controller.deps())
-    pending = controller.now_state().pending
-    assert pending is not None
-    controller.ssm_results[pending.handle.reference] = ApplyResult.model_validate(
+    _record_pending(
+        controller,
         {
             "outcome": "applied",
-            "applier_version": "1.0.0",
             "nodes_left_to_registration": [REGISTERED],
             "registration_wait_seconds": said,
-        }
+        },
     )
-    record_result(ssm_event(pending.handle.reference), controller.result_deps())
 
     check_at = controller.now_state().registration_check_at
     assert check_at is not None
@@ -568,19 +564,15 @@ def test_a_node_whose_wait_ended_placed_by_an_apply_bringing_a_new_plan_is_in_it
     controller.clock.advance(REGISTRATION_WAIT_SECONDS + 31)
     controller.facts.move(0, 1)
     assert reconcile(controller.change("e-2"), controller.deps()).action == "delivered"
-    pending = controller.now_state().pending
-    assert pending is not None
-    reference = pending.handle.reference
-    controller.ssm_results[reference] = ApplyResult.model_validate(
+    reference = _record_pending(
+        controller,
         {
             "outcome": "applied",
-            "applier_version": "1.0.0",
             "apply_path": "incremental",
             "nodes_updated": 2,
             "nodes_placed_after_wait": [REGISTERED],
-        }
+        },
     )
-    record_result(ssm_event(reference), controller.result_deps())
 
     records = [r for r in controller.audit.records.values() if r.delivery_reference == reference]
     assert [(r.reason, REGISTERED in r.placed_by.get("update", [])) for r in records] == [("plan-change", True)]
